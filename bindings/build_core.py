@@ -1,0 +1,126 @@
+"""cffi builder for commlib._core (API mode).
+
+Compiles every C++ source under csrc/ together with the cffi glue into one
+extension module. MPI is found through the MPI compiler wrapper: the one named
+by COMMLIB_MPICXX, else ``mpicxx`` on PATH (the PyPI ``mpich`` wheel puts one
+there; so does Debian's Open MPI). Its flags (``-show`` for MPICH,
+``--showme`` for Open MPI) give the include and library directories.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from cffi import FFI
+
+ROOT = Path(__file__).resolve().parent.parent
+CSRC = ROOT / "csrc"
+HEADER = CSRC / "include" / "commlib" / "c_api.h"
+
+
+def cdef_from_header(text: str) -> str:
+    """The declarations of c_api.h without preprocessor lines and extern "C"."""
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    keep = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#") or stripped.startswith('extern "C"') or stripped == "}":
+            continue
+        keep.append(line)
+    return "\n".join(keep)
+
+
+def _mpi_wrapper() -> str:
+    explicit = os.environ.get("COMMLIB_MPICXX")
+    if explicit:
+        return explicit
+    for name in ("mpicxx", "mpic++", "mpiCC"):
+        found = shutil.which(name)
+        if found:
+            return found
+    candidate = Path(sys.prefix) / "bin" / "mpicxx"
+    if candidate.exists():
+        return str(candidate)
+    raise RuntimeError(
+        "commlib needs an MPI C++ compiler wrapper (mpicxx) to build. "
+        "Install the PyPI MPICH wheel (`pip install mpich`) or a system MPI, "
+        "or set COMMLIB_MPICXX to the wrapper's path."
+    )
+
+
+def mpi_flags() -> dict:
+    """Include dirs, library dirs, libraries and extra link args of the MPI wrapper."""
+    wrapper = _mpi_wrapper()
+    out = None
+    for flag in ("-show", "--showme"):
+        try:
+            proc = subprocess.run([wrapper, flag], capture_output=True, text=True, timeout=60)
+        except OSError:
+            continue
+        if proc.returncode == 0 and proc.stdout.strip():
+            out = proc.stdout
+            break
+    if out is None:
+        raise RuntimeError(f"could not read compile flags from {wrapper} (-show / --showme)")
+    flags = {"include_dirs": [], "library_dirs": [], "libraries": [], "extra_link_args": []}
+    for tok in shlex.split(out)[1:]:  # first token is the underlying compiler
+        if tok.startswith("-I"):
+            flags["include_dirs"].append(tok[2:])
+        elif tok.startswith("-L"):
+            flags["library_dirs"].append(tok[2:])
+        elif tok.startswith("-l"):
+            flags["libraries"].append(tok[2:])
+        elif tok.startswith("-Wl,") or tok == "-pthread":
+            flags["extra_link_args"].append(tok)
+    return flags
+
+
+def rpaths(library_dirs: list[str]) -> list[str]:
+    """Where the extension looks for libmpi at run time.
+
+    ``$ORIGIN/../../..`` is ``<prefix>/lib`` for an installed package
+    (``<prefix>/lib/pythonX.Y/site-packages/commlib``), where the PyPI MPICH
+    wheel keeps libmpi.so.12; the build-time directories cover system MPIs.
+    commlib also imports mpi4py first, so the library mpi4py loaded is the one
+    the extension binds to (same soname).
+    """
+    paths = ["$ORIGIN/../../.."]
+    prefix_lib = Path(sys.prefix) / "lib"
+    if any(prefix_lib.glob("libmpi.so*")):
+        paths.append(str(prefix_lib))
+    paths += [d for d in library_dirs if "pip-build-env" not in d]
+    return [f"-Wl,-rpath,{p}" for p in dict.fromkeys(paths)]
+
+
+def make_ffi() -> FFI:
+    flags = mpi_flags()
+    sources = sorted(str(p.relative_to(ROOT)) for p in CSRC.rglob("*.cc"))
+    ffi = FFI()
+    ffi.cdef(cdef_from_header(HEADER.read_text()))
+    ffi.set_source(
+        "commlib._core",
+        '#include "commlib/c_api.h"\n',
+        source_extension=".cpp",
+        sources=sources,
+        include_dirs=[str(CSRC / "include"), str(CSRC)] + flags["include_dirs"],
+        library_dirs=flags["library_dirs"],
+        libraries=flags["libraries"] or ["mpi"],
+        extra_compile_args=[
+            "-std=c++17", "-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function",
+            "-DOMPI_SKIP_MPICXX", "-DMPICH_SKIP_MPICXX",
+        ],
+        extra_link_args=flags["extra_link_args"] + rpaths(flags["library_dirs"]) + ["-lstdc++"],
+    )
+    return ffi
+
+
+ffibuilder = make_ffi()
+
+if __name__ == "__main__":
+    os.chdir(ROOT)
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,43 @@
+"""Access to the compiled core (commlib._core) and the mapping of its status
+codes to Python exceptions. Nothing above this module touches cffi."""
+from __future__ import annotations
+
+# mpi4py first: it initialises MPI (MPI_THREAD_MULTIPLE) and loads the MPI
+# library, so that the core binds to that same library (same soname) instead
+# of a second MPI in one process.
+from mpi4py import MPI  # noqa: F401
+
+from . import errors
+
+try:
+    from ._core import ffi, lib
+except ImportError as exc:  # pragma: no cover - only on a broken install
+    raise ImportError(
+        "commlib's compiled core (commlib._core) is missing or cannot load its MPI library: "
+        f"{exc}. Reinstall with `pip install .` (it needs mpicxx; see README)."
+    ) from exc
+
+_EXCEPTIONS = {
+    lib.COMMLIB_ERR_VALUE: ValueError,
+    lib.COMMLIB_ERR_TYPE: TypeError,
+    lib.COMMLIB_ERR_MISMATCH: errors.CollectiveMismatchError,
+    lib.COMMLIB_ERR_NOT_INIT: errors.NotInitializedError,
+    lib.COMMLIB_ERR_PEER_LOST: errors.RankLostError,
+    lib.COMMLIB_ERR_INTERNAL: errors.CommlibError,
+    lib.COMMLIB_ERR_TIMEOUT: TimeoutError,
+}
+
+
+def last_error() -> str:
+    return ffi.string(lib.commlib_last_error()).decode("utf-8", "replace")
+
+
+def error_for(code: int, message: str | None = None) -> Exception:
+    cls = _EXCEPTIONS.get(code, errors.CommlibError)
+    return cls(message if message is not None else last_error())
+
+
+def check(code: int) -> None:
+    """Raises the exception for a non-zero status code of a core call."""
+    if code != lib.COMMLIB_OK:
+        raise error_for(code)

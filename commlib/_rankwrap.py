@@ -1,0 +1,176 @@
+"""Per-rank wrapper used by ``commlibrun``.
+
+``commlibrun`` starts every rank as::
+
+    mpiexec ... <python> -I .../commlib/_rankwrap.py -- <user command...>
+
+The wrapper runs the user command as a child process and
+
+* prefixes every line the child writes to stdout/stderr with ``[rank]: ``,
+  writing whole lines only (MPICH's ``-prepend-rank`` tags raw chunks, so
+  lines written in pieces come out garbled);
+* exits with the child's exit code, or ``128 + signum`` if the child was
+  killed by a signal, and says on stderr which rank failed and how;
+* records ``<code> <time.time()>`` in ``$COMMLIB_RUN_STATUS_DIR/rank<R>`` so
+  the launcher can tell which rank failed first;
+* forwards SIGTERM/SIGINT to the child, and makes the kernel kill the child
+  if the wrapper itself dies (``PR_SET_PDEATHSIG``).
+
+It deliberately uses the standard library only and is started by file path
+with ``python -I``: it must not import the ``commlib`` package (which loads
+the compiled core) in every rank, and must not touch MPI -- the PMI
+connection that hydra passes down (``PMI_FD``) belongs to the user program.
+"""
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+# Environment variables that hold the rank: MPICH hydra, Open MPI, PMIx.
+RANK_ENV_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+STATUS_DIR_ENV = "COMMLIB_RUN_STATUS_DIR"
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# How long to wait for the output pipes to drain after the child has exited.
+# Only matters if the child left descendants that still hold the pipes open.
+PIPE_DRAIN_TIMEOUT = 5.0
+
+_PR_SET_PDEATHSIG = 1
+
+
+def get_rank(environ=os.environ):
+    """Return the rank (as a string) from the MPI launcher's environment."""
+    for name in RANK_ENV_VARS:
+        if environ.get(name):
+            return environ[name]
+    return "?"
+
+
+def signal_name(signum):
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def exit_code_for(returncode):
+    """Map a ``Popen.returncode`` to a shell-style exit code."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def write_status(status_dir, rank, code):
+    """Atomically write ``<code> <time>`` to ``<status_dir>/rank<rank>``.
+
+    Failures are ignored: on remote hosts the launcher's directory does not
+    exist, and the launcher then falls back to mpiexec's exit code.
+    """
+    path = os.path.join(status_dir, f"rank{rank}")
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(f"{code} {time.time()!r}\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _child_preexec(parent_pid):
+    """Build the function run in the forked child before exec."""
+    libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+    def preexec():
+        # Own process group: signals sent to the launcher's process group
+        # reach the child once, via the wrapper's forwarding, not twice.
+        os.setpgid(0, 0)
+        if libc is not None:
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            # The wrapper may have died before prctl took effect.
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    return preexec
+
+
+def _pump(src, dst, prefix):
+    """Copy lines from pipe ``src`` to binary stream ``dst`` with ``prefix``.
+
+    Each line is written with a single write and flushed, so lines of
+    different ranks can only be interleaved between lines.  A final line
+    without a newline is terminated at EOF.
+    """
+    with src:
+        for line in src:
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            dst.write(prefix + line)
+            dst.flush()
+
+
+def run(command, environ=os.environ):
+    """Run ``command`` as rank ``get_rank()``; return the exit code to use."""
+    rank = get_rank(environ)
+    host = socket.gethostname()
+    try:
+        child = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            # Keep inherited descriptors such as hydra's PMI socket (PMI_FD).
+            close_fds=False,
+            preexec_fn=_child_preexec(os.getpid()),
+        )
+    except OSError as e:
+        print(f"commlibrun: rank {rank} on host {host}: cannot run {command[0]!r}: {e}",
+              file=sys.stderr, flush=True)
+        code = 127
+    else:
+        def forward(signum, frame):
+            try:
+                os.killpg(child.pid, signum)
+            except ProcessLookupError:
+                pass
+
+        for signum in FORWARDED_SIGNALS:
+            signal.signal(signum, forward)
+
+        prefix = f"[{rank}]: ".encode()
+        pumps = [
+            threading.Thread(target=_pump, args=(child.stdout, sys.stdout.buffer, prefix), daemon=True),
+            threading.Thread(target=_pump, args=(child.stderr, sys.stderr.buffer, prefix), daemon=True),
+        ]
+        for t in pumps:
+            t.start()
+        returncode = child.wait()
+        deadline = time.monotonic() + PIPE_DRAIN_TIMEOUT
+        for t in pumps:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+        code = exit_code_for(returncode)
+        if returncode < 0:
+            print(f"commlibrun: rank {rank} (pid {child.pid} on host {host}) "
+                  f"was killed by signal {signal_name(-returncode)}", file=sys.stderr, flush=True)
+        elif returncode > 0:
+            print(f"commlibrun: rank {rank} exited with code {code}", file=sys.stderr, flush=True)
+
+    status_dir = environ.get(STATUS_DIR_ENV)
+    if status_dir:
+        write_status(status_dir, rank, code)
+    return code
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        print("usage: _rankwrap.py -- COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    return run(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Initialisation and topology: init, shutdown, rank, size, local/cross ranks."""
+from __future__ import annotations
+
+import atexit
+
+from ._lib import MPI, check, lib
+from .errors import NotInitializedError
+
+_atexit_registered = False
+
+
+def init(comm=None) -> None:
+    """Starts commlib on every rank of MPI_COMM_WORLD, or of ``comm`` (an
+    mpi4py communicator) when given. Collective: every rank must call it.
+    Calling it again while initialised does nothing."""
+    global _atexit_registered
+    if comm is None:
+        check(lib.commlib_init(0, 0))
+    else:
+        if not isinstance(comm, MPI.Comm):
+            raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
+        if comm == MPI.COMM_NULL:
+            raise ValueError("comm is MPI.COMM_NULL: this rank is not part of the communicator")
+        check(lib.commlib_init(MPI._handleof(comm), 1))
+    if not _atexit_registered:
+        # Before mpi4py's own MPI_Finalize, which runs after atexit handlers.
+        atexit.register(shutdown)
+        _atexit_registered = True
+
+
+def shutdown() -> None:
+    """Stops the background thread. Collectives still pending fail with
+    NotInitializedError; other ranks' collectives that wait for this rank fail
+    too instead of hanging."""
+    check(lib.commlib_shutdown())
+
+
+def is_initialized() -> bool:
+    return bool(lib.commlib_is_initialized())
+
+
+def _require_init() -> None:
+    if not lib.commlib_is_initialized():
+        raise NotInitializedError("commlib is not initialized: call commlib.init() first")
+
+
+def rank() -> int:
+    """This process's rank in the job."""
+    _require_init()
+    return lib.commlib_rank()
+
+
+def size() -> int:
+    """The number of ranks in the job."""
+    _require_init()
+    return lib.commlib_size()
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks of its host."""
+    _require_init()
+    return lib.commlib_local_rank()
+
+
+def local_size() -> int:
+    """The number of ranks on this host."""
+    _require_init()
+    return lib.commlib_local_size()
+
+
+def cross_rank() -> int:
+    """The index of this host among the hosts (ranks with this local rank)."""
+    _require_init()
+    return lib.commlib_cross_rank()
+
+
+def cross_size() -> int:
+    """The number of hosts (ranks that share this local rank)."""
+    _require_init()
+    return lib.commlib_cross_size()
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI runs with MPI_THREAD_MULTIPLE (Horovod compatibility)."""
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def mpi_library_version() -> str:
+    from ._lib import ffi
+
+    return ffi.string(lib.commlib_mpi_library_version()).decode("utf-8", "replace").strip()

@@ -1,0 +1,123 @@
+"""``commlibrun --check-build``: report what commlib can use on this machine.
+
+Every probe catches its own failures and reports them as text, so the report
+is useful precisely when something is missing or broken.
+"""
+
+import ctypes
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import subprocess
+import sys
+
+from . import launcher
+
+NCCL_LIBRARY = "libnccl.so.2"
+FRAMEWORKS = ("torch", "tensorflow")
+
+# Run in a separate interpreter: importing mpi4py.MPI would otherwise
+# initialise MPI in (or crash) the calling process.
+_MPI4PY_PROBE = (
+    "import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False\n"
+    "from mpi4py import MPI\n"
+    "print(MPI.Get_library_version().strip().splitlines()[0])\n"
+)
+
+
+def _error(e):
+    return f"{type(e).__name__}: {e}"
+
+
+def mpi_launcher_status():
+    """Flavour and version of the MPI launcher commlibrun would use."""
+    try:
+        mpiexec = launcher.find_mpiexec()
+        return f"{launcher.detect_flavour(launcher.mpiexec_version_text(mpiexec))} ({mpiexec})"
+    except launcher.LauncherError as e:
+        return f"not usable ({e})"
+
+
+def mpi_library_status():
+    """First line of ``MPI.Get_library_version()`` as seen by mpi4py."""
+    try:
+        out = subprocess.run([sys.executable, "-c", _MPI4PY_PROBE], capture_output=True,
+                             stdin=subprocess.DEVNULL, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown ({_error(e)})"
+    if out.returncode != 0:
+        lines = out.stderr.decode(errors="replace").strip().splitlines()
+        return f"unknown (mpi4py: {lines[-1] if lines else f'exit code {out.returncode}'})"
+    return " ".join(out.stdout.decode(errors="replace").split())
+
+
+def _nccl_candidates():
+    """``libnccl.so.2`` via the loader path, then inside a ``nvidia.nccl`` wheel."""
+    yield NCCL_LIBRARY
+    try:
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except (ImportError, ValueError):
+        return
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        yield os.path.join(location, "lib", NCCL_LIBRARY)
+
+
+def _nccl_version(lib):
+    version = ctypes.c_int()
+    if lib.ncclGetVersion(ctypes.byref(version)) != 0:
+        return "unknown version"
+    v = version.value
+    # NCCL >= 2.9 encodes major*10000 + minor*100 + patch, older major*1000 + ...
+    major, rest = divmod(v, 10000) if v >= 10000 else divmod(v, 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
+
+
+def nccl_status():
+    errors = []
+    for candidate in _nccl_candidates():
+        try:
+            lib = ctypes.CDLL(candidate)
+        except OSError as e:
+            errors.append(str(e))
+            continue
+        try:
+            version = _nccl_version(lib)
+        except AttributeError:
+            version = "unknown version"
+        return f"available {version} ({candidate})"
+    return f"not available ({'; '.join(errors)})"
+
+
+def framework_status(name):
+    """Whether framework ``name`` is installed, without importing it."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as e:
+        return f"unknown ({_error(e)})"
+    if spec is None:
+        return "not installed"
+    try:
+        return f"installed {importlib.metadata.version(name)}"
+    except importlib.metadata.PackageNotFoundError:
+        return "installed"
+
+
+def core_status():
+    """Whether the compiled core ``commlib._core`` can be imported."""
+    try:
+        core = importlib.import_module("commlib._core")
+    except Exception as e:  # any failure (ImportError, OSError from the loader, ...) is the answer
+        return f"not built or not loadable ({_error(e)})"
+    return f"built ({getattr(core, '__file__', 'built-in')})"
+
+
+def report():
+    """The multi-line ``--check-build`` report."""
+    rows = [("MPI flavour", mpi_launcher_status()),
+            ("MPI library", mpi_library_status()),
+            ("NCCL", nccl_status())]
+    rows += [(name, framework_status(name)) for name in FRAMEWORKS]
+    rows.append(("commlib._core", core_status()))
+    width = max(len(label) for label, _ in rows) + 2
+    return "\n".join(["commlib build check:"] + [f"  {label + ':':<{width}}{value}" for label, value in rows])

@@ -1,0 +1,32 @@
+"""numpy dtypes the core supports, and their codes."""
+from __future__ import annotations
+
+import numpy as np
+
+from ._lib import lib
+
+# bfloat16 has no numpy dtype of its own; ml_dtypes (used by TF and JAX)
+# provides one, recognised here by name so that ml_dtypes stays optional.
+_CODES = {
+    "uint8": lib.COMMLIB_UINT8,
+    "int8": lib.COMMLIB_INT8,
+    "int32": lib.COMMLIB_INT32,
+    "int64": lib.COMMLIB_INT64,
+    "float16": lib.COMMLIB_FLOAT16,
+    "bfloat16": lib.COMMLIB_BFLOAT16,
+    "float32": lib.COMMLIB_FLOAT32,
+    "float64": lib.COMMLIB_FLOAT64,
+    "bool": lib.COMMLIB_BOOL,
+}
+
+SUPPORTED = tuple(_CODES)
+
+
+def dtype_code(dtype: np.dtype) -> int:
+    """The core's code for dtype; TypeError for dtypes commlib cannot move."""
+    code = _CODES.get(np.dtype(dtype).name)
+    if code is None or np.dtype(dtype).byteorder == ">":
+        raise TypeError(
+            f"unsupported dtype {np.dtype(dtype)}; commlib supports {', '.join(SUPPORTED)}"
+        )
+    return code

@@ -1,0 +1,81 @@
+"""Handles of asynchronous collectives: poll(handle) and synchronize(handle)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ._lib import error_for, ffi, last_error, lib
+
+# Arrays the core may still read or write, by handle id. A handle dropped
+# before completion keeps its buffers alive here until it completes, so the
+# core never touches freed memory.
+_keepalive: dict[int, Any] = {}
+
+_WAIT_SLICE_S = 0.2  # wait in slices so that Ctrl-C reaches Python
+
+
+class Handle:
+    """An in-flight collective. Pass it to ``synchronize`` for the result."""
+
+    __slots__ = ("_id", "_finish", "_done", "op")
+
+    def __init__(self, hid: int, finish: Callable[[int], Any], keepalive: Any, op: str):
+        self._id = hid
+        self._finish = finish
+        self._done = False
+        self.op = op
+        _keepalive[hid] = keepalive
+
+    def __repr__(self) -> str:
+        state = "synchronized" if self._done else ("ready" if poll(self) else "pending")
+        return f"<commlib.Handle {self.op} #{self._id} {state}>"
+
+
+def poll(handle: Handle) -> bool:
+    """True when the collective has completed (synchronize will not block)."""
+    if not isinstance(handle, Handle):
+        raise TypeError(f"expected a commlib Handle, got {type(handle).__name__}")
+    return handle._done or bool(lib.commlib_poll(handle._id))
+
+
+def synchronize(handle: Handle):
+    """Waits for the collective (the GIL is released while waiting) and returns
+    its result, or raises its error. A handle can be synchronized once."""
+    if not isinstance(handle, Handle):
+        raise TypeError(f"expected a commlib Handle, got {type(handle).__name__}")
+    if handle._done:
+        raise ValueError("this handle has already been synchronized")
+    hid = handle._id
+    while True:
+        rc = lib.commlib_wait(hid, _WAIT_SLICE_S)
+        if rc == lib.COMMLIB_OK:
+            break
+        if rc != lib.COMMLIB_ERR_TIMEOUT:
+            raise error_for(rc)
+    handle._done = True
+    try:
+        status = lib.commlib_handle_status(hid)
+        if status != lib.COMMLIB_OK:
+            raise error_for(status, last_error())
+        return handle._finish(hid)
+    finally:
+        lib.commlib_release(hid)
+        _keepalive.pop(hid, None)
+
+
+def core_result(hid: int) -> tuple[memoryview, int]:
+    """The core-owned result bytes of an allgather/alltoall and its rows."""
+    data = ffi.new("void**")
+    nbytes = ffi.new("int64_t*")
+    rows = ffi.new("int64_t*")
+    rc = lib.commlib_handle_result(hid, data, nbytes, rows)
+    if rc != lib.COMMLIB_OK:
+        raise error_for(rc)
+    return ffi.buffer(data[0], nbytes[0]), rows[0]
+
+
+def core_splits(hid: int, n: int) -> list[int]:
+    out = ffi.new("int64_t[]", n)
+    rc = lib.commlib_handle_splits(hid, out)
+    if rc != lib.COMMLIB_OK:
+        raise error_for(rc)
+    return list(out)

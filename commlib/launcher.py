@@ -1,0 +1,407 @@
+"""``commlibrun``: launch a commlib job through the installed MPI.
+
+Example::
+
+    commlibrun -np 4 -H host1:2,host2:2 python train.py --epochs 10
+
+builds and runs (for MPICH hydra)::
+
+    mpiexec -n 4 -hosts host1:2,host2:2 -genv COMMLIB_X value ... \\
+        <python> -I .../commlib/_rankwrap.py -- python train.py --epochs 10
+
+Every rank runs through :mod:`commlib._rankwrap`, which prefixes output lines
+with the rank and records each rank's exit status, so that ``commlibrun`` can
+exit with the code of the rank that failed first and name it.
+
+Only the standard library is imported here: the launcher must work (and
+``--check-build`` must be able to report problems) without numpy or the
+compiled core.
+"""
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from . import _rankwrap
+
+ENV_PREFIX = "COMMLIB_"
+MPIEXEC_ENV = "COMMLIB_MPIEXEC"
+STATUS_DIR_ENV = _rankwrap.STATUS_DIR_ENV
+MPICH = "mpich"
+OPENMPI = "openmpi"
+# Exit code for --timeout, as used by coreutils' timeout(1).
+TIMEOUT_EXIT_CODE = 124
+# Seconds between forwarding SIGTERM/SIGINT to the job and SIGKILLing it.
+KILL_GRACE_SECONDS = 5.0
+# Interval at which the supervision loop re-checks deadlines.
+_POLL_SECONDS = 0.2
+
+
+class LauncherError(Exception):
+    """A problem with the command line or the MPI installation."""
+
+
+@dataclass(frozen=True)
+class MPIFlavour:
+    """The MPI implementation behind ``mpiexec``."""
+
+    name: str  # MPICH (hydra) or OPENMPI
+    version: str  # e.g. "4.1.5"; "" if the text did not say
+
+    @property
+    def major(self):
+        m = re.match(r"\d+", self.version)
+        return int(m.group()) if m else 0
+
+    def __str__(self):
+        label = "MPICH (hydra)" if self.name == MPICH else "Open MPI"
+        return f"{label} {self.version}".rstrip()
+
+
+def detect_flavour(version_text):
+    """Identify the MPI from the output of ``mpiexec --version``.
+
+    Raises :class:`LauncherError` for an unrecognised launcher.
+    """
+    if "HYDRA" in version_text:
+        m = re.search(r"^\s*Version:\s*(\S+)", version_text, re.MULTILINE)
+        return MPIFlavour(MPICH, m.group(1) if m else "")
+    m = re.search(r"\((?:Open MPI|OpenRTE)\)\s*(\S+)", version_text)
+    if m:
+        return MPIFlavour(OPENMPI, m.group(1))
+    if re.search(r"\bprte|\bPRRTE", version_text, re.IGNORECASE):
+        # A bare PRRTE launcher reports the PRRTE version, not Open MPI's;
+        # PRRTE-based launching means Open MPI 5 command-line semantics.
+        return MPIFlavour(OPENMPI, "5")
+    first = version_text.strip().splitlines()[:1]
+    raise LauncherError(
+        f"unrecognised MPI launcher (expected MPICH hydra or Open MPI): {first[0] if first else 'no output'!r}"
+    )
+
+
+def find_mpiexec(environ=os.environ):
+    """Path of the MPI launcher: ``$COMMLIB_MPIEXEC``, else mpiexec/mpirun on PATH."""
+    override = environ.get(MPIEXEC_ENV)
+    if override:
+        return override
+    for name in ("mpiexec", "mpirun"):
+        path = shutil.which(name, path=environ.get("PATH"))
+        if path:
+            return path
+    raise LauncherError(f"no mpiexec or mpirun found on PATH (set {MPIEXEC_ENV} to its path)")
+
+
+def mpiexec_version_text(mpiexec):
+    """Output (stdout and stderr) of ``<mpiexec> --version``."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise LauncherError(f"cannot run {mpiexec} --version: {e}") from e
+    return out.stdout.decode(errors="replace")
+
+
+def parse_env_assignments(items, environ=os.environ):
+    """Turn ``-x`` arguments (``NAME=VALUE`` or ``NAME``) into a dict.
+
+    A bare ``NAME`` forwards the variable's current value.
+    """
+    result = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise LauncherError(f"invalid environment variable name in -x {item!r}")
+        if not sep:
+            if name not in environ:
+                raise LauncherError(f"-x {name}: variable is not set")
+            value = environ[name]
+        result[name] = value
+    return result
+
+
+def forwarded_env(environ, extra=None):
+    """Variables to forward to every rank: all ``COMMLIB_*`` plus ``extra``."""
+    env = {k: v for k, v in environ.items() if k.startswith(ENV_PREFIX)}
+    env.update(extra or {})
+    return dict(sorted(env.items()))
+
+
+def rank_wrapper_command(python=sys.executable):
+    """Command prefix that runs :mod:`commlib._rankwrap` for each rank.
+
+    The wrapper is run by path in isolated mode (``-I``), so it does not
+    import the ``commlib`` package and cannot be shadowed by the user's
+    ``PYTHONPATH`` or working directory.
+    """
+    return [python, "-I", os.path.abspath(_rankwrap.__file__), "--"]
+
+
+def _has_option(args, names):
+    return any(a in names or a.startswith(tuple(n + "=" for n in names)) for a in args)
+
+
+def build_command(flavour, np, command, *, env=None, hosts=None, hostfile=None, mpi_args=(),
+                  euid=None, mpiexec="mpiexec", wrapper=None):
+    """Build the mpiexec argument list (no shell involved).
+
+    ``env`` maps names to values to forward to all ranks (for Open MPI the
+    values must also be in mpiexec's own environment, since ``-x NAME``
+    forwards by name).  ``euid`` defaults to ``os.geteuid()``; Open MPI
+    refuses to run as root without ``--allow-run-as-root``.  ``wrapper``
+    defaults to :func:`rank_wrapper_command`.
+    """
+    if np < 1:
+        raise LauncherError("-np must be at least 1")
+    if hosts and hostfile:
+        raise LauncherError("use either -H or --hostfile, not both")
+    if not command:
+        raise LauncherError("no command given")
+    env = env or {}
+    euid = os.geteuid() if euid is None else euid
+    wrapper = rank_wrapper_command() if wrapper is None else wrapper
+    cmd = [mpiexec]
+    if flavour.name == MPICH:
+        cmd += ["-n", str(np)]
+        if hosts:
+            cmd += ["-hosts", hosts]
+        if hostfile:
+            cmd += ["-f", hostfile]
+        for name, value in env.items():
+            cmd += ["-genv", name, value]
+    else:
+        cmd += ["-np", str(np)]
+        if hosts:
+            cmd += ["--host", hosts]
+        if hostfile:
+            cmd += ["--hostfile", hostfile]
+        if euid == 0:
+            cmd.append("--allow-run-as-root")
+        # Allow more ranks than cores/slots, as MPICH does.  Open MPI 5 takes
+        # this as a --map-by modifier, which would clash with a user's own
+        # --map-by (who can then add ":OVERSUBSCRIBE" there).
+        if flavour.major >= 5:
+            if not _has_option(mpi_args, ("--map-by", "-map-by")):
+                cmd += ["--map-by", ":OVERSUBSCRIBE"]
+        else:
+            cmd.append("--oversubscribe")
+        for name in env:
+            cmd += ["-x", name]
+    cmd += list(mpi_args)
+    return cmd + list(wrapper) + list(command)
+
+
+def read_statuses(status_dir):
+    """Read the wrappers' status files: ``{rank: (exit_code, time)}``."""
+    statuses = {}
+    try:
+        names = os.listdir(status_dir)
+    except OSError:
+        return statuses
+    for name in names:
+        m = re.fullmatch(r"rank(\d+)", name)
+        if not m:
+            continue
+        try:
+            with open(os.path.join(status_dir, name)) as f:
+                code, stamp = f.read().split()
+            statuses[int(m.group(1))] = (int(code), float(stamp))
+        except (OSError, ValueError):
+            continue
+    return statuses
+
+
+def first_failure(statuses):
+    """``(rank, code)`` of the earliest failed rank in ``statuses``, or None."""
+    failed = [(stamp, rank, code) for rank, (code, stamp) in statuses.items() if code != 0]
+    if not failed:
+        return None
+    _, rank, code = min(failed)
+    return rank, code
+
+
+def describe_exit(code):
+    """Human-readable form of a shell-style exit code."""
+    if code > 128:
+        try:
+            return f"was killed by signal {signal.Signals(code - 128).name}"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
+
+
+class _Job:
+    """Runs mpiexec in its own process group and supervises it.
+
+    SIGINT/SIGTERM received by the launcher are forwarded to the job's process
+    group; ``timeout`` expiry sends SIGTERM.  Either way the group is
+    SIGKILLed if it has not exited ``KILL_GRACE_SECONDS`` later.
+    """
+
+    def __init__(self, cmd, env, timeout):
+        self.timeout = timeout
+        self.signal_received = None
+        self.timed_out = False
+        self._kill_at = None
+        # A new session so that killpg() reaches mpiexec, its proxies and the
+        # ranks, but not the launcher.
+        self.proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+
+    def _signal_group(self, signum):
+        try:
+            os.killpg(self.proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def _stop(self, signum):
+        self._signal_group(signum)
+        if self._kill_at is None:
+            self._kill_at = time.monotonic() + KILL_GRACE_SECONDS
+
+    def _on_signal(self, signum, frame):
+        self.signal_received = signum
+        self._stop(signum)
+
+    def wait(self):
+        """Wait for mpiexec to exit and return its ``returncode``."""
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            while True:
+                try:
+                    return self.proc.wait(timeout=_POLL_SECONDS)
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.monotonic()
+                if deadline is not None and now >= deadline and not self.timed_out:
+                    self.timed_out = True
+                    print(f"commlibrun: timeout: job still running after {self.timeout:g} s, killing it",
+                          file=sys.stderr, flush=True)
+                    self._stop(signal.SIGTERM)
+                if self._kill_at is not None and now >= self._kill_at:
+                    self._signal_group(signal.SIGKILL)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            # Processes that outlived mpiexec in its group (e.g. after it was
+            # killed) must not outlive the job.
+            self._signal_group(signal.SIGKILL)
+
+
+def job_exit_code(returncode, statuses):
+    """Exit code for the launcher and an optional stderr summary line.
+
+    The rank that failed first decides; without status files (e.g. ranks on
+    other hosts) mpiexec's own exit status is used.
+    """
+    failure = first_failure(statuses)
+    if failure:
+        rank, code = failure
+        return code, f"commlibrun: job failed: rank {rank} {describe_exit(code)} (first failure)"
+    if returncode < 0:
+        sig = signal.Signals(-returncode).name
+        return 128 - returncode, f"commlibrun: job failed: mpiexec was killed by signal {sig}"
+    if returncode > 0:
+        return returncode, f"commlibrun: job failed: mpiexec exited with code {returncode}"
+    return 0, None
+
+
+def make_parser():
+    p = argparse.ArgumentParser(
+        prog="commlibrun",
+        allow_abbrev=False,
+        description="Launch a commlib job with mpiexec (MPICH hydra or Open MPI). "
+                    "Each output line is prefixed with its rank; the exit code is that "
+                    "of the rank that failed first.",
+        epilog="All COMMLIB_* environment variables are forwarded to every rank. "
+               f"Set {MPIEXEC_ENV} to choose the mpiexec/mpirun binary.",
+    )
+    p.add_argument("-np", "-n", "--num-proc", dest="np", type=int, metavar="N",
+                   help="number of ranks (processes) to start")
+    hosts = p.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...",
+                       help="comma-separated hosts with slot counts, e.g. host1:2,host2:2")
+    hosts.add_argument("--hostfile", metavar="FILE",
+                       help="hostfile, passed through to mpiexec in its own format")
+    p.add_argument("-x", "--env", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="also forward this environment variable (repeatable)")
+    p.add_argument("--mpi-args", default="", metavar="ARGS",
+                   help="extra raw mpiexec arguments (split like a shell would)")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="kill the whole job after this many seconds and exit with code "
+                        f"{TIMEOUT_EXIT_CODE}")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the mpiexec command instead of running it")
+    p.add_argument("--verbose", action="store_true",
+                   help="print the mpiexec command to stderr before running it")
+    p.add_argument("--check-build", action="store_true",
+                   help="report MPI, NCCL, frameworks and the commlib core build, then exit")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="the program to run on every rank, with its arguments")
+    return p
+
+
+def main(argv=None):
+    """Entry point of ``commlibrun``; returns the exit code."""
+    parser = make_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.check_build:
+        from .check_build import report
+        print(report())
+        return 0
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.np is None or not command:
+        parser.error("-np N and a command are required")
+    if args.timeout is not None and args.timeout <= 0:
+        parser.error("--timeout must be positive")
+
+    try:
+        environ = dict(os.environ)
+        env = forwarded_env(environ, parse_env_assignments(args.env, environ))
+        mpiexec = find_mpiexec(environ)
+        flavour = detect_flavour(mpiexec_version_text(mpiexec))
+        build = dict(flavour=flavour, np=args.np, command=command, hosts=args.hosts,
+                     hostfile=args.hostfile, mpi_args=shlex.split(args.mpi_args), mpiexec=mpiexec)
+        if args.dry_run:
+            print(shlex.join(build_command(env=env, **build)))
+            return 0
+        status_dir = tempfile.mkdtemp(prefix="commlibrun-")
+    except LauncherError as e:
+        print(f"commlibrun: error: {e}", file=sys.stderr)
+        return 2
+
+    try:
+        env[STATUS_DIR_ENV] = status_dir
+        cmd = build_command(env=env, **build)
+        if args.verbose:
+            print(f"commlibrun: {flavour}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+        environ.update(env)
+        try:
+            job = _Job(cmd, environ, args.timeout)
+        except OSError as e:
+            print(f"commlibrun: error: cannot run {mpiexec}: {e}", file=sys.stderr)
+            return 2
+        returncode = job.wait()
+        if job.timed_out:
+            return TIMEOUT_EXIT_CODE
+        if job.signal_received is not None:
+            print(f"commlibrun: interrupted by {signal.Signals(job.signal_received).name}",
+                  file=sys.stderr)
+            return 128 + job.signal_received
+        code, summary = job_exit_code(returncode, read_statuses(status_dir))
+        if summary:
+            print(summary, file=sys.stderr)
+        return code
+    finally:
+        shutil.rmtree(status_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""Collectives on numpy arrays. Names, arguments and defaults follow Horovod.
+
+Every collective has an ``*_async`` form returning a Handle; in-place forms end
+with an underscore. Arguments are checked here, before anything is sent:
+unsupported dtypes raise TypeError, bad shapes/roots/outputs ValueError.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+import numpy as np
+
+from . import basics
+from ._lib import ffi, lib
+from .dtypes import dtype_code
+from .handle import Handle, core_result, core_splits, synchronize
+
+# Reduction operators (Horovod's names).
+Sum = lib.COMMLIB_SUM
+Average = lib.COMMLIB_AVERAGE
+Min = lib.COMMLIB_MIN
+Max = lib.COMMLIB_MAX
+Product = lib.COMMLIB_PRODUCT
+Adasum = None  # not supported; named so that Horovod scripts fail clearly
+
+_OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product"}
+
+# Per-operation counters for unnamed requests: ranks that call the same
+# sequence of collectives generate the same names.
+_counters = {op: itertools.count() for op in ("allreduce", "allgather", "broadcast",
+                                               "alltoall", "reducescatter", "barrier")}
+
+
+def _auto_name(op: str, name: str | None) -> str:
+    if name is None:
+        return f"{op}.noname.{next(_counters[op])}"
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    return name
+
+
+def _as_input(tensor) -> np.ndarray:
+    """A C-contiguous array of a supported dtype (copied only if needed)."""
+    arr = np.asarray(tensor)
+    dtype_code(arr.dtype)
+    return np.ascontiguousarray(arr)
+
+
+def _check_output(arr, what: str) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{what} needs a numpy.ndarray to write into, got {type(arr).__name__}")
+    dtype_code(arr.dtype)
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"{what} needs a C-contiguous array; use numpy.ascontiguousarray() first")
+    if not arr.flags.writeable:
+        raise ValueError(f"{what} cannot write into a read-only array")
+    return arr
+
+
+def _reduce_op(average, op) -> int:
+    if average is not None:
+        if op is not None:
+            raise ValueError("pass either op or the deprecated average argument, not both")
+        return Average if average else Sum
+    if op is None:
+        return Average
+    if op not in _OP_NAMES:
+        raise ValueError(f"unsupported reduction op {op!r}; use commlib.Sum/Average/Min/Max/Product")
+    return op
+
+
+def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | None, *,
+             reduce_op: int = 0, prescale: float = 1.0, postscale: float = 1.0,
+             root: int = 0, splits: Sequence[int] | None = None):
+    """Submits one request; returns (handle id, cffi objects to keep alive)."""
+    basics._require_init()
+    req = ffi.new("commlib_request*")
+    keep = [req]
+    req.op_type = op_type
+    cname = ffi.new("char[]", name.encode())
+    keep.append(cname)
+    req.name = cname
+    if inp is not None:
+        shape = ffi.new("int64_t[]", list(inp.shape) or [0])
+        keep.append(shape)
+        req.dtype = dtype_code(inp.dtype)
+        req.ndim = inp.ndim
+        req.shape = shape
+        req.input = ffi.from_buffer(inp, require_writable=False) if inp.size else ffi.NULL
+    if out is not None and out.size:
+        req.output = ffi.from_buffer(out, require_writable=True)
+    req.reduce_op = reduce_op
+    req.prescale = float(prescale)
+    req.postscale = float(postscale)
+    req.root = root
+    if splits is not None:
+        s = ffi.new("int64_t[]", list(splits) or [0])
+        keep.append(s)
+        req.splits = s
+        req.nsplits = len(splits)
+    hid = ffi.new("int64_t*")
+    rc = lib.commlib_enqueue(req, hid)
+    if rc != lib.COMMLIB_OK:
+        from ._lib import check
+
+        check(rc)
+    return hid[0], keep
+
+
+# ---------------------------------------------------------------- allreduce
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0) -> Handle:
+    """Starts reducing ``tensor`` across ranks; the result is a new array."""
+    inp = _as_input(tensor)
+    return _allreduce(inp, np.empty_like(inp), average, name, op, prescale_factor, postscale_factor)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0) -> Handle:
+    """In-place allreduce: the result is written into ``tensor``."""
+    out = _check_output(tensor, "allreduce_")
+    return _allreduce(out, out, average, name, op, prescale_factor, postscale_factor)
+
+
+def _allreduce(inp, out, average, name, op, prescale, postscale) -> Handle:
+    rop = _reduce_op(average, op)
+    hid, keep = _enqueue(lib.COMMLIB_OP_ALLREDUCE, _auto_name("allreduce", name), inp, out,
+                         reduce_op=rop, prescale=prescale, postscale=postscale)
+    return Handle(hid, lambda _h: out, (keep, inp, out), "allreduce")
+
+
+def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+              postscale_factor=1.0) -> np.ndarray:
+    """The reduction (default Average) of ``tensor`` over all ranks."""
+    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0) -> np.ndarray:
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0) -> list[Handle]:
+    """Starts reducing a list of tensors as one unit (they are fused)."""
+    base = _auto_name("allreduce", name)
+    return [allreduce_async(t, average, f"{base}.{i}", op, prescale_factor, postscale_factor)
+            for i, t in enumerate(tensors)]
+
+
+def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0) -> list[np.ndarray]:
+    handles = grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor)
+    return [synchronize(h) for h in handles]
+
+
+# ---------------------------------------------------------------- allgather
+
+def allgather_async(tensor, name=None) -> Handle:
+    """Starts concatenating every rank's ``tensor`` along dimension 0 (whose
+    size may differ across ranks; the other dimensions must agree)."""
+    inp = _as_input(tensor)
+    if inp.ndim == 0:
+        raise ValueError("allgather needs a tensor with at least one dimension")
+    hid, keep = _enqueue(lib.COMMLIB_OP_ALLGATHER, _auto_name("allgather", name), inp, None)
+
+    def finish(h):
+        data, rows = core_result(h)
+        return np.frombuffer(data, dtype=inp.dtype).reshape((rows,) + inp.shape[1:]).copy()
+
+    return Handle(hid, finish, (keep, inp), "allgather")
+
+
+def allgather(tensor, name=None) -> np.ndarray:
+    return synchronize(allgather_async(tensor, name))
+
+
+# ---------------------------------------------------------------- broadcast
+
+def _check_root(root_rank) -> int:
+    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
+        raise TypeError(f"root_rank must be an int, got {type(root_rank).__name__}")
+    n = basics.size()
+    if not 0 <= root_rank < n:
+        raise ValueError(f"root_rank {root_rank} is outside the job (ranks 0..{n - 1})")
+    return int(root_rank)
+
+
+def broadcast_async(tensor, root_rank, name=None) -> Handle:
+    """Starts copying ``tensor`` of rank ``root_rank`` to every rank; the
+    result is a new array."""
+    inp = _as_input(tensor)
+    return _broadcast(inp, np.empty_like(inp), root_rank, name)
+
+
+def broadcast_async_(tensor, root_rank, name=None) -> Handle:
+    out = _check_output(tensor, "broadcast_")
+    return _broadcast(out, out, root_rank, name)
+
+
+def _broadcast(inp, out, root_rank, name) -> Handle:
+    root = _check_root(root_rank)
+    hid, keep = _enqueue(lib.COMMLIB_OP_BROADCAST, _auto_name("broadcast", name), inp, out, root=root)
+    return Handle(hid, lambda _h: out, (keep, inp, out), "broadcast")
+
+
+def broadcast(tensor, root_rank, name=None) -> np.ndarray:
+    return synchronize(broadcast_async(tensor, root_rank, name))
+
+
+def broadcast_(tensor, root_rank, name=None) -> np.ndarray:
+    return synchronize(broadcast_async_(tensor, root_rank, name))
+
+
+# ---------------------------------------------------------------- alltoall
+
+def alltoall_async(tensor, splits=None, name=None) -> Handle:
+    """Starts an all-to-all: rows ``splits[i]`` of dimension 0 go to rank i
+    (equal parts when splits is None). The result is the received rows in rank
+    order, and, when splits is given, the rows received from each rank."""
+    inp = _as_input(tensor)
+    if inp.ndim == 0:
+        raise ValueError("alltoall needs a tensor with at least one dimension")
+    split_list = None
+    if splits is not None:
+        s = np.asarray(splits)
+        if s.ndim != 1 or not np.issubdtype(s.dtype, np.integer):
+            raise ValueError("splits must be a 1-D sequence of integers, one per rank")
+        split_list = [int(x) for x in s]
+    n = basics.size()
+    hid, keep = _enqueue(lib.COMMLIB_OP_ALLTOALL, _auto_name("alltoall", name), inp, None,
+                         splits=split_list)
+
+    def finish(h):
+        data, rows = core_result(h)
+        out = np.frombuffer(data, dtype=inp.dtype).reshape((rows,) + inp.shape[1:]).copy()
+        if split_list is None:
+            return out
+        return out, np.asarray(core_splits(h, n), dtype=np.int64)
+
+    return Handle(hid, finish, (keep, inp), "alltoall")
+
+
+def alltoall(tensor, splits=None, name=None):
+    return synchronize(alltoall_async(tensor, splits, name))
+
+
+# ---------------------------------------------------------------- reducescatter
+
+def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
+                        postscale_factor=1.0) -> Handle:
+    """Starts reducing ``tensor`` across ranks and leaves on each rank its part
+    of dimension 0 (split as evenly as possible, lower ranks get the extra
+    rows)."""
+    inp = _as_input(tensor)
+    if inp.ndim == 0:
+        raise ValueError("reducescatter needs a tensor with at least one dimension")
+    n, me = basics.size(), basics.rank()
+    dim0 = inp.shape[0]
+    rows = dim0 // n + (1 if me < dim0 % n else 0)
+    out = np.empty((rows,) + inp.shape[1:], dtype=inp.dtype)
+    hid, keep = _enqueue(lib.COMMLIB_OP_REDUCESCATTER, _auto_name("reducescatter", name), inp, out,
+                         reduce_op=_reduce_op(None, op), prescale=prescale_factor,
+                         postscale=postscale_factor)
+    return Handle(hid, lambda _h: out, (keep, inp, out), "reducescatter")
+
+
+def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0,
+                  postscale_factor=1.0) -> np.ndarray:
+    return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
+
+
+# ---------------------------------------------------------------- barrier
+
+def barrier() -> None:
+    """Returns once every rank has called barrier()."""
+    hid, keep = _enqueue(lib.COMMLIB_OP_BARRIER, _auto_name("barrier", None), None, None)
+    synchronize(Handle(hid, lambda _h: None, keep, "barrier"))

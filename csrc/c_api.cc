@@ -1,0 +1,154 @@
+// extern "C" wrappers: translate exceptions into status codes and keep the
+// message of the last failure per thread.
+#include "commlib/c_api.h"
+
+#include <mpi.h>
+
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "common.h"
+#include "engine.h"
+
+using commlib::Engine;
+using commlib::Error;
+
+namespace {
+
+thread_local std::string g_last_error;
+
+template <typename F>
+int guarded(F f) {
+  try {
+    f();
+    return COMMLIB_OK;
+  } catch (const Error& e) {
+    g_last_error = e.what();
+    return e.code();
+  } catch (const std::exception& e) {
+    g_last_error = e.what();
+    return COMMLIB_ERR_INTERNAL;
+  }
+}
+
+// mpi4py hands out the raw handle value: an int for MPICH, a pointer for Open MPI.
+// (A template, so that only the branch for this MPI's handle type is compiled.)
+template <typename Comm>
+Comm comm_from_handle(int64_t h) {
+  if constexpr (std::is_pointer_v<Comm>) {
+    return reinterpret_cast<Comm>(static_cast<intptr_t>(h));
+  } else {
+    return static_cast<Comm>(h);
+  }
+}
+
+std::shared_ptr<commlib::HandleState> find_handle(int64_t handle) {
+  auto h = Engine::get().handles().find(handle);
+  if (!h) throw Error(COMMLIB_ERR_VALUE, "unknown or released handle " + std::to_string(handle));
+  return h;
+}
+
+}  // namespace
+
+extern "C" {
+
+int commlib_init(int64_t comm_handle, int has_comm) {
+  return guarded([&] {
+    int flag = 0;
+    MPI_Initialized(&flag);
+    if (!flag) {
+      int provided = 0;
+      commlib::check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided),
+                         "MPI_Init_thread");
+    }
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) throw Error(COMMLIB_ERR_NOT_INIT, "MPI has already been finalized");
+    int level = 0;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_SERIALIZED) {
+      throw Error(COMMLIB_ERR_INTERNAL,
+                  "MPI was initialized without thread support; commlib's background thread needs "
+                  "MPI_THREAD_MULTIPLE (mpi4py's default)");
+    }
+    Engine::get().init(has_comm ? comm_from_handle<MPI_Comm>(comm_handle) : MPI_COMM_WORLD);
+  });
+}
+
+int commlib_shutdown(void) {
+  return guarded([] { Engine::get().shutdown(); });
+}
+
+int commlib_is_initialized(void) { return Engine::get().initialized() ? 1 : 0; }
+
+const char* commlib_last_error(void) { return g_last_error.c_str(); }
+
+int commlib_rank(void) { return Engine::get().topology().rank; }
+int commlib_size(void) { return Engine::get().topology().size; }
+int commlib_local_rank(void) { return Engine::get().topology().local_rank; }
+int commlib_local_size(void) { return Engine::get().topology().local_size; }
+int commlib_cross_rank(void) { return Engine::get().topology().cross_rank; }
+int commlib_cross_size(void) { return Engine::get().topology().cross_size; }
+
+int commlib_enqueue(const commlib_request* req, int64_t* handle) {
+  return guarded([&] { *handle = Engine::get().enqueue(*req); });
+}
+
+int commlib_poll(int64_t handle) {
+  auto h = Engine::get().handles().find(handle);
+  return (!h || h->done.load()) ? 1 : 0;
+}
+
+int commlib_wait(int64_t handle, double timeout_s) {
+  return guarded([&] {
+    auto h = find_handle(handle);
+    if (!Engine::get().handles().wait(*h, timeout_s)) throw Error(COMMLIB_ERR_TIMEOUT, "timed out");
+  });
+}
+
+int commlib_handle_status(int64_t handle) {
+  int status = COMMLIB_OK;
+  const int rc = guarded([&] {
+    auto h = find_handle(handle);
+    if (!h->done.load()) throw Error(COMMLIB_ERR_VALUE, "handle has not completed");
+    status = h->status;
+    g_last_error = h->message;
+  });
+  return rc != COMMLIB_OK ? rc : status;
+}
+
+int commlib_handle_result(int64_t handle, void** data, int64_t* nbytes, int64_t* rows) {
+  return guarded([&] {
+    auto h = find_handle(handle);
+    *data = h->result.data();
+    *nbytes = int64_t(h->result.size());
+    *rows = h->rows;
+  });
+}
+
+int commlib_handle_splits(int64_t handle, int64_t* out) {
+  return guarded([&] {
+    auto h = find_handle(handle);
+    std::memcpy(out, h->splits.data(), h->splits.size() * sizeof(int64_t));
+  });
+}
+
+int commlib_release(int64_t handle) {
+  return guarded([&] { Engine::get().handles().release(handle); });
+}
+
+int commlib_set_fusion_threshold(int64_t bytes) {
+  return guarded([&] { Engine::get().set_fusion_threshold(bytes); });
+}
+
+int64_t commlib_fusion_threshold(void) { return Engine::get().fusion_threshold(); }
+
+const char* commlib_mpi_library_version(void) {
+  static char version[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(version, &len);
+  return version;
+}
+
+}  // extern "C"

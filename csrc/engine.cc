@@ -1,0 +1,438 @@
+#include "engine.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "common.h"
+#include "liveness.h"
+#include "progress.h"
+#include "reduce.h"
+
+namespace commlib {
+namespace {
+
+int64_t env_int(const char* name, int64_t dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  if (*end != '\0' || x < 0) {
+    throw Error(COMMLIB_ERR_VALUE, std::string(name) + " must be a non-negative integer, got '" + v + "'");
+  }
+  return x;
+}
+
+// pid and host name of every rank, for the peer monitor.
+std::vector<PeerInfo> exchange_peer_info(MPI_Comm comm, int rank, int size) {
+  struct Raw {
+    int pid;
+    char host[256];
+  } mine{};
+  mine.pid = int(getpid());
+  gethostname(mine.host, sizeof(mine.host) - 1);
+  std::vector<Raw> all(size);
+  check_mpi(MPI_Allgather(&mine, sizeof(Raw), MPI_BYTE, all.data(), sizeof(Raw), MPI_BYTE, comm),
+            "MPI_Allgather(peer info)");
+  std::vector<PeerInfo> local;
+  for (int r = 0; r < size; ++r) {
+    if (r != rank && std::strncmp(all[r].host, mine.host, sizeof(mine.host)) == 0) {
+      local.push_back({r, pid_t(all[r].pid), all[r].host});
+    }
+  }
+  return local;
+}
+
+void validate_request(const commlib_request& q, int size) {
+  if (q.op_type < COMMLIB_OP_ALLREDUCE || q.op_type > COMMLIB_OP_BARRIER)
+    throw Error(COMMLIB_ERR_VALUE, "unknown collective operation " + std::to_string(q.op_type));
+  if (!q.name || !*q.name) throw Error(COMMLIB_ERR_VALUE, "a collective needs a non-empty name");
+  if (q.op_type == COMMLIB_OP_BARRIER) return;
+  if (!is_valid_dtype(q.dtype))
+    throw Error(COMMLIB_ERR_TYPE, "unsupported dtype code " + std::to_string(q.dtype));
+  if (q.ndim < 0 || (q.ndim > 0 && !q.shape)) throw Error(COMMLIB_ERR_VALUE, "invalid shape");
+  for (int i = 0; i < q.ndim; ++i)
+    if (q.shape[i] < 0) throw Error(COMMLIB_ERR_VALUE, "negative dimension in shape");
+  const char* what = op_type_name(q.op_type);
+  if (q.op_type == COMMLIB_OP_ALLREDUCE || q.op_type == COMMLIB_OP_REDUCESCATTER) {
+    if (!reduction_supported(q.dtype, q.reduce_op)) {
+      throw Error(COMMLIB_ERR_TYPE, std::string(what) + " with op " + reduce_op_name(q.reduce_op) +
+                                        " is not supported for dtype " + dtype_name(q.dtype));
+    }
+  }
+  if (q.op_type == COMMLIB_OP_BROADCAST && (q.root < 0 || q.root >= size)) {
+    throw Error(COMMLIB_ERR_VALUE, "broadcast root_rank " + std::to_string(q.root) +
+                                       " is outside the job (size " + std::to_string(size) + ")");
+  }
+  if ((q.op_type == COMMLIB_OP_ALLGATHER || q.op_type == COMMLIB_OP_ALLTOALL ||
+       q.op_type == COMMLIB_OP_REDUCESCATTER) && q.ndim < 1) {
+    throw Error(COMMLIB_ERR_VALUE, std::string(what) + " needs a tensor with at least one dimension");
+  }
+  int64_t n = 1;
+  for (int i = 0; i < q.ndim; ++i) n *= q.shape[i];
+  if (n > 0 && !q.input) throw Error(COMMLIB_ERR_VALUE, "input buffer is NULL");
+  const bool needs_output = q.op_type == COMMLIB_OP_ALLREDUCE || q.op_type == COMMLIB_OP_BROADCAST ||
+                            q.op_type == COMMLIB_OP_REDUCESCATTER;
+  if (needs_output && n > 0 && !q.output) throw Error(COMMLIB_ERR_VALUE, "output buffer is NULL");
+}
+
+// Rows sent to each rank by an alltoall: explicit splits or equal parts.
+std::vector<int64_t> alltoall_splits(const commlib_request& q, int size) {
+  const int64_t dim0 = q.shape[0];
+  if (q.nsplits == 0) {
+    if (dim0 % size != 0) {
+      throw Error(COMMLIB_ERR_VALUE, "alltoall without splits needs dimension 0 (" + std::to_string(dim0) +
+                                         ") divisible by the number of ranks (" + std::to_string(size) + ")");
+    }
+    return std::vector<int64_t>(size, dim0 / size);
+  }
+  if (q.nsplits != size) {
+    throw Error(COMMLIB_ERR_VALUE, "alltoall splits must have one entry per rank (" + std::to_string(size) +
+                                       "), got " + std::to_string(q.nsplits));
+  }
+  std::vector<int64_t> s(q.splits, q.splits + q.nsplits);
+  int64_t sum = 0;
+  for (int64_t x : s) {
+    if (x < 0) throw Error(COMMLIB_ERR_VALUE, "alltoall splits must be non-negative");
+    sum += x;
+  }
+  if (sum != dim0) {
+    throw Error(COMMLIB_ERR_VALUE, "alltoall splits sum to " + std::to_string(sum) +
+                                       " but dimension 0 of the tensor is " + std::to_string(dim0));
+  }
+  return s;
+}
+
+}  // namespace
+
+Engine& Engine::get() {
+  static Engine* engine = new Engine();  // never destroyed: outlives atexit order issues
+  return *engine;
+}
+
+void Engine::init(MPI_Comm base) {
+  if (running_.load()) return;
+  fusion_threshold_.store(env_int("COMMLIB_FUSION_THRESHOLD", 64 << 20));
+  const char* algo = std::getenv("COMMLIB_ALLREDUCE_ALGO");
+  algo_ = parse_allreduce_algo(algo ? algo : "auto");
+  stall_warning_us_ = env_int("COMMLIB_STALL_CHECK_TIME", 60) * 1000000;
+
+  MPI_Comm data, ctrl, local, cross;
+  check_mpi(MPI_Comm_dup(base, &data), "MPI_Comm_dup");
+  check_mpi(MPI_Comm_dup(base, &ctrl), "MPI_Comm_dup");
+  Topology t;
+  MPI_Comm_rank(data, &t.rank);
+  MPI_Comm_size(data, &t.size);
+  check_mpi(MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &local),
+            "MPI_Comm_split_type");
+  MPI_Comm_rank(local, &t.local_rank);
+  MPI_Comm_size(local, &t.local_size);
+  check_mpi(MPI_Comm_split(base, t.local_rank, t.rank, &cross), "MPI_Comm_split");
+  MPI_Comm_rank(cross, &t.cross_rank);
+  MPI_Comm_size(cross, &t.cross_size);
+  MPI_Comm_free(&local);
+  MPI_Comm_free(&cross);
+  start_peer_monitor(exchange_peer_info(data, t.rank, t.size));
+
+  topo_ = t;
+  transport_ = std::make_unique<MpiTransport>(data);
+  control_ = std::make_unique<ControlChannel>(ctrl);
+  controller_ = t.rank == 0 ? std::make_unique<Controller>(t.size, fusion_threshold_.load()) : nullptr;
+  worker_left_.assign(t.size, false);
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    dead_code_ = 0;
+    dead_message_.clear();
+    in_flight_.clear();
+  }
+  stop_.store(false);
+  running_.store(true);
+  thread_ = std::thread(&Engine::loop, this);
+}
+
+void Engine::shutdown() {
+  if (!running_.load()) return;
+  stop_.store(true);
+  queue_cv_.notify_all();
+  thread_.join();
+  running_.store(false);
+  stop_peer_monitor();
+  bool broken;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    broken = dead_code_ == COMMLIB_ERR_PEER_LOST || dead_code_ == COMMLIB_ERR_INTERNAL;
+  }
+  if (broken) {  // collective MPI calls could hang on a dead peer
+    transport_->abandon();
+    control_->abandon();
+  }
+  transport_.reset();
+  control_.reset();
+  controller_.reset();
+}
+
+void Engine::set_fusion_threshold(int64_t bytes) {
+  if (bytes < 0) throw Error(COMMLIB_ERR_VALUE, "fusion threshold must be >= 0");
+  fusion_threshold_.store(bytes);
+}
+
+int64_t Engine::enqueue(const commlib_request& q) {
+  if (!running_.load()) {
+    throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
+  }
+  validate_request(q, topo_.size);
+  Entry e;
+  e.desc.name = q.name;
+  e.desc.op_type = q.op_type;
+  e.desc.dtype = q.op_type == COMMLIB_OP_BARRIER ? COMMLIB_UINT8 : q.dtype;
+  e.desc.reduce_op = q.reduce_op;
+  e.desc.root = q.root;
+  e.desc.prescale = q.prescale;
+  e.desc.postscale = q.postscale;
+  e.desc.shape.assign(q.shape, q.shape + q.ndim);
+  if (q.op_type == COMMLIB_OP_ALLTOALL) e.desc.splits = alltoall_splits(q, topo_.size);
+  e.input = q.input;
+  e.output = q.output;
+  auto [id, handle] = handles_.create();
+  e.handle = handle;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (dead_code_ != 0) {
+      handles_.release(id);
+      throw Error(dead_code_, dead_message_);
+    }
+    if (!in_flight_.insert(e.desc.name).second) {
+      handles_.release(id);
+      throw Error(COMMLIB_ERR_VALUE, "a collective named '" + e.desc.name +
+                                         "' is already in flight on this rank; wait for it or use another name");
+    }
+    queue_.push_back(std::move(e));
+  }
+  if (bg_sleeping_.load()) queue_cv_.notify_one();
+  return id;
+}
+
+void Engine::loop() {
+  int64_t idle_since = now_us();
+  int64_t nap = 20;
+  for (;;) {
+    bool worked;
+    try {
+      worked = cycle();
+    } catch (const Error& e) {
+      fail_everything(e.code(), e.what());
+      worked = true;
+    }
+    if (stop_.load()) break;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      if (dead_code_ == COMMLIB_ERR_PEER_LOST || dead_code_ == COMMLIB_ERR_INTERNAL) {
+        worked = false;  // nothing can be sent any more: just idle until shutdown
+      }
+    }
+    if (worked) {
+      idle_since = now_us();
+      nap = 20;
+      continue;
+    }
+    if (now_us() - idle_since < spin_budget_us()) {
+      sched_yield();
+      continue;
+    }
+    std::unique_lock<std::mutex> lock(queue_mu_);
+    bg_sleeping_.store(true);
+    if (queue_.empty() && !stop_.load()) queue_cv_.wait_for(lock, std::chrono::microseconds(nap));
+    bg_sleeping_.store(false);
+    if (nap < kMaxNapUs) nap *= 2;
+  }
+  try {
+    send_shutdown_notice();
+  } catch (const Error&) {
+    // The job is going away; a notice that cannot be sent changes nothing.
+  }
+  fail_everything(COMMLIB_ERR_NOT_INIT, "commlib was shut down before this collective completed");
+}
+
+bool Engine::cycle() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (dead_code_ == COMMLIB_ERR_PEER_LOST || dead_code_ == COMMLIB_ERR_INTERNAL) return false;
+  }
+  std::vector<Entry> batch;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    batch.swap(queue_);
+  }
+  bool worked = !batch.empty();
+  if (worked) submit(batch);
+
+  int source;
+  std::string msg;
+  while (control_->poll(&source, &msg)) {
+    on_message(source, msg);
+    worked = true;
+  }
+  if (controller_) {
+    controller_->set_fusion_threshold(fusion_threshold_.load());
+    std::vector<Response> resps = controller_->take_ready();
+    if (!resps.empty()) {
+      Writer w;
+      w.put<int32_t>(kMsgResponses);
+      w.put<uint32_t>(uint32_t(resps.size()));
+      for (const Response& r : resps) encode(w, r);
+      const std::string bytes = w.take();
+      for (int r = 1; r < topo_.size; ++r)
+        if (!worker_left_[r]) control_->send(r, bytes);
+      for (Response& r : resps) ready_.push_back(std::move(r));
+      worked = true;
+    }
+    const int64_t now = now_us();
+    if (now - last_stall_check_us_ > 1000000) {
+      last_stall_check_us_ = now;
+      for (const std::string& w : controller_->stall_warnings(now, stall_warning_us_)) {
+        std::fprintf(stderr, "commlib (rank 0): WARNING: %s\n", w.c_str());
+      }
+    }
+  }
+  while (!ready_.empty()) {
+    Response resp = std::move(ready_.front());
+    ready_.pop_front();
+    execute(resp);
+    worked = true;
+  }
+  control_->progress();
+  throw_if_peer_lost();
+  return worked;
+}
+
+void Engine::submit(std::vector<Entry>& batch) {
+  Writer w;
+  w.put<int32_t>(kMsgRequests);
+  w.put<uint32_t>(uint32_t(batch.size()));
+  const int64_t now = now_us();
+  for (Entry& e : batch) {
+    if (controller_) {
+      controller_->add(0, e.desc, now);
+    } else {
+      encode(w, e.desc);
+    }
+    std::string name = e.desc.name;
+    pending_.emplace(std::move(name), std::move(e));
+  }
+  if (!controller_) control_->send(0, w.take());
+}
+
+void Engine::on_message(int source, const std::string& msg) {
+  Reader r(msg);
+  const int kind = r.get<int32_t>();
+  if (kind == kMsgRequests && controller_) {
+    const uint32_t n = r.get<uint32_t>();
+    const int64_t now = now_us();
+    for (uint32_t i = 0; i < n; ++i) controller_->add(source, decode_request(r), now);
+  } else if (kind == kMsgResponses && !controller_) {
+    const uint32_t n = r.get<uint32_t>();
+    for (uint32_t i = 0; i < n; ++i) ready_.push_back(decode_response(r));
+  } else if (kind == kMsgShutdown) {
+    if (controller_) {
+      worker_left_[source] = true;
+      controller_->rank_left(source);
+    } else {
+      fail_everything(COMMLIB_ERR_NOT_INIT,
+                      "rank 0 (the coordinator) called shutdown(); no further collectives are possible");
+    }
+  } else {
+    throw Error(COMMLIB_ERR_INTERNAL, "unexpected control message kind " + std::to_string(kind));
+  }
+}
+
+void Engine::execute(const Response& resp) {
+  if (resp.kind == Response::kError) {
+    for (const std::string& name : resp.names) {
+      auto it = pending_.find(name);
+      if (it == pending_.end()) continue;  // never submitted here (rank left)
+      finish(it->second, resp.error_code, resp.error);
+      pending_.erase(it);
+    }
+    return;
+  }
+  std::vector<Entry*> entries;
+  for (const std::string& name : resp.names) {
+    auto it = pending_.find(name);
+    if (it == pending_.end()) {
+      throw Error(COMMLIB_ERR_INTERNAL, "coordinator answered for unknown tensor '" + name + "'");
+    }
+    entries.push_back(&it->second);
+  }
+  OpContext ctx{*transport_, fusion_, scratch_, algo_};
+  int status = COMMLIB_OK;
+  std::string message;
+  try {
+    switch (resp.op_type) {
+      case COMMLIB_OP_ALLREDUCE: run_allreduce(ctx, entries); break;
+      case COMMLIB_OP_ALLGATHER: run_allgather(ctx, *entries[0], resp.rows); break;
+      case COMMLIB_OP_BROADCAST: run_broadcast(ctx, *entries[0]); break;
+      case COMMLIB_OP_ALLTOALL: run_alltoall(ctx, *entries[0], resp.rows); break;
+      case COMMLIB_OP_REDUCESCATTER: run_reducescatter(ctx, *entries[0]); break;
+      case COMMLIB_OP_BARRIER: break;  // negotiation itself synchronised every rank
+    }
+  } catch (const Error& e) {
+    // Value/type problems are detected identically on every rank before any
+    // data moves; anything else leaves the job in an unknown state.
+    if (e.code() != COMMLIB_ERR_VALUE && e.code() != COMMLIB_ERR_TYPE) throw;
+    status = e.code();
+    message = e.what();
+  }
+  for (const std::string& name : resp.names) {
+    auto it = pending_.find(name);
+    finish(it->second, status, message);
+    pending_.erase(it);
+  }
+}
+
+void Engine::finish(Entry& e, int status, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    in_flight_.erase(e.desc.name);
+  }
+  handles_.complete(*e.handle, status, message);
+}
+
+void Engine::fail_everything(int code, const std::string& message) {
+  std::vector<Entry> queued;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (dead_code_ == 0 && code != COMMLIB_ERR_VALUE && code != COMMLIB_ERR_TYPE) {
+      dead_code_ = code;
+      dead_message_ = message;
+      if (code == COMMLIB_ERR_PEER_LOST || code == COMMLIB_ERR_INTERNAL) {
+        std::fprintf(stderr, "commlib (rank %d): ERROR: %s\n", topo_.rank, message.c_str());
+      }
+    }
+    queued.swap(queue_);
+  }
+  for (Entry& e : queued) finish(e, code, message);
+  for (auto& [name, e] : pending_) finish(e, code, message);
+  pending_.clear();
+  ready_.clear();
+}
+
+void Engine::send_shutdown_notice() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (dead_code_ != 0) return;
+  }
+  Writer w;
+  w.put<int32_t>(kMsgShutdown);
+  const std::string bytes = w.take();
+  if (controller_) {
+    for (int r = 1; r < topo_.size; ++r)
+      if (!worker_left_[r]) control_->send(r, bytes);
+  } else {
+    control_->send(0, bytes);
+  }
+  control_->progress();
+}
+
+}  // namespace commlib

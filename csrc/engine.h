@@ -1,0 +1,95 @@
+// The engine: the singleton runtime. Caller threads enqueue requests and wait
+// on handles; one background thread owns all communication: it reports local
+// requests to the coordinator (rank 0), receives the coordinator's ordered
+// responses, and executes them.
+//
+// Negotiation is asynchronous and point-to-point: there is no per-cycle
+// collective, so an idle rank costs nothing to the others and a request is
+// negotiated as soon as the last rank submits it (no cycle-time latency).
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "controller.h"
+#include "fusion.h"
+#include "handles.h"
+#include "operations.h"
+#include "transport/mpi_control.h"
+#include "transport/mpi_transport.h"
+
+namespace commlib {
+
+struct Topology {
+  int rank = 0, size = 1;
+  int local_rank = 0, local_size = 1;
+  int cross_rank = 0, cross_size = 1;
+};
+
+class Engine {
+ public:
+  static Engine& get();
+
+  void init(MPI_Comm base);
+  void shutdown();
+  bool initialized() const { return running_.load(); }
+  const Topology& topology() const { return topo_; }
+
+  // Validates and queues a request; returns the handle id.
+  int64_t enqueue(const commlib_request& req);
+  HandleTable& handles() { return handles_; }
+
+  void set_fusion_threshold(int64_t bytes);
+  int64_t fusion_threshold() const { return fusion_threshold_.load(); }
+
+ private:
+  Engine() = default;
+  void loop();
+  bool cycle();  // one pass of the background loop; true when it did work
+  void submit(std::vector<Entry>& batch);
+  void on_message(int source, const std::string& msg);
+  void execute(const Response& resp);
+  void finish(Entry& e, int status, const std::string& message);
+  void fail_everything(int code, const std::string& message);
+  void send_shutdown_notice();
+
+  Topology topo_;
+  HandleTable handles_;
+  std::atomic<bool> running_{false};
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> fusion_threshold_{64 << 20};
+  AllreduceAlgo algo_ = AllreduceAlgo::kAuto;
+  int64_t stall_warning_us_ = 60000000;
+
+  // Shared with caller threads (guarded by queue_mu_).
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::vector<Entry> queue_;
+  std::unordered_set<std::string> in_flight_;
+  int dead_code_ = 0;            // non-zero: the engine can no longer communicate
+  std::string dead_message_;
+  std::atomic<bool> bg_sleeping_{false};
+
+  // Background thread only.
+  std::thread thread_;
+  std::unique_ptr<MpiTransport> transport_;
+  std::unique_ptr<ControlChannel> control_;
+  std::unique_ptr<Controller> controller_;  // rank 0 only
+  std::unordered_map<std::string, Entry> pending_;
+  std::deque<Response> ready_;
+  std::vector<bool> worker_left_;
+  FusionBuffer fusion_, scratch_;
+  int64_t last_stall_check_us_ = 0;
+};
+
+}  // namespace commlib

@@ -1,0 +1,58 @@
+#include "handles.h"
+
+#include <sched.h>
+
+#include "progress.h"
+
+namespace commlib {
+
+std::pair<int64_t, std::shared_ptr<HandleState>> HandleTable::create() {
+  auto h = std::make_shared<HandleState>();
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t id = next_id_++;
+  handles_[id] = h;
+  return {id, h};
+}
+
+std::shared_ptr<HandleState> HandleTable::find(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = handles_.find(id);
+  return it == handles_.end() ? nullptr : it->second;
+}
+
+void HandleTable::release(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  handles_.erase(id);
+}
+
+void HandleTable::complete(HandleState& h, int status, const std::string& message) {
+  h.status = status;
+  h.message = message;
+  h.done.store(1);
+  if (sleepers_.load() > 0) {
+    std::lock_guard<std::mutex> lock(wait_mu_);
+    wait_cv_.notify_all();
+  }
+}
+
+bool HandleTable::wait(HandleState& h, double timeout_s) {
+  auto is_done = [&] { return h.done.load(std::memory_order_acquire) != 0; };
+  const int64_t start = now_us();
+  const int64_t limit = timeout_s < 0 ? -1 : int64_t(timeout_s * 1e6);
+  const int64_t budget = spin_budget_us();
+  while (!is_done()) {
+    const int64_t elapsed = now_us() - start;
+    if (limit >= 0 && elapsed >= limit) return false;
+    if (elapsed < budget) {
+      sched_yield();
+      continue;
+    }
+    std::unique_lock<std::mutex> lock(wait_mu_);
+    sleepers_.fetch_add(1);
+    if (!is_done()) wait_cv_.wait_for(lock, std::chrono::milliseconds(10));
+    sleepers_.fetch_sub(1);
+  }
+  return true;
+}
+
+}  // namespace commlib

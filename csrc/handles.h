@@ -1,0 +1,45 @@
+// Handles: the completion state of one request, shared between the caller's
+// thread (poll/wait) and the background thread (complete).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace commlib {
+
+struct HandleState {
+  std::atomic<int> done{0};
+  int status = 0;
+  std::string message;
+  std::vector<char> result;     // allgather / alltoall output (core-owned)
+  int64_t rows = 0;             // dim 0 of the result
+  std::vector<int64_t> splits;  // rows from/of each rank
+};
+
+class HandleTable {
+ public:
+  std::pair<int64_t, std::shared_ptr<HandleState>> create();
+  std::shared_ptr<HandleState> find(int64_t id);
+  void release(int64_t id);
+  // Marks the handle complete and wakes waiters.
+  void complete(HandleState& h, int status, const std::string& message);
+  // Waits for completion: spins with sched_yield, then sleeps on a condvar.
+  // Returns false on timeout (timeout_s < 0: no timeout).
+  bool wait(HandleState& h, double timeout_s);
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<int64_t, std::shared_ptr<HandleState>> handles_;
+  int64_t next_id_ = 1;
+  std::mutex wait_mu_;
+  std::condition_variable wait_cv_;
+  std::atomic<int> sleepers_{0};
+};
+
+}  // namespace commlib

@@ -1,0 +1,123 @@
+/* commlib C API: the only interface the cffi binding sees.
+ *
+ * Plain C types only; no Python inside. Every function that can fail returns
+ * a status code (COMMLIB_OK on success); the message of the last failure on
+ * the calling thread is available through commlib_last_error().
+ *
+ * This header is also parsed by cffi's cdef(), so it must stay free of
+ * preprocessor conditionals other than the include guard and extern "C".
+ */
+#ifndef COMMLIB_C_API_H
+#define COMMLIB_C_API_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes. */
+enum {
+  COMMLIB_OK = 0,
+  COMMLIB_ERR_VALUE = 1,        /* bad argument value      -> ValueError  */
+  COMMLIB_ERR_TYPE = 2,         /* unsupported dtype / op  -> TypeError   */
+  COMMLIB_ERR_MISMATCH = 3,     /* ranks disagree          -> CollectiveMismatchError */
+  COMMLIB_ERR_NOT_INIT = 4,     /* not initialised / shut down */
+  COMMLIB_ERR_PEER_LOST = 5,    /* a rank of the job died  */
+  COMMLIB_ERR_INTERNAL = 6,     /* MPI or internal failure */
+  COMMLIB_ERR_TIMEOUT = 7       /* wait timed out (handle still pending) */
+};
+
+/* Operation types. */
+enum {
+  COMMLIB_OP_ALLREDUCE = 0,
+  COMMLIB_OP_ALLGATHER = 1,
+  COMMLIB_OP_BROADCAST = 2,
+  COMMLIB_OP_ALLTOALL = 3,
+  COMMLIB_OP_REDUCESCATTER = 4,
+  COMMLIB_OP_BARRIER = 5
+};
+
+/* Element types. */
+enum {
+  COMMLIB_UINT8 = 0,
+  COMMLIB_INT8 = 1,
+  COMMLIB_INT32 = 2,
+  COMMLIB_INT64 = 3,
+  COMMLIB_FLOAT16 = 4,
+  COMMLIB_BFLOAT16 = 5,
+  COMMLIB_FLOAT32 = 6,
+  COMMLIB_FLOAT64 = 7,
+  COMMLIB_BOOL = 8
+};
+
+/* Reduction operators (Average is Sum with a 1/size postscale). */
+enum {
+  COMMLIB_SUM = 0,
+  COMMLIB_AVERAGE = 1,
+  COMMLIB_MIN = 2,
+  COMMLIB_MAX = 3,
+  COMMLIB_PRODUCT = 4
+};
+
+/* One collective request. The caller keeps input/output and the arrays alive
+ * until the handle completes; the core copies name, shape and splits. */
+typedef struct {
+  int op_type;
+  const char* name;
+  int dtype;
+  int ndim;
+  const int64_t* shape;
+  const void* input;      /* data to send (may equal output for in-place)   */
+  void* output;           /* allreduce/broadcast: same shape as input;
+                             reducescatter: this rank's slice of dim 0;
+                             allgather/alltoall: NULL (core-owned result)    */
+  int reduce_op;
+  double prescale;
+  double postscale;
+  int root;               /* broadcast root rank                             */
+  const int64_t* splits;  /* alltoall: rows sent to each rank (size entries) */
+  int nsplits;            /* 0 = equal splits                                */
+} commlib_request;
+
+/* Lifecycle. comm_handle is an MPI_Comm handle value (from mpi4py's
+ * MPI._handleof) when has_comm != 0, else MPI_COMM_WORLD is used. */
+int commlib_init(int64_t comm_handle, int has_comm);
+int commlib_shutdown(void);
+int commlib_is_initialized(void);
+const char* commlib_last_error(void);
+
+int commlib_rank(void);
+int commlib_size(void);
+int commlib_local_rank(void);
+int commlib_local_size(void);
+int commlib_cross_rank(void);
+int commlib_cross_size(void);
+
+/* Requests and handles. enqueue returns a handle id > 0 in *handle. */
+int commlib_enqueue(const commlib_request* req, int64_t* handle);
+/* 1 when the handle has completed (successfully or not), 0 when pending. */
+int commlib_poll(int64_t handle);
+/* Waits up to timeout_s seconds (negative: forever). Returns COMMLIB_OK when
+ * complete, COMMLIB_ERR_TIMEOUT when still pending. Releases no resources. */
+int commlib_wait(int64_t handle, double timeout_s);
+/* Status of a completed handle; the message goes to commlib_last_error(). */
+int commlib_handle_status(int64_t handle);
+/* Core-owned result of allgather/alltoall: pointer, bytes and dim 0 rows. */
+int commlib_handle_result(int64_t handle, void** data, int64_t* nbytes,
+                          int64_t* rows);
+/* Rows received from each rank (alltoall) or contributed by each rank
+ * (allgather); out must hold size() entries. */
+int commlib_handle_splits(int64_t handle, int64_t* out);
+int commlib_release(int64_t handle);
+
+/* Configuration and introspection. */
+int commlib_set_fusion_threshold(int64_t bytes);
+int64_t commlib_fusion_threshold(void);
+const char* commlib_mpi_library_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* COMMLIB_C_API_H */

@@ -1,0 +1,54 @@
+#include "message.h"
+
+namespace commlib {
+
+void encode(Writer& w, const RequestDesc& d) {
+  w.put_string(d.name);
+  w.put<int32_t>(d.op_type);
+  w.put<int32_t>(d.dtype);
+  w.put<int32_t>(d.reduce_op);
+  w.put<int32_t>(d.root);
+  w.put<double>(d.prescale);
+  w.put<double>(d.postscale);
+  w.put_vec(d.shape);
+  w.put_vec(d.splits);
+}
+
+RequestDesc decode_request(Reader& r) {
+  RequestDesc d;
+  d.name = r.get_string();
+  d.op_type = r.get<int32_t>();
+  d.dtype = r.get<int32_t>();
+  d.reduce_op = r.get<int32_t>();
+  d.root = r.get<int32_t>();
+  d.prescale = r.get<double>();
+  d.postscale = r.get<double>();
+  d.shape = r.get_vec();
+  d.splits = r.get_vec();
+  return d;
+}
+
+void encode(Writer& w, const Response& resp) {
+  w.put<int32_t>(resp.kind);
+  w.put<int32_t>(resp.op_type);
+  w.put<int32_t>(resp.error_code);
+  w.put_string(resp.error);
+  w.put<uint32_t>(uint32_t(resp.names.size()));
+  for (const auto& n : resp.names) w.put_string(n);
+  w.put_vec(resp.rows);
+}
+
+Response decode_response(Reader& r) {
+  Response resp;
+  resp.kind = r.get<int32_t>();
+  resp.op_type = r.get<int32_t>();
+  resp.error_code = r.get<int32_t>();
+  resp.error = r.get_string();
+  const uint32_t n = r.get<uint32_t>();
+  resp.names.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) resp.names.push_back(r.get_string());
+  resp.rows = r.get_vec();
+  return resp;
+}
+
+}  // namespace commlib

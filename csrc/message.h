@@ -1,0 +1,105 @@
+// Negotiation messages and their binary encoding.
+//
+// A rank tells the coordinator which named requests it has (RequestDesc); the
+// coordinator answers every rank with the same ordered list of Responses, and
+// each rank executes them in that order.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace commlib {
+
+struct RequestDesc {
+  std::string name;
+  int op_type = 0;
+  int dtype = 0;
+  int reduce_op = 0;
+  int root = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> splits;  // alltoall: rows to each rank
+};
+
+struct Response {
+  enum Kind : int { kExecute = 0, kError = 1 };
+  int kind = kExecute;
+  int op_type = 0;
+  int error_code = 0;
+  std::string error;
+  std::vector<std::string> names;  // several for a fused allreduce
+  // allgather: rows of each rank; alltoall: size*size matrix, [src*size+dst].
+  std::vector<int64_t> rows;
+};
+
+// Message kinds on the control channel.
+enum MessageKind : int { kMsgRequests = 1, kMsgResponses = 2, kMsgShutdown = 3 };
+
+class Writer {
+ public:
+  template <typename T>
+  void put(T v) {
+    const char* p = reinterpret_cast<const char*>(&v);
+    buf_.append(p, sizeof(T));
+  }
+  void put_string(const std::string& s) {
+    put<uint32_t>(uint32_t(s.size()));
+    buf_.append(s);
+  }
+  void put_vec(const std::vector<int64_t>& v) {
+    put<uint32_t>(uint32_t(v.size()));
+    buf_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));
+  }
+  std::string take() { return std::move(buf_); }
+
+ private:
+  std::string buf_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& s) : s_(s) {}
+  template <typename T>
+  T get() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, s_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  std::string get_string() {
+    const uint32_t n = get<uint32_t>();
+    need(n);
+    std::string out = s_.substr(pos_, n);
+    pos_ += n;
+    return out;
+  }
+  std::vector<int64_t> get_vec() {
+    const uint32_t n = get<uint32_t>();
+    need(size_t(n) * sizeof(int64_t));
+    std::vector<int64_t> v(n);
+    std::memcpy(v.data(), s_.data() + pos_, n * sizeof(int64_t));
+    pos_ += n * sizeof(int64_t);
+    return v;
+  }
+  bool done() const { return pos_ >= s_.size(); }
+
+ private:
+  void need(size_t n) const {
+    if (pos_ + n > s_.size()) throw Error(COMMLIB_ERR_INTERNAL, "truncated control message");
+  }
+  const std::string& s_;
+  size_t pos_ = 0;
+};
+
+void encode(Writer& w, const RequestDesc& d);
+RequestDesc decode_request(Reader& r);
+void encode(Writer& w, const Response& resp);
+Response decode_response(Reader& r);
+
+}  // namespace commlib

@@ -1,0 +1,42 @@
+// Executing one negotiated response on this rank: packing tensors into the
+// fusion buffer, applying scale factors, widening half types to float32, and
+// calling the collective algorithm over the transport.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "collectives/allreduce.h"
+#include "fusion.h"
+#include "handles.h"
+#include "message.h"
+#include "transport/transport.h"
+
+namespace commlib {
+
+// One local request waiting for (or under) execution.
+struct Entry {
+  std::shared_ptr<HandleState> handle;
+  RequestDesc desc;
+  const void* input = nullptr;
+  void* output = nullptr;
+};
+
+struct OpContext {
+  Transport& transport;
+  FusionBuffer& fusion;
+  FusionBuffer& scratch;  // second buffer (reducescatter of half types)
+  AllreduceAlgo algo;
+};
+
+// Rows of dim 0 that reducescatter leaves on rank r (first ranks get extras).
+int64_t reducescatter_rows(int64_t dim0, int size, int r);
+
+void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries);
+void run_allgather(OpContext& ctx, Entry& e, const std::vector<int64_t>& rows);
+void run_broadcast(OpContext& ctx, Entry& e);
+void run_alltoall(OpContext& ctx, Entry& e, const std::vector<int64_t>& matrix);
+void run_reducescatter(OpContext& ctx, Entry& e);
+
+}  // namespace commlib

@@ -1,0 +1,55 @@
+// Waiting without holding the core and without a slow scheduler wake-up.
+//
+// On this class of VM a futex/condvar wake costs 30-70 us while a spin loop
+// that calls sched_yield hands off in a few microseconds; pure spinning starves
+// the other threads of a 2-core machine. So every wait in the core spins with
+// sched_yield for a bounded time, then naps with growing sleeps (up to
+// kMaxNapUs) so that an idle job does not burn CPU.
+#pragma once
+
+#include <sched.h>
+#include <time.h>
+
+#include <chrono>
+#include <cstdint>
+
+#include "liveness.h"
+
+namespace commlib {
+
+// Microseconds spent spinning before napping (COMMLIB_SPIN_US, default 2000).
+int64_t spin_budget_us();
+constexpr int64_t kMaxNapUs = 1000;
+
+inline int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+inline void nap_us(int64_t us) {
+  timespec ts{static_cast<time_t>(us / 1000000), static_cast<long>((us % 1000000) * 1000)};
+  nanosleep(&ts, nullptr);
+}
+
+// Calls done() until it returns true. Throws Error(COMMLIB_ERR_PEER_LOST) if a
+// peer of the job is found dead meanwhile (see liveness.h).
+template <typename Done>
+void poll_until(Done done) {
+  if (done()) return;
+  const int64_t start = now_us();
+  const int64_t budget = spin_budget_us();
+  int64_t nap = 20;
+  for (;;) {
+    if (done()) return;
+    throw_if_peer_lost();
+    if (now_us() - start < budget) {
+      sched_yield();
+    } else {
+      nap_us(nap);
+      if (nap < kMaxNapUs) nap *= 2;
+    }
+  }
+}
+
+}  // namespace commlib

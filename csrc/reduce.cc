@@ -1,0 +1,98 @@
+#include "reduce.h"
+
+#include <cstdint>
+
+#include "common.h"
+
+namespace commlib {
+namespace {
+
+template <typename T, typename F>
+void apply(void* acc_v, const void* in_v, size_t n, F f) {
+  T* __restrict__ acc = static_cast<T*>(acc_v);
+  const T* __restrict__ in = static_cast<const T*>(in_v);
+  for (size_t i = 0; i < n; ++i) acc[i] = f(acc[i], in[i]);
+}
+
+template <typename T>
+void reduce_typed(int op, void* acc, const void* in, size_t n) {
+  switch (op) {
+    case COMMLIB_SUM:
+      apply<T>(acc, in, n, [](T a, T b) { return static_cast<T>(a + b); });
+      return;
+    case COMMLIB_MIN:
+      apply<T>(acc, in, n, [](T a, T b) { return b < a ? b : a; });
+      return;
+    case COMMLIB_MAX:
+      apply<T>(acc, in, n, [](T a, T b) { return a < b ? b : a; });
+      return;
+    case COMMLIB_PRODUCT:
+      apply<T>(acc, in, n, [](T a, T b) { return static_cast<T>(a * b); });
+      return;
+    default:
+      throw Error(COMMLIB_ERR_TYPE, std::string("unsupported reduction op ") +
+                                        reduce_op_name(op));
+  }
+}
+
+// bool: Sum/Max are logical or, Product/Min are logical and.
+void reduce_bool(int op, void* acc, const void* in, size_t n) {
+  if (op == COMMLIB_SUM || op == COMMLIB_MAX) {
+    apply<uint8_t>(acc, in, n, [](uint8_t a, uint8_t b) { return uint8_t(a | b); });
+  } else if (op == COMMLIB_PRODUCT || op == COMMLIB_MIN) {
+    apply<uint8_t>(acc, in, n, [](uint8_t a, uint8_t b) { return uint8_t(a & b); });
+  } else {
+    throw Error(COMMLIB_ERR_TYPE, "unsupported reduction op for bool");
+  }
+}
+
+template <typename T>
+void scale_typed(void* buf_v, size_t n, double factor) {
+  T* __restrict__ buf = static_cast<T*>(buf_v);
+  if constexpr (std::is_floating_point_v<T>) {
+    const T f = static_cast<T>(factor);
+    for (size_t i = 0; i < n; ++i) buf[i] *= f;
+  } else {
+    for (size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(static_cast<double>(buf[i]) * factor);
+  }
+}
+
+}  // namespace
+
+bool reduction_supported(int dtype, int op) {
+  if (!is_valid_dtype(dtype)) return false;
+  if (op < COMMLIB_SUM || op > COMMLIB_PRODUCT) return false;
+  if (dtype == COMMLIB_BOOL && op == COMMLIB_AVERAGE) return false;
+  return true;
+}
+
+void reduce_into(int dtype, int op, void* acc, const void* in, size_t n) {
+  switch (dtype) {
+    case COMMLIB_UINT8: return reduce_typed<uint8_t>(op, acc, in, n);
+    case COMMLIB_INT8: return reduce_typed<int8_t>(op, acc, in, n);
+    case COMMLIB_INT32: return reduce_typed<int32_t>(op, acc, in, n);
+    case COMMLIB_INT64: return reduce_typed<int64_t>(op, acc, in, n);
+    case COMMLIB_FLOAT32: return reduce_typed<float>(op, acc, in, n);
+    case COMMLIB_FLOAT64: return reduce_typed<double>(op, acc, in, n);
+    case COMMLIB_BOOL: return reduce_bool(op, acc, in, n);
+    default:
+      throw Error(COMMLIB_ERR_TYPE, std::string("reduce_into: dtype ") +
+                                        dtype_name(dtype) + " must be widened first");
+  }
+}
+
+void scale_buffer(int dtype, void* buf, size_t n, double factor) {
+  if (factor == 1.0) return;
+  switch (dtype) {
+    case COMMLIB_UINT8: return scale_typed<uint8_t>(buf, n, factor);
+    case COMMLIB_INT8: return scale_typed<int8_t>(buf, n, factor);
+    case COMMLIB_INT32: return scale_typed<int32_t>(buf, n, factor);
+    case COMMLIB_INT64: return scale_typed<int64_t>(buf, n, factor);
+    case COMMLIB_FLOAT32: return scale_typed<float>(buf, n, factor);
+    case COMMLIB_FLOAT64: return scale_typed<double>(buf, n, factor);
+    default:
+      throw Error(COMMLIB_ERR_TYPE, std::string("cannot scale dtype ") + dtype_name(dtype));
+  }
+}
+
+}  // namespace commlib

@@ -1,0 +1,22 @@
+// Typed reduction and scaling kernels. Written as plain loops over
+// restrict-qualified pointers so the compiler vectorises them (-O3).
+// float16/bfloat16 are never reduced directly: the collectives widen them to
+// float32 first (see half.h), so accumulation happens in fp32.
+#pragma once
+
+#include <cstddef>
+
+namespace commlib {
+
+// acc[i] = acc[i] (op) in[i] for n elements of dtype. op is a COMMLIB_* reduce
+// op other than AVERAGE (callers turn Average into Sum + postscale).
+// Throws Error(COMMLIB_ERR_TYPE) for half dtypes or unknown combinations.
+void reduce_into(int dtype, int op, void* acc, const void* in, size_t n);
+
+// buf[i] *= factor, computed in double for integers (truncated toward zero).
+void scale_buffer(int dtype, void* buf, size_t n, double factor);
+
+// Whether (dtype, op) is a supported reduction (checked before sending).
+bool reduction_supported(int dtype, int op);
+
+}  // namespace commlib

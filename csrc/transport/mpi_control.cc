@@ -1,0 +1,62 @@
+#include "mpi_control.h"
+
+#include "../common.h"
+#include "mpi_transport.h"
+
+namespace commlib {
+namespace {
+constexpr int kTag = 7;
+}
+
+ControlChannel::ControlChannel(MPI_Comm comm) : comm_(comm) {
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+}
+
+ControlChannel::~ControlChannel() {
+  // Sends still in flight at shutdown go to ranks that stopped listening.
+  for (auto& s : sends_) {
+    int flag = 0;
+    MPI_Test(&s.first, &flag, MPI_STATUS_IGNORE);
+    if (!flag) {
+      MPI_Cancel(&s.first);
+      MPI_Request_free(&s.first);
+    }
+  }
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void ControlChannel::abandon() {
+  sends_.clear();
+  comm_ = MPI_COMM_NULL;
+}
+
+void ControlChannel::send(int peer, std::string bytes) {
+  sends_.emplace_back(MPI_REQUEST_NULL, std::move(bytes));
+  auto& s = sends_.back();
+  check_mpi(MPI_Isend(s.second.data(), int(s.second.size()), MPI_BYTE, peer, kTag, comm_, &s.first),
+            "MPI_Isend(control)");
+}
+
+bool ControlChannel::poll(int* source, std::string* out) {
+  int flag = 0;
+  MPI_Status st;
+  check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, kTag, comm_, &flag, &st), "MPI_Iprobe");
+  if (!flag) return false;
+  int count = 0;
+  MPI_Get_count(&st, MPI_BYTE, &count);
+  out->resize(size_t(count));
+  check_mpi(MPI_Recv(out->data(), count, MPI_BYTE, st.MPI_SOURCE, kTag, comm_, MPI_STATUS_IGNORE),
+            "MPI_Recv(control)");
+  *source = st.MPI_SOURCE;
+  return true;
+}
+
+void ControlChannel::progress() {
+  for (auto it = sends_.begin(); it != sends_.end();) {
+    int flag = 0;
+    check_mpi(MPI_Test(&it->first, &flag, MPI_STATUS_IGNORE), "MPI_Test(control)");
+    it = flag ? sends_.erase(it) : std::next(it);
+  }
+}
+
+}  // namespace commlib

@@ -1,0 +1,192 @@
+#include "mpi_transport.h"
+
+#include <climits>
+#include <cstring>
+#include <string>
+
+#include "../common.h"
+#include "../progress.h"
+
+namespace commlib {
+namespace {
+
+// MPI counts are int; larger messages are split into pieces of this size.
+constexpr size_t kMaxCount = size_t(1) << 30;
+
+int to_int(size_t v, const char* what) {
+  if (v > size_t(INT_MAX)) {
+    throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": more than 2^31-1 bytes per rank is not supported");
+  }
+  return static_cast<int>(v);
+}
+
+MPI_Op mpi_op(int dtype, int op) {
+  if (dtype == COMMLIB_BOOL) {
+    return (op == COMMLIB_SUM || op == COMMLIB_MAX) ? MPI_LOR : MPI_LAND;
+  }
+  switch (op) {
+    case COMMLIB_SUM: case COMMLIB_AVERAGE: return MPI_SUM;
+    case COMMLIB_MIN: return MPI_MIN;
+    case COMMLIB_MAX: return MPI_MAX;
+    case COMMLIB_PRODUCT: return MPI_PROD;
+  }
+  throw Error(COMMLIB_ERR_TYPE, "unknown reduction op");
+}
+
+}  // namespace
+
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw Error(COMMLIB_ERR_INTERNAL, std::string(what) + " failed: " + std::string(msg, len));
+}
+
+MPI_Datatype mpi_datatype(int dtype) {
+  switch (dtype) {
+    case COMMLIB_UINT8: return MPI_UINT8_T;
+    case COMMLIB_INT8: return MPI_INT8_T;
+    case COMMLIB_INT32: return MPI_INT32_T;
+    case COMMLIB_INT64: return MPI_INT64_T;
+    case COMMLIB_FLOAT32: return MPI_FLOAT;
+    case COMMLIB_FLOAT64: return MPI_DOUBLE;
+    case COMMLIB_BOOL: return MPI_C_BOOL;
+  }
+  throw Error(COMMLIB_ERR_TYPE, std::string("no MPI datatype for ") + dtype_name(dtype));
+}
+
+MpiTransport::MpiTransport(MPI_Comm comm) : comm_(comm) {
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+MpiTransport::~MpiTransport() {
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void MpiTransport::abandon() { comm_ = MPI_COMM_NULL; }
+
+void MpiTransport::complete(MPI_Request* req) {
+  poll_until([&] {
+    int flag = 0;
+    check_mpi(MPI_Test(req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+    return flag != 0;
+  });
+}
+
+int MpiTransport::start(const std::vector<P2POp>& ops) {
+  std::vector<MPI_Request> reqs;
+  reqs.reserve(ops.size());
+  for (const P2POp& op : ops) {
+    // Split messages beyond the int count limit into tagged pieces.
+    char* p = static_cast<char*>(op.buf);
+    size_t left = op.bytes;
+    int tag = 0;
+    do {
+      const size_t n = left < kMaxCount ? left : kMaxCount;
+      MPI_Request r;
+      if (op.kind == P2POp::kSend) {
+        check_mpi(MPI_Isend(p, int(n), MPI_BYTE, op.peer, tag, comm_, &r), "MPI_Isend");
+      } else {
+        check_mpi(MPI_Irecv(p, int(n), MPI_BYTE, op.peer, tag, comm_, &r), "MPI_Irecv");
+      }
+      reqs.push_back(r);
+      p += n;
+      left -= n;
+      ++tag;
+    } while (left > 0);
+  }
+  const int ticket = next_ticket_++;
+  pending_[ticket] = std::move(reqs);
+  return ticket;
+}
+
+void MpiTransport::wait(int ticket) {
+  auto it = pending_.find(ticket);
+  if (it == pending_.end()) throw Error(COMMLIB_ERR_INTERNAL, "unknown transport ticket");
+  std::vector<MPI_Request> reqs = std::move(it->second);
+  pending_.erase(it);
+  poll_until([&] {
+    int flag = 0;
+    check_mpi(MPI_Testall(int(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE),
+              "MPI_Testall");
+    return flag != 0;
+  });
+}
+
+void MpiTransport::allreduce(const void* in, void* out, size_t count, int dtype, int op) {
+  const size_t esize = dtype_size(dtype);
+  const MPI_Datatype dt = mpi_datatype(dtype);
+  const MPI_Op mop = mpi_op(dtype, op);
+  size_t done = 0;
+  do {
+    const size_t n = (count - done) < kMaxCount ? (count - done) : kMaxCount;
+    const void* src = in == out ? MPI_IN_PLACE : static_cast<const char*>(in) + done * esize;
+    MPI_Request r;
+    check_mpi(MPI_Iallreduce(src, static_cast<char*>(out) + done * esize, int(n), dt, mop, comm_, &r),
+              "MPI_Iallreduce");
+    complete(&r);
+    done += n;
+  } while (done < count);
+}
+
+void MpiTransport::allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) {
+  std::vector<int> counts(size_), displs(size_);
+  size_t off = 0;
+  for (int r = 0; r < size_; ++r) {
+    counts[r] = to_int(bytes[r], "allgather");
+    displs[r] = to_int(off, "allgather");
+    off += bytes[r];
+  }
+  MPI_Request r;
+  check_mpi(MPI_Iallgatherv(in, counts[rank_], MPI_BYTE, out, counts.data(), displs.data(),
+                            MPI_BYTE, comm_, &r),
+            "MPI_Iallgatherv");
+  complete(&r);
+}
+
+void MpiTransport::broadcast(void* buf, size_t bytes, int root) {
+  size_t done = 0;
+  do {
+    const size_t n = (bytes - done) < kMaxCount ? (bytes - done) : kMaxCount;
+    MPI_Request r;
+    check_mpi(MPI_Ibcast(static_cast<char*>(buf) + done, int(n), MPI_BYTE, root, comm_, &r),
+              "MPI_Ibcast");
+    complete(&r);
+    done += n;
+  } while (done < bytes);
+}
+
+void MpiTransport::alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                             const std::vector<size_t>& recv_bytes) {
+  std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
+  size_t so = 0, ro = 0;
+  for (int r = 0; r < size_; ++r) {
+    sc[r] = to_int(send_bytes[r], "alltoall");
+    sd[r] = to_int(so, "alltoall");
+    rc[r] = to_int(recv_bytes[r], "alltoall");
+    rd[r] = to_int(ro, "alltoall");
+    so += send_bytes[r];
+    ro += recv_bytes[r];
+  }
+  MPI_Request r;
+  check_mpi(MPI_Ialltoallv(in, sc.data(), sd.data(), MPI_BYTE, out, rc.data(), rd.data(),
+                           MPI_BYTE, comm_, &r),
+            "MPI_Ialltoallv");
+  complete(&r);
+}
+
+void MpiTransport::reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts,
+                                  int dtype, int op) {
+  std::vector<int> c(size_);
+  for (int r = 0; r < size_; ++r) c[r] = to_int(counts[r] * dtype_size(dtype), "reducescatter");
+  for (int r = 0; r < size_; ++r) c[r] = int(counts[r]);
+  MPI_Request r;
+  check_mpi(MPI_Ireduce_scatter(in, out, c.data(), mpi_datatype(dtype), mpi_op(dtype, op), comm_, &r),
+            "MPI_Ireduce_scatter");
+  complete(&r);
+}
+
+}  // namespace commlib

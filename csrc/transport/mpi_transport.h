@@ -1,0 +1,52 @@
+// Transport over an MPI communicator (spans machines). Every MPI call is
+// non-blocking and completed by polling (progress.h), so that a dead peer is
+// noticed and reported instead of blocking forever.
+#pragma once
+
+#include <mpi.h>
+
+#include <map>
+#include <vector>
+
+#include "transport.h"
+
+namespace commlib {
+
+class MpiTransport : public Transport {
+ public:
+  explicit MpiTransport(MPI_Comm comm);  // takes ownership of comm
+  ~MpiTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  MPI_Comm comm() const { return comm_; }
+
+  int start(const std::vector<P2POp>& ops) override;
+  void wait(int ticket) override;
+
+  void allreduce(const void* in, void* out, size_t count, int dtype, int op) override;
+  void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
+  void broadcast(void* buf, size_t bytes, int root) override;
+  void alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                 const std::vector<size_t>& recv_bytes) override;
+  void reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts, int dtype,
+                      int op) override;
+
+  // Releases the communicator without a collective call (after a lost peer).
+  void abandon();
+
+ private:
+  void complete(MPI_Request* req);
+
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  int next_ticket_ = 0;
+  std::map<int, std::vector<MPI_Request>> pending_;
+};
+
+// Throws Error(COMMLIB_ERR_INTERNAL) with MPI's message when rc != MPI_SUCCESS.
+void check_mpi(int rc, const char* what);
+MPI_Datatype mpi_datatype(int dtype);
+
+}  // namespace commlib
