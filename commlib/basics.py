@@ -33,6 +33,12 @@ def shutdown() -> None:
     NotInitializedError; other ranks' collectives that wait for this rank fail
     too instead of hanging."""
     check(lib.commlib_shutdown())
+    if lib.commlib_broken():
+        # A peer is gone: MPI_Finalize would wait for it forever. Make mpi4py
+        # abort at exit instead, which ends the job (the error was reported).
+        set_abort = getattr(MPI, "_set_abort_status", None)
+        if set_abort is not None:
+            set_abort(1)
 
 
 def is_initialized() -> bool:

@@ -82,6 +82,8 @@ int commlib_shutdown(void) {
 
 int commlib_is_initialized(void) { return Engine::get().initialized() ? 1 : 0; }
 
+int commlib_broken(void) { return Engine::get().broken(); }
+
 const char* commlib_last_error(void) { return g_last_error.c_str(); }
 
 int commlib_rank(void) { return Engine::get().topology().rank; }

@@ -159,18 +159,18 @@ void Engine::shutdown() {
   thread_.join();
   running_.store(false);
   stop_peer_monitor();
-  bool broken;
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    broken = dead_code_ == COMMLIB_ERR_PEER_LOST || dead_code_ == COMMLIB_ERR_INTERNAL;
-  }
-  if (broken) {  // collective MPI calls could hang on a dead peer
+  if (broken()) {  // collective MPI calls could hang on a dead peer
     transport_->abandon();
     control_->abandon();
   }
   transport_.reset();
   control_.reset();
   controller_.reset();
+}
+
+int Engine::broken() {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  return (dead_code_ == COMMLIB_ERR_PEER_LOST || dead_code_ == COMMLIB_ERR_INTERNAL) ? dead_code_ : 0;
 }
 
 void Engine::set_fusion_threshold(int64_t bytes) {

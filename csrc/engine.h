@@ -44,6 +44,7 @@ class Engine {
   void shutdown();
   bool initialized() const { return running_.load(); }
   const Topology& topology() const { return topo_; }
+  int broken();  // COMMLIB_ERR_PEER_LOST/INTERNAL once communication is over
 
   // Validates and queues a request; returns the handle id.
   int64_t enqueue(const commlib_request& req);

@@ -85,6 +85,9 @@ typedef struct {
 int commlib_init(int64_t comm_handle, int has_comm);
 int commlib_shutdown(void);
 int commlib_is_initialized(void);
+/* Non-zero (COMMLIB_ERR_PEER_LOST / COMMLIB_ERR_INTERNAL) once communication
+ * is broken for good: MPI must then be aborted rather than finalized. */
+int commlib_broken(void);
 const char* commlib_last_error(void);
 
 int commlib_rank(void);

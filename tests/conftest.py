@@ -1,0 +1,46 @@
+"""Shared test helpers: running a worker script on N ranks under a timeout."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "parallel" / "workers"
+
+
+class RankRun:
+    def __init__(self, proc: subprocess.CompletedProcess):
+        self.returncode = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+
+    def __repr__(self) -> str:
+        return f"<rc={self.returncode}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}>"
+
+
+def run_ranks(np_: int, script: str, *args: str, timeout: float = 120, env: dict | None = None,
+              launcher_args: tuple = ()) -> RankRun:
+    """Runs tests/parallel/workers/<script> on np_ ranks through commlibrun.
+
+    A hang becomes a test failure: the launcher kills the whole job after
+    ``timeout`` seconds, and subprocess gives it 30 s more to clean up.
+    """
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
+    full_env.setdefault("COMMLIB_STALL_CHECK_TIME", "30")
+    if env:
+        full_env.update(env)
+    cmd = [sys.executable, "-m", "commlib.launcher", "-np", str(np_), "--timeout", str(timeout),
+           *launcher_args, sys.executable, str(WORKERS / script), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=full_env,
+                          cwd=str(ROOT))
+    return RankRun(proc)
+
+
+@pytest.fixture
+def ranks():
+    return run_ranks

@@ -1,0 +1,60 @@
+"""Error paths across ranks: mismatches, names in flight, shutdown, stalls,
+and a rank that dies. Each run has a timeout, so a hang fails the test."""
+import time
+
+import pytest
+
+
+def assert_all_ok(run, n):
+    for r in range(n):
+        assert f"rank {r}: OK" in run.stdout, run
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+def test_mismatches_raise_on_every_rank_and_job_recovers(ranks, n):
+    run = ranks(n, "errors_mismatch.py", timeout=120)
+    assert run.returncode == 0, run
+    assert_all_ok(run, n)
+
+
+@pytest.mark.timeout(150)
+def test_name_in_flight_is_refused(ranks):
+    run = ranks(2, "errors_inflight.py", timeout=90)
+    assert run.returncode == 0, run
+    assert_all_ok(run, 2)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n", [2, 3])
+def test_rank_that_shuts_down_does_not_hang_others(ranks, n):
+    run = ranks(n, "errors_shutdown.py", timeout=90)
+    assert run.returncode == 0, run
+    assert_all_ok(run, n)
+
+
+@pytest.mark.timeout(150)
+def test_stall_is_reported_and_late_rank_completes(ranks):
+    run = ranks(3, "errors_stall.py", timeout=90, env={"COMMLIB_STALL_CHECK_TIME": "1"})
+    assert run.returncode == 0, run
+    assert_all_ok(run, 3)
+    assert "'late' has waited" in run.stderr, run
+    assert "still missing on ranks [2]" in run.stderr, run
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n,victim", [(2, 1), (3, 1), (3, 0)])
+def test_dead_rank_is_named_and_job_ends(ranks, n, victim):
+    """SIGKILL one rank mid-job: survivors raise RankLostError naming it
+    (they exit with code 3 after checking), and the launcher ends the job
+    with the victim's code 137, naming the victim, well within 60 s."""
+    start = time.monotonic()
+    run = ranks(n, "dead_rank.py", str(victim), timeout=100)
+    elapsed = time.monotonic() - start
+    assert elapsed < 60, run
+    assert run.returncode == 137, run
+    survivors = [r for r in range(n) if r != victim]
+    for r in survivors:
+        assert f"rank {r}: RankLostError" in run.stdout, run
+        assert f"rank {r}: later collective also raised" in run.stdout, run
+    assert f"rank {victim}" in run.stderr and "SIGKILL" in run.stderr, run

@@ -1,0 +1,47 @@
+"""Helpers for worker scripts: every rank checks its own results and exits
+non-zero with a message naming the rank and the failed check."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+import commlib
+
+
+def fail(msg: str) -> None:
+    print(f"rank {commlib.rank()}: FAILED: {msg}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def check_equal(got, want, what: str, rtol: float = 0.0, atol: float = 0.0) -> None:
+    got = np.asarray(got)
+    want = np.asarray(want)
+    if got.shape != want.shape:
+        fail(f"{what}: shape {got.shape} != expected {want.shape}")
+    if got.dtype != want.dtype:
+        fail(f"{what}: dtype {got.dtype} != expected {want.dtype}")
+    g = got.astype(np.float64) if got.dtype.name == "bfloat16" else got
+    w = want.astype(np.float64) if want.dtype.name == "bfloat16" else want
+    if rtol == 0 and atol == 0:
+        ok = np.array_equal(g, w)
+    else:
+        ok = np.allclose(g, w, rtol=rtol, atol=atol)
+    if not ok:
+        fail(f"{what}: got {got.ravel()[:8]} expected {want.ravel()[:8]}")
+
+
+def expect_raises(exc_type, fn, what: str, match: str | None = None):
+    try:
+        fn()
+    except exc_type as e:
+        if match is not None and match not in str(e):
+            fail(f"{what}: raised {exc_type.__name__} without {match!r}: {e}")
+        return e
+    except Exception as e:  # noqa: BLE001 - report the wrong type
+        fail(f"{what}: expected {exc_type.__name__}, got {type(e).__name__}: {e}")
+    fail(f"{what}: expected {exc_type.__name__}, nothing was raised")
+
+
+def done() -> None:
+    print(f"rank {commlib.rank()}: OK", flush=True)
