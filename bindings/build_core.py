@@ -68,7 +68,19 @@ def mpi_flags() -> dict:
     if out is None:
         raise RuntimeError(f"could not read compile flags from {wrapper} (-show / --showme)")
     flags = {"include_dirs": [], "library_dirs": [], "libraries": [], "extra_link_args": []}
-    for tok in shlex.split(out)[1:]:  # first token is the underlying compiler
+    tokens = shlex.split(out)[1:]  # first token is the underlying compiler
+    skip_next = False
+    for tok in tokens:
+        # The wrapper's own rpath may point into a temporary build
+        # environment; rpaths() below decides where libmpi is looked up.
+        if skip_next:
+            skip_next = False
+            continue
+        if tok == "-Wl,-rpath":
+            skip_next = True
+            continue
+        if tok.startswith("-Wl,-rpath,") or tok.startswith("-Wl,-R"):
+            continue
         if tok.startswith("-I"):
             flags["include_dirs"].append(tok[2:])
         elif tok.startswith("-L"):

@@ -6,27 +6,47 @@ deep learning, in the tradition of Horovod.
     total = commlib.allreduce(np.ones(4) * commlib.rank(), op=commlib.Sum)
 
 Launch N copies with ``commlibrun -np N python script.py`` (or mpirun).
+
+The public names load lazily (PEP 562): importing ``commlib`` alone starts
+neither MPI nor the compiled core, so the launcher (``commlib.launcher``) and
+``commlibrun --check-build`` work even where the core cannot load.
 """
-from .basics import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
-                     mpi_library_version, mpi_threads_supported, rank, shutdown, size)
-from .errors import CollectiveMismatchError, CommlibError, NotInitializedError, RankLostError
-from .handle import Handle, poll, synchronize
-from .ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
-                  allreduce_, allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier,
-                  broadcast, broadcast_, broadcast_async, broadcast_async_, grouped_allreduce,
-                  grouped_allreduce_async, reducescatter, reducescatter_async)
+import importlib as _importlib
+import os as _os
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "mpi_threads_supported", "mpi_library_version",
-    "CommlibError", "CollectiveMismatchError", "NotInitializedError", "RankLostError",
-    "Handle", "poll", "synchronize",
-    "Sum", "Average", "Min", "Max", "Product", "Adasum",
-    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
-    "grouped_allreduce", "grouped_allreduce_async",
-    "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async",
-    "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
-    "barrier",
-]
+# Frontends (commlib.torch, commlib.tensorflow) live in frontends/; an
+# installed package maps them into commlib/, and in a source checkout this
+# makes the same imports work.
+_frontends = _os.path.join(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))), "frontends")
+if _os.path.isdir(_frontends):
+    __path__.append(_frontends)
+
+_EXPORTS = {
+    "basics": ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+               "cross_rank", "cross_size", "mpi_threads_supported", "mpi_library_version"],
+    "errors": ["CommlibError", "CollectiveMismatchError", "NotInitializedError", "RankLostError"],
+    "handle": ["Handle", "poll", "synchronize"],
+    "ops": ["Sum", "Average", "Min", "Max", "Product", "Adasum",
+            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+            "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+            "grouped_allreduce_async_", "allgather", "allgather_async", "broadcast",
+            "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
+            "reducescatter", "reducescatter_async", "barrier"],
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = list(_WHERE)
+
+
+def __getattr__(name):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'commlib' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -13,8 +13,12 @@ The wrapper runs the user command as a child process and
   killed by a signal, and says on stderr which rank failed and how;
 * records ``<code> <time.time()>`` in ``$COMMLIB_RUN_STATUS_DIR/rank<R>`` so
   the launcher can tell which rank failed first;
-* forwards SIGTERM/SIGINT to the child, and makes the kernel kill the child
-  if the wrapper itself dies (``PR_SET_PDEATHSIG``).
+* after a failure, waits ``$COMMLIB_FAILURE_GRACE`` seconds (default 5)
+  before exiting, so the other ranks get to notice and report the lost peer
+  before the MPI launcher kills them;
+* forwards SIGTERM/SIGINT (and SIGHUP, SIGQUIT, SIGUSR1/2) to the child, and
+  makes the kernel kill the child if the wrapper itself dies
+  (``PR_SET_PDEATHSIG``).
 
 It deliberately uses the standard library only and is started by file path
 with ``python -I``: it must not import the ``commlib`` package (which loads
@@ -34,7 +38,12 @@ import time
 # Environment variables that hold the rank: MPICH hydra, Open MPI, PMIx.
 RANK_ENV_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 STATUS_DIR_ENV = "COMMLIB_RUN_STATUS_DIR"
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+FAILURE_GRACE_ENV = "COMMLIB_FAILURE_GRACE"
+DEFAULT_FAILURE_GRACE = 5.0
+# Signals passed on to the child, so the wrapper is transparent to them
+# (hydra -disable-auto-cleanup, for one, notifies ranks of failures with SIGUSR1).
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
+                     signal.SIGUSR1, signal.SIGUSR2)
 # How long to wait for the output pipes to drain after the child has exited.
 # Only matters if the child left descendants that still hold the pipes open.
 PIPE_DRAIN_TIMEOUT = 5.0
@@ -80,7 +89,7 @@ def write_status(status_dir, rank, code):
 
 def _child_preexec(parent_pid):
     """Build the function run in the forked child before exec."""
-    libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+    libc = ctypes.CDLL(None) if sys.platform.startswith("linux") else None
 
     def preexec():
         # Own process group: signals sent to the launcher's process group
@@ -110,10 +119,27 @@ def _pump(src, dst, prefix):
             dst.flush()
 
 
-def run(command, environ=os.environ):
-    """Run ``command`` as rank ``get_rank()``; return the exit code to use."""
-    rank = get_rank(environ)
-    host = socket.gethostname()
+def failure_grace(environ=os.environ):
+    """Seconds to linger after a failure, from ``$COMMLIB_FAILURE_GRACE``."""
+    value = environ.get(FAILURE_GRACE_ENV)
+    if not value:
+        return DEFAULT_FAILURE_GRACE
+    try:
+        grace = float(value)
+        if grace >= 0:
+            return grace
+    except ValueError:
+        pass
+    print(f"commlibrun: ignoring invalid {FAILURE_GRACE_ENV}={value!r}", file=sys.stderr, flush=True)
+    return DEFAULT_FAILURE_GRACE
+
+
+def _run_child(command, rank, host):
+    """Run the user command with prefixed output.
+
+    Returns ``(exit_code, signalled)``; ``signalled`` tells whether the
+    wrapper itself received (and forwarded) a signal.
+    """
     try:
         child = subprocess.Popen(
             command,
@@ -126,39 +152,58 @@ def run(command, environ=os.environ):
     except OSError as e:
         print(f"commlibrun: rank {rank} on host {host}: cannot run {command[0]!r}: {e}",
               file=sys.stderr, flush=True)
-        code = 127
-    else:
-        def forward(signum, frame):
-            try:
-                os.killpg(child.pid, signum)
-            except ProcessLookupError:
-                pass
+        return 127, False
 
-        for signum in FORWARDED_SIGNALS:
-            signal.signal(signum, forward)
+    received = []
 
-        prefix = f"[{rank}]: ".encode()
-        pumps = [
-            threading.Thread(target=_pump, args=(child.stdout, sys.stdout.buffer, prefix), daemon=True),
-            threading.Thread(target=_pump, args=(child.stderr, sys.stderr.buffer, prefix), daemon=True),
-        ]
-        for t in pumps:
-            t.start()
-        returncode = child.wait()
-        deadline = time.monotonic() + PIPE_DRAIN_TIMEOUT
-        for t in pumps:
-            t.join(max(0.0, deadline - time.monotonic()))
+    def forward(signum, frame):
+        received.append(signum)
+        try:
+            os.killpg(child.pid, signum)
+        except ProcessLookupError:
+            pass
 
-        code = exit_code_for(returncode)
-        if returncode < 0:
-            print(f"commlibrun: rank {rank} (pid {child.pid} on host {host}) "
-                  f"was killed by signal {signal_name(-returncode)}", file=sys.stderr, flush=True)
-        elif returncode > 0:
-            print(f"commlibrun: rank {rank} exited with code {code}", file=sys.stderr, flush=True)
+    for signum in FORWARDED_SIGNALS:
+        signal.signal(signum, forward)
 
+    prefix = f"[{rank}]: ".encode()
+    pumps = [
+        threading.Thread(target=_pump, args=(child.stdout, sys.stdout.buffer, prefix), daemon=True),
+        threading.Thread(target=_pump, args=(child.stderr, sys.stderr.buffer, prefix), daemon=True),
+    ]
+    for t in pumps:
+        t.start()
+    returncode = child.wait()
+    deadline = time.monotonic() + PIPE_DRAIN_TIMEOUT
+    for t in pumps:
+        t.join(max(0.0, deadline - time.monotonic()))
+    # From here on a signal simply ends the wrapper.
+    for signum in FORWARDED_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+
+    code = exit_code_for(returncode)
+    if returncode < 0:
+        print(f"commlibrun: rank {rank} (pid {child.pid} on host {host}) "
+              f"was killed by signal {signal_name(-returncode)}", file=sys.stderr, flush=True)
+    elif returncode > 0:
+        print(f"commlibrun: rank {rank} exited with code {code}", file=sys.stderr, flush=True)
+    return code, bool(received)
+
+
+def run(command, environ=os.environ):
+    """Run ``command`` as rank ``get_rank()``; return the exit code to use."""
+    rank = get_rank(environ)
+    code, signalled = _run_child(command, rank, socket.gethostname())
     status_dir = environ.get(STATUS_DIR_ENV)
     if status_dir:
         write_status(status_dir, rank, code)
+    if code != 0 and not signalled:
+        # The MPI launcher tears the whole job down as soon as this process
+        # exits with an error.  Lingering lets the other ranks notice the
+        # lost peer first and report it themselves (commlib raises
+        # RankLostError).  Their wrappers linger too, so the job ends when
+        # the first failed rank's grace period is over.
+        time.sleep(failure_grace(environ))
     return code
 
 

@@ -22,11 +22,17 @@ _CODES = {
 SUPPORTED = tuple(_CODES)
 
 
-def dtype_code(dtype: np.dtype) -> int:
+_BY_DTYPE: dict = {}  # np.dtype -> code, filled on first use (dtype.name is slow)
+
+
+def dtype_code(dtype) -> int:
     """The core's code for dtype; TypeError for dtypes commlib cannot move."""
-    code = _CODES.get(np.dtype(dtype).name)
-    if code is None or np.dtype(dtype).byteorder == ">":
-        raise TypeError(
-            f"unsupported dtype {np.dtype(dtype)}; commlib supports {', '.join(SUPPORTED)}"
-        )
+    code = _BY_DTYPE.get(dtype)
+    if code is not None:
+        return code
+    dt = np.dtype(dtype)
+    code = _CODES.get(dt.name)
+    if code is None or dt.byteorder == ">":
+        raise TypeError(f"unsupported dtype {dt}; commlib supports {', '.join(SUPPORTED)}")
+    _BY_DTYPE[dt] = code
     return code

@@ -245,18 +245,18 @@ class _Job:
     SIGKILLed if it has not exited ``KILL_GRACE_SECONDS`` later.
     """
 
-    def __init__(self, cmd, env, timeout):
+    def __init__(self, timeout):
         self.timeout = timeout
         self.signal_received = None
         self.timed_out = False
+        self._proc = None
         self._kill_at = None
-        # A new session so that killpg() reaches mpiexec, its proxies and the
-        # ranks, but not the launcher.
-        self.proc = subprocess.Popen(cmd, env=env, start_new_session=True)
 
     def _signal_group(self, signum):
+        if self._proc is None:
+            return
         try:
-            os.killpg(self.proc.pid, signum)
+            os.killpg(self._proc.pid, signum)
         except ProcessLookupError:
             pass
 
@@ -269,30 +269,40 @@ class _Job:
         self.signal_received = signum
         self._stop(signum)
 
-    def wait(self):
-        """Wait for mpiexec to exit and return its ``returncode``."""
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+    def run(self, cmd, env):
+        """Run ``cmd`` to completion and return mpiexec's ``returncode``."""
+        # Handlers first, so that a signal arriving while mpiexec starts is
+        # not lost (it is forwarded right after the start).
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            while True:
-                try:
-                    return self.proc.wait(timeout=_POLL_SECONDS)
-                except subprocess.TimeoutExpired:
-                    pass
-                now = time.monotonic()
-                if deadline is not None and now >= deadline and not self.timed_out:
-                    self.timed_out = True
-                    print(f"commlibrun: timeout: job still running after {self.timeout:g} s, killing it",
-                          file=sys.stderr, flush=True)
-                    self._stop(signal.SIGTERM)
-                if self._kill_at is not None and now >= self._kill_at:
-                    self._signal_group(signal.SIGKILL)
+            # A new session so that killpg() reaches mpiexec, its proxies and
+            # the ranks, but not the launcher.
+            self._proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+            if self.signal_received is not None:
+                self._stop(self.signal_received)
+            return self._wait()
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             # Processes that outlived mpiexec in its group (e.g. after it was
             # killed) must not outlive the job.
             self._signal_group(signal.SIGKILL)
+
+    def _wait(self):
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while True:
+            try:
+                return self._proc.wait(timeout=_POLL_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if deadline is not None and now >= deadline and not self.timed_out:
+                self.timed_out = True
+                print(f"commlibrun: timeout: job still running after {self.timeout:g} s, killing it",
+                      file=sys.stderr, flush=True)
+                self._stop(signal.SIGTERM)
+            if self._kill_at is not None and now >= self._kill_at:
+                self._signal_group(signal.SIGKILL)
 
 
 def job_exit_code(returncode, statuses):
@@ -321,7 +331,10 @@ def make_parser():
                     "Each output line is prefixed with its rank; the exit code is that "
                     "of the rank that failed first.",
         epilog="All COMMLIB_* environment variables are forwarded to every rank. "
-               f"Set {MPIEXEC_ENV} to choose the mpiexec/mpirun binary.",
+               f"Set {MPIEXEC_ENV} to choose the mpiexec/mpirun binary. After a rank fails, "
+               f"the other ranks get ${_rankwrap.FAILURE_GRACE_ENV} seconds (default "
+               f"{_rankwrap.DEFAULT_FAILURE_GRACE:g}) to notice and report it before the "
+               "job is torn down.",
     )
     p.add_argument("-np", "-n", "--num-proc", dest="np", type=int, metavar="N",
                    help="number of ranks (processes) to start")
@@ -333,7 +346,8 @@ def make_parser():
     p.add_argument("-x", "--env", action="append", default=[], metavar="NAME[=VALUE]",
                    help="also forward this environment variable (repeatable)")
     p.add_argument("--mpi-args", default="", metavar="ARGS",
-                   help="extra raw mpiexec arguments (split like a shell would)")
+                   help="extra raw mpiexec arguments, split like a shell would; write a single "
+                        "option as --mpi-args=-OPTION")
     p.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="kill the whole job after this many seconds and exit with code "
                         f"{TIMEOUT_EXIT_CODE}")
@@ -369,26 +383,28 @@ def main(argv=None):
         flavour = detect_flavour(mpiexec_version_text(mpiexec))
         build = dict(flavour=flavour, np=args.np, command=command, hosts=args.hosts,
                      hostfile=args.hostfile, mpi_args=shlex.split(args.mpi_args), mpiexec=mpiexec)
-        if args.dry_run:
-            print(shlex.join(build_command(env=env, **build)))
-            return 0
-        status_dir = tempfile.mkdtemp(prefix="commlibrun-")
-    except LauncherError as e:
+        cmd = build_command(env=env, **build)
+    except (LauncherError, ValueError) as e:  # ValueError: unbalanced quotes in --mpi-args
         print(f"commlibrun: error: {e}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        # The real command also forwards the per-job COMMLIB_RUN_STATUS_DIR.
+        print(shlex.join(cmd))
+        return 0
 
+    status_dir = tempfile.mkdtemp(prefix="commlibrun-")
     try:
         env[STATUS_DIR_ENV] = status_dir
         cmd = build_command(env=env, **build)
         if args.verbose:
             print(f"commlibrun: {flavour}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
         environ.update(env)
+        job = _Job(args.timeout)
         try:
-            job = _Job(cmd, environ, args.timeout)
+            returncode = job.run(cmd, environ)
         except OSError as e:
             print(f"commlibrun: error: cannot run {mpiexec}: {e}", file=sys.stderr)
             return 2
-        returncode = job.wait()
         if job.timed_out:
             return TIMEOUT_EXIT_CODE
         if job.signal_received is not None:

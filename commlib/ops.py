@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from . import basics
-from ._lib import ffi, lib
+from ._lib import check, ffi, lib
 from .dtypes import dtype_code
 from .handle import Handle, core_result, core_splits, synchronize
 
@@ -70,13 +70,10 @@ def _reduce_op(average, op) -> int:
     return op
 
 
-def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | None, *,
-             reduce_op: int = 0, prescale: float = 1.0, postscale: float = 1.0,
-             root: int = 0, splits: Sequence[int] | None = None):
-    """Submits one request; returns (handle id, cffi objects to keep alive)."""
-    basics._require_init()
-    req = ffi.new("commlib_request*")
-    keep = [req]
+def _fill(req, keep: list, op_type: int, name: str, inp: np.ndarray | None,
+          out: np.ndarray | None, reduce_op: int = 0, prescale: float = 1.0,
+          postscale: float = 1.0, root: int = 0, splits: Sequence[int] | None = None) -> None:
+    """Fills one commlib_request; cffi objects it points to go into keep."""
     req.op_type = op_type
     cname = ffi.new("char[]", name.encode())
     keep.append(cname)
@@ -99,12 +96,16 @@ def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | 
         keep.append(s)
         req.splits = s
         req.nsplits = len(splits)
-    hid = ffi.new("int64_t*")
-    rc = lib.commlib_enqueue(req, hid)
-    if rc != lib.COMMLIB_OK:
-        from ._lib import check
 
-        check(rc)
+
+def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | None, **kw):
+    """Submits one request; returns (handle id, cffi objects to keep alive)."""
+    basics._require_init()
+    req = ffi.new("commlib_request*")
+    keep = [req]
+    _fill(req, keep, op_type, name, inp, out, **kw)
+    hid = ffi.new("int64_t*")
+    check(lib.commlib_enqueue(req, hid))
     return hid[0], keep
 
 
@@ -143,17 +144,46 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0) -> list[Handle]:
-    """Starts reducing a list of tensors as one unit (they are fused)."""
+                            postscale_factor=1.0) -> Handle:
+    """Starts reducing a list of tensors as one unit: they are negotiated
+    together and fused. One handle; synchronize returns the list of results."""
+    ins = [_as_input(t) for t in tensors]
+    return _grouped(ins, [np.empty_like(x) for x in ins], average, name, op, prescale_factor,
+                    postscale_factor)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0) -> Handle:
+    """In-place grouped allreduce: results are written into the tensors."""
+    outs = [_check_output(t, "grouped_allreduce_") for t in tensors]
+    return _grouped(outs, outs, average, name, op, prescale_factor, postscale_factor)
+
+
+def _grouped(ins, outs, average, name, op, prescale, postscale) -> Handle:
+    basics._require_init()
+    rop = _reduce_op(average, op)
     base = _auto_name("allreduce", name)
-    return [allreduce_async(t, average, f"{base}.{i}", op, prescale_factor, postscale_factor)
-            for i, t in enumerate(tensors)]
+    n = len(ins)
+    reqs = ffi.new("commlib_request[]", max(n, 1))
+    keep = [reqs]
+    for i in range(n):
+        _fill(reqs[i], keep, lib.COMMLIB_OP_ALLREDUCE, f"{base}.{i}", ins[i], outs[i],
+              reduce_op=rop, prescale=prescale, postscale=postscale)
+    hid = ffi.new("int64_t*")
+    check(lib.commlib_enqueue_group(reqs, n, hid))
+    return Handle(hid[0], lambda _h: outs, (keep, ins, outs), "grouped_allreduce")
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                       postscale_factor=1.0) -> list[np.ndarray]:
-    handles = grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor)
-    return [synchronize(h) for h in handles]
+    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                               postscale_factor))
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0) -> list[np.ndarray]:
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor))
 
 
 # ---------------------------------------------------------------- allgather

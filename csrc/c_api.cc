@@ -97,6 +97,10 @@ int commlib_enqueue(const commlib_request* req, int64_t* handle) {
   return guarded([&] { *handle = Engine::get().enqueue(*req); });
 }
 
+int commlib_enqueue_group(const commlib_request* reqs, int n, int64_t* handle) {
+  return guarded([&] { *handle = Engine::get().enqueue_group(reqs, n); });
+}
+
 int commlib_poll(int64_t handle) {
   auto h = Engine::get().handles().find(handle);
   return (!h || h->done.load()) ? 1 : 0;

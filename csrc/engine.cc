@@ -25,6 +25,17 @@ int64_t env_int(const char* name, int64_t dflt) {
   return x;
 }
 
+double env_double(const char* name, double dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  char* end = nullptr;
+  const double x = std::strtod(v, &end);
+  if (*end != '\0' || x < 0) {
+    throw Error(COMMLIB_ERR_VALUE, std::string(name) + " must be a non-negative number, got '" + v + "'");
+  }
+  return x;
+}
+
 // pid and host name of every rank, for the peer monitor.
 std::vector<PeerInfo> exchange_peer_info(MPI_Comm comm, int rank, int size) {
   struct Raw {
@@ -118,6 +129,8 @@ void Engine::init(MPI_Comm base) {
   const char* algo = std::getenv("COMMLIB_ALLREDUCE_ALGO");
   algo_ = parse_allreduce_algo(algo ? algo : "auto");
   stall_warning_us_ = env_int("COMMLIB_STALL_CHECK_TIME", 60) * 1000000;
+  cycle_us_ = int64_t(env_double("COMMLIB_CYCLE_TIME", 1.0) * 1000);
+  batch_gap_us_ = env_int("COMMLIB_BATCH_GAP_US", 20);
 
   MPI_Comm data, ctrl, local, cross;
   check_mpi(MPI_Comm_dup(base, &data), "MPI_Comm_dup");
@@ -132,6 +145,9 @@ void Engine::init(MPI_Comm base) {
   check_mpi(MPI_Comm_split(base, t.local_rank, t.rank, &cross), "MPI_Comm_split");
   MPI_Comm_rank(cross, &t.cross_rank);
   MPI_Comm_size(cross, &t.cross_size);
+  if (t.cross_size == 1 && t.local_size > 1 && env_int("COMMLIB_SHM", 1) != 0) {
+    shm_ = ShmSegment::create(local, size_t(env_int("COMMLIB_SHM_PIECE_BYTES", 256 << 10)), 4);
+  }
   MPI_Comm_free(&local);
   MPI_Comm_free(&cross);
   start_peer_monitor(exchange_peer_info(data, t.rank, t.size));
@@ -166,6 +182,7 @@ void Engine::shutdown() {
   transport_.reset();
   control_.reset();
   controller_.reset();
+  shm_.reset();
 }
 
 int Engine::broken() {
@@ -178,10 +195,7 @@ void Engine::set_fusion_threshold(int64_t bytes) {
   fusion_threshold_.store(bytes);
 }
 
-int64_t Engine::enqueue(const commlib_request& q) {
-  if (!running_.load()) {
-    throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
-  }
+Entry Engine::make_entry(const commlib_request& q) {
   validate_request(q, topo_.size);
   Entry e;
   e.desc.name = q.name;
@@ -195,23 +209,68 @@ int64_t Engine::enqueue(const commlib_request& q) {
   if (q.op_type == COMMLIB_OP_ALLTOALL) e.desc.splits = alltoall_splits(q, topo_.size);
   e.input = q.input;
   e.output = q.output;
+  return e;
+}
+
+// Queues entries that share one new handle; nothing is queued on error.
+int64_t Engine::push(std::vector<Entry>& entries) {
   auto [id, handle] = handles_.create();
-  e.handle = handle;
+  handle->remaining = int(entries.size());
+  if (entries.empty()) handle->done.store(1);
+  for (Entry& e : entries) e.handle = handle;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
+    std::string error;
+    int code = 0;
     if (dead_code_ != 0) {
-      handles_.release(id);
-      throw Error(dead_code_, dead_message_);
+      code = dead_code_;
+      error = dead_message_;
     }
-    if (!in_flight_.insert(e.desc.name).second) {
-      handles_.release(id);
-      throw Error(COMMLIB_ERR_VALUE, "a collective named '" + e.desc.name +
-                                         "' is already in flight on this rank; wait for it or use another name");
+    std::unordered_set<std::string> names;
+    for (const Entry& e : entries) {
+      if (code) break;
+      if (in_flight_.count(e.desc.name) || !names.insert(e.desc.name).second) {
+        code = COMMLIB_ERR_VALUE;
+        error = "a collective named '" + e.desc.name +
+                "' is already in flight on this rank; wait for it or use another name";
+      }
     }
-    queue_.push_back(std::move(e));
+    if (code) {
+      handles_.release(id);
+      throw Error(code, error);
+    }
+    for (Entry& e : entries) {
+      in_flight_.insert(e.desc.name);
+      queue_.push_back(std::move(e));
+    }
   }
   if (bg_sleeping_.load()) queue_cv_.notify_one();
   return id;
+}
+
+int64_t Engine::enqueue(const commlib_request& q) {
+  if (!running_.load()) {
+    throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
+  }
+  std::vector<Entry> one;
+  one.push_back(make_entry(q));
+  return push(one);
+}
+
+int64_t Engine::enqueue_group(const commlib_request* reqs, int n) {
+  if (!running_.load()) {
+    throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
+  }
+  if (n < 0) throw Error(COMMLIB_ERR_VALUE, "negative group size");
+  std::vector<Entry> entries;
+  entries.reserve(size_t(n));
+  for (int i = 0; i < n; ++i) {
+    if (reqs[i].op_type != COMMLIB_OP_ALLREDUCE) {
+      throw Error(COMMLIB_ERR_VALUE, "grouped requests must be allreduces");
+    }
+    entries.push_back(make_entry(reqs[i]));
+  }
+  return push(entries);
 }
 
 void Engine::loop() {
@@ -266,7 +325,22 @@ bool Engine::cycle() {
     batch.swap(queue_);
   }
   bool worked = !batch.empty();
-  if (worked) submit(batch);
+  if (!held_.empty() || !batch.empty()) {
+    const int64_t now = now_us();
+    if (!batch.empty()) {
+      if (held_.empty()) held_since_us_ = now;
+      last_arrival_us_ = now;
+      for (Entry& e : batch) held_.push_back(std::move(e));
+    }
+    // Report now unless more requests are still streaming in (then they are
+    // negotiated, and fused, together).
+    if (handles_.waiting() > 0 || now - last_arrival_us_ >= batch_gap_us_ ||
+        now - held_since_us_ >= cycle_us_ || stop_.load()) {
+      submit(held_);
+      held_.clear();
+      worked = true;
+    }
+  }
 
   int source;
   std::string msg;
@@ -365,7 +439,7 @@ void Engine::execute(const Response& resp) {
     }
     entries.push_back(&it->second);
   }
-  OpContext ctx{*transport_, fusion_, scratch_, algo_};
+  OpContext ctx{*transport_, fusion_, scratch_, algo_, shm_.get()};
   int status = COMMLIB_OK;
   std::string message;
   try {
@@ -413,6 +487,8 @@ void Engine::fail_everything(int code, const std::string& message) {
     queued.swap(queue_);
   }
   for (Entry& e : queued) finish(e, code, message);
+  for (Entry& e : held_) finish(e, code, message);
+  held_.clear();
   for (auto& [name, e] : pending_) finish(e, code, message);
   pending_.clear();
   ready_.clear();

@@ -27,6 +27,7 @@
 #include "operations.h"
 #include "transport/mpi_control.h"
 #include "transport/mpi_transport.h"
+#include "transport/shm.h"
 
 namespace commlib {
 
@@ -48,6 +49,8 @@ class Engine {
 
   // Validates and queues a request; returns the handle id.
   int64_t enqueue(const commlib_request& req);
+  // Validates and queues n allreduce requests under one handle.
+  int64_t enqueue_group(const commlib_request* reqs, int n);
   HandleTable& handles() { return handles_; }
 
   void set_fusion_threshold(int64_t bytes);
@@ -55,6 +58,8 @@ class Engine {
 
  private:
   Engine() = default;
+  Entry make_entry(const commlib_request& q);
+  int64_t push(std::vector<Entry>& entries);
   void loop();
   bool cycle();  // one pass of the background loop; true when it did work
   void submit(std::vector<Entry>& batch);
@@ -71,6 +76,10 @@ class Engine {
   std::atomic<int64_t> fusion_threshold_{64 << 20};
   AllreduceAlgo algo_ = AllreduceAlgo::kAuto;
   int64_t stall_warning_us_ = 60000000;
+  // Batching: new requests are held while more keep arriving (gaps shorter
+  // than batch_gap_us_), at most cycle_us_, and never while a thread waits.
+  int64_t cycle_us_ = 1000;
+  int64_t batch_gap_us_ = 20;
 
   // Shared with caller threads (guarded by queue_mu_).
   std::mutex queue_mu_;
@@ -86,7 +95,10 @@ class Engine {
   std::unique_ptr<MpiTransport> transport_;
   std::unique_ptr<ControlChannel> control_;
   std::unique_ptr<Controller> controller_;  // rank 0 only
+  std::unique_ptr<ShmSegment> shm_;         // when every rank is on this host
   std::unordered_map<std::string, Entry> pending_;
+  std::vector<Entry> held_;  // taken from the queue, not yet reported
+  int64_t held_since_us_ = 0, last_arrival_us_ = 0;
   std::deque<Response> ready_;
   std::vector<bool> worker_left_;
   FusionBuffer fusion_, scratch_;

@@ -26,8 +26,11 @@ void HandleTable::release(int64_t id) {
 }
 
 void HandleTable::complete(HandleState& h, int status, const std::string& message) {
-  h.status = status;
-  h.message = message;
+  if (status != 0 && h.status == 0) {
+    h.status = status;
+    h.message = message;
+  }
+  if (--h.remaining > 0) return;
   h.done.store(1);
   if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> lock(wait_mu_);
@@ -40,6 +43,12 @@ bool HandleTable::wait(HandleState& h, double timeout_s) {
   const int64_t start = now_us();
   const int64_t limit = timeout_s < 0 ? -1 : int64_t(timeout_s * 1e6);
   const int64_t budget = spin_budget_us();
+  if (is_done()) return true;
+  waiting_.fetch_add(1);
+  struct Leave {
+    std::atomic<int>& w;
+    ~Leave() { w.fetch_sub(1); }
+  } leave{waiting_};
   while (!is_done()) {
     const int64_t elapsed = now_us() - start;
     if (limit >= 0 && elapsed >= limit) return false;

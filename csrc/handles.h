@@ -15,6 +15,7 @@ namespace commlib {
 
 struct HandleState {
   std::atomic<int> done{0};
+  int remaining = 1;            // requests left (a grouped handle has several)
   int status = 0;
   std::string message;
   std::vector<char> result;     // allgather / alltoall output (core-owned)
@@ -27,8 +28,12 @@ class HandleTable {
   std::pair<int64_t, std::shared_ptr<HandleState>> create();
   std::shared_ptr<HandleState> find(int64_t id);
   void release(int64_t id);
-  // Marks the handle complete and wakes waiters.
+  // Records one request's outcome (the first error wins); the handle is
+  // complete, and waiters wake, when its last request is done. Called only
+  // by the background thread.
   void complete(HandleState& h, int status, const std::string& message);
+  // Threads currently inside wait(): nobody will enqueue more from them.
+  int waiting() const { return waiting_.load(); }
   // Waits for completion: spins with sched_yield, then sleeps on a condvar.
   // Returns false on timeout (timeout_s < 0: no timeout).
   bool wait(HandleState& h, double timeout_s);
@@ -40,6 +45,7 @@ class HandleTable {
   std::mutex wait_mu_;
   std::condition_variable wait_cv_;
   std::atomic<int> sleepers_{0};
+  std::atomic<int> waiting_{0};
 };
 
 }  // namespace commlib

@@ -46,7 +46,7 @@ void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries) {
       half_to_float(dtype, e->input, buf + off, n, pre);
       off += n;
     }
-    allreduce(ctx.transport, buf, total, COMMLIB_FLOAT32, op, ctx.algo);
+    allreduce(ctx.transport, ctx.shm, buf, total, COMMLIB_FLOAT32, op, ctx.algo);
     off = 0;
     for (Entry* e : entries) {
       const size_t n = size_t(num_elements(e->desc.shape));
@@ -62,7 +62,7 @@ void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries) {
     const size_t n = size_t(num_elements(e->desc.shape));
     if (e->input != e->output) std::memcpy(e->output, e->input, n * esize);
     scale_buffer(dtype, e->output, n, pre);
-    allreduce(ctx.transport, e->output, n, dtype, op, ctx.algo);
+    allreduce(ctx.transport, ctx.shm, e->output, n, dtype, op, ctx.algo);
     scale_buffer(dtype, e->output, n, post);
     return;
   }
@@ -77,7 +77,7 @@ void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries) {
     off += bytes;
   }
   scale_buffer(dtype, buf, total, pre);
-  allreduce(ctx.transport, buf, total, dtype, op, ctx.algo);
+  allreduce(ctx.transport, ctx.shm, buf, total, dtype, op, ctx.algo);
   scale_buffer(dtype, buf, total, post);
   off = 0;
   for (Entry* e : entries) {

@@ -28,6 +28,7 @@ struct OpContext {
   FusionBuffer& fusion;
   FusionBuffer& scratch;  // second buffer (reducescatter of half types)
   AllreduceAlgo algo;
+  ShmSegment* shm;        // null unless every rank is on this host
 };
 
 // Rows of dim 0 that reducescatter leaves on rank r (first ranks get extras).

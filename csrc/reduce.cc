@@ -7,27 +7,38 @@
 namespace commlib {
 namespace {
 
+// acc[i] = f(acc[i], in[i]) and, when copy is not null, copy[i] = acc[i].
+// Two loops rather than a branch inside one, so each vectorises.
 template <typename T, typename F>
-void apply(void* acc_v, const void* in_v, size_t n, F f) {
+void apply(void* acc_v, const void* in_v, void* copy_v, size_t n, F f) {
   T* __restrict__ acc = static_cast<T*>(acc_v);
   const T* __restrict__ in = static_cast<const T*>(in_v);
-  for (size_t i = 0; i < n; ++i) acc[i] = f(acc[i], in[i]);
+  if (copy_v) {
+    T* __restrict__ copy = static_cast<T*>(copy_v);
+    for (size_t i = 0; i < n; ++i) {
+      const T v = f(acc[i], in[i]);
+      acc[i] = v;
+      copy[i] = v;
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) acc[i] = f(acc[i], in[i]);
+  }
 }
 
 template <typename T>
-void reduce_typed(int op, void* acc, const void* in, size_t n) {
+void reduce_typed(int op, void* acc, const void* in, void* copy, size_t n) {
   switch (op) {
     case COMMLIB_SUM:
-      apply<T>(acc, in, n, [](T a, T b) { return static_cast<T>(a + b); });
+      apply<T>(acc, in, copy, n, [](T a, T b) { return static_cast<T>(a + b); });
       return;
     case COMMLIB_MIN:
-      apply<T>(acc, in, n, [](T a, T b) { return b < a ? b : a; });
+      apply<T>(acc, in, copy, n, [](T a, T b) { return b < a ? b : a; });
       return;
     case COMMLIB_MAX:
-      apply<T>(acc, in, n, [](T a, T b) { return a < b ? b : a; });
+      apply<T>(acc, in, copy, n, [](T a, T b) { return a < b ? b : a; });
       return;
     case COMMLIB_PRODUCT:
-      apply<T>(acc, in, n, [](T a, T b) { return static_cast<T>(a * b); });
+      apply<T>(acc, in, copy, n, [](T a, T b) { return static_cast<T>(a * b); });
       return;
     default:
       throw Error(COMMLIB_ERR_TYPE, std::string("unsupported reduction op ") +
@@ -36,11 +47,11 @@ void reduce_typed(int op, void* acc, const void* in, size_t n) {
 }
 
 // bool: Sum/Max are logical or, Product/Min are logical and.
-void reduce_bool(int op, void* acc, const void* in, size_t n) {
+void reduce_bool(int op, void* acc, const void* in, void* copy, size_t n) {
   if (op == COMMLIB_SUM || op == COMMLIB_MAX) {
-    apply<uint8_t>(acc, in, n, [](uint8_t a, uint8_t b) { return uint8_t(a | b); });
+    apply<uint8_t>(acc, in, copy, n, [](uint8_t a, uint8_t b) { return uint8_t(a | b); });
   } else if (op == COMMLIB_PRODUCT || op == COMMLIB_MIN) {
-    apply<uint8_t>(acc, in, n, [](uint8_t a, uint8_t b) { return uint8_t(a & b); });
+    apply<uint8_t>(acc, in, copy, n, [](uint8_t a, uint8_t b) { return uint8_t(a & b); });
   } else {
     throw Error(COMMLIB_ERR_TYPE, "unsupported reduction op for bool");
   }
@@ -67,14 +78,18 @@ bool reduction_supported(int dtype, int op) {
 }
 
 void reduce_into(int dtype, int op, void* acc, const void* in, size_t n) {
+  reduce_into_and_copy(dtype, op, acc, in, nullptr, n);
+}
+
+void reduce_into_and_copy(int dtype, int op, void* acc, const void* in, void* copy, size_t n) {
   switch (dtype) {
-    case COMMLIB_UINT8: return reduce_typed<uint8_t>(op, acc, in, n);
-    case COMMLIB_INT8: return reduce_typed<int8_t>(op, acc, in, n);
-    case COMMLIB_INT32: return reduce_typed<int32_t>(op, acc, in, n);
-    case COMMLIB_INT64: return reduce_typed<int64_t>(op, acc, in, n);
-    case COMMLIB_FLOAT32: return reduce_typed<float>(op, acc, in, n);
-    case COMMLIB_FLOAT64: return reduce_typed<double>(op, acc, in, n);
-    case COMMLIB_BOOL: return reduce_bool(op, acc, in, n);
+    case COMMLIB_UINT8: return reduce_typed<uint8_t>(op, acc, in, copy, n);
+    case COMMLIB_INT8: return reduce_typed<int8_t>(op, acc, in, copy, n);
+    case COMMLIB_INT32: return reduce_typed<int32_t>(op, acc, in, copy, n);
+    case COMMLIB_INT64: return reduce_typed<int64_t>(op, acc, in, copy, n);
+    case COMMLIB_FLOAT32: return reduce_typed<float>(op, acc, in, copy, n);
+    case COMMLIB_FLOAT64: return reduce_typed<double>(op, acc, in, copy, n);
+    case COMMLIB_BOOL: return reduce_bool(op, acc, in, copy, n);
     default:
       throw Error(COMMLIB_ERR_TYPE, std::string("reduce_into: dtype ") +
                                         dtype_name(dtype) + " must be widened first");

@@ -13,6 +13,10 @@ namespace commlib {
 // Throws Error(COMMLIB_ERR_TYPE) for half dtypes or unknown combinations.
 void reduce_into(int dtype, int op, void* acc, const void* in, size_t n);
 
+// The same, and also stores each result in copy[i] in the same pass (saves
+// re-reading acc when the result must be published elsewhere).
+void reduce_into_and_copy(int dtype, int op, void* acc, const void* in, void* copy, size_t n);
+
 // buf[i] *= factor, computed in double for integers (truncated toward zero).
 void scale_buffer(int dtype, void* buf, size_t n, double factor);
 

@@ -4,19 +4,22 @@
 #include <cstddef>
 #include <string>
 
+#include "../transport/shm.h"
 #include "../transport/transport.h"
 
 namespace commlib {
 
-enum class AllreduceAlgo { kAuto, kMpi };
+enum class AllreduceAlgo { kAuto, kMpi, kShm };
 
-// COMMLIB_ALLREDUCE_ALGO: auto|mpi (ring and tree arrive with the fast
-// collectives issue). Throws Error(COMMLIB_ERR_VALUE) for unknown names.
+// COMMLIB_ALLREDUCE_ALGO: auto|mpi|shm. Throws Error(COMMLIB_ERR_VALUE) for
+// unknown names.
 AllreduceAlgo parse_allreduce_algo(const std::string& name);
 
 // In-place all-reduce of count elements (dtype is not a half type; op is
-// not Average: the caller applies scale factors).
-void allreduce(Transport& t, void* buf, size_t count, int dtype, int op, AllreduceAlgo algo);
+// not Average: the caller applies scale factors). shm is the host's
+// shared-memory segment when every rank of the job is on this host, else null.
+void allreduce(Transport& t, ShmSegment* shm, void* buf, size_t count, int dtype, int op,
+               AllreduceAlgo algo);
 
 // The MPI library's own collective.
 void allreduce_mpi(Transport& t, void* buf, size_t count, int dtype, int op);

@@ -99,6 +99,9 @@ int commlib_cross_size(void);
 
 /* Requests and handles. enqueue returns a handle id > 0 in *handle. */
 int commlib_enqueue(const commlib_request* req, int64_t* handle);
+/* Submits n allreduce requests as one unit with one handle: they are
+ * negotiated together and fused (up to the fusion threshold). */
+int commlib_enqueue_group(const commlib_request* reqs, int n, int64_t* handle);
 /* 1 when the handle has completed (successfully or not), 0 when pending. */
 int commlib_poll(int64_t handle);
 /* Waits up to timeout_s seconds (negative: forever). Returns COMMLIB_OK when

@@ -1,0 +1,107 @@
+// Shared-memory all-reduce: a reduce-scatter and an allgather through one
+// persistent segment, pipelined in blocks.
+//
+// The buffer is cut into blocks of P pieces (P = ranks on the host; a piece is
+// at most C bytes). For each block, rank j:
+//   1. post:    copies the pieces other ranks own (not its own piece, and not
+//               the whole block) into its stage slot, then bumps posted[j];
+//   2. reduce:  waits for every rank's post, reduces piece j from the staged
+//               copies into its own buffer (in rank order); the last step
+//               also writes the reduced piece into the result slot (one pass
+//               instead of reduce-then-copy); bumps reduced[j];
+//   3. gather:  waits for every rank's reduce and copies the other reduced
+//               pieces into its buffer, bumps consumed[j].
+// Each rank thus moves about one copy of the buffer in and one out, the
+// memory-traffic floor. K slots let a fast rank post block b+1 while a slow
+// one still gathers block b; a slot is rewritten only after every rank is
+// done with its previous use. Piece j is reduced by rank j alone and copied
+// by the others, so results are bitwise identical on all ranks.
+#include "allreduce_shm.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "../common.h"
+#include "../progress.h"
+#include "../reduce.h"
+
+namespace commlib {
+namespace {
+
+// Waits until counter(r) >= target for every rank r other than me.
+template <typename Counter>
+void wait_all(ShmSegment& shm, Counter counter, uint64_t target) {
+  const int me = shm.rank();
+  for (int r = 0; r < shm.size(); ++r) {
+    if (r == me) continue;
+    ShmCounter& c = counter(r);
+    poll_until([&] { return c.value.load(std::memory_order_acquire) >= target; });
+  }
+}
+
+}  // namespace
+
+void allreduce_shm(ShmSegment& shm, void* buf, size_t count, int dtype, int op) {
+  const int P = shm.size();
+  const int me = shm.rank();
+  const int K = shm.slots();
+  if (P == 1 || count == 0) return;
+  const size_t esize = dtype_size(dtype);
+  // Elements per piece: at most C bytes, 64-byte multiples so pieces stay
+  // cache-line aligned; a short (last) block is split evenly.
+  const size_t max_piece = shm.piece_bytes() / esize;
+  const size_t align = std::max<size_t>(1, 64 / esize);
+  char* data = static_cast<char*>(buf);
+
+  for (size_t start = 0; start < count;) {
+    const size_t left = count - start;
+    size_t piece = std::min(max_piece, (left + P - 1) / P);
+    piece = std::min(max_piece, (piece + align - 1) / align * align);
+    const size_t block = std::min(left, piece * P);
+    auto range = [&](int i, size_t* off, size_t* len) {
+      const size_t b = std::min(block, i * piece), e = std::min(block, (i + 1) * piece);
+      *off = start + b;
+      *len = e - b;
+    };
+    const uint64_t b = shm.next_block++;
+    const int slot = int(b % K);
+
+    // 1. post: my copies of the pieces others own. The slot's previous use
+    //    (block b-K) must have been reduced by all before it is overwritten.
+    if (b >= uint64_t(K)) wait_all(shm, [&](int r) -> ShmCounter& { return shm.reduced(r); }, b - K + 1);
+    for (int i = 0; i < P; ++i) {
+      if (i == me) continue;
+      size_t off, len;
+      range(i, &off, &len);
+      std::memcpy(shm.stage(me, slot, i), data + off * esize, len * esize);
+    }
+    shm.posted(me).value.store(b + 1, std::memory_order_release);
+
+    // 2. reduce my piece from everyone's staged copy, then publish it once
+    //    every rank has gathered the slot's previous result.
+    size_t off, len;
+    range(me, &off, &len);
+    wait_all(shm, [&](int r) -> ShmCounter& { return shm.posted(r); }, b + 1);
+    if (b >= uint64_t(K)) wait_all(shm, [&](int r) -> ShmCounter& { return shm.consumed(r); }, b - K + 1);
+    const int last = me == P - 1 ? P - 2 : P - 1;  // the final reduction also publishes
+    for (int r = 0; r < P; ++r) {
+      if (r == me) continue;
+      reduce_into_and_copy(dtype, op, data + off * esize, shm.stage(r, slot, me),
+                           r == last ? shm.result(slot, me) : nullptr, len);
+    }
+    shm.reduced(me).value.store(b + 1, std::memory_order_release);
+
+    // 3. gather the pieces the others reduced.
+    for (int i = 0; i < P; ++i) {
+      if (i == me) continue;
+      ShmCounter& c = shm.reduced(i);
+      poll_until([&] { return c.value.load(std::memory_order_acquire) >= b + 1; });
+      range(i, &off, &len);
+      std::memcpy(data + off * esize, shm.result(slot, i), len * esize);
+    }
+    shm.consumed(me).value.store(b + 1, std::memory_order_release);
+    start += block;
+  }
+}
+
+}  // namespace commlib

@@ -1,0 +1,77 @@
+#include "shm.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+
+#include "../common.h"
+#include "mpi_transport.h"
+
+namespace commlib {
+
+std::unique_ptr<ShmSegment> ShmSegment::create(MPI_Comm local_comm, size_t piece_bytes, int slots) {
+  std::unique_ptr<ShmSegment> seg(new ShmSegment());
+  MPI_Comm_rank(local_comm, &seg->rank_);
+  MPI_Comm_size(local_comm, &seg->size_);
+  seg->piece_ = (piece_bytes + 63) & ~size_t(63);
+  seg->slots_ = slots;
+  const size_t P = size_t(seg->size_), K = size_t(slots);
+  const size_t counters = 3 * P * sizeof(ShmCounter);
+  const size_t stage = P * K * P * seg->piece_;
+  const size_t result = K * P * seg->piece_;
+  seg->bytes_ = 4096 + counters + stage + result;
+
+  // Local rank 0 picks a unique name and creates the segment.
+  char name[64] = {0};
+  int ok = 1;
+  int fd = -1;
+  static int counter = 0;
+  if (seg->rank_ == 0) {
+    std::snprintf(name, sizeof(name), "/commlib.%d.%d", int(getpid()), counter++);
+    fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 || ftruncate(fd, off_t(seg->bytes_)) != 0) ok = 0;
+  }
+  check_mpi(MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, local_comm), "MPI_Bcast(shm name)");
+  check_mpi(MPI_Bcast(&ok, 1, MPI_INT, 0, local_comm), "MPI_Bcast(shm status)");
+  if (!ok) {
+    if (fd >= 0) {
+      close(fd);
+      shm_unlink(name);
+    }
+    throw Error(COMMLIB_ERR_INTERNAL, std::string("cannot create shared memory segment ") + name +
+                                          " of " + std::to_string(seg->bytes_) + " bytes: " + std::strerror(errno));
+  }
+  if (seg->rank_ != 0) fd = shm_open(name, O_RDWR, 0600);
+  void* base = MAP_FAILED;
+  if (fd >= 0) {
+    base = mmap(nullptr, seg->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    close(fd);
+  }
+  int mapped = base != MAP_FAILED ? 1 : 0, all_mapped = 0;
+  check_mpi(MPI_Allreduce(&mapped, &all_mapped, 1, MPI_INT, MPI_MIN, local_comm), "MPI_Allreduce(shm)");
+  if (seg->rank_ == 0) shm_unlink(name);  // every rank has it mapped (or failed)
+  if (!all_mapped) {
+    if (base != MAP_FAILED) munmap(base, seg->bytes_);
+    throw Error(COMMLIB_ERR_INTERNAL, std::string("cannot map shared memory segment ") + name);
+  }
+  seg->base_ = base;
+  char* p = static_cast<char*>(base) + 4096;
+  seg->counters_ = reinterpret_cast<ShmCounter*>(p);
+  seg->stage_ = p + counters;
+  seg->result_ = seg->stage_ + stage;
+  // Touch the pages this rank writes (MAP_POPULATE maps them; writing once
+  // also avoids copy-on-first-write costs inside the timed path).
+  std::memset(seg->stage(seg->rank_, 0, 0), 0, K * P * seg->piece_);
+  if (seg->rank_ == 0) std::memset(seg->result_, 0, result);
+  check_mpi(MPI_Barrier(local_comm), "MPI_Barrier(shm)");
+  return seg;
+}
+
+ShmSegment::~ShmSegment() {
+  if (base_) munmap(base_, bytes_);
+}
+
+}  // namespace commlib

@@ -1,0 +1,62 @@
+// A persistent shared-memory segment for the ranks of one host.
+//
+// Created once at init (local rank 0 creates and sizes it, the others map it,
+// then the name is unlinked so nothing leaks if a rank dies) and kept for the
+// life of the job: its pages are touched once up front, because a page fault
+// costs ~2 us per 4 KiB here. Ranks synchronise through monotonically
+// increasing counters, each on its own cache line, never through barriers.
+//
+// Layout: header | posted[P] | reduced[P] | consumed[P] | stage[P][K][P][C] |
+// result[K][P][C]; P local ranks, K slots in flight, C bytes per piece.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace commlib {
+
+struct alignas(64) ShmCounter {
+  std::atomic<uint64_t> value;
+  char pad[64 - sizeof(std::atomic<uint64_t>)];
+};
+
+class ShmSegment {
+ public:
+  // Collective over local_comm (the ranks of this host).
+  static std::unique_ptr<ShmSegment> create(MPI_Comm local_comm, size_t piece_bytes, int slots);
+  ~ShmSegment();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  size_t piece_bytes() const { return piece_; }
+  int slots() const { return slots_; }
+
+  ShmCounter& posted(int r) { return counters_[r]; }
+  ShmCounter& reduced(int r) { return counters_[size_ + r]; }
+  ShmCounter& consumed(int r) { return counters_[2 * size_ + r]; }
+  // Piece `piece` of slot `slot` written by rank `from`.
+  char* stage(int from, int slot, int piece) {
+    return stage_ + ((size_t(from) * slots_ + slot) * size_ + piece) * piece_;
+  }
+  // Reduced piece `piece` of slot `slot`.
+  char* result(int slot, int piece) { return result_ + (size_t(slot) * size_ + piece) * piece_; }
+
+  // Blocks this rank has processed so far; identical on every local rank
+  // because all of them execute the same sequence of collectives.
+  uint64_t next_block = 0;
+
+ private:
+  ShmSegment() = default;
+  int rank_ = 0, size_ = 1, slots_ = 0;
+  size_t piece_ = 0, bytes_ = 0;
+  void* base_ = nullptr;
+  ShmCounter* counters_ = nullptr;
+  char* stage_ = nullptr;
+  char* result_ = nullptr;
+};
+
+}  // namespace commlib

@@ -1,0 +1,190 @@
+"""End-to-end tests of commlibrun with the installed MPI (2 and 3 ranks).
+
+The rank programs use mpi4py, not commlib's core, so these tests only need
+the launcher.  The launcher is run as ``python -m commlib.launcher`` so the
+console script does not have to be installed.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mpi4py")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def launcher_env(**extra):
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def write_script(tmp_path, body):
+    path = tmp_path / "rank_prog.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def commlibrun(args, timeout=100, **extra_env):
+    """Run commlibrun to completion; return (CompletedProcess, seconds taken)."""
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "commlib.launcher", *args], env=launcher_env(**extra_env),
+                         capture_output=True, text=True, timeout=timeout)
+    return out, time.monotonic() - start
+
+
+def processes_with(marker):
+    """Pids of live (non-zombie) processes whose command line contains ``marker``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def assert_no_leftovers(marker, timeout=10):
+    deadline = time.monotonic() + timeout
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_with(marker) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np", [2, 3])
+def test_output_lines_prefixed_and_intact(tmp_path, np):
+    # Each line is written in two pieces with a flush in between, the worst
+    # case for tools that tag raw output chunks.
+    prog = write_script(tmp_path, """
+        import sys
+        from mpi4py import MPI
+        rank = MPI.COMM_WORLD.rank
+        for i in range(200):
+            line = f"rank {rank} line {i} " + "x" * 100 + " end\\n"
+            sys.stdout.write(line[:40]); sys.stdout.flush(); sys.stdout.write(line[40:])
+            if i % 50 == 0:
+                print(f"rank {rank} err {i}", file=sys.stderr)
+    """)
+    out, _ = commlibrun(["-np", str(np), sys.executable, prog])
+    assert out.returncode == 0, out.stderr
+    pattern = re.compile(r"\[(\d+)\]: rank \1 line (\d+) x{100} end")
+    seen = {r: [] for r in range(np)}
+    for line in out.stdout.splitlines():
+        m = pattern.fullmatch(line)
+        assert m, f"garbled or unprefixed line: {line!r}"
+        seen[int(m.group(1))].append(int(m.group(2)))
+    assert seen == {r: list(range(200)) for r in range(np)}
+    err_lines = [line for line in out.stderr.splitlines() if " err " in line]
+    assert sorted(err_lines) == sorted(f"[{r}]: rank {r} err {i}" for r in range(np) for i in (0, 50, 100, 150))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np", [2, 3])
+def test_env_forwarded_and_args_unchanged(tmp_path, np):
+    prog = write_script(tmp_path, """
+        import json, os, sys
+        from mpi4py import MPI
+        print(json.dumps([MPI.COMM_WORLD.rank, os.environ.get("COMMLIB_FOO"),
+                          os.environ.get("EXTRA_VAR"), sys.argv[1:]]))
+    """)
+    args = ["a b", "it's", '"q"', "$HOME", "x;echo no", "*", ""]
+    out, _ = commlibrun(["-np", str(np), "-x", "EXTRA_VAR=e v", sys.executable, prog, *args],
+                        COMMLIB_FOO="foo bar")
+    assert out.returncode == 0, out.stderr
+    results = sorted(json.loads(line.split(": ", 1)[1]) for line in out.stdout.splitlines())
+    assert results == [[r, "foo bar", "e v", args] for r in range(np)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np", [2, 3])
+def test_exit_code_of_failing_rank(tmp_path, np):
+    prog = write_script(tmp_path, """
+        import sys, time
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Barrier()
+        if MPI.COMM_WORLD.rank == 1:
+            sys.exit(3)
+        time.sleep(1)
+    """)
+    out, _ = commlibrun(["-np", str(np), sys.executable, prog])
+    assert out.returncode == 3, out.stderr
+    assert "commlibrun: rank 1 exited with code 3" in out.stderr
+    assert "commlibrun: job failed: rank 1 exited with code 3 (first failure)" in out.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np", [2, 3])
+def test_rank_killed_by_sigkill_ends_job(tmp_path, np):
+    marker = uuid.uuid4().hex
+    prog = write_script(tmp_path, """
+        import os, signal, sys, time
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        comm.Barrier()
+        if comm.rank == 1:
+            time.sleep(1)
+            os.kill(os.getpid(), signal.SIGKILL)
+        comm.Barrier()  # the other ranks wait here for the dead rank
+    """)
+    out, elapsed = commlibrun(["-np", str(np), sys.executable, prog, marker])
+    assert elapsed < 60
+    assert out.returncode == 137, out.stderr
+    assert re.search(r"commlibrun: rank 1 \(pid \d+ on host \S+\) was killed by signal SIGKILL", out.stderr)
+    assert "commlibrun: job failed: rank 1 was killed by signal SIGKILL (first failure)" in out.stderr
+    assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(120)
+def test_timeout_kills_job(tmp_path):
+    marker = uuid.uuid4().hex
+    prog = write_script(tmp_path, """
+        import time
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Barrier()
+        while True:
+            time.sleep(1)
+    """)
+    out, elapsed = commlibrun(["-np", "2", "--timeout", "5", sys.executable, prog, marker])
+    assert elapsed < 30
+    assert out.returncode != 0
+    assert "commlibrun: timeout: job still running after 5 s" in out.stderr
+    assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(120)
+def test_sigint_to_launcher_stops_job(tmp_path):
+    marker = uuid.uuid4().hex
+    prog = write_script(tmp_path, """
+        import time
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Barrier()
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-m", "commlib.launcher", "-np", "2", sys.executable, prog, marker],
+                            env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().endswith("ready\n")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT
+    assert "commlibrun: interrupted by SIGINT" in err
+    assert_no_leftovers(marker)

@@ -1,0 +1,433 @@
+"""Unit tests for the commlibrun launcher, the rank wrapper and --check-build.
+
+Nothing here starts an MPI job; the wrapper tests run it without MPI.
+"""
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from commlib import _rankwrap, check_build, launcher
+from commlib.launcher import MPICH, OPENMPI, LauncherError, MPIFlavour
+
+MPICH_VERSION_TEXT = """\
+HYDRA build details:
+    Version:                                 4.1.2
+    Release Date:                            Wed Jun  7 15:22:45 CDT 2023
+    CC:                              gcc
+    Configure options:                       '--disable-option-checking' '--prefix=/usr'
+    Process Manager:                         pmi
+    Launchers available:                     ssh rsh fork slurm ll lsf sge manual persist
+    Topology libraries available:            hwloc
+    Resource management kernels available:   user slurm ll lsf sge pbs cobalt
+    Demux engines available:                 poll select
+"""
+OMPI4_VERSION_TEXT = """\
+mpirun (Open MPI) 4.1.5
+
+Report bugs to http://www.open-mpi.org/community/help/
+"""
+OMPI5_VERSION_TEXT = """\
+mpirun (Open MPI) 5.0.3
+
+Report bugs to https://www.open-mpi.org/community/help/
+"""
+ORTE_VERSION_TEXT = "orterun (OpenRTE) 3.1.6\n\nReport bugs to http://www.open-mpi.org/community/help/\n"
+PRTE_VERSION_TEXT = "prterun (PRRTE) 3.0.6\n\nReport bugs to https://github.com/openpmix/prrte\n"
+
+HYDRA = MPIFlavour(MPICH, "4.1.2")
+OMPI4 = MPIFlavour(OPENMPI, "4.1.5")
+OMPI5 = MPIFlavour(OPENMPI, "5.0.3")
+WRAP = ["PY", "-I", "WRAP.py", "--"]
+TRICKY_ARGS = ["python", "train.py", "a b", "it's", '"quoted"', "$HOME", "x;rm -rf /", "*", "--lr=0.1", ""]
+
+
+# --- flavour detection -------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, expected", [
+    (MPICH_VERSION_TEXT, HYDRA),
+    (OMPI4_VERSION_TEXT, OMPI4),
+    (OMPI5_VERSION_TEXT, OMPI5),
+    (ORTE_VERSION_TEXT, MPIFlavour(OPENMPI, "3.1.6")),
+    (PRTE_VERSION_TEXT, MPIFlavour(OPENMPI, "5")),
+])
+def test_detect_flavour(text, expected):
+    assert launcher.detect_flavour(text) == expected
+
+
+def test_flavour_major_and_str():
+    assert (HYDRA.major, OMPI4.major, OMPI5.major) == (4, 4, 5)
+    assert str(HYDRA) == "MPICH (hydra) 4.1.2"
+    assert str(OMPI5) == "Open MPI 5.0.3"
+
+
+@pytest.mark.parametrize("text", ["", "Intel(R) MPI Library for Linux* OS\n", "some other launcher 1.0"])
+def test_detect_flavour_unknown(text):
+    with pytest.raises(LauncherError, match="unrecognised MPI launcher"):
+        launcher.detect_flavour(text)
+
+
+# --- command construction ----------------------------------------------------------------
+
+def build(flavour, **kw):
+    kw.setdefault("np", 4)
+    kw.setdefault("command", ["python", "train.py"])
+    kw.setdefault("euid", 1000)
+    kw.setdefault("wrapper", WRAP)
+    return launcher.build_command(flavour, **kw)
+
+
+def test_build_mpich_basic():
+    assert build(HYDRA) == ["mpiexec", "-n", "4"] + WRAP + ["python", "train.py"]
+
+
+def test_build_mpich_hosts_env_and_mpi_args():
+    cmd = build(HYDRA, hosts="h1:2,h2:2", env={"COMMLIB_A": "1", "OTHER": "a b"},
+                mpi_args=["-bind-to", "core"], mpiexec="/opt/mpich/bin/mpiexec", euid=0)
+    assert cmd == ["/opt/mpich/bin/mpiexec", "-n", "4", "-hosts", "h1:2,h2:2",
+                   "-genv", "COMMLIB_A", "1", "-genv", "OTHER", "a b",
+                   "-bind-to", "core"] + WRAP + ["python", "train.py"]
+    # Open MPI-only flags are never given to hydra, even as root.
+    assert "--allow-run-as-root" not in cmd and "--oversubscribe" not in cmd
+
+
+def test_build_mpich_hostfile():
+    assert build(HYDRA, hostfile="hosts.txt")[:5] == ["mpiexec", "-n", "4", "-f", "hosts.txt"]
+
+
+def test_build_openmpi4():
+    cmd = build(OMPI4, hosts="h1:2,h2:2", env={"COMMLIB_A": "1", "EXTRA": "x"}, euid=0)
+    assert cmd == ["mpiexec", "-np", "4", "--host", "h1:2,h2:2", "--allow-run-as-root", "--oversubscribe",
+                   "-x", "COMMLIB_A", "-x", "EXTRA"] + WRAP + ["python", "train.py"]
+
+
+def test_build_openmpi5():
+    cmd = build(OMPI5, hostfile="hf", euid=0)
+    assert cmd == ["mpiexec", "-np", "4", "--hostfile", "hf", "--allow-run-as-root",
+                   "--map-by", ":OVERSUBSCRIBE"] + WRAP + ["python", "train.py"]
+
+
+@pytest.mark.parametrize("flavour", [OMPI4, OMPI5])
+def test_build_openmpi_root_flag_depends_on_euid(flavour):
+    assert "--allow-run-as-root" in build(flavour, euid=0)
+    assert "--allow-run-as-root" not in build(flavour, euid=1000)
+
+
+def test_build_openmpi_euid_defaults_to_geteuid(monkeypatch):
+    monkeypatch.setattr(launcher.os, "geteuid", lambda: 0)
+    assert "--allow-run-as-root" in launcher.build_command(OMPI4, 2, ["prog"], wrapper=WRAP)
+    monkeypatch.setattr(launcher.os, "geteuid", lambda: 1234)
+    assert "--allow-run-as-root" not in launcher.build_command(OMPI4, 2, ["prog"], wrapper=WRAP)
+
+
+@pytest.mark.parametrize("user_map_by", [["--map-by", "ppr:1:node"], ["--map-by=slot"], ["-map-by", "node"]])
+def test_build_openmpi5_keeps_user_map_by(user_map_by):
+    cmd = build(OMPI5, mpi_args=user_map_by)
+    assert ":OVERSUBSCRIBE" not in cmd
+    assert cmd[-len(WRAP) - 2 - len(user_map_by):-len(WRAP) - 2] == user_map_by
+
+
+@pytest.mark.parametrize("flavour", [HYDRA, OMPI4, OMPI5])
+def test_build_passes_arguments_unchanged(flavour):
+    cmd = build(flavour, command=TRICKY_ARGS)
+    assert cmd[-len(TRICKY_ARGS):] == TRICKY_ARGS
+    assert cmd[-len(TRICKY_ARGS) - len(WRAP):-len(TRICKY_ARGS)] == WRAP
+
+
+def test_build_errors():
+    with pytest.raises(LauncherError):
+        build(HYDRA, np=0)
+    with pytest.raises(LauncherError):
+        build(HYDRA, command=[])
+    with pytest.raises(LauncherError):
+        build(OMPI4, hosts="h1", hostfile="hf")
+
+
+def test_rank_wrapper_command_runs_wrapper_file_isolated():
+    cmd = launcher.rank_wrapper_command()
+    assert cmd[:2] == [sys.executable, "-I"]
+    assert os.path.samefile(cmd[2], _rankwrap.__file__)
+    assert cmd[3] == "--"
+
+
+# --- environment forwarding --------------------------------------------------------------
+
+def test_forwarded_env_selects_commlib_vars():
+    environ = {"COMMLIB_FOO": "1", "COMMLIB_BAR": "a b", "PATH": "/bin", "XCOMMLIB_NO": "x"}
+    assert launcher.forwarded_env(environ) == {"COMMLIB_BAR": "a b", "COMMLIB_FOO": "1"}
+    assert launcher.forwarded_env(environ, {"NCCL_DEBUG": "INFO", "COMMLIB_FOO": "2"}) == {
+        "COMMLIB_BAR": "a b", "COMMLIB_FOO": "2", "NCCL_DEBUG": "INFO"}
+
+
+def test_parse_env_assignments():
+    environ = {"HOME": "/root"}
+    assert launcher.parse_env_assignments(["A=1", "B=x=y", "C=", "HOME"], environ) == {
+        "A": "1", "B": "x=y", "C": "", "HOME": "/root"}
+    with pytest.raises(LauncherError, match="not set"):
+        launcher.parse_env_assignments(["UNSET_VAR"], environ)
+    with pytest.raises(LauncherError, match="invalid"):
+        launcher.parse_env_assignments(["1BAD=x"], environ)
+
+
+# --- status files and exit codes ---------------------------------------------------------
+
+def test_status_files_round_trip(tmp_path):
+    _rankwrap.write_status(str(tmp_path), "0", 0)
+    _rankwrap.write_status(str(tmp_path), "2", 137)
+    (tmp_path / "unrelated").write_text("x")
+    (tmp_path / "rank7").write_text("garbage")
+    statuses = launcher.read_statuses(str(tmp_path))
+    assert sorted(statuses) == [0, 2]
+    assert statuses[2][0] == 137 and abs(statuses[2][1] - time.time()) < 60
+    assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
+
+
+def test_write_status_ignores_missing_dir(tmp_path):
+    _rankwrap.write_status(str(tmp_path / "missing"), "0", 1)  # must not raise
+
+
+def test_first_failure_is_earliest():
+    assert launcher.first_failure({}) is None
+    assert launcher.first_failure({0: (0, 1.0), 1: (0, 2.0)}) is None
+    assert launcher.first_failure({0: (143, 5.0), 1: (137, 3.0), 2: (0, 1.0)}) == (1, 137)
+
+
+def test_describe_exit():
+    assert launcher.describe_exit(3) == "exited with code 3"
+    assert launcher.describe_exit(137) == "was killed by signal SIGKILL"
+    assert launcher.describe_exit(143) == "was killed by signal SIGTERM"
+    assert launcher.describe_exit(255) == "exited with code 255"
+
+
+def test_job_exit_code():
+    assert launcher.job_exit_code(0, {0: (0, 1.0)}) == (0, None)
+    code, msg = launcher.job_exit_code(9, {0: (143, 2.0), 1: (137, 1.0)})
+    assert code == 137
+    assert msg == "commlibrun: job failed: rank 1 was killed by signal SIGKILL (first failure)"
+    # No status files (ranks on other hosts): mpiexec's status decides.
+    assert launcher.job_exit_code(5, {})[0] == 5
+    code, msg = launcher.job_exit_code(-signal.SIGKILL, {})
+    assert code == 137 and "SIGKILL" in msg
+
+
+# --- command line ------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_mpiexec(tmp_path, monkeypatch):
+    """Point COMMLIB_MPIEXEC at a script that prints the given version text."""
+    def make(version_text):
+        path = tmp_path / "fake-mpiexec"
+        path.write_text("#!/bin/sh\ncat <<'EOF'\n" + version_text + "EOF\n")
+        path.chmod(0o755)
+        monkeypatch.setenv("COMMLIB_MPIEXEC", str(path))
+        return str(path)
+    return make
+
+
+def dry_run(capsys, argv):
+    assert launcher.main(["--dry-run"] + argv) == 0
+    return shlex.split(capsys.readouterr().out)
+
+
+def test_dry_run_mpich(capsys, fake_mpiexec, monkeypatch):
+    mpiexec = fake_mpiexec(MPICH_VERSION_TEXT)
+    monkeypatch.setenv("COMMLIB_FOO", "foo value")
+    cmd = dry_run(capsys, ["-np", "3", "-H", "a:2,b:1", "-x", "EXTRA=1", "--mpi-args", "-bind-to core -v",
+                           *TRICKY_ARGS])
+    assert cmd[:5] == [mpiexec, "-n", "3", "-hosts", "a:2,b:1"]
+    assert ["-genv", "COMMLIB_FOO", "foo value"] == cmd[cmd.index("COMMLIB_FOO") - 1:cmd.index("COMMLIB_FOO") + 2]
+    assert ["-genv", "EXTRA", "1"] == cmd[cmd.index("EXTRA") - 1:cmd.index("EXTRA") + 2]
+    tail = ["-bind-to", "core", "-v"] + launcher.rank_wrapper_command() + TRICKY_ARGS
+    assert cmd[-len(tail):] == tail
+    assert "COMMLIB_RUN_STATUS_DIR" not in cmd
+
+
+@pytest.mark.parametrize("text, oversubscribe", [(OMPI4_VERSION_TEXT, ["--oversubscribe"]),
+                                                 (OMPI5_VERSION_TEXT, ["--map-by", ":OVERSUBSCRIBE"])])
+def test_dry_run_openmpi(capsys, fake_mpiexec, monkeypatch, text, oversubscribe):
+    mpiexec = fake_mpiexec(text)
+    monkeypatch.setenv("COMMLIB_FOO", "1")
+    monkeypatch.setattr(launcher.os, "geteuid", lambda: 0)
+    cmd = dry_run(capsys, ["-np", "2", "--hostfile", "my hosts", "-x", "EXTRA=1", "--", "python", "t.py", "-np", "5"])
+    assert cmd == [mpiexec, "-np", "2", "--hostfile", "my hosts", "--allow-run-as-root", *oversubscribe,
+                   "-x", "COMMLIB_FOO", "-x", "COMMLIB_MPIEXEC", "-x", "EXTRA",
+                   *launcher.rank_wrapper_command(), "python", "t.py", "-np", "5"]
+
+
+def test_cli_errors(capsys, fake_mpiexec):
+    fake_mpiexec("something else 1.0\n")
+    with pytest.raises(SystemExit):
+        launcher.main(["python", "t.py"])  # no -np
+    with pytest.raises(SystemExit):
+        launcher.main(["-np", "2", "-H", "a", "--hostfile", "f", "python"])
+    assert launcher.main(["-np", "2", "python", "t.py"]) == 2
+    assert "unrecognised MPI launcher" in capsys.readouterr().err
+    assert launcher.main(["-np", "2", "-x", "NOT_SET_ANYWHERE_123", "python"]) == 2
+    fake_mpiexec(MPICH_VERSION_TEXT)
+    assert launcher.main(["-np", "0", "python"]) == 2
+    assert launcher.main(["-np", "2", "--mpi-args", '"unbalanced', "python"]) == 2
+    err = capsys.readouterr().err
+    assert "-np must be at least 1" in err and "No closing quotation" in err
+
+
+def test_find_mpiexec(monkeypatch, tmp_path):
+    assert launcher.find_mpiexec({"COMMLIB_MPIEXEC": "/x/mpirun", "PATH": ""}) == "/x/mpirun"
+    exe = tmp_path / "mpirun"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    assert launcher.find_mpiexec({"PATH": str(tmp_path)}) == str(exe)
+    with pytest.raises(LauncherError, match="no mpiexec"):
+        launcher.find_mpiexec({"PATH": str(tmp_path / "empty")})
+
+
+# --- --check-build -----------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_check_build_real(capsys):
+    assert launcher.main(["--check-build"]) == 0
+    out = capsys.readouterr().out
+    labels = [line.split(":")[0].strip() for line in out.splitlines()[1:]]
+    assert labels == ["MPI flavour", "MPI library", "NCCL", "torch", "tensorflow", "commlib._core"]
+    flavour_line = next(line for line in out.splitlines() if "MPI flavour:" in line)
+    assert "MPICH (hydra)" in flavour_line or "Open MPI" in flavour_line
+
+
+@pytest.mark.timeout(120)
+def test_check_build_reports_fake_openmpi_and_failures(fake_mpiexec):
+    fake_mpiexec(OMPI4_VERSION_TEXT)
+    assert "MPI flavour:   Open MPI 4.1.5" in check_build.report()
+    assert check_build.framework_status("surely_not_a_module_xyz") == "not installed"
+    assert check_build.framework_status("pytest").startswith("installed")
+
+
+def test_check_build_missing_mpiexec(monkeypatch):
+    monkeypatch.setenv("COMMLIB_MPIEXEC", "/nonexistent/mpiexec")
+    assert check_build.mpi_launcher_status().startswith("not usable")
+
+
+# --- the rank wrapper, run without MPI ---------------------------------------------------
+
+def run_wrapper(code, rank="5", extra_env=None, **kw):
+    env = {**os.environ, "PMI_RANK": rank, "COMMLIB_FAILURE_GRACE": "0", **(extra_env or {})}
+    return subprocess.run([*launcher.rank_wrapper_command(), sys.executable, "-c", code],
+                          env=env, capture_output=True, timeout=60, **kw)
+
+
+def test_get_rank():
+    assert _rankwrap.get_rank({"PMI_RANK": "3"}) == "3"
+    assert _rankwrap.get_rank({"OMPI_COMM_WORLD_RANK": "4", "PMIX_RANK": "9"}) == "4"
+    assert _rankwrap.get_rank({"PMIX_RANK": "9"}) == "9"
+    assert _rankwrap.get_rank({}) == "?"
+
+
+@pytest.mark.timeout(120)
+def test_wrapper_prefixes_lines_and_keeps_exit_code(tmp_path):
+    code = ("import sys\n"
+            "sys.stdout.write('one\\ntw'); sys.stdout.flush(); sys.stdout.write('o\\n')\n"
+            "sys.stdout.buffer.write(b'bin \\xff\\x00\\n')\n"
+            "sys.stderr.write('err line\\npartial')\n"
+            "sys.exit(7)\n")
+    out = run_wrapper(code, extra_env={"COMMLIB_RUN_STATUS_DIR": str(tmp_path)})
+    assert out.returncode == 7
+    assert out.stdout == b"[5]: one\n[5]: two\n[5]: bin \xff\x00\n"
+    assert out.stderr == b"[5]: err line\n[5]: partial\ncommlibrun: rank 5 exited with code 7\n"
+    assert launcher.read_statuses(str(tmp_path))[5][0] == 7
+
+
+@pytest.mark.timeout(120)
+def test_wrapper_reports_signal_death(tmp_path):
+    out = run_wrapper("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", rank="1",
+                      extra_env={"COMMLIB_RUN_STATUS_DIR": str(tmp_path)})
+    assert out.returncode == 128 + signal.SIGKILL
+    assert b"commlibrun: rank 1 (pid " in out.stderr and b"was killed by signal SIGKILL" in out.stderr
+    assert launcher.read_statuses(str(tmp_path))[1][0] == 137
+
+
+@pytest.mark.timeout(120)
+def test_wrapper_keeps_inherited_fds():
+    # Hydra hands the PMI socket down as an inherited descriptor (PMI_FD).
+    r, w = os.pipe()
+    try:
+        out = run_wrapper(f"import os; os.write({w}, b'via fd')", pass_fds=(w,))
+        os.close(w)
+        w = None
+        assert out.returncode == 0, out.stderr
+        assert os.read(r, 100) == b"via fd"
+    finally:
+        os.close(r)
+        if w is not None:
+            os.close(w)
+
+
+def test_failure_grace_setting(capsys):
+    assert _rankwrap.failure_grace({}) == _rankwrap.DEFAULT_FAILURE_GRACE
+    assert _rankwrap.failure_grace({"COMMLIB_FAILURE_GRACE": "0.5"}) == 0.5
+    assert _rankwrap.failure_grace({"COMMLIB_FAILURE_GRACE": "-1"}) == _rankwrap.DEFAULT_FAILURE_GRACE
+    assert _rankwrap.failure_grace({"COMMLIB_FAILURE_GRACE": "soon"}) == _rankwrap.DEFAULT_FAILURE_GRACE
+    assert "ignoring invalid COMMLIB_FAILURE_GRACE='soon'" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("child_code, lingers", [(0, False), (4, True)])
+def test_wrapper_lingers_only_after_failure(child_code, lingers):
+    start = time.monotonic()
+    out = run_wrapper(f"import sys; sys.exit({child_code})", extra_env={"COMMLIB_FAILURE_GRACE": "2"})
+    elapsed = time.monotonic() - start
+    assert out.returncode == child_code
+    assert (elapsed >= 2) == lingers, elapsed
+
+
+def _env_without_grace():
+    return {k: v for k, v in os.environ.items() if k != "COMMLIB_FAILURE_GRACE"}
+
+
+def _start_wrapped_sleeper():
+    """Start the wrapper around a child that prints its pid and sleeps; return (wrapper, child pid)."""
+    code = "import os, time; print(os.getpid(), flush=True); time.sleep(600)"
+    proc = subprocess.Popen([*launcher.rank_wrapper_command(), sys.executable, "-c", code],
+                            env={**_env_without_grace(), "PMI_RANK": "0"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    line = proc.stdout.readline()
+    assert line.startswith(b"[0]: "), line
+    return proc, int(line.split()[1])
+
+
+def _process_gone(pid, timeout):
+    """Whether ``pid`` disappears (or becomes a zombie) within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.timeout(120)
+def test_wrapper_forwards_sigterm():
+    proc, child = _start_wrapped_sleeper()
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    # A wrapper that was told to stop does not wait out the failure grace.
+    assert time.monotonic() - start < _rankwrap.DEFAULT_FAILURE_GRACE
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert b"was killed by signal SIGTERM" in err
+    assert _process_gone(child, 10)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+@pytest.mark.timeout(120)
+def test_child_dies_with_wrapper():
+    proc, child = _start_wrapped_sleeper()
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert _process_gone(child, 10)
