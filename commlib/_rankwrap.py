@@ -13,7 +13,7 @@ The wrapper runs the user command as a child process and
   killed by a signal, and says on stderr which rank failed and how;
 * records ``<code> <time.time()>`` in ``$COMMLIB_RUN_STATUS_DIR/rank<R>`` so
   the launcher can tell which rank failed first;
-* after a failure, waits ``$COMMLIB_FAILURE_GRACE`` seconds (default 5)
+* after a failure, waits ``$COMMLIB_FAILURE_GRACE`` seconds (default 3)
   before exiting, so the other ranks get to notice and report the lost peer
   before the MPI launcher kills them;
 * forwards SIGTERM/SIGINT (and SIGHUP, SIGQUIT, SIGUSR1/2) to the child, and
@@ -39,7 +39,7 @@ import time
 RANK_ENV_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 STATUS_DIR_ENV = "COMMLIB_RUN_STATUS_DIR"
 FAILURE_GRACE_ENV = "COMMLIB_FAILURE_GRACE"
-DEFAULT_FAILURE_GRACE = 5.0
+DEFAULT_FAILURE_GRACE = 3.0
 # Signals passed on to the child, so the wrapper is transparent to them
 # (hydra -disable-auto-cleanup, for one, notifies ranks of failures with SIGUSR1).
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
