@@ -155,23 +155,61 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0) -> Handle:
     """In-place grouped allreduce: results are written into the tensors."""
-    outs = [_check_output(t, "grouped_allreduce_") for t in tensors]
+    outs = tensors if isinstance(tensors, list) else list(tensors)
     return _grouped(outs, outs, average, name, op, prescale_factor, postscale_factor)
+
+
+class _GroupLayout:
+    """The flat description of a list of arrays that the core's group call
+    takes (dtype codes, ranks, dimensions, data pointers)."""
+
+    __slots__ = ("arrays", "shapes", "dtypes", "ndims", "dims", "ptrs")
+
+    def __init__(self, arrays):
+        self.arrays = list(arrays)  # also keeps the arrays (and their ids) alive
+        self.shapes = [a.shape for a in self.arrays]
+        self.dtypes = ffi.new("int32_t[]", [dtype_code(a.dtype) for a in self.arrays] or [0])
+        self.ndims = ffi.new("int32_t[]", [len(s) for s in self.shapes] or [0])
+        self.dims = ffi.new("int64_t[]", [d for s in self.shapes for d in s] or [0])
+        self.ptrs = ffi.new("void*[]", [ffi.from_buffer(a) if a.size else ffi.NULL
+                                        for a in self.arrays] or [ffi.NULL])
+
+    def still_valid(self) -> bool:
+        return all(a.shape == s for a, s in zip(self.arrays, self.shapes))
+
+
+# Layouts of in-place groups by the identities of their arrays: training loops
+# reduce the same gradient buffers every step, and describing 100+ arrays to
+# the core costs more than reducing them.
+_layout_cache: dict = {}
+_LAYOUT_CACHE_SIZE = 64
+
+
+def _layout_for(arrays) -> _GroupLayout:
+    """The layout of in-place outputs, checked when first seen, then cached."""
+    key = tuple(map(id, arrays))
+    layout = _layout_cache.get(key)
+    if layout is None or not layout.still_valid():
+        for a in arrays:
+            _check_output(a, "grouped_allreduce_")
+        layout = _GroupLayout(arrays)
+        if len(_layout_cache) >= _LAYOUT_CACHE_SIZE:
+            _layout_cache.pop(next(iter(_layout_cache)))
+        _layout_cache[key] = layout
+    return layout
 
 
 def _grouped(ins, outs, average, name, op, prescale, postscale) -> Handle:
     basics._require_init()
     rop = _reduce_op(average, op)
     base = _auto_name("allreduce", name)
-    n = len(ins)
-    reqs = ffi.new("commlib_request[]", max(n, 1))
-    keep = [reqs]
-    for i in range(n):
-        _fill(reqs[i], keep, lib.COMMLIB_OP_ALLREDUCE, f"{base}.{i}", ins[i], outs[i],
-              reduce_op=rop, prescale=prescale, postscale=postscale)
+    src = _layout_for(ins) if outs is ins else _GroupLayout(ins)
+    dst = src if outs is ins else _GroupLayout(outs)
     hid = ffi.new("int64_t*")
-    check(lib.commlib_enqueue_group(reqs, n, hid))
-    return Handle(hid[0], lambda _h: outs, (keep, ins, outs), "grouped_allreduce")
+    check(lib.commlib_enqueue_allreduce_group(base.encode(), len(ins), src.dtypes, src.ndims,
+                                              src.dims, src.ptrs, dst.ptrs, rop, float(prescale),
+                                              float(postscale), hid))
+    return Handle(hid[0], lambda _h: outs, (src, dst, ins, outs), "grouped_allreduce")
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,

@@ -97,8 +97,14 @@ int commlib_enqueue(const commlib_request* req, int64_t* handle) {
   return guarded([&] { *handle = Engine::get().enqueue(*req); });
 }
 
-int commlib_enqueue_group(const commlib_request* reqs, int n, int64_t* handle) {
-  return guarded([&] { *handle = Engine::get().enqueue_group(reqs, n); });
+int commlib_enqueue_allreduce_group(const char* base_name, int n, const int32_t* dtypes,
+                                    const int32_t* ndims, const int64_t* shapes,
+                                    void* const* inputs, void* const* outputs, int reduce_op,
+                                    double prescale, double postscale, int64_t* handle) {
+  return guarded([&] {
+    *handle = Engine::get().enqueue_allreduce_group(base_name, n, dtypes, ndims, shapes, inputs,
+                                                    outputs, reduce_op, prescale, postscale);
+  });
 }
 
 int commlib_poll(int64_t handle) {

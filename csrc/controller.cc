@@ -79,6 +79,23 @@ std::string Controller::validate(const std::vector<RequestDesc>& d, int* code) {
     if (differs(d, [](const RequestDesc& x) { return x.postscale; }))
       return fail("postscale_factor", [](const RequestDesc& x) { return fmt_double(x.postscale); });
   }
+  if (differs(d, [](const RequestDesc& x) { return x.group_size; }))
+    return fail("number of grouped tensors", [](const RequestDesc& x) { return std::to_string(x.group_size); });
+  if (d[0].group_size >= 0 && differs(d, [](const RequestDesc& x) { return x.members; })) {
+    std::vector<std::vector<std::string>> m;
+    for (const auto& x : d) m.push_back(describe_members(x));
+    size_t k = 0;
+    while (k < m[0].size()) {
+      bool same = true;
+      for (const auto& v : m) same &= v[k] == m[0][k];
+      if (!same) break;
+      ++k;
+    }
+    std::vector<std::string> vals;
+    for (const auto& v : m) vals.push_back(v[k]);
+    return std::string("Mismatched dtype/shape of grouped tensor ") + std::to_string(k) + " ('" +
+           d[0].name + "." + std::to_string(k) + "') for " + kind + " across ranks: " + by_rank(vals);
+  }
   if (op == COMMLIB_OP_BROADCAST && differs(d, [](const RequestDesc& x) { return x.root; }))
     return fail("root rank", [](const RequestDesc& x) { return std::to_string(x.root); });
   if (first_dim_may_differ(op)) {
@@ -168,7 +185,8 @@ std::vector<Response> Controller::take_ready() {
     Pending& p = it->second;
     Response resp = make_response(name, p);
     const RequestDesc& d = p.descs[0];
-    if (resp.kind == Response::kExecute && resp.op_type == COMMLIB_OP_ALLREDUCE) {
+    if (resp.kind == Response::kExecute && resp.op_type == COMMLIB_OP_ALLREDUCE &&
+        d.group_size < 0) {  // a group is already one fused unit
       // Half dtypes are reduced in a float32 fusion buffer.
       const int64_t esize = is_half_dtype(d.dtype) ? 4 : int64_t(dtype_size(d.dtype));
       const int64_t bytes = num_elements(d.shape) * esize;

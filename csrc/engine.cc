@@ -146,7 +146,8 @@ void Engine::init(MPI_Comm base) {
   MPI_Comm_rank(cross, &t.cross_rank);
   MPI_Comm_size(cross, &t.cross_size);
   if (t.cross_size == 1 && t.local_size > 1 && env_int("COMMLIB_SHM", 1) != 0) {
-    shm_ = ShmSegment::create(local, size_t(env_int("COMMLIB_SHM_PIECE_BYTES", 256 << 10)), 4);
+    shm_ = ShmSegment::create(local, size_t(env_int("COMMLIB_SHM_PIECE_BYTES", 256 << 10)), 4,
+                              size_t(env_int("COMMLIB_SHM_FUSION_BYTES", 4 << 20)));
   }
   MPI_Comm_free(&local);
   MPI_Comm_free(&cross);
@@ -257,20 +258,47 @@ int64_t Engine::enqueue(const commlib_request& q) {
   return push(one);
 }
 
-int64_t Engine::enqueue_group(const commlib_request* reqs, int n) {
+int64_t Engine::enqueue_allreduce_group(const char* base, int n, const int32_t* dtypes,
+                                        const int32_t* ndims, const int64_t* shapes,
+                                        void* const* inputs, void* const* outputs, int reduce_op,
+                                        double prescale, double postscale) {
   if (!running_.load()) {
     throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
   }
   if (n < 0) throw Error(COMMLIB_ERR_VALUE, "negative group size");
-  std::vector<Entry> entries;
-  entries.reserve(size_t(n));
+  if (!base || !*base) throw Error(COMMLIB_ERR_VALUE, "a collective needs a non-empty name");
+  Entry e;
+  RequestDesc& d = e.desc;
+  d.name = base;
+  d.op_type = COMMLIB_OP_ALLREDUCE;
+  d.dtype = n > 0 ? dtypes[0] : COMMLIB_FLOAT32;
+  d.reduce_op = reduce_op;
+  d.prescale = prescale;
+  d.postscale = postscale;
+  d.group_size = n;
+  const int64_t* shape = shapes;
   for (int i = 0; i < n; ++i) {
-    if (reqs[i].op_type != COMMLIB_OP_ALLREDUCE) {
-      throw Error(COMMLIB_ERR_VALUE, "grouped requests must be allreduces");
-    }
-    entries.push_back(make_entry(reqs[i]));
+    commlib_request q{};
+    q.op_type = COMMLIB_OP_ALLREDUCE;
+    q.name = base;
+    q.dtype = dtypes[i];
+    q.ndim = ndims[i];
+    q.shape = shape;
+    q.input = inputs[i];
+    q.output = outputs[i];
+    q.reduce_op = reduce_op;
+    validate_request(q, topo_.size);
+    d.members.push_back(dtypes[i]);
+    d.members.push_back(ndims[i]);
+    d.members.insert(d.members.end(), shape, shape + ndims[i]);
+    int64_t count = 1;
+    for (int k = 0; k < ndims[i]; ++k) count *= shape[k];
+    e.members.push_back({dtypes[i], size_t(count), inputs[i], outputs[i]});
+    shape += ndims[i];
   }
-  return push(entries);
+  std::vector<Entry> one;
+  if (n > 0) one.push_back(std::move(e));
+  return push(one);
 }
 
 void Engine::loop() {
@@ -439,7 +467,7 @@ void Engine::execute(const Response& resp) {
     }
     entries.push_back(&it->second);
   }
-  OpContext ctx{*transport_, fusion_, scratch_, algo_, shm_.get()};
+  OpContext ctx{*transport_, fusion_, scratch_, algo_, size_t(fusion_threshold_.load()), shm_.get()};
   int status = COMMLIB_OK;
   std::string message;
   try {

@@ -49,8 +49,12 @@ class Engine {
 
   // Validates and queues a request; returns the handle id.
   int64_t enqueue(const commlib_request& req);
-  // Validates and queues n allreduce requests under one handle.
-  int64_t enqueue_group(const commlib_request* reqs, int n);
+  // Validates and queues n allreduces negotiated and fused as one unit
+  // (member i is named base.i); one handle.
+  int64_t enqueue_allreduce_group(const char* base, int n, const int32_t* dtypes,
+                                  const int32_t* ndims, const int64_t* shapes,
+                                  void* const* inputs, void* const* outputs, int reduce_op,
+                                  double prescale, double postscale);
   HandleTable& handles() { return handles_; }
 
   void set_fusion_threshold(int64_t bytes);

@@ -1,5 +1,7 @@
 #include "message.h"
 
+#include <algorithm>
+
 namespace commlib {
 
 void encode(Writer& w, const RequestDesc& d) {
@@ -12,6 +14,8 @@ void encode(Writer& w, const RequestDesc& d) {
   w.put<double>(d.postscale);
   w.put_vec(d.shape);
   w.put_vec(d.splits);
+  w.put<int32_t>(d.group_size);
+  w.put_vec(d.members);
 }
 
 RequestDesc decode_request(Reader& r) {
@@ -25,7 +29,22 @@ RequestDesc decode_request(Reader& r) {
   d.postscale = r.get<double>();
   d.shape = r.get_vec();
   d.splits = r.get_vec();
+  d.group_size = r.get<int32_t>();
+  d.members = r.get_vec();
   return d;
+}
+
+std::vector<std::string> describe_members(const RequestDesc& d) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i + 1 < d.members.size();) {
+    const int dtype = int(d.members[i]);
+    const size_t ndim = size_t(d.members[i + 1]);
+    std::vector<int64_t> shape(d.members.begin() + long(i + 2),
+                               d.members.begin() + long(std::min(d.members.size(), i + 2 + ndim)));
+    out.push_back(std::string(dtype_name(dtype)) + " " + shape_str(shape));
+    i += 2 + ndim;
+  }
+  return out;
 }
 
 void encode(Writer& w, const Response& resp) {

@@ -24,7 +24,14 @@ struct RequestDesc {
   double postscale = 1.0;
   std::vector<int64_t> shape;
   std::vector<int64_t> splits;  // alltoall: rows to each rank
+  // A grouped allreduce negotiates as one request: group_size members, each
+  // described as [dtype, ndim, dims...] in members. -1: a single tensor.
+  int group_size = -1;
+  std::vector<int64_t> members;
 };
+
+// "float32 [4, 2]" for each member of a grouped request.
+std::vector<std::string> describe_members(const RequestDesc& d);
 
 struct Response {
   enum Kind : int { kExecute = 0, kError = 1 };

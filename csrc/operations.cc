@@ -2,6 +2,9 @@
 
 #include <cstring>
 
+#include <algorithm>
+
+#include "collectives/allreduce_shm_fused.h"
 #include "common.h"
 #include "half.h"
 #include "reduce.h"
@@ -28,62 +31,144 @@ int64_t reducescatter_rows(int64_t dim0, int size, int r) {
   return dim0 / size + (r < dim0 % size ? 1 : 0);
 }
 
-void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries) {
-  const RequestDesc& d0 = entries[0]->desc;
-  const int dtype = d0.dtype;
-  int op;
-  double post;
-  effective_op(d0, ctx.transport.size(), &op, &post);
-  const double pre = d0.prescale;
+namespace {
 
-  if (is_half_dtype(dtype)) {  // widen into the float32 fusion buffer
-    size_t total = 0;
-    for (Entry* e : entries) total += size_t(num_elements(e->desc.shape));
+bool shm_allowed(const OpContext& ctx) {
+  return ctx.shm && (ctx.algo == AllreduceAlgo::kAuto || ctx.algo == AllreduceAlgo::kShm);
+}
+
+// Packs the window straight into this rank's region of the shared segment
+// and reads the results from their owners' regions (allreduce_shm_fused.h).
+void reduce_window_in_shm(OpContext& ctx, const Member* first, const Member* last, size_t total,
+                          int dtype, int op, double pre, double post) {
+  ShmFusedAllreduce f(*ctx.shm);
+  const bool half = is_half_dtype(dtype);
+  const int work = half ? COMMLIB_FLOAT32 : dtype;
+  const size_t esize = dtype_size(work);
+  char* buf = f.begin();
+  size_t off = 0;
+  for (const Member* m = first; m != last; ++m) {
+    if (half) {
+      half_to_float(dtype, m->input, reinterpret_cast<float*>(buf + off), m->count, pre);
+    } else {
+      std::memcpy(buf + off, m->input, m->count * esize);
+    }
+    off += m->count * esize;
+  }
+  if (!half) scale_buffer(dtype, buf, total, pre);
+  f.reduce(total, work, op, half ? 1.0 : post);
+  off = 0;
+  std::vector<float> tmp;
+  for (const Member* m = first; m != last; ++m) {
+    if (half) {
+      tmp.resize(m->count);
+      f.copy_out(off, tmp.data(), m->count * esize);
+      float_to_half(dtype, tmp.data(), m->output, m->count, post);
+    } else {
+      f.copy_out(off, m->output, m->count * esize);
+    }
+    off += m->count * esize;
+  }
+  f.end();
+}
+
+// Reduces the tensors [first, last) of one dtype as one message: through the
+// shared segment's fusion region when it fits; else half types are widened
+// into the float32 fusion buffer, a single tensor is reduced in its output,
+// several are packed into the fusion buffer.
+void reduce_window(OpContext& ctx, const Member* first, const Member* last, int dtype, int op,
+                   double pre, double post) {
+  size_t total = 0;
+  for (const Member* m = first; m != last; ++m) total += m->count;
+  const size_t work_bytes = total * (is_half_dtype(dtype) ? sizeof(float) : dtype_size(dtype));
+  if (shm_allowed(ctx) && (last - first > 1 || is_half_dtype(dtype)) &&
+      work_bytes <= ctx.shm->region_bytes()) {
+    reduce_window_in_shm(ctx, first, last, total, dtype, op, pre, post);
+    return;
+  }
+  if (is_half_dtype(dtype)) {
     float* buf = reinterpret_cast<float*>(ctx.fusion.get(total * sizeof(float)));
     size_t off = 0;
-    for (Entry* e : entries) {
-      const size_t n = size_t(num_elements(e->desc.shape));
-      half_to_float(dtype, e->input, buf + off, n, pre);
-      off += n;
+    for (const Member* m = first; m != last; ++m) {
+      half_to_float(dtype, m->input, buf + off, m->count, pre);
+      off += m->count;
     }
     allreduce(ctx.transport, ctx.shm, buf, total, COMMLIB_FLOAT32, op, ctx.algo);
     off = 0;
-    for (Entry* e : entries) {
-      const size_t n = size_t(num_elements(e->desc.shape));
-      float_to_half(dtype, buf + off, e->output, n, post);
-      off += n;
+    for (const Member* m = first; m != last; ++m) {
+      float_to_half(dtype, buf + off, m->output, m->count, post);
+      off += m->count;
     }
     return;
   }
-
   const size_t esize = dtype_size(dtype);
-  if (entries.size() == 1) {  // no packing: reduce in the output buffer
-    Entry* e = entries[0];
-    const size_t n = size_t(num_elements(e->desc.shape));
-    if (e->input != e->output) std::memcpy(e->output, e->input, n * esize);
-    scale_buffer(dtype, e->output, n, pre);
-    allreduce(ctx.transport, ctx.shm, e->output, n, dtype, op, ctx.algo);
-    scale_buffer(dtype, e->output, n, post);
+  if (last - first == 1) {  // no packing: reduce in the output buffer
+    if (first->input != first->output) std::memcpy(first->output, first->input, total * esize);
+    scale_buffer(dtype, first->output, total, pre);
+    allreduce(ctx.transport, ctx.shm, first->output, total, dtype, op, ctx.algo);
+    scale_buffer(dtype, first->output, total, post);
     return;
   }
-
-  size_t total = 0;
-  for (Entry* e : entries) total += size_t(num_elements(e->desc.shape));
   char* buf = ctx.fusion.get(total * esize);
   size_t off = 0;
-  for (Entry* e : entries) {
-    const size_t bytes = size_t(num_elements(e->desc.shape)) * esize;
-    std::memcpy(buf + off, e->input, bytes);
-    off += bytes;
+  for (const Member* m = first; m != last; ++m) {
+    std::memcpy(buf + off, m->input, m->count * esize);
+    off += m->count * esize;
   }
   scale_buffer(dtype, buf, total, pre);
   allreduce(ctx.transport, ctx.shm, buf, total, dtype, op, ctx.algo);
   scale_buffer(dtype, buf, total, post);
   off = 0;
+  for (const Member* m = first; m != last; ++m) {
+    std::memcpy(m->output, buf + off, m->count * esize);
+    off += m->count * esize;
+  }
+}
+
+}  // namespace
+
+void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries) {
+  const RequestDesc& d0 = entries[0]->desc;
+  int op;
+  double post;
+  effective_op(d0, ctx.transport.size(), &op, &post);
+  const double pre = d0.prescale;
+
+  std::vector<Member> all;
   for (Entry* e : entries) {
-    const size_t bytes = size_t(num_elements(e->desc.shape)) * esize;
-    std::memcpy(e->output, buf + off, bytes);
-    off += bytes;
+    if (e->desc.group_size >= 0) {
+      all.insert(all.end(), e->members.begin(), e->members.end());
+    } else {
+      all.push_back({e->desc.dtype, size_t(num_elements(e->desc.shape)), e->input, e->output});
+    }
+  }
+  // One dtype at a time (a group may mix them), in windows of at most the
+  // fusion threshold; every rank cuts the same windows.
+  std::vector<bool> done(all.size(), false);
+  std::vector<Member> same;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (done[i]) continue;
+    const int dtype = all[i].dtype;
+    same.clear();
+    for (size_t j = i; j < all.size(); ++j) {
+      if (!done[j] && all[j].dtype == dtype) {
+        same.push_back(all[j]);
+        done[j] = true;
+      }
+    }
+    const size_t esize = is_half_dtype(dtype) ? sizeof(float) : dtype_size(dtype);
+    const size_t limit = shm_allowed(ctx) ? std::min(ctx.fusion_threshold, ctx.shm->region_bytes())
+                                          : ctx.fusion_threshold;
+    size_t a = 0;
+    while (a < same.size()) {
+      size_t b = a + 1, bytes = same[a].count * esize;
+      while (b < same.size() && bytes + same[b].count * esize <= limit) {
+        bytes += same[b].count * esize;
+        ++b;
+      }
+      reduce_window(ctx, same.data() + a, same.data() + b, dtype, op, pre, post);
+      a = b;
+    }
   }
 }
 

@@ -15,12 +15,21 @@
 
 namespace commlib {
 
+// One tensor of an allreduce.
+struct Member {
+  int dtype;
+  size_t count;
+  const void* input;
+  void* output;
+};
+
 // One local request waiting for (or under) execution.
 struct Entry {
   std::shared_ptr<HandleState> handle;
   RequestDesc desc;
   const void* input = nullptr;
   void* output = nullptr;
+  std::vector<Member> members;  // a grouped allreduce (desc.group_size >= 0)
 };
 
 struct OpContext {
@@ -28,6 +37,7 @@ struct OpContext {
   FusionBuffer& fusion;
   FusionBuffer& scratch;  // second buffer (reducescatter of half types)
   AllreduceAlgo algo;
+  size_t fusion_threshold;  // bytes per fused reduction
   ShmSegment* shm;        // null unless every rank is on this host
 };
 

@@ -12,7 +12,8 @@
 
 namespace commlib {
 
-std::unique_ptr<ShmSegment> ShmSegment::create(MPI_Comm local_comm, size_t piece_bytes, int slots) {
+std::unique_ptr<ShmSegment> ShmSegment::create(MPI_Comm local_comm, size_t piece_bytes, int slots,
+                                               size_t region_bytes) {
   std::unique_ptr<ShmSegment> seg(new ShmSegment());
   MPI_Comm_rank(local_comm, &seg->rank_);
   MPI_Comm_size(local_comm, &seg->size_);
@@ -22,7 +23,9 @@ std::unique_ptr<ShmSegment> ShmSegment::create(MPI_Comm local_comm, size_t piece
   const size_t counters = 3 * P * sizeof(ShmCounter);
   const size_t stage = P * K * P * seg->piece_;
   const size_t result = K * P * seg->piece_;
-  seg->bytes_ = 4096 + counters + stage + result;
+  seg->region_bytes_ = (region_bytes + 63) & ~size_t(63);
+  const size_t regions = P * 2 * seg->region_bytes_;
+  seg->bytes_ = 4096 + counters + stage + result + regions;
 
   // Local rank 0 picks a unique name and creates the segment.
   char name[64] = {0};
@@ -62,9 +65,11 @@ std::unique_ptr<ShmSegment> ShmSegment::create(MPI_Comm local_comm, size_t piece
   seg->counters_ = reinterpret_cast<ShmCounter*>(p);
   seg->stage_ = p + counters;
   seg->result_ = seg->stage_ + stage;
+  seg->region_ = seg->result_ + result;
   // Touch the pages this rank writes (MAP_POPULATE maps them; writing once
   // also avoids copy-on-first-write costs inside the timed path).
   std::memset(seg->stage(seg->rank_, 0, 0), 0, K * P * seg->piece_);
+  std::memset(seg->region(seg->rank_, 0), 0, 2 * seg->region_bytes_);
   if (seg->rank_ == 0) std::memset(seg->result_, 0, result);
   check_mpi(MPI_Barrier(local_comm), "MPI_Barrier(shm)");
   return seg;

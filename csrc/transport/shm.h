@@ -7,7 +7,8 @@
 // increasing counters, each on its own cache line, never through barriers.
 //
 // Layout: header | posted[P] | reduced[P] | consumed[P] | stage[P][K][P][C] |
-// result[K][P][C]; P local ranks, K slots in flight, C bytes per piece.
+// result[K][P][C] | region[P][2][F]; P local ranks, K slots in flight, C bytes
+// per piece, F bytes per fusion region (a fusion buffer living in the segment).
 #pragma once
 
 #include <mpi.h>
@@ -27,7 +28,8 @@ struct alignas(64) ShmCounter {
 class ShmSegment {
  public:
   // Collective over local_comm (the ranks of this host).
-  static std::unique_ptr<ShmSegment> create(MPI_Comm local_comm, size_t piece_bytes, int slots);
+  static std::unique_ptr<ShmSegment> create(MPI_Comm local_comm, size_t piece_bytes, int slots,
+                                            size_t region_bytes);
   ~ShmSegment();
 
   int rank() const { return rank_; }
@@ -44,6 +46,9 @@ class ShmSegment {
   }
   // Reduced piece `piece` of slot `slot`.
   char* result(int slot, int piece) { return result_ + (size_t(slot) * size_ + piece) * piece_; }
+  // Rank r's fusion region, slot 0 or 1.
+  char* region(int r, int slot) { return region_ + (size_t(r) * 2 + slot) * region_bytes_; }
+  size_t region_bytes() const { return region_bytes_; }
 
   // Blocks this rank has processed so far; identical on every local rank
   // because all of them execute the same sequence of collectives.
@@ -52,11 +57,12 @@ class ShmSegment {
  private:
   ShmSegment() = default;
   int rank_ = 0, size_ = 1, slots_ = 0;
-  size_t piece_ = 0, bytes_ = 0;
+  size_t piece_ = 0, bytes_ = 0, region_bytes_ = 0;
   void* base_ = nullptr;
   ShmCounter* counters_ = nullptr;
   char* stage_ = nullptr;
   char* result_ = nullptr;
+  char* region_ = nullptr;
 };
 
 }  // namespace commlib

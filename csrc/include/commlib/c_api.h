@@ -99,9 +99,15 @@ int commlib_cross_size(void);
 
 /* Requests and handles. enqueue returns a handle id > 0 in *handle. */
 int commlib_enqueue(const commlib_request* req, int64_t* handle);
-/* Submits n allreduce requests as one unit with one handle: they are
- * negotiated together and fused (up to the fusion threshold). */
-int commlib_enqueue_group(const commlib_request* reqs, int n, int64_t* handle);
+/* Submits n allreduces as one unit with one handle: they are negotiated as
+ * one request (validated member by member) and fused up to the fusion
+ * threshold. Member i (named "<base_name>.<i>" in errors) has dtypes[i],
+ * ndims[i] dimensions taken in order from shapes, and buffers
+ * inputs[i]/outputs[i]. */
+int commlib_enqueue_allreduce_group(const char* base_name, int n, const int32_t* dtypes,
+                                    const int32_t* ndims, const int64_t* shapes,
+                                    void* const* inputs, void* const* outputs, int reduce_op,
+                                    double prescale, double postscale, int64_t* handle);
 /* 1 when the handle has completed (successfully or not), 0 when pending. */
 int commlib_poll(int64_t handle);
 /* Waits up to timeout_s seconds (negative: forever). Returns COMMLIB_OK when
