@@ -138,19 +138,35 @@ void Engine::init(MPI_Comm base) {
   Topology t;
   MPI_Comm_rank(data, &t.rank);
   MPI_Comm_size(data, &t.size);
-  check_mpi(MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &local),
-            "MPI_Comm_split_type");
+  // COMMLIB_TEST_RANKS_PER_HOST=k pretends that every k consecutive ranks
+  // share a host: it lets one machine test the multi-host (hierarchical) paths.
+  const int64_t fake = env_int("COMMLIB_TEST_RANKS_PER_HOST", 0);
+  if (fake > 0) {
+    check_mpi(MPI_Comm_split(base, int(t.rank / fake), t.rank, &local), "MPI_Comm_split");
+  } else {
+    check_mpi(MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &local),
+              "MPI_Comm_split_type");
+  }
   MPI_Comm_rank(local, &t.local_rank);
   MPI_Comm_size(local, &t.local_size);
   check_mpi(MPI_Comm_split(base, t.local_rank, t.rank, &cross), "MPI_Comm_split");
   MPI_Comm_rank(cross, &t.cross_rank);
   MPI_Comm_size(cross, &t.cross_size);
-  if (t.cross_size == 1 && t.local_size > 1 && env_int("COMMLIB_SHM", 1) != 0) {
+  // Hierarchical paths need the same number of ranks on every host (each
+  // local rank owns the same slice of a buffer on every host).
+  int sizes[2] = {-t.local_size, t.local_size}, extremes[2];
+  check_mpi(MPI_Allreduce(sizes, extremes, 2, MPI_INT, MPI_MAX, base), "MPI_Allreduce(topology)");
+  const bool uniform = -extremes[0] == extremes[1];
+  if (uniform && t.local_size > 1 && env_int("COMMLIB_SHM", 1) != 0) {
     shm_ = ShmSegment::create(local, size_t(env_int("COMMLIB_SHM_PIECE_BYTES", 256 << 10)), 4,
                               size_t(env_int("COMMLIB_SHM_FUSION_BYTES", 4 << 20)));
   }
   MPI_Comm_free(&local);
-  MPI_Comm_free(&cross);
+  if (shm_ && t.cross_size > 1) {
+    cross_ = std::make_unique<MpiTransport>(cross);  // reduce within hosts, all-reduce across
+  } else {
+    MPI_Comm_free(&cross);
+  }
   start_peer_monitor(exchange_peer_info(data, t.rank, t.size));
 
   topo_ = t;
@@ -179,11 +195,13 @@ void Engine::shutdown() {
   if (broken()) {  // collective MPI calls could hang on a dead peer
     transport_->abandon();
     control_->abandon();
+    if (cross_) cross_->abandon();
   }
   transport_.reset();
   control_.reset();
   controller_.reset();
   shm_.reset();
+  cross_.reset();
 }
 
 int Engine::broken() {
@@ -467,7 +485,8 @@ void Engine::execute(const Response& resp) {
     }
     entries.push_back(&it->second);
   }
-  OpContext ctx{*transport_, fusion_, scratch_, algo_, size_t(fusion_threshold_.load()), shm_.get()};
+  OpContext ctx{*transport_, fusion_, scratch_, algo_, size_t(fusion_threshold_.load()), shm_.get(),
+                cross_.get()};
   int status = COMMLIB_OK;
   std::string message;
   try {

@@ -99,7 +99,8 @@ class Engine {
   std::unique_ptr<MpiTransport> transport_;
   std::unique_ptr<ControlChannel> control_;
   std::unique_ptr<Controller> controller_;  // rank 0 only
-  std::unique_ptr<ShmSegment> shm_;         // when every rank is on this host
+  std::unique_ptr<ShmSegment> shm_;         // ranks of this host (if more than one)
+  std::unique_ptr<MpiTransport> cross_;     // same local rank on every host (if several)
   std::unordered_map<std::string, Entry> pending_;
   std::vector<Entry> held_;  // taken from the queue, not yet reported
   int64_t held_since_us_ = 0, last_arrival_us_ = 0;

@@ -56,7 +56,7 @@ void reduce_window_in_shm(OpContext& ctx, const Member* first, const Member* las
     off += m->count * esize;
   }
   if (!half) scale_buffer(dtype, buf, total, pre);
-  f.reduce(total, work, op, half ? 1.0 : post);
+  f.reduce(total, work, op, half ? 1.0 : post, ctx.cross);
   off = 0;
   std::vector<float> tmp;
   for (const Member* m = first; m != last; ++m) {
@@ -93,7 +93,7 @@ void reduce_window(OpContext& ctx, const Member* first, const Member* last, int 
       half_to_float(dtype, m->input, buf + off, m->count, pre);
       off += m->count;
     }
-    allreduce(ctx.transport, ctx.shm, buf, total, COMMLIB_FLOAT32, op, ctx.algo);
+    allreduce(ctx.transport, ctx.shm, ctx.cross, buf, total, COMMLIB_FLOAT32, op, ctx.algo);
     off = 0;
     for (const Member* m = first; m != last; ++m) {
       float_to_half(dtype, buf + off, m->output, m->count, post);
@@ -105,7 +105,7 @@ void reduce_window(OpContext& ctx, const Member* first, const Member* last, int 
   if (last - first == 1) {  // no packing: reduce in the output buffer
     if (first->input != first->output) std::memcpy(first->output, first->input, total * esize);
     scale_buffer(dtype, first->output, total, pre);
-    allreduce(ctx.transport, ctx.shm, first->output, total, dtype, op, ctx.algo);
+    allreduce(ctx.transport, ctx.shm, ctx.cross, first->output, total, dtype, op, ctx.algo);
     scale_buffer(dtype, first->output, total, post);
     return;
   }
@@ -116,7 +116,7 @@ void reduce_window(OpContext& ctx, const Member* first, const Member* last, int 
     off += m->count * esize;
   }
   scale_buffer(dtype, buf, total, pre);
-  allreduce(ctx.transport, ctx.shm, buf, total, dtype, op, ctx.algo);
+  allreduce(ctx.transport, ctx.shm, ctx.cross, buf, total, dtype, op, ctx.algo);
   scale_buffer(dtype, buf, total, post);
   off = 0;
   for (const Member* m = first; m != last; ++m) {

@@ -38,7 +38,8 @@ struct OpContext {
   FusionBuffer& scratch;  // second buffer (reducescatter of half types)
   AllreduceAlgo algo;
   size_t fusion_threshold;  // bytes per fused reduction
-  ShmSegment* shm;        // null unless every rank is on this host
+  ShmSegment* shm;        // this host's ranks; null if alone or hosts differ in size
+  Transport* cross;       // same local rank across hosts; null on one host
 };
 
 // Rows of dim 0 that reducescatter leaves on rank r (first ranks get extras).

@@ -12,18 +12,18 @@ AllreduceAlgo parse_allreduce_algo(const std::string& name) {
   throw Error(COMMLIB_ERR_VALUE, "COMMLIB_ALLREDUCE_ALGO must be one of auto, mpi, shm; got '" + name + "'");
 }
 
-void allreduce(Transport& t, ShmSegment* shm, void* buf, size_t count, int dtype, int op,
-               AllreduceAlgo algo) {
+void allreduce(Transport& t, ShmSegment* shm, Transport* cross, void* buf, size_t count,
+               int dtype, int op, AllreduceAlgo algo) {
   if (t.size() == 1 || count == 0) return;
   switch (algo) {
     case AllreduceAlgo::kAuto:
-      // One host: shared memory moves each byte about twice per rank, which
-      // is the memory-traffic floor; MPI's own path copies more.
-      if (shm) return allreduce_shm(*shm, buf, count, dtype, op);
+      // Shared memory moves each byte about twice per rank, the memory-traffic
+      // floor; MPI's own path copies more. Across hosts it is hierarchical.
+      if (shm) return allreduce_shm(*shm, cross, buf, count, dtype, op);
       return allreduce_mpi(t, buf, count, dtype, op);
     case AllreduceAlgo::kShm:
-      if (!shm) throw Error(COMMLIB_ERR_VALUE, "COMMLIB_ALLREDUCE_ALGO=shm needs every rank on one host");
-      return allreduce_shm(*shm, buf, count, dtype, op);
+      if (!shm) throw Error(COMMLIB_ERR_VALUE, "COMMLIB_ALLREDUCE_ALGO=shm needs the same number (> 1) of ranks on every host");
+      return allreduce_shm(*shm, cross, buf, count, dtype, op);
     case AllreduceAlgo::kMpi:
       return allreduce_mpi(t, buf, count, dtype, op);
   }

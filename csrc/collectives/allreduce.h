@@ -16,10 +16,13 @@ enum class AllreduceAlgo { kAuto, kMpi, kShm };
 AllreduceAlgo parse_allreduce_algo(const std::string& name);
 
 // In-place all-reduce of count elements (dtype is not a half type; op is
-// not Average: the caller applies scale factors). shm is the host's
-// shared-memory segment when every rank of the job is on this host, else null.
-void allreduce(Transport& t, ShmSegment* shm, void* buf, size_t count, int dtype, int op,
-               AllreduceAlgo algo);
+// not Average: the caller applies scale factors). shm is this host's
+// shared-memory segment (null if unusable); cross connects the ranks of the
+// same local rank on every host (null on one host): then the shared-memory
+// algorithms reduce within the host, all-reduce each slice across hosts, and
+// share the result within the host.
+void allreduce(Transport& t, ShmSegment* shm, Transport* cross, void* buf, size_t count,
+               int dtype, int op, AllreduceAlgo algo);
 
 // The MPI library's own collective.
 void allreduce_mpi(Transport& t, void* buf, size_t count, int dtype, int op);

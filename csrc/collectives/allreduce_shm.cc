@@ -16,6 +16,9 @@
 // one still gathers block b; a slot is rewritten only after every rank is
 // done with its previous use. Piece j is reduced by rank j alone and copied
 // by the others, so results are bitwise identical on all ranks.
+// Across hosts (hierarchical), rank j all-reduces its reduced piece with the
+// ranks of the same local rank on the other hosts before publishing it, so
+// every local rank drives its own slice of the inter-host traffic.
 #include "allreduce_shm.h"
 
 #include <algorithm>
@@ -41,11 +44,11 @@ void wait_all(ShmSegment& shm, Counter counter, uint64_t target) {
 
 }  // namespace
 
-void allreduce_shm(ShmSegment& shm, void* buf, size_t count, int dtype, int op) {
+void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, int dtype, int op) {
   const int P = shm.size();
   const int me = shm.rank();
   const int K = shm.slots();
-  if (P == 1 || count == 0) return;
+  if (count == 0) return;
   const size_t esize = dtype_size(dtype);
   // Elements per piece: at most C bytes, 64-byte multiples so pieces stay
   // cache-line aligned; a short (last) block is split evenly.
@@ -83,11 +86,17 @@ void allreduce_shm(ShmSegment& shm, void* buf, size_t count, int dtype, int op) 
     range(me, &off, &len);
     wait_all(shm, [&](int r) -> ShmCounter& { return shm.posted(r); }, b + 1);
     if (b >= uint64_t(K)) wait_all(shm, [&](int r) -> ShmCounter& { return shm.consumed(r); }, b - K + 1);
-    const int last = me == P - 1 ? P - 2 : P - 1;  // the final reduction also publishes
+    // The final local reduction also publishes, unless the piece must first
+    // be all-reduced across hosts.
+    const int last = cross ? -1 : (me == P - 1 ? P - 2 : P - 1);
     for (int r = 0; r < P; ++r) {
       if (r == me) continue;
       reduce_into_and_copy(dtype, op, data + off * esize, shm.stage(r, slot, me),
                            r == last ? shm.result(slot, me) : nullptr, len);
+    }
+    if (cross) {
+      cross->allreduce(data + off * esize, data + off * esize, len, dtype, op);
+      std::memcpy(shm.result(slot, me), data + off * esize, len * esize);
     }
     shm.reduced(me).value.store(b + 1, std::memory_order_release);
 

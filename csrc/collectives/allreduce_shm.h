@@ -4,11 +4,14 @@
 #include <cstddef>
 
 #include "../transport/shm.h"
+#include "../transport/transport.h"
 
 namespace commlib {
 
 // In-place all-reduce of count elements of buf (dtype not a half type; op
 // not Average). Every rank of the segment must call it with the same count.
-void allreduce_shm(ShmSegment& shm, void* buf, size_t count, int dtype, int op);
+// With cross (ranks of this local rank on the other hosts), each reduced
+// piece is also all-reduced across hosts before it is shared.
+void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, int dtype, int op);
 
 }  // namespace commlib

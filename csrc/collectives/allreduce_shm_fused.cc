@@ -29,7 +29,8 @@ char* ShmFusedAllreduce::begin() {
   return shm_.region(shm_.rank(), slot_);
 }
 
-void ShmFusedAllreduce::reduce(size_t count, int dtype, int op, double postscale) {
+void ShmFusedAllreduce::reduce(size_t count, int dtype, int op, double postscale,
+                               Transport* cross) {
   const int P = shm_.size(), me = shm_.rank();
   const size_t esize = dtype_size(dtype);
   // Pieces of 64-byte multiples; the last ones may be short or empty.
@@ -44,6 +45,7 @@ void ShmFusedAllreduce::reduce(size_t count, int dtype, int op, double postscale
   for (int r = 0; r < P; ++r) {
     if (r != me) reduce_into(dtype, op, mine, shm_.region(r, slot_) + first * esize, last - first);
   }
+  if (cross) cross->allreduce(mine, mine, last - first, dtype, op);
   scale_buffer(dtype, mine, last - first, postscale);
   shm_.reduced(me).value.store(block_ + 1, std::memory_order_release);
   wait_others(shm_, &ShmSegment::reduced, block_ + 1);

@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "../transport/shm.h"
+#include "../transport/transport.h"
 
 namespace commlib {
 
@@ -27,7 +28,8 @@ class ShmFusedAllreduce {
   explicit ShmFusedAllreduce(ShmSegment& shm) : shm_(shm) {}
   size_t capacity() const { return shm_.region_bytes(); }
   char* begin();
-  void reduce(size_t count, int dtype, int op, double postscale);
+  // cross: ranks of this local rank on other hosts (null on one host).
+  void reduce(size_t count, int dtype, int op, double postscale, Transport* cross);
   void copy_out(size_t byte_offset, void* dst, size_t bytes);
   void end();
 

@@ -1,0 +1,52 @@
+"""Allreduce across (simulated) hosts: with COMMLIB_TEST_RANKS_PER_HOST=k the
+core treats every k consecutive ranks as one host, so the hierarchical path
+(reduce within the host through shared memory, all-reduce each slice across
+hosts, share within the host) runs on one machine. Checks topology, exact
+integer results, float results against numpy and bitwise equality across
+ranks, for single tensors (pipelined path) and groups (fused path)."""
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import commlib
+from _common import check_equal, done, fail
+
+commlib.init()
+r, n = commlib.rank(), commlib.size()
+k = int(os.environ["COMMLIB_TEST_RANKS_PER_HOST"])
+hosts = [list(range(h, min(h + k, n))) for h in range(0, n, k)]
+my_host = r // k
+check_equal(commlib.local_size(), len(hosts[my_host]), "local_size")
+check_equal(commlib.local_rank(), r - my_host * k, "local_rank")
+check_equal(commlib.cross_rank(), my_host, "cross_rank")
+expected_cross = len(hosts) if r % k < len(hosts[-1]) or len(hosts[-1]) == k else len(hosts) - 1
+check_equal(commlib.cross_size(), expected_cross, "cross_size")
+
+
+def data(rank, count, dtype):
+    return np.random.default_rng(1000 * rank + count).integers(-50, 50, count).astype(dtype)
+
+
+comm = MPI.COMM_WORLD
+for count in [0, 1, n - 1, n + 1, 1000, 65536 * 3 + 7, 2_000_003]:
+    for dtype in (np.int64, np.float32):
+        got = commlib.allreduce(data(r, count, dtype), op=commlib.Sum, name=f"s.{count}.{dtype.__name__}")
+        want = sum(data(q, count, np.float64) for q in range(n)).astype(dtype) if count else np.zeros(0, dtype)
+        check_equal(got, want, f"sum of {count} {dtype.__name__}", rtol=1e-6 if dtype == np.float32 else 0)
+        if len(set(comm.allgather(got.tobytes()))) != 1:
+            fail(f"results of {count} {dtype.__name__} differ across ranks")
+    got = commlib.allreduce(data(r, count, np.int32), op=commlib.Max, name=f"m.{count}")
+    want = np.max([data(q, count, np.int32) for q in range(n)], axis=0) if count else np.zeros(0, np.int32)
+    check_equal(got, want, f"max of {count}")
+
+group = [np.full(5, r, np.float32), np.full(9, r + 1, np.float16), np.arange(700, dtype=np.int64) * r]
+got = commlib.grouped_allreduce(group, op=commlib.Sum, name="grp")
+check_equal(got[0], np.full(5, n * (n - 1) / 2, np.float32), "group float32")
+check_equal(got[1], np.full(9, n * (n + 1) / 2, np.float16), "group float16")
+check_equal(got[2], np.arange(700, dtype=np.int64) * (n * (n - 1) // 2), "group int64")
+avg = commlib.allreduce(np.full(10, float(r)), op=commlib.Average, name="avg")
+check_equal(avg, np.full(10, (n - 1) / 2), "average", rtol=1e-12)
+done()
+sys.exit(0)
