@@ -22,7 +22,17 @@ Average = lib.COMMLIB_AVERAGE
 Min = lib.COMMLIB_MIN
 Max = lib.COMMLIB_MAX
 Product = lib.COMMLIB_PRODUCT
-Adasum = None  # not supported; named so that Horovod scripts fail clearly
+
+
+class _AdasumOp:
+    """Horovod's ``Adasum`` reduction, which commlib does not implement: a
+    distinct marker, so that Horovod scripts passing op=Adasum fail clearly."""
+
+    def __repr__(self) -> str:
+        return "Adasum"
+
+
+Adasum = _AdasumOp()
 
 _OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product"}
 
@@ -44,7 +54,7 @@ def _as_input(tensor) -> np.ndarray:
     """A C-contiguous array of a supported dtype (copied only if needed)."""
     arr = np.asarray(tensor)
     dtype_code(arr.dtype)
-    return np.ascontiguousarray(arr)
+    return np.require(arr, requirements="C")  # keeps 0-d arrays 0-d
 
 
 def _check_output(arr, what: str) -> np.ndarray:
@@ -58,14 +68,18 @@ def _check_output(arr, what: str) -> np.ndarray:
     return arr
 
 
-def _reduce_op(average, op) -> int:
+def resolve_op(op=None, average=None, default=Average) -> int:
+    """The reduction op from Horovod's ``op`` / deprecated ``average`` pair."""
+    if isinstance(op, _AdasumOp):
+        raise NotImplementedError("the Adasum reduction is not supported by commlib; "
+                                  "use op=Average (the default) or Sum")
     if average is not None:
         if op is not None:
             raise ValueError("pass either op or the deprecated average argument, not both")
         return Average if average else Sum
     if op is None:
-        return Average
-    if op not in _OP_NAMES:
+        return default
+    if isinstance(op, bool) or op not in _OP_NAMES:
         raise ValueError(f"unsupported reduction op {op!r}; use commlib.Sum/Average/Min/Max/Product")
     return op
 
@@ -126,7 +140,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
 
 def _allreduce(inp, out, average, name, op, prescale, postscale) -> Handle:
-    rop = _reduce_op(average, op)
+    rop = resolve_op(op, average)
     hid, keep = _enqueue(lib.COMMLIB_OP_ALLREDUCE, _auto_name("allreduce", name), inp, out,
                          reduce_op=rop, prescale=prescale, postscale=postscale)
     return Handle(hid, lambda _h: out, (keep, inp, out), "allreduce")
@@ -201,7 +215,7 @@ def _layout_for(arrays) -> _GroupLayout:
 
 def _grouped(ins, outs, average, name, op, prescale, postscale) -> Handle:
     basics._require_init()
-    rop = _reduce_op(average, op)
+    rop = resolve_op(op, average)
     base = _auto_name("allreduce", name)
     src = _layout_for(ins) if outs is ins else _GroupLayout(ins)
     dst = src if outs is ins else _GroupLayout(outs)
@@ -298,6 +312,8 @@ def alltoall_async(tensor, splits=None, name=None) -> Handle:
             raise ValueError("splits must be a 1-D sequence of integers, one per rank")
         split_list = [int(x) for x in s]
     n = basics.size()
+    if split_list is not None and len(split_list) != n:
+        raise ValueError(f"alltoall splits must have one entry per rank ({n}), got {len(split_list)}")
     hid, keep = _enqueue(lib.COMMLIB_OP_ALLTOALL, _auto_name("alltoall", name), inp, None,
                          splits=split_list)
 
@@ -330,7 +346,7 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
     rows = dim0 // n + (1 if me < dim0 % n else 0)
     out = np.empty((rows,) + inp.shape[1:], dtype=inp.dtype)
     hid, keep = _enqueue(lib.COMMLIB_OP_REDUCESCATTER, _auto_name("reducescatter", name), inp, out,
-                         reduce_op=_reduce_op(None, op), prescale=prescale_factor,
+                         reduce_op=resolve_op(op), prescale=prescale_factor,
                          postscale=postscale_factor)
     return Handle(hid, lambda _h: out, (keep, inp, out), "reducescatter")
 

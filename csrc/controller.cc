@@ -49,7 +49,7 @@ bool first_dim_may_differ(int op_type) {
 }  // namespace
 
 Controller::Controller(int size, int64_t fusion_threshold_bytes)
-    : size_(size), fusion_threshold_(fusion_threshold_bytes), left_(size, false) {}
+    : size_(size), fusion_threshold_(fusion_threshold_bytes) {}
 
 std::string Controller::validate(const std::vector<RequestDesc>& d, int* code) {
   *code = COMMLIB_ERR_MISMATCH;
@@ -125,34 +125,32 @@ void Controller::add(int rank, RequestDesc desc, int64_t now_us) {
   p.have[rank] = true;
   p.descs[rank] = std::move(desc);
   ++p.count;
-  bool any_left = false;
-  for (int r = 0; r < size_; ++r) any_left |= (left_[r] && !p.have[r]);
-  if (any_left) {
-    rank_left(-1);  // re-evaluate: fails this name now
+  if (first_left_ >= 0) {  // nothing can complete once a rank has left
+    fail(name, first_left_);
+    table_.erase(name);
     return;
   }
   if (p.count == size_) complete_.push_back(name);
 }
 
+void Controller::fail(const std::string& name, int left_rank) {
+  Response e;
+  e.kind = Response::kError;
+  e.error_code = COMMLIB_ERR_NOT_INIT;
+  e.error = "rank " + std::to_string(left_rank) + " called shutdown() before '" + name +
+            "' could complete";
+  e.names.push_back(name);
+  errors_.push_back(std::move(e));
+}
+
 void Controller::rank_left(int rank) {
-  if (rank >= 0) left_[rank] = true;
-  for (auto it = table_.begin(); it != table_.end();) {
-    std::vector<int> missing;
-    for (int r = 0; r < size_; ++r)
-      if (left_[r] && !it->second.have[r]) missing.push_back(r);
-    if (missing.empty()) {
-      ++it;
-      continue;
-    }
-    Response e;
-    e.kind = Response::kError;
-    e.error_code = COMMLIB_ERR_NOT_INIT;
-    e.error = "rank " + std::to_string(missing[0]) + " called shutdown() before submitting '" +
-              it->first + "'";
-    e.names.push_back(it->first);
-    errors_.push_back(std::move(e));
-    it = table_.erase(it);
-  }
+  // The leaving rank executes everything the coordinator sent it before its
+  // acknowledgement, and nothing after: every request still open (even one
+  // complete but not yet answered, or one it has submitted) fails.
+  if (first_left_ < 0) first_left_ = rank;
+  for (const auto& entry : table_) fail(entry.first, rank);
+  table_.clear();
+  complete_.clear();
 }
 
 Response Controller::make_response(const std::string& name, Pending& p) {

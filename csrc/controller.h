@@ -20,7 +20,7 @@ class Controller {
   Controller(int size, int64_t fusion_threshold_bytes);
 
   void add(int rank, RequestDesc desc, int64_t now_us);
-  // A rank called shutdown(): everything it has not submitted fails.
+  // A rank called shutdown(): every open request fails, now and later.
   void rank_left(int rank);
   // Responses for every request now complete, in a fixed order.
   std::vector<Response> take_ready();
@@ -40,10 +40,11 @@ class Controller {
     bool warned = false;
   };
   Response make_response(const std::string& name, Pending& p);
+  void fail(const std::string& name, int left_rank);
 
   int size_;
   int64_t fusion_threshold_;
-  std::vector<bool> left_;
+  int first_left_ = -1;  // a rank that called shutdown()
   std::unordered_map<std::string, Pending> table_;
   std::vector<std::string> complete_;  // names complete, in completion order
   std::vector<Response> errors_;       // immediate errors (rank left)

@@ -84,8 +84,8 @@ void validate_request(const commlib_request& q, int size) {
   int64_t n = 1;
   for (int i = 0; i < q.ndim; ++i) n *= q.shape[i];
   if (n > 0 && !q.input) throw Error(COMMLIB_ERR_VALUE, "input buffer is NULL");
-  const bool needs_output = q.op_type == COMMLIB_OP_ALLREDUCE || q.op_type == COMMLIB_OP_BROADCAST ||
-                            q.op_type == COMMLIB_OP_REDUCESCATTER;
+  // (reducescatter: a rank may receive no rows, so its output may be NULL)
+  const bool needs_output = q.op_type == COMMLIB_OP_ALLREDUCE || q.op_type == COMMLIB_OP_BROADCAST;
   if (needs_output && n > 0 && !q.output) throw Error(COMMLIB_ERR_VALUE, "output buffer is NULL");
 }
 
@@ -241,7 +241,10 @@ int64_t Engine::push(std::vector<Entry>& entries) {
     std::lock_guard<std::mutex> lock(queue_mu_);
     std::string error;
     int code = 0;
-    if (dead_code_ != 0) {
+    if (stop_.load()) {
+      code = COMMLIB_ERR_NOT_INIT;
+      error = "commlib is shutting down";
+    } else if (dead_code_ != 0) {
       code = dead_code_;
       error = dead_message_;
     }
@@ -319,7 +322,28 @@ int64_t Engine::enqueue_allreduce_group(const char* base, int n, const int32_t* 
   return push(one);
 }
 
+// Called while stop_ is set: true when the loop may end. The coordinator ends
+// at once (it has executed everything it sent). A worker first tells the
+// coordinator and keeps executing responses until the coordinator's
+// acknowledgement: it must run every collective the others run.
+bool Engine::leave() {
+  if (controller_ || broken()) return true;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (dead_code_ != 0) return true;  // acknowledged, or the coordinator left
+  }
+  const int64_t now = now_us();
+  if (leave_deadline_us_ == 0) {
+    leave_deadline_us_ = now + 30000000;
+    Writer w;
+    w.put<int32_t>(kMsgShutdown);
+    control_->send(0, w.take());
+  }
+  return now > leave_deadline_us_;
+}
+
 void Engine::loop() {
+  leave_deadline_us_ = 0;
   int64_t idle_since = now_us();
   int64_t nap = 20;
   for (;;) {
@@ -330,7 +354,7 @@ void Engine::loop() {
       fail_everything(e.code(), e.what());
       worked = true;
     }
-    if (stop_.load()) break;
+    if (stop_.load() && leave()) break;
     {
       std::lock_guard<std::mutex> lock(queue_mu_);
       if (dead_code_ == COMMLIB_ERR_PEER_LOST || dead_code_ == COMMLIB_ERR_INTERNAL) {
@@ -353,7 +377,7 @@ void Engine::loop() {
     if (nap < kMaxNapUs) nap *= 2;
   }
   try {
-    send_shutdown_notice();
+    if (controller_) send_shutdown_notice();  // workers said goodbye in leave()
   } catch (const Error&) {
     // The job is going away; a notice that cannot be sent changes nothing.
   }
@@ -380,8 +404,11 @@ bool Engine::cycle() {
     }
     // Report now unless more requests are still streaming in (then they are
     // negotiated, and fused, together).
-    if (handles_.waiting() > 0 || now - last_arrival_us_ >= batch_gap_us_ ||
-        now - held_since_us_ >= cycle_us_ || stop_.load()) {
+    if (stop_.load()) {
+      for (Entry& e : held_) finish(e, COMMLIB_ERR_NOT_INIT, "commlib was shut down before this collective started");
+      held_.clear();
+    } else if (handles_.waiting() > 0 || now - last_arrival_us_ >= batch_gap_us_ ||
+               now - held_since_us_ >= cycle_us_) {
       submit(held_);
       held_.clear();
       worked = true;
@@ -456,8 +483,14 @@ void Engine::on_message(int source, const std::string& msg) {
     for (uint32_t i = 0; i < n; ++i) ready_.push_back(decode_response(r));
   } else if (kind == kMsgShutdown) {
     if (controller_) {
+      // Acknowledge: every response sent to the leaving rank precedes this.
       worker_left_[source] = true;
       controller_->rank_left(source);
+      Writer w;
+      w.put<int32_t>(kMsgShutdown);
+      control_->send(source, w.take());
+    } else if (stop_.load()) {
+      fail_everything(COMMLIB_ERR_NOT_INIT, "commlib was shut down before this collective completed");
     } else {
       fail_everything(COMMLIB_ERR_NOT_INIT,
                       "rank 0 (the coordinator) called shutdown(); no further collectives are possible");
@@ -541,6 +574,8 @@ void Engine::fail_everything(int code, const std::string& message) {
   ready_.clear();
 }
 
+// Coordinator only: tells every worker still listening that no further
+// collectives are possible.
 void Engine::send_shutdown_notice() {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
@@ -549,12 +584,8 @@ void Engine::send_shutdown_notice() {
   Writer w;
   w.put<int32_t>(kMsgShutdown);
   const std::string bytes = w.take();
-  if (controller_) {
-    for (int r = 1; r < topo_.size; ++r)
-      if (!worker_left_[r]) control_->send(r, bytes);
-  } else {
-    control_->send(0, bytes);
-  }
+  for (int r = 1; r < topo_.size; ++r)
+    if (!worker_left_[r]) control_->send(r, bytes);
   control_->progress();
 }
 

@@ -66,6 +66,7 @@ class Engine {
   int64_t push(std::vector<Entry>& entries);
   void loop();
   bool cycle();  // one pass of the background loop; true when it did work
+  bool leave();  // shutdown handshake; true when the loop may end
   void submit(std::vector<Entry>& batch);
   void on_message(int source, const std::string& msg);
   void execute(const Response& resp);
@@ -104,6 +105,7 @@ class Engine {
   std::unordered_map<std::string, Entry> pending_;
   std::vector<Entry> held_;  // taken from the queue, not yet reported
   int64_t held_since_us_ = 0, last_arrival_us_ = 0;
+  int64_t leave_deadline_us_ = 0;
   std::deque<Response> ready_;
   std::vector<bool> worker_left_;
   FusionBuffer fusion_, scratch_;

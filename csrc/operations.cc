@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "collectives/allreduce_shm_fused.h"
+#include "collectives/shm_collectives.h"
 #include "common.h"
 #include "half.h"
 #include "reduce.h"
@@ -37,6 +38,12 @@ bool shm_allowed(const OpContext& ctx) {
   return ctx.shm && (ctx.algo == AllreduceAlgo::kAuto || ctx.algo == AllreduceAlgo::kShm);
 }
 
+// Whether the whole job is this host's shared-memory group (then local rank
+// equals rank and the shared-memory broadcast/allgather/reducescatter apply).
+bool whole_job_in_shm(const OpContext& ctx) {
+  return shm_allowed(ctx) && !ctx.cross && ctx.shm->size() == ctx.transport.size();
+}
+
 // Packs the window straight into this rank's region of the shared segment
 // and reads the results from their owners' regions (allreduce_shm_fused.h).
 void reduce_window_in_shm(OpContext& ctx, const Member* first, const Member* last, size_t total,
@@ -45,7 +52,7 @@ void reduce_window_in_shm(OpContext& ctx, const Member* first, const Member* las
   const bool half = is_half_dtype(dtype);
   const int work = half ? COMMLIB_FLOAT32 : dtype;
   const size_t esize = dtype_size(work);
-  char* buf = f.begin();
+  char* buf = f.buffer();
   size_t off = 0;
   for (const Member* m = first; m != last; ++m) {
     if (half) {
@@ -69,7 +76,7 @@ void reduce_window_in_shm(OpContext& ctx, const Member* first, const Member* las
     }
     off += m->count * esize;
   }
-  f.end();
+  f.finish();
 }
 
 // Reduces the tensors [first, last) of one dtype as one message: through the
@@ -183,7 +190,11 @@ void run_allgather(OpContext& ctx, Entry& e, const std::vector<int64_t>& rows) {
   }
   HandleState& h = *e.handle;
   h.result.resize(size_t(total_rows) * rb);
-  ctx.transport.allgatherv(e.input, h.result.data(), bytes);
+  if (whole_job_in_shm(ctx)) {
+    allgather_shm(*ctx.shm, e.input, h.result.data(), bytes);
+  } else {
+    ctx.transport.allgatherv(e.input, h.result.data(), bytes);
+  }
   h.rows = total_rows;
   h.splits = rows;
 }
@@ -193,7 +204,12 @@ void run_broadcast(OpContext& ctx, Entry& e) {
   if (ctx.transport.rank() == e.desc.root && e.input != e.output) {
     std::memcpy(e.output, e.input, bytes);
   }
-  if (ctx.transport.size() > 1 && bytes > 0) ctx.transport.broadcast(e.output, bytes, e.desc.root);
+  if (ctx.transport.size() == 1 || bytes == 0) return;
+  if (whole_job_in_shm(ctx)) {
+    broadcast_shm(*ctx.shm, e.output, bytes, e.desc.root);
+  } else {
+    ctx.transport.broadcast(e.output, bytes, e.desc.root);
+  }
 }
 
 void run_alltoall(OpContext& ctx, Entry& e, const std::vector<int64_t>& matrix) {
@@ -215,6 +231,19 @@ void run_alltoall(OpContext& ctx, Entry& e, const std::vector<int64_t>& matrix) 
   h.rows = total_rows;
 }
 
+namespace {
+
+void reduce_scatter(OpContext& ctx, const void* in, void* out, const std::vector<size_t>& counts,
+                    int dtype, int op) {
+  if (whole_job_in_shm(ctx)) {
+    reducescatter_shm(*ctx.shm, in, out, counts, dtype, op);
+  } else {
+    ctx.transport.reduce_scatter(in, out, counts, dtype, op);
+  }
+}
+
+}  // namespace
+
 void run_reducescatter(OpContext& ctx, Entry& e) {
   const RequestDesc& d = e.desc;
   const int size = ctx.transport.size();
@@ -233,7 +262,7 @@ void run_reducescatter(OpContext& ctx, Entry& e) {
     float* in = reinterpret_cast<float*>(ctx.fusion.get(n * sizeof(float)));
     float* out = reinterpret_cast<float*>(ctx.scratch.get(mine * sizeof(float) + 1));
     half_to_float(d.dtype, e.input, in, n, d.prescale);
-    ctx.transport.reduce_scatter(in, out, counts, COMMLIB_FLOAT32, op);
+    reduce_scatter(ctx, in, out, counts, COMMLIB_FLOAT32, op);
     float_to_half(d.dtype, out, e.output, mine, post);
     return;
   }
@@ -244,7 +273,7 @@ void run_reducescatter(OpContext& ctx, Entry& e) {
     scale_buffer(d.dtype, buf, n, d.prescale);
     src = buf;
   }
-  ctx.transport.reduce_scatter(src, e.output, counts, d.dtype, op);
+  reduce_scatter(ctx, src, e.output, counts, d.dtype, op);
   scale_buffer(d.dtype, e.output, mine, post);
 }
 

@@ -8,36 +8,35 @@
 // and unpack through a private fusion buffer.
 //
 // Usage (every local rank, same sizes, in the same order):
-//   char* buf = f.begin();                    // waits until the slot is free
+//   ShmFusedAllreduce f(shm);
+//   char* buf = f.buffer();                        // capacity() bytes
 //   ... pack `count` elements into buf ...
-//   f.reduce(count, dtype, op, postscale);    // every piece reduced
-//   f.copy_out(byte_offset, dst, bytes) ...   // read results
-//   f.end();
+//   f.reduce(count, dtype, op, postscale, cross);  // every piece reduced
+//   f.copy_out(byte_offset, dst, bytes) ...        // read results
+//   f.finish();
 #pragma once
 
 #include <cstddef>
-#include <cstdint>
 
 #include "../transport/shm.h"
+#include "../transport/shm_block.h"
 #include "../transport/transport.h"
 
 namespace commlib {
 
 class ShmFusedAllreduce {
  public:
-  explicit ShmFusedAllreduce(ShmSegment& shm) : shm_(shm) {}
-  size_t capacity() const { return shm_.region_bytes(); }
-  char* begin();
+  explicit ShmFusedAllreduce(ShmSegment& shm) : block_(shm) {}
+  size_t capacity() const { return block_.capacity(); }
+  char* buffer() { return block_.mine(); }
   // cross: ranks of this local rank on other hosts (null on one host).
   void reduce(size_t count, int dtype, int op, double postscale, Transport* cross);
   void copy_out(size_t byte_offset, void* dst, size_t bytes);
-  void end();
+  void finish() { block_.finish(); }
 
  private:
-  ShmSegment& shm_;
-  uint64_t block_ = 0;
-  int slot_ = 0;
-  size_t piece_bytes_ = 0;  // bytes of each rank's piece in this window
+  ShmBlock block_;
+  size_t piece_bytes_ = 0;  // bytes of each rank's piece in this block
 };
 
 }  // namespace commlib

@@ -1,0 +1,26 @@
+// Broadcast, allgather and reduce-scatter among the ranks of one host through
+// the shared segment's regions, in windows of the region size (ShmBlock).
+// Each algorithm is in its own file; every local rank calls with the same
+// sizes, in the same order.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "../transport/shm.h"
+
+namespace commlib {
+
+// The root's bytes are copied into its region once and out by every other rank.
+void broadcast_shm(ShmSegment& shm, void* buf, size_t bytes, int root);
+
+// Rank r contributes bytes[r]; out receives them concatenated in rank order.
+void allgather_shm(ShmSegment& shm, const void* in, void* out, const std::vector<size_t>& bytes);
+
+// Reduces count elements (sum of counts) across ranks; rank r receives
+// counts[r] elements of the result at its offset into out. dtype is not a half
+// type and op not Average (the caller scales and widens).
+void reducescatter_shm(ShmSegment& shm, const void* in, void* out, const std::vector<size_t>& counts,
+                       int dtype, int op);
+
+}  // namespace commlib

@@ -1,0 +1,201 @@
+"""Synthetic Keras training throughput: commlib.tensorflow.keras versus
+tf.distribute.MultiWorkerMirroredStrategy.
+
+Trains a Keras model with model.fit on random data (no input pipeline work)
+and prints samples/s, in the style of Horovod's
+tensorflow2_synthetic_benchmark.py. The default model is an MLP with about
+12.6 million parameters (1024 -> 2048 -> 2048 -> 2048 -> 1000), batch 32
+per rank, one TensorFlow thread per rank. With commlib it also prints the
+share of the step time spent in the gradient allreduce (wall time inside the
+collective, waiting for the other ranks included).
+
+    commlibrun -np 2 python examples/tensorflow_synthetic_benchmark.py
+    commlibrun -np 2 python examples/tensorflow_synthetic_benchmark.py --backend mwms
+    python examples/tensorflow_synthetic_benchmark.py          # 1 rank baseline
+
+With ``--backend mwms`` the workers are started by commlibrun too (commlib
+only hands out the ports for TF_CONFIG: localhost workers); TensorFlow's own
+collectives (gRPC ring) reduce the gradients.
+"""
+import argparse
+import json
+import os
+import socket
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--backend", choices=["commlib", "mwms"], default="commlib")
+    p.add_argument("--loop", choices=["fit", "custom"], default="fit",
+                   help="Keras model.fit, or a tf.function step with a gradient tape "
+                        "(always custom with mwms)")
+    p.add_argument("--model", choices=["mlp", "small-mlp"], default="mlp",
+                   help="mlp: 12.6M parameters; small-mlp: 0.3M (for smoke tests)")
+    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--num-warmup-batches", type=int, default=5)
+    p.add_argument("--num-batches-per-iter", type=int, default=10)
+    p.add_argument("--num-iters", type=int, default=10)
+    p.add_argument("--threads", type=int, default=1, help="TensorFlow threads per rank")
+    p.add_argument("--fp16-allreduce", action="store_true", help="commlib: fp16 compression")
+    return p.parse_args()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    args = parse_args()
+    if args.backend == "mwms":
+        args.loop = "custom"
+    import commlib
+
+    commlib.init()
+    rank, size = commlib.rank(), commlib.size()
+    if args.backend == "mwms":
+        from commlib.objects import broadcast_object
+
+        ports = broadcast_object([free_port() for _ in range(size)] if rank == 0 else None, 0)
+        os.environ["TF_CONFIG"] = json.dumps({
+            "cluster": {"worker": [f"localhost:{p}" for p in ports]},
+            "task": {"type": "worker", "index": rank}})
+
+    import keras
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy() if args.backend == "mwms" else None
+
+    sizes = [1024, 2048, 2048, 2048, 1000] if args.model == "mlp" else [256, 512, 256, 100]
+
+    def build():
+        layers = [keras.layers.Input((sizes[0],))]
+        layers += [keras.layers.Dense(s, activation="relu") for s in sizes[1:-1]]
+        layers += [keras.layers.Dense(sizes[-1])]
+        return keras.Sequential(layers)
+
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if strategy is None:
+        import commlib.tensorflow.keras as hvd
+
+        model = build()
+        opt = hvd.DistributedOptimizer(
+            keras.optimizers.SGD(0.01),
+            compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none)
+        model.compile(optimizer=opt, loss=loss)
+        callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+        batch = args.batch_size
+    else:
+        with strategy.scope():
+            model = build()
+            model.compile(optimizer=keras.optimizers.SGD(0.01), loss=loss)
+        callbacks = []
+        batch = args.batch_size * size  # MWMS splits the global batch over the workers
+
+    g = np.random.default_rng(rank)
+    x = g.normal(size=(args.batch_size * 4, sizes[0])).astype(np.float32)
+    y = g.integers(0, sizes[-1], size=args.batch_size * 4).astype(np.int32)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch)
+    if strategy is not None:
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = \
+            tf.data.experimental.AutoShardPolicy.OFF
+        data = data.with_options(options)
+
+    times, comm = [], []
+    if rank == 0:
+        print(f"Model: {args.model} ({model.count_params():,} parameters), batch size "
+              f"{args.batch_size} per rank, {size} rank(s), backend {args.backend}, "
+              f"{args.loop} loop", flush=True)
+
+    if args.loop == "fit":
+        class Timer(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                hvd.communication_stats(reset=True)
+                self.start = time.perf_counter()
+
+            def on_epoch_end(self, epoch, logs=None):
+                times.append(time.perf_counter() - self.start)
+                comm.append(hvd.communication_stats()["seconds"])
+
+        model.fit(data, steps_per_epoch=args.num_warmup_batches, epochs=1, verbose=0,
+                  shuffle=False, callbacks=callbacks)  # warm-up: tracing, first allocations
+        model.fit(data, steps_per_epoch=args.num_batches_per_iter, epochs=args.num_iters,
+                  verbose=0, shuffle=False, callbacks=[Timer()])
+    else:
+        # A custom loop (Horovod's tensorflow2_synthetic_benchmark.py); Keras 3's
+        # model.fit does not run under MultiWorkerMirroredStrategy (keras#20585).
+        import commlib.tensorflow as hvd_tf
+
+        def replica_step(xb, yb):
+            with tf.GradientTape() as tape:
+                step_loss = loss(yb, model(xb, training=True))
+                if strategy is not None:  # the optimizer sums over replicas
+                    step_loss = step_loss / strategy.num_replicas_in_sync
+            if strategy is None:
+                tape = hvd_tf.DistributedGradientTape(tape, compression=opt_compression)
+            grads = tape.gradient(step_loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return step_loss
+
+        if strategy is None:
+            opt = keras.optimizers.SGD(0.01)
+            opt_compression = (hvd.Compression.fp16 if args.fp16_allreduce
+                               else hvd.Compression.none)
+            step = tf.function(replica_step)
+            it = iter(data)
+            hvd_tf.broadcast_variables(model.variables, root_rank=0)
+
+            def run(k):
+                for _ in range(k):
+                    out = step(*next(it))
+                return out.numpy()
+        else:
+            with strategy.scope():
+                opt = keras.optimizers.SGD(0.01)
+            it = iter(strategy.experimental_distribute_dataset(data))
+
+            @tf.function
+            def step(batch_):
+                return strategy.run(replica_step, args=batch_)
+
+            def run(k):
+                for _ in range(k):
+                    out = step(next(it))
+                return strategy.experimental_local_results(out)[0].numpy()
+
+        run(args.num_warmup_batches)
+        for _ in range(args.num_iters):
+            if strategy is None:
+                hvd_tf.communication_stats(reset=True)
+            start = time.perf_counter()
+            run(args.num_batches_per_iter)
+            times.append(time.perf_counter() - start)
+            if strategy is None:
+                comm.append(hvd_tf.communication_stats()["seconds"])
+
+    rates = np.array([args.batch_size * args.num_batches_per_iter / t for t in times])
+    step_ms = 1000 * np.mean(times) / args.num_batches_per_iter
+    if strategy is None:
+        share = float(np.sum(comm) / np.sum(times))
+        shares = commlib.allgather(np.array([share], np.float64))
+    if rank == 0:
+        print(f"Img/sec per rank: {rates.mean():.1f} +-{1.96 * rates.std():.1f}, "
+              f"step {step_ms:.1f} ms", flush=True)
+        print(f"Total samples/s on {size} rank(s): {size * rates.mean():.1f} "
+              f"+-{size * 1.96 * rates.std():.1f}", flush=True)
+        if strategy is None:
+            print("Communication share of the step time (per rank): "
+                  + ", ".join(f"{s:.1%}" for s in shares), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Which framework an optimizer object belongs to, decided from its type's
+modules only: importing this (and calling it) never imports TensorFlow or
+Keras, so ``commlib.DistributedOptimizer`` can dispatch cheaply."""
+from __future__ import annotations
+
+
+def _modules(obj) -> list[str]:
+    cls = obj if isinstance(obj, type) else type(obj)
+    return [getattr(c, "__module__", "") or "" for c in cls.__mro__]
+
+
+def is_keras_optimizer(obj) -> bool:
+    """True for Keras optimizers: Keras 3 (``keras.optimizers.*``, any
+    backend; commlib.tensorflow.keras refuses non-TensorFlow backends with a
+    clear error), tf_keras / Keras 2 (``tf.keras.optimizers.legacy``) and
+    ``LossScaleOptimizer``. Accepts an instance or a class."""
+    for mod in _modules(obj):
+        root = mod.split(".", 1)[0]
+        if root in ("keras", "tf_keras") and "optimizer" in mod:
+            return True
+        if mod.startswith("tensorflow.python.keras.optimizer"):
+            return True
+    return False
+
+
+def is_tf_legacy_optimizer(obj) -> bool:
+    """True for TensorFlow 1 style ``tf.compat.v1.train.Optimizer`` instances."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    return (any(mod.startswith("tensorflow.python.training.") for mod in _modules(cls))
+            and any(c.__name__ == "Optimizer" for c in cls.__mro__))
+
+
+def distributed_optimizer(optimizer, *args, **kwargs):
+    """commlib.tensorflow.DistributedOptimizer(optimizer, *args, **kwargs)
+    (Keras or TF1 optimizers), with commlib.tensorflow imported only now.
+
+    Wiring in commlib/__init__.py (this file imports nothing but the standard
+    library, so it can be loaded by file path without importing TensorFlow)::
+
+        if _tf_dispatch.is_keras_optimizer(opt) or _tf_dispatch.is_tf_legacy_optimizer(opt):
+            return _tf_dispatch.distributed_optimizer(opt, *args, **kwargs)
+    """
+    from commlib.tensorflow import DistributedOptimizer
+
+    return DistributedOptimizer(optimizer, *args, **kwargs)

@@ -1,0 +1,88 @@
+"""Variables and Python objects across ranks (Horovod's
+horovod.tensorflow.functions): broadcast_variables, broadcast_object,
+broadcast_object_fn, allgather_object."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import tensorflow as tf
+
+import commlib
+from commlib import frontend_utils as fu
+from commlib import objects as _objects
+
+from . import mpi_ops
+
+_counter = itertools.count()
+
+
+def _broadcast_arrays(arrays, root_rank, base):
+    """Broadcasts numpy arrays together (all started, then all awaited);
+    dtypes the core cannot carry travel as bytes."""
+    handles = []
+    for i, x in enumerate(arrays):
+        raw = mpi_ops._to_bytes(x) if mpi_ops._needs_bytes(x) else x
+        n = None if base is None else f"{base}.{i}"
+        handles.append(commlib.broadcast_async(raw, root_rank, name=n))
+    outs = []
+    for x, h in zip(arrays, handles):
+        o = commlib.synchronize(h)
+        if mpi_ops._needs_bytes(x):
+            o = mpi_ops._from_bytes(o, x.dtype, x.shape[1:], scalar=x.ndim == 0)
+        outs.append(o.reshape(x.shape))
+    return outs
+
+
+def broadcast_variables(variables, root_rank, process_set=None, inplace=False, name=None):
+    """Assigns rank ``root_rank``'s values to ``variables`` (tf.Variable or
+    Keras variables) on every rank. Eagerly it returns None once done; inside
+    tf.function it returns the op that does it."""
+    fu.check_process_set(process_set)
+    mpi_ops._check_root(root_rank)
+    variables = list(variables)
+    if not variables:
+        return None if tf.executing_eagerly() else tf.no_op()
+    values = [tf.convert_to_tensor(v) for v in variables]
+    for t in values:
+        mpi_ops._check_dtype(t.dtype, "broadcast_variables", movable=True)
+    if tf.executing_eagerly():
+        base = name or f"broadcast_variables.{next(_counter)}"
+        outs = _broadcast_arrays([t.numpy() for t in values], root_rank, base)
+        for v, o in zip(variables, outs):
+            v.assign(o)
+        return None
+
+    def fn(cname, *arrays):
+        return _broadcast_arrays(list(arrays), root_rank, cname)
+
+    outs = mpi_ops._execute(fn, values, [t.dtype for t in values], "CommlibBroadcastVariables",
+                            name)
+    assigns = []
+    for v, o, t in zip(variables, outs, values):
+        o.set_shape(t.shape)
+        assigns.append(v.assign(o))
+    return tf.group(*[a for a in assigns if a is not None])
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):
+    """Rank ``root_rank``'s Python object on every rank (pickled; sizes
+    first). Eager only, like Horovod's in TF2."""
+    fu.check_process_set(process_set)
+    return _objects.broadcast_object(obj, root_rank, name=name)
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=None):
+    """A function ``fn(obj)`` that broadcasts ``obj`` from ``root_rank``."""
+    fu.check_process_set(process_set)
+
+    def _bcast(obj):
+        return _objects.broadcast_object(obj, root_rank, name=name)
+
+    return _bcast
+
+
+def allgather_object(obj, session=None, name=None, process_set=None):
+    """The list of every rank's Python object, in rank order."""
+    fu.check_process_set(process_set)
+    return _objects.allgather_object(obj, name=name)

@@ -1,0 +1,165 @@
+"""Averaging gradients across ranks: the shared ``make_allreduce_grads`` (used
+by DistributedGradientTape, the Keras DistributedOptimizer and the TF1
+optimizer wrapper) and ``DistributedGradientTape`` itself::
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(model(x), y)
+    tape = commlib.tensorflow.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, model.trainable_variables)   # averaged over ranks
+
+Dense gradients go out as one grouped allreduce (negotiated together and
+fused by the core), or as one per group when ``groups`` is given;
+IndexedSlices are allgathered (values and indices) unless ``sparse_as_dense``.
+"""
+from __future__ import annotations
+
+import functools
+
+import tensorflow as tf
+
+import commlib
+from commlib import frontend_utils as fu
+from commlib.ops import Average
+
+from . import mpi_ops
+from .compression import Compression
+
+
+def var_key(v):
+    """A stable identity for a variable (a Keras variable and the tf.Variable
+    it wraps share one), for local sources and explicit groups."""
+    inner = getattr(v, "_value", None)
+    if isinstance(inner, tf.Variable):
+        return id(inner)
+    return id(v)
+
+
+def make_allreduce_grads(device_dense='', device_sparse='', compression=Compression.none,
+                         sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0,
+                         groups=None, process_set=None, name="DistributedGradientTape"):
+    """``allreduce_grads(grads, variables) -> grads`` reduced across ranks
+    (None gradients stay None)."""
+    fu.check_process_set(process_set)
+    op = fu.resolve_op(op)
+    pre, post = fu.predivide_scales(op, gradient_predivide_factor)
+
+    def allreduce_grads(grads, variables=None):
+        grads = list(grads)
+        if commlib.size() == 1 and pre * post == 1.0:
+            return [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices)
+                    else g for g in grads]
+        if sparse_as_dense:
+            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                     for g in grads]
+        out = list(grads)
+        dense = [i for i, g in enumerate(grads)
+                 if g is not None and not isinstance(g, tf.IndexedSlices)]
+        sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
+        with tf.name_scope(name + "_Allreduce"):
+            keys = (lambda i: var_key(variables[i])) if variables is not None else (lambda i: i)
+            for group in fu.group_indices(dense, groups, keys, var_key):
+                ts = [tf.convert_to_tensor(grads[i]) for i in group]
+                for t in ts:
+                    mpi_ops._check_dtype(t.dtype, "allreduce of gradients")
+                packed = [compression.compress(t) for t in ts]
+                reduced = mpi_ops._grouped_allreduce_raw([c for c, _ in packed], op, pre, post)
+                for i, r, (_, ctx) in zip(group, reduced, packed):
+                    out[i] = compression.decompress(r, ctx)
+            for i in sparse:
+                if op not in (commlib.Sum, commlib.Average):
+                    raise NotImplementedError("Only Sum and Average ops are supported with "
+                                              "tf.IndexedSlices")
+                out[i] = mpi_ops._allreduce_sparse(grads[i], op, pre * post, None, False)
+        return out
+
+    return allreduce_grads
+
+
+def scale_local(grad, n):
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / tf.cast(n, grad.values.dtype), grad.indices,
+                                grad.dense_shape)
+    return grad / tf.cast(n, grad.dtype)
+
+
+class _DistributedGradientTapeMixin:
+    """Put in front of the wrapped tape's class: gradient() reduces."""
+
+    def register_local_source(self, source):
+        """Gradients of ``source`` stay local (not reduced; divided by size
+        when scale_local_gradients)."""
+        self._commlib_local.add(var_key(source))
+
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        grads = super().gradient(target, sources, output_gradients=output_gradients,
+                                 unconnected_gradients=unconnected_gradients)
+        flat_src = tf.nest.flatten(sources)
+        flat_grads = tf.nest.flatten(grads)
+        local = self._commlib_local
+        shared = [i for i, s in enumerate(flat_src) if var_key(s) not in local]
+        reduced = self._commlib_allreduce([flat_grads[i] for i in shared],
+                                          [flat_src[i] for i in shared])
+        out = list(flat_grads)
+        for i, g in zip(shared, reduced):
+            out[i] = g
+        if local and self._commlib_scale_local:
+            n = commlib.size()
+            for i, s in enumerate(flat_src):
+                if var_key(s) in local:
+                    out[i] = scale_local(out[i], n)
+        return tf.nest.pack_sequence_as(grads, out)
+
+
+@functools.lru_cache(maxsize=None)
+def _tape_class(base):
+    return type(base.__name__, (_DistributedGradientTapeMixin, base), {"__module__": __name__})
+
+
+def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
+                            compression=Compression.none, sparse_as_dense=False, op=Average,
+                            gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                            process_set=None, scale_local_gradients=True):
+    """A tape that shares ``gradtape``'s recording and averages (``op``) the
+    gradients it returns across ranks.
+
+    gradient_predivide_factor f (op Average only) scales by 1/f before the
+    sum and f/size after it; groups (an int, or lists of variables) splits
+    the gradients into that many grouped allreduces; compression
+    (Compression.fp16) halves the bytes sent for float32 gradients.
+    """
+    groups = fu.resolve_groups(num_groups, groups)
+    tape = _tape_class(type(gradtape)).__new__(_tape_class(type(gradtape)))
+    tape.__dict__.update(gradtape.__dict__)
+    if "_recording" in tape.__dict__:
+        tape._recording = False  # the original owns the recording context
+    tape._commlib_allreduce = make_allreduce_grads(device_dense, device_sparse, compression,
+                                                   sparse_as_dense, op, gradient_predivide_factor,
+                                                   groups, process_set)
+    tape._commlib_local = set()
+    tape._commlib_scale_local = scale_local_gradients
+    return tape
+
+
+def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='',
+                                   compression=Compression.none, sparse_as_dense=False,
+                                   op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=None, local_layers=None,
+                                   scale_local_gradients=True):
+    """DistributedGradientTape whose ``local_layers`` (Keras layers) keep
+    their gradients local."""
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    if local_layers is None:
+        local_layers = []
+    elif not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    for layer in local_layers:
+        if not hasattr(layer, "trainable_weights"):
+            raise ValueError("All local layers must be Keras layers")
+        for v in layer.trainable_weights:
+            tape.register_local_source(v)
+    return tape

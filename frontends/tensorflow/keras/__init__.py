@@ -1,0 +1,278 @@
+"""commlib.tensorflow.keras: Horovod's ``horovod.tensorflow.keras`` on commlib,
+for Keras 3 with the TensorFlow backend::
+
+    import keras
+    import commlib.tensorflow.keras as hvd
+
+    hvd.init()
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                               hvd.callbacks.MetricAverageCallback()],
+              verbose=1 if hvd.rank() == 0 else 0)
+
+``DistributedOptimizer`` returns an instance of a subclass of the wrapped
+optimizer's class whose ``apply``/``apply_gradients`` first averages the
+gradients across ranks (one grouped allreduce; inside the compiled train step
+it is a tf.function-safe op). With ``backward_passes_per_step=k`` gradients
+are accumulated locally and reduced and applied every k-th step (the
+optimizer's ``iterations`` still counts every step, as in Horovod).
+
+Models must be compiled with ``jit_compile=False`` when XLA would otherwise be
+used (Keras enables it automatically only on GPUs).
+"""
+from __future__ import annotations
+
+import functools
+
+import keras
+import tensorflow as tf
+
+from commlib import frontend_utils as fu
+from commlib.ops import Average
+
+from .. import (Adasum, CollectiveMismatchError, CommlibError, Compression, Max, Min,  # noqa: F401
+                NotInitializedError, Product, RankLostError, Sum, allgather_object,
+                broadcast_object, broadcast_variables, communication_stats, cross_rank,
+                cross_size, global_process_set,
+                init, is_homogeneous, is_initialized, local_rank, local_size,
+                mpi_threads_supported, rank, shutdown, size)
+from .. import mpi_ops as _ops
+from ..gradient_tape import make_allreduce_grads, scale_local, var_key
+from ..sync_batch_norm import SyncBatchNormalization  # noqa: F401
+from . import callbacks  # noqa: F401
+
+
+def _check_backend():
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        raise ValueError(f"commlib.tensorflow.keras needs the Keras TensorFlow backend, Keras is "
+                         f"using {backend!r}; set KERAS_BACKEND=tensorflow (for PyTorch use "
+                         f"commlib.torch)")
+
+
+class _DistributedOptimizerMixin:
+    """Placed in front of the wrapped optimizer's class in the MRO."""
+
+    def _commlib_setup(self, allreduce_grads, backward_passes_per_step,
+                       average_aggregated_gradients, scale_local_gradients):
+        # object.__setattr__: plain attributes, outside Keras/TF tracking
+        # (the accumulators are tracked as optimizer variables by add_variable).
+        s = functools.partial(object.__setattr__, self)
+        s("_commlib_allreduce", allreduce_grads)
+        s("_commlib_bpps", int(backward_passes_per_step))
+        s("_commlib_avg_agg", bool(average_aggregated_gradients))
+        s("_commlib_scale_local", bool(scale_local_gradients))
+        s("_commlib_local", set())
+        s("_commlib_acc", None)
+        s("_commlib_counter", None)
+
+    def register_local_var(self, var):
+        """Gradients of ``var`` stay local (not reduced; divided by size when
+        scale_local_gradients)."""
+        self._commlib_local.add(var_key(var))
+
+    def build(self, variables):
+        super().build(variables)
+        if getattr(self, "_commlib_bpps", 1) > 1 and self._commlib_acc is None:
+            acc = [self.add_variable_from_reference(v, name="commlib_accumulator")
+                   for v in variables]
+            counter = self.add_variable(shape=(), dtype="int64", initializer="zeros",
+                                        name="commlib_backward_passes")
+            object.__setattr__(self, "_commlib_acc", acc)
+            object.__setattr__(self, "_commlib_counter", counter)
+
+    def _commlib_reduce(self, grads, variables):
+        grads = list(grads)
+        local = self._commlib_local
+        shared = [i for i, v in enumerate(variables) if var_key(v) not in local]
+        reduced = self._commlib_allreduce([grads[i] for i in shared],
+                                          [variables[i] for i in shared])
+        out = list(grads)
+        for i, g in zip(shared, reduced):
+            out[i] = g
+        if local and self._commlib_scale_local:
+            n = size()
+            for i, v in enumerate(variables):
+                if var_key(v) in local:
+                    out[i] = scale_local(out[i], n)
+        return out
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        if not grads:
+            return super().apply(grads, trainable_variables)
+        if trainable_variables is None:
+            if not self.built:
+                return super().apply(grads, None)  # raises Keras' own error
+            variables = list(self._trainable_variables)
+        else:
+            variables = list(trainable_variables)
+        if self._commlib_bpps == 1:
+            return super().apply(self._commlib_reduce(grads, variables), trainable_variables)
+        return self._commlib_accumulate_apply(grads, variables)
+
+    def _commlib_accumulate_apply(self, grads, variables):
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(variables)
+            self.built = True
+        k = self._commlib_bpps
+        acc = [self._commlib_acc[self._get_variable_index(v)] for v in variables]
+        for g, a in zip(grads, acc):
+            if g is not None:
+                self.assign_add(a, g)
+        self._commlib_counter.assign_add(1)
+        is_update = tf.equal(tf.math.floormod(tf.convert_to_tensor(self._commlib_counter), k), 0)
+        parent_apply = super().apply
+        present = [g is not None for g in grads]
+
+        def update():
+            agg = [tf.convert_to_tensor(a) if p else None for a, p in zip(acc, present)]
+            if self._commlib_avg_agg:
+                agg = [None if a is None else a / tf.cast(k, a.dtype) for a in agg]
+            parent_apply(self._commlib_reduce(agg, variables), variables)
+            for a in acc:
+                a.assign(tf.zeros_like(a))
+            return tf.constant(True)
+
+        def skip():
+            self._iterations.assign_add(1)
+            return tf.constant(False)
+
+        if tf.executing_eagerly():
+            update() if bool(is_update) else skip()
+        else:
+            tf.cond(is_update, update, skip)
+
+
+@functools.lru_cache(maxsize=None)
+def _distributed_class(base):
+    # Same name and module as the wrapped class: a saved model records the
+    # plain optimizer (load_model below wraps it again).
+    return type(base.__name__, (_DistributedOptimizerMixin, base),
+                {"__module__": base.__module__, "__qualname__": base.__qualname__})
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
+                         compression=Compression.none, sparse_as_dense=False,
+                         gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=None, scale_local_gradients=True):
+    """A copy of the Keras ``optimizer`` that averages (``op``) gradients across
+    ranks before applying them.
+
+    compression: Compression.fp16 sends float gradients as float16.
+    sparse_as_dense: densify IndexedSlices gradients (embeddings) instead of
+    allgathering their values and indices. gradient_predivide_factor f: scale
+    by 1/f before the sum and f/size after (op Average only).
+    backward_passes_per_step k: accumulate k steps locally, then reduce and
+    apply (summed, or averaged when average_aggregated_gradients).
+    groups: an int or lists of variables, to split the gradients into several
+    grouped allreduces. If ``optimizer`` has been used already its state
+    (slots, iterations) is copied.
+    """
+    _check_backend()
+    if isinstance(optimizer, _DistributedOptimizerMixin):
+        raise ValueError("optimizer is already a commlib DistributedOptimizer")
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"expected a Keras optimizer, got {type(optimizer).__name__}")
+    fu.check_process_set(process_set)
+    op = fu.resolve_op(op)
+    groups = fu.resolve_groups(num_groups, groups)
+    if isinstance(backward_passes_per_step, bool) or int(backward_passes_per_step) < 1:
+        raise ValueError(f"backward_passes_per_step must be a positive integer, got "
+                         f"{backward_passes_per_step!r}")
+    if (keras.mixed_precision.global_policy().name == "mixed_float16"
+            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
+        # compile() would wrap us in a LossScaleOptimizer whose local
+        # overflow check could skip the allreduce on some ranks only; put the
+        # loss scaling inside instead, so every rank sees the same gradients.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    allreduce_grads = make_allreduce_grads(device_dense, device_sparse, compression,
+                                           sparse_as_dense, op, gradient_predivide_factor,
+                                           groups, process_set,
+                                           name=name or f"Distributed{type(optimizer).__name__}")
+    cls = _distributed_class(type(optimizer))
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    new = cls.from_config(config)
+    new._commlib_setup(allreduce_grads, backward_passes_per_step, average_aggregated_gradients,
+                       scale_local_gradients)
+    if getattr(optimizer, "built", False):
+        _copy_state(optimizer, new)
+    return new
+
+
+def _copy_state(old, new):
+    variables = list(getattr(old, "_trainable_variables", []))
+    with keras.name_scope(new.name, caller=new):
+        new.build(variables)
+    new.built = True
+    for nv, ov in zip(new.variables, old.variables):
+        if tuple(nv.shape) == tuple(ov.shape):
+            nv.assign(ov)
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
+                                compression=Compression.none, sparse_as_dense=False,
+                                gradient_predivide_factor=1.0, op=Average,
+                                backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=None, local_layers=None,
+                                scale_local_gradients=True):
+    """DistributedOptimizer whose ``local_layers`` keep their gradients local."""
+    opt = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
+                               sparse_as_dense, gradient_predivide_factor, op,
+                               backward_passes_per_step, average_aggregated_gradients,
+                               groups=groups, process_set=process_set,
+                               scale_local_gradients=scale_local_gradients)
+    if local_layers is None:
+        local_layers = []
+    elif not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    for layer in local_layers:
+        for v in layer.trainable_weights:
+            opt.register_local_var(v)
+    return opt
+
+
+def broadcast_global_variables(root_rank):
+    """Not available in TF2/Keras 3 (as in Horovod under eager execution)."""
+    raise RuntimeError("broadcast_global_variables() does not support eager execution. Use "
+                       "broadcast_variables(model.variables, root_rank) or "
+                       "callbacks.BroadcastGlobalVariablesCallback(root_rank) instead.")
+
+
+def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
+              op=None, compression=Compression.none):
+    """The reduction (default Average) of a tensor-compatible value across ranks."""
+    return _ops.allreduce(tf.convert_to_tensor(value), average=average, name=name, op=op,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                          compression=compression)
+
+
+def allgather(value, name=None):
+    return _ops.allgather(tf.convert_to_tensor(value), name=name)
+
+
+def broadcast(value, root_rank, name=None):
+    return _ops.broadcast(tf.convert_to_tensor(value), root_rank, name=name)
+
+
+def reducescatter(value, name=None, op=Average):
+    return _ops.reducescatter(tf.convert_to_tensor(value), name=name, op=op)
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None,
+               compression=Compression.none):
+    """keras.models.load_model, with the model's optimizer (and its restored
+    state) wrapped in DistributedOptimizer."""
+    objects = dict(custom_objects or {})
+    for cls in custom_optimizers or []:
+        objects.setdefault(cls.__name__, cls)
+    model = keras.models.load_model(filepath, custom_objects=objects or None)
+    opt = getattr(model, "optimizer", None)
+    if opt is not None and not isinstance(opt, _DistributedOptimizerMixin):
+        model.optimizer = DistributedOptimizer(opt, compression=compression)
+    return model

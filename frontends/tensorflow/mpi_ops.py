@@ -1,0 +1,691 @@
+"""Collectives on tf.Tensor / tf.Variable, eagerly and inside tf.function.
+
+Eagerly, a collective converts its input to numpy, calls commlib's numpy API
+and converts back; commlib's exceptions (CollectiveMismatchError, TypeError,
+...) reach the caller unchanged.
+
+Inside tf.function each collective becomes one ``tf.numpy_function`` op
+(stateful, so it always runs, even when its result is unused) whose output
+dtype and static shape are set at trace time (allgather/alltoall: dimension 0
+unknown). Two rules keep ranks in step:
+
+* names are fixed at trace time and derived from the graph only: the traced
+  function's name, the op's name scope and a per-graph counter, so every
+  execution of a traced graph uses the same names on every rank, and a
+  retrace (e.g. for another batch shape on one rank only) reproduces them;
+* within one graph, every commlib op gets a control dependency on the
+  previous one, so they execute in program order even with many inter-op
+  threads (TF's automatic control dependencies already order stateful ops;
+  this makes it explicit).
+
+In graph mode an error raised inside a collective surfaces as a
+``tf.errors.OpError`` (UnknownError for CommlibError, InvalidArgumentError for
+ValueError/TypeError) whose message names the commlib exception; bad dtypes
+are refused with TypeError at trace time, before anything is sent.
+
+Gradients (``tf.custom_gradient``) are the adjoints of the collectives, i.e.
+gradients of the sum over ranks of each rank's loss: allreduce -> allreduce of
+the upstream gradient with the same op and scale factors (Min/Max: routed to
+the rank(s) holding the extreme); allgather -> this rank's rows of the summed
+upstream gradient; broadcast -> the summed upstream gradient on the root,
+zeros elsewhere (Horovod's original definition; recent Horovod averages
+instead of summing for allgather and broadcast: set _GRAD_GATHER_OP below);
+alltoall -> alltoall back with the received splits; reducescatter ->
+allgather of the upstream gradient (divided by size for Average).
+
+XLA-compiled functions (jit_compile=True) cannot contain these ops; they are
+refused with a clear error at trace time.
+"""
+from __future__ import annotations
+
+import re
+import time
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+import commlib
+from commlib import frontend_utils as fu
+from commlib.ops import Average, Max, Min, Product, Sum
+
+from .compression import Compression
+
+Adasum = fu.Adasum
+global_process_set = fu.global_process_set
+
+# AutoGraph must not rewrite commlib's own Python (it would recurse into the
+# numpy-level calls and run converted code at every step), as it already
+# leaves tensorflow and keras alone.
+try:
+    from tensorflow.python.autograph.core import config as _ag_config
+
+    if not any(getattr(rule, "_prefix", None) == "commlib" for rule in _ag_config.CONVERSION_RULES):
+        _ag_config.CONVERSION_RULES = ((_ag_config.DoNotConvert("commlib"),) +
+                                       tuple(_ag_config.CONVERSION_RULES))
+except Exception:  # pragma: no cover - internal API moved; do_not_convert below still applies
+    pass
+
+# How allgather and broadcast reduce upstream gradients across ranks (see above).
+_GRAD_GATHER_OP = Sum
+
+# dtypes the core reduces and moves
+_SUPPORTED = (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
+              tf.float64, tf.bool)
+# fixed-size dtypes the core cannot reduce but data-movement collectives
+# (broadcast, allgather, alltoall) can carry as raw bytes
+_AS_BYTES = (tf.int16, tf.uint16, tf.uint32, tf.uint64, tf.complex64, tf.complex128)
+
+
+def _check_dtype(dtype, what: str, movable: bool = False) -> None:
+    if dtype in _SUPPORTED or (movable and dtype in _AS_BYTES):
+        return
+    kinds = ", ".join(d.name for d in _SUPPORTED + (_AS_BYTES if movable else ()))
+    raise TypeError(f"commlib.tensorflow.{what}: unsupported dtype {dtype.name}; "
+                    f"supported: {kinds}")
+
+
+def _as_tensor(value):
+    return tf.convert_to_tensor(value)
+
+
+# ------------------------------------------------------------ numpy helpers
+
+def _to_bytes(arr: np.ndarray) -> np.ndarray:
+    """A rows-preserving uint8 view (dimension 0 kept, the rest as bytes)."""
+    arr = np.ascontiguousarray(arr)
+    rows = arr.shape[0] if arr.ndim else 1
+    rest = int(np.prod(arr.shape[1:], dtype=np.int64)) if arr.ndim else 1
+    return arr.reshape(rows, rest).view(np.uint8)
+
+
+def _from_bytes(buf: np.ndarray, dtype, tail: tuple, scalar: bool = False) -> np.ndarray:
+    out = np.ascontiguousarray(buf).view(dtype)
+    return out.reshape(()) if scalar else out.reshape((buf.shape[0],) + tuple(tail))
+
+
+def _needs_bytes(arr: np.ndarray) -> bool:
+    return arr.dtype.name not in commlib_dtypes()
+
+
+_DTYPE_NAMES = None
+
+
+def commlib_dtypes():
+    global _DTYPE_NAMES
+    if _DTYPE_NAMES is None:
+        from commlib.dtypes import SUPPORTED
+        _DTYPE_NAMES = frozenset(SUPPORTED)
+    return _DTYPE_NAMES
+
+
+# ------------------------------------------------------------ graph state, names
+
+class _GraphState:
+    __slots__ = ("last_op", "names")
+
+    def __init__(self):
+        self.last_op = None
+        self.names: dict[str, int] = {}
+
+
+_graphs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_NAME_OK = re.compile(r"[^A-Za-z0-9_.\-/]")
+
+
+def _graph_label(graph) -> str:
+    # FuncGraph names are the traced Python function's name, possibly with a
+    # numeric uid suffix (branch/body graphs); drop it, it is not stable.
+    return re.sub(r"(_\d+)+$", "", getattr(graph, "name", "") or "graph") or "graph"
+
+
+def _graph_name(graph, state: _GraphState, default: str, name, ignore_name_scope: bool) -> str:
+    base = _NAME_OK.sub("_", name) if name else default
+    scope = "" if ignore_name_scope else graph.get_name_scope()
+    full = f"{scope}/{base}" if scope else base
+    n = state.names.get(full, 0)
+    state.names[full] = n + 1
+    unique = full if n == 0 else f"{full}_{n}"
+    return f"{_graph_label(graph)}/{unique}"
+
+
+def _check_not_xla(graph) -> None:
+    try:
+        from tensorflow.python.ops import control_flow_util
+        in_xla = control_flow_util.GraphOrParentsInXlaContext(graph)
+    except Exception:  # pragma: no cover - internal API moved
+        in_xla = False
+    if in_xla:
+        raise RuntimeError("commlib.tensorflow collectives cannot run inside an XLA-compiled "
+                           "function (jit_compile=True); compile the Keras model with "
+                           "jit_compile=False or drop jit_compile from tf.function")
+
+
+# Wall time spent inside collectives (waiting for other ranks included), for
+# measuring the communication share of a training step.
+_comm = {"seconds": 0.0, "calls": 0}
+
+
+def communication_stats(reset=False) -> dict:
+    """{"seconds", "calls"}: time this process spent in commlib.tensorflow
+    collectives (from submission to result, waiting for other ranks
+    included) since the start or the last reset."""
+    out = dict(_comm)
+    if reset:
+        _comm["seconds"], _comm["calls"] = 0.0, 0
+    return out
+
+
+def _timed(fn, cname, arrays):
+    t0 = time.perf_counter()
+    try:
+        return list(fn(cname, *arrays))
+    finally:
+        _comm["seconds"] += time.perf_counter() - t0
+        _comm["calls"] += 1
+
+
+def _execute(fn, inputs, touts, default_name: str, name=None, ignore_name_scope=False):
+    """Runs ``fn(collective_name, *numpy_inputs) -> list of numpy outputs``
+    eagerly, or as one ordered numpy_function op inside a graph."""
+    if tf.executing_eagerly():
+        outs = _timed(fn, name, [x.numpy() for x in inputs])
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
+    graph = tf.compat.v1.get_default_graph()
+    _check_not_xla(graph)
+    state = _graphs.get(graph)
+    if state is None:
+        state = _graphs[graph] = _GraphState()
+    cname = _graph_name(graph, state, default_name, name, ignore_name_scope)
+
+    @tf.autograph.experimental.do_not_convert
+    def body(*arrays):
+        return _timed(fn, cname, arrays)
+
+    deps = [state.last_op] if state.last_op is not None else []
+    with tf.control_dependencies(deps):
+        outs = tf.numpy_function(body, list(inputs), list(touts), stateful=True,
+                                 name=default_name)
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    state.last_op = outs[0].op
+    return outs
+
+
+# ------------------------------------------------------------ raw collectives (no gradient)
+
+def _allreduce_raw(t, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False):
+    def fn(cname, x):
+        return [commlib.allreduce(x, name=cname, op=op, prescale_factor=pre,
+                                  postscale_factor=post).reshape(x.shape)]
+
+    (y,) = _execute(fn, [t], [t.dtype], "CommlibAllreduce", name, ignore_name_scope)
+    y.set_shape(t.shape)
+    return y
+
+
+def _grouped_allreduce_raw(ts, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False):
+    def fn(cname, *xs):
+        outs = commlib.grouped_allreduce(list(xs), name=cname, op=op, prescale_factor=pre,
+                                         postscale_factor=post)
+        return [o.reshape(x.shape) for o, x in zip(outs, xs)]
+
+    ys = _execute(fn, ts, [t.dtype for t in ts], "CommlibGroupedAllreduce", name,
+                  ignore_name_scope)
+    for y, t in zip(ys, ts):
+        y.set_shape(t.shape)
+    return ys
+
+
+def _allgather_np(x, cname):
+    if _needs_bytes(x):
+        return _from_bytes(commlib.allgather(_to_bytes(x), name=cname), x.dtype, x.shape[1:])
+    return commlib.allgather(x, name=cname)
+
+
+def _allgather_raw(t, name=None, ignore_name_scope=False):
+    if t.shape.rank == 0:
+        raise ValueError("allgather needs a tensor with at least one dimension")
+
+    def fn(cname, x):
+        return [_allgather_np(x, cname)]
+
+    (y,) = _execute(fn, [t], [t.dtype], "CommlibAllgather", name, ignore_name_scope)
+    if t.shape.rank is not None:
+        y.set_shape([None] + t.shape.as_list()[1:])
+    return y
+
+
+def _grouped_allgather_raw(ts, name=None, ignore_name_scope=False):
+    def fn(cname, *xs):
+        base = cname
+        handles = []
+        for i, x in enumerate(xs):
+            n = None if base is None else f"{base}.{i}"
+            xb = _to_bytes(x) if _needs_bytes(x) else x
+            handles.append(commlib.allgather_async(xb, name=n))
+        outs = [commlib.synchronize(h) for h in handles]
+        return [_from_bytes(o, x.dtype, x.shape[1:]) if _needs_bytes(x) else o
+                for o, x in zip(outs, xs)]
+
+    ys = _execute(fn, ts, [t.dtype for t in ts], "CommlibGroupedAllgather", name,
+                  ignore_name_scope)
+    for y, t in zip(ys, ts):
+        if t.shape.rank is not None:
+            y.set_shape([None] + t.shape.as_list()[1:])
+    return ys
+
+
+def _broadcast_np(x, root_rank, cname):
+    if _needs_bytes(x):
+        out = commlib.broadcast(_to_bytes(x), root_rank, name=cname)
+        return _from_bytes(out, x.dtype, x.shape[1:], scalar=x.ndim == 0)
+    return commlib.broadcast(x, root_rank, name=cname).reshape(x.shape)
+
+
+def _broadcast_raw(t, root_rank, name=None, ignore_name_scope=False):
+    def fn(cname, x):
+        return [_broadcast_np(x, root_rank, cname)]
+
+    (y,) = _execute(fn, [t], [t.dtype], "CommlibBroadcast", name, ignore_name_scope)
+    y.set_shape(t.shape)
+    return y
+
+
+def _alltoall_raw(t, splits, name=None, ignore_name_scope=False):
+    """(output, received_splits as int32)."""
+    if t.shape.rank == 0:
+        raise ValueError("alltoall needs a tensor with at least one dimension")
+    inputs = [t]
+    if splits is not None:
+        inputs.append(tf.cast(tf.convert_to_tensor(splits), tf.int64))
+
+    def fn(cname, x, *maybe_splits):
+        raw = _to_bytes(x) if _needs_bytes(x) else x
+        if maybe_splits:
+            send = maybe_splits[0]
+        else:  # equal parts, sent as explicit splits so the received ones come back
+            n = commlib.size()
+            if raw.shape[0] % n:
+                raise ValueError(f"alltoall without splits needs dimension 0 ({raw.shape[0]}) "
+                                 f"divisible by the number of ranks ({n})")
+            send = np.full(n, raw.shape[0] // n, dtype=np.int64)
+        out, rsplits = commlib.alltoall(raw, splits=send, name=cname)
+        if raw is not x:
+            out = _from_bytes(out, x.dtype, x.shape[1:])
+        return [out, np.asarray(rsplits, dtype=np.int32)]
+
+    out, rsplits = _execute(fn, inputs, [t.dtype, tf.int32], "CommlibAlltoall", name,
+                            ignore_name_scope)
+    if t.shape.rank is not None:
+        out.set_shape([None] + t.shape.as_list()[1:])
+    rsplits.set_shape([commlib.size()])
+    return out, rsplits
+
+
+def _reducescatter_raw(t, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False):
+    if t.shape.rank == 0:
+        raise ValueError("reducescatter needs a tensor with at least one dimension")
+
+    def fn(cname, x):
+        return [commlib.reducescatter(x, op=op, name=cname, prescale_factor=pre,
+                                      postscale_factor=post)]
+
+    (y,) = _execute(fn, [t], [t.dtype], "CommlibReducescatter", name, ignore_name_scope)
+    if t.shape.rank is not None:
+        dims = t.shape.as_list()
+        if dims[0] is not None:
+            n, me = commlib.size(), commlib.rank()
+            dims[0] = dims[0] // n + (1 if me < dims[0] % n else 0)
+        y.set_shape(dims)
+    return y
+
+
+def _barrier_raw():
+    def fn(_cname):
+        commlib.barrier()
+        return [np.zeros((), dtype=np.int32)]
+
+    (y,) = _execute(fn, [], [tf.int32], "CommlibBarrier")
+    return y
+
+
+# ------------------------------------------------------------ differentiable ops
+
+def _dense(g):
+    return tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+
+
+def _allreduce_grad(x, y, dy, op, pre, post, ignore_name_scope):
+    dy = _dense(dy)
+    if op in (Sum, Average):
+        return _allreduce_raw(dy, op, pre, post, ignore_name_scope=ignore_name_scope)
+    if op in (Min, Max):
+        # the rank(s) holding the extreme get the summed gradient (split among ties)
+        scale = tf.cast(pre * post, dy.dtype)
+        hit = tf.cast(tf.equal(x * scale, y), dy.dtype)
+        ties = _allreduce_raw(hit, Sum, ignore_name_scope=ignore_name_scope)
+        total = _allreduce_raw(dy, Sum, ignore_name_scope=ignore_name_scope)
+        return total * hit * scale / tf.maximum(ties, tf.ones_like(ties))
+    raise NotImplementedError("the gradient of a Product allreduce is not implemented")
+
+
+def _differentiable(t) -> bool:
+    return t.dtype.is_floating or t.dtype.is_complex
+
+
+def _allreduce_op(t, op, pre, post, name, ignore_name_scope):
+    if not _differentiable(t):
+        return _allreduce_raw(t, op, pre, post, name, ignore_name_scope)
+
+    @tf.custom_gradient
+    def f(x):
+        y = _allreduce_raw(x, op, pre, post, name, ignore_name_scope)
+        return y, lambda dy: _allreduce_grad(x, y, dy, op, pre, post, ignore_name_scope)
+
+    return f(t)
+
+
+def _grouped_allreduce_op(ts, op, pre, post, name, ignore_name_scope):
+    if not all(_differentiable(t) for t in ts) or op not in (Sum, Average):
+        return _grouped_allreduce_raw(ts, op, pre, post, name, ignore_name_scope)
+
+    @tf.custom_gradient
+    def f(*xs):
+        ys = _grouped_allreduce_raw(list(xs), op, pre, post, name, ignore_name_scope)
+
+        def grad(*dys):
+            dys = [tf.zeros_like(x) if d is None else tf.cast(_dense(d), x.dtype)
+                   for d, x in zip(dys, xs)]
+            return _grouped_allreduce_raw(dys, op, pre, post, ignore_name_scope=ignore_name_scope)
+
+        return ys, grad
+
+    return list(f(*ts))
+
+
+def _allgather_grad(x, dy, ignore_name_scope):
+    total = _allreduce_raw(_dense(dy), _GRAD_GATHER_OP, ignore_name_scope=ignore_name_scope)
+    sizes = _allgather_raw(tf.shape(x, out_type=tf.int64)[:1], ignore_name_scope=ignore_name_scope)
+    me = commlib.rank()
+    offset = tf.reduce_sum(sizes[:me])
+    ndim = tf.rank(x)
+    begin = tf.concat([[offset], tf.zeros([ndim - 1], tf.int64)], 0)
+    size = tf.concat([sizes[me:me + 1], -tf.ones([ndim - 1], tf.int64)], 0)
+    return tf.reshape(tf.slice(total, begin, size), tf.shape(x))
+
+
+def _allgather_op(t, name, ignore_name_scope):
+    if not _differentiable(t):
+        return _allgather_raw(t, name, ignore_name_scope)
+
+    @tf.custom_gradient
+    def f(x):
+        y = _allgather_raw(x, name, ignore_name_scope)
+        return y, lambda dy: _allgather_grad(x, dy, ignore_name_scope)
+
+    return f(t)
+
+
+def _broadcast_op(t, root_rank, name, ignore_name_scope):
+    if not _differentiable(t):
+        return _broadcast_raw(t, root_rank, name, ignore_name_scope)
+    is_root = commlib.rank() == root_rank
+
+    @tf.custom_gradient
+    def f(x):
+        y = _broadcast_raw(x, root_rank, name, ignore_name_scope)
+
+        def grad(dy):
+            total = _allreduce_raw(_dense(dy), _GRAD_GATHER_OP,
+                                   ignore_name_scope=ignore_name_scope)
+            return total if is_root else tf.zeros_like(total)
+
+        return y, grad
+
+    return f(t)
+
+
+def _alltoall_op(t, splits, name, ignore_name_scope):
+    if not _differentiable(t):
+        return _alltoall_raw(t, splits, name, ignore_name_scope)
+    rsplits_box = []
+
+    @tf.custom_gradient
+    def f(x):
+        out, rsplits = _alltoall_raw(x, splits, name, ignore_name_scope)
+        rsplits_box.append(rsplits)
+
+        def grad(dy):
+            back, _ = _alltoall_raw(_dense(dy), rsplits, ignore_name_scope=ignore_name_scope)
+            return tf.reshape(back, tf.shape(x))
+
+        return out, grad
+
+    out = f(t)
+    return out, rsplits_box[0]
+
+
+def _reducescatter_op(t, op, pre, post, name, ignore_name_scope):
+    if not _differentiable(t) or op not in (Sum, Average):
+        return _reducescatter_raw(t, op, pre, post, name, ignore_name_scope)
+
+    @tf.custom_gradient
+    def f(x):
+        y = _reducescatter_raw(x, op, pre, post, name, ignore_name_scope)
+
+        def grad(dy):
+            g = _allgather_raw(_dense(dy), ignore_name_scope=ignore_name_scope)
+            scale = pre * post / (commlib.size() if op == Average else 1)
+            g = g * tf.cast(scale, g.dtype) if scale != 1.0 else g
+            return tf.reshape(g, tf.shape(x))
+
+        return y, grad
+
+    return f(t)
+
+
+# ------------------------------------------------------------ public API (Horovod's)
+
+def allreduce(tensor, average=None, device_dense='', device_sparse='',
+              compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, name=None, process_set=None, ignore_name_scope=False):
+    """Reduces ``tensor`` (tf.Tensor, tf.Variable or tf.IndexedSlices) over all
+    ranks; ``op`` Average (default), Sum, Min, Max or Product. IndexedSlices
+    are allgathered (values and indices) instead, as in Horovod. The result
+    has the input's shape and dtype (integer Average truncates toward zero)."""
+    fu.check_process_set(process_set)
+    op = fu.resolve_op(op, average)
+    if isinstance(tensor, tf.IndexedSlices):
+        if op not in (Sum, Average):
+            raise NotImplementedError("Only Sum and Average ops are supported with "
+                                      "tf.IndexedSlices")
+        return _allreduce_sparse(tensor, op, prescale_factor * postscale_factor, name,
+                                 ignore_name_scope)
+    t = _as_tensor(tensor)
+    _check_dtype(t.dtype, "allreduce")
+    with tf.device(device_dense) if device_dense else _nullcontext():
+        c, ctx = compression.compress(t)
+        r = _allreduce_op(c, op, prescale_factor, postscale_factor, name, ignore_name_scope)
+        return compression.decompress(r, ctx)
+
+
+def _allreduce_sparse(s, op, scale, name, ignore_name_scope):
+    _check_dtype(s.values.dtype, "allreduce")
+    vname = None if name is None else f"{name}.values"
+    iname = None if name is None else f"{name}.indices"
+    values = allgather(s.values, name=vname, ignore_name_scope=ignore_name_scope)
+    indices = allgather(s.indices, name=iname, ignore_name_scope=ignore_name_scope)
+    if op == Average:
+        scale = scale / commlib.size()
+    if scale != 1.0:
+        values = values * tf.cast(scale, values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=s.dense_shape)
+
+
+def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
+                      compression=Compression.none, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=None, ignore_name_scope=False,
+                      name=None):
+    """Reduces a list of tensors as one unit (negotiated together and fused);
+    IndexedSlices in the list are allgathered. Returns the list of results."""
+    fu.check_process_set(process_set)
+    if not tensors:
+        return tensors
+    op = fu.resolve_op(op, average)
+    out = [None] * len(tensors)
+    dense_idx = []
+    for i, t in enumerate(tensors):
+        if isinstance(t, tf.IndexedSlices):
+            if op not in (Sum, Average):
+                raise NotImplementedError("Only Sum and Average ops are supported with "
+                                          "tf.IndexedSlices")
+            sname = None if name is None else f"{name}.sparse{i}"
+            out[i] = _allreduce_sparse(t, op, prescale_factor * postscale_factor, sname,
+                                       ignore_name_scope)
+        else:
+            dense_idx.append(i)
+    if dense_idx:
+        ts = [_as_tensor(tensors[i]) for i in dense_idx]
+        for t in ts:
+            _check_dtype(t.dtype, "grouped_allreduce")
+        packed = [compression.compress(t) for t in ts]
+        reduced = _grouped_allreduce_op([c for c, _ in packed], op, prescale_factor,
+                                        postscale_factor, name, ignore_name_scope)
+        for i, r, (_, ctx) in zip(dense_idx, reduced, packed):
+            out[i] = compression.decompress(r, ctx)
+    return out
+
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
+    """Concatenates every rank's ``tensor`` along dimension 0 (whose size may
+    differ across ranks; the other dimensions must agree)."""
+    fu.check_process_set(process_set)
+    t = _as_tensor(tensor)
+    _check_dtype(t.dtype, "allgather", movable=True)
+    return _allgather_op(t, name, ignore_name_scope)
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=None):
+    """Allgathers a list of tensors with one op (started together)."""
+    fu.check_process_set(process_set)
+    if not tensors:
+        return tensors
+    ts = [_as_tensor(t) for t in tensors]
+    for t in ts:
+        _check_dtype(t.dtype, "grouped_allgather", movable=True)
+        if t.shape.rank == 0:
+            raise ValueError("allgather needs tensors with at least one dimension")
+    if not any(_differentiable(t) for t in ts):
+        return _grouped_allgather_raw(ts, name, ignore_name_scope)
+    return [allgather(t, name=None if name is None else f"{name}.{i}",
+                      ignore_name_scope=ignore_name_scope) for i, t in enumerate(ts)]
+
+
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None):
+    """Rank ``root_rank``'s ``tensor`` on every rank."""
+    fu.check_process_set(process_set)
+    _check_root(root_rank)
+    t = _as_tensor(tensor)
+    _check_dtype(t.dtype, "broadcast", movable=True)
+    return _broadcast_op(t, root_rank, name, ignore_name_scope)
+
+
+def broadcast_(variables, root_rank, name=None, process_set=None):
+    """In-place broadcast of ``variables`` (a variable or a list) from
+    ``root_rank``; returns their new values."""
+    from .functions import broadcast_variables
+
+    single = not isinstance(variables, (list, tuple))
+    vs = [variables] if single else list(variables)
+    op = broadcast_variables(vs, root_rank, process_set=process_set, name=name)
+    if tf.executing_eagerly():
+        values = [tf.convert_to_tensor(v) for v in vs]
+    else:
+        with tf.control_dependencies([op]):
+            values = [tf.identity(v) for v in vs]
+    return values[0] if single else values
+
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=None):
+    """Sends rows ``splits[i]`` of dimension 0 to rank i (equal parts when
+    splits is None) and returns the rows received, in rank order; with
+    ``splits``, returns ``(output, received_splits)`` as Horovod does."""
+    fu.check_process_set(process_set)
+    t = _as_tensor(tensor)
+    _check_dtype(t.dtype, "alltoall", movable=True)
+    out, rsplits = _alltoall_op(t, splits, name, ignore_name_scope)
+    return (out, rsplits) if splits is not None else out
+
+
+def reducescatter(tensor, device_dense='', compression=Compression.none, op=Average,
+                  name=None, process_set=None, ignore_name_scope=False, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """Reduces ``tensor`` over all ranks and leaves on each rank its part of
+    dimension 0 (lower ranks get the extra rows)."""
+    fu.check_process_set(process_set)
+    op = fu.resolve_op(op)
+    t = _as_tensor(tensor)
+    _check_dtype(t.dtype, "reducescatter")
+    c, ctx = compression.compress(t)
+    r = _reducescatter_op(c, op, prescale_factor, postscale_factor, name, ignore_name_scope)
+    return compression.decompress(r, ctx)
+
+
+def grouped_reducescatter(tensors, device_dense='', compression=Compression.none, op=Average,
+                          process_set=None, prescale_factor=1.0, postscale_factor=1.0):
+    return [reducescatter(t, device_dense, compression, op, process_set=process_set,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+            for t in tensors]
+
+
+def barrier(process_set=None):
+    """Returns once every rank has reached it (eagerly: when called; in a
+    graph: when the returned op runs)."""
+    fu.check_process_set(process_set)
+    if tf.executing_eagerly():
+        commlib.barrier()
+        return None
+    return _barrier_raw().op
+
+
+def join():
+    raise NotImplementedError("join() is not supported: commlib's core has no join operation "
+                              "yet; give every rank the same number of batches")
+
+
+def _check_root(root_rank) -> None:
+    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
+        raise TypeError(f"root_rank must be an int, got {type(root_rank).__name__}")
+    n = commlib.size()
+    if not 0 <= root_rank < n:
+        raise ValueError(f"root_rank {root_rank} is outside the job (ranks 0..{n - 1})")
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+# ------------------------------------------------------------ topology as ops
+
+def size_op(process_set_id=0, name=None):
+    return tf.constant(commlib.size(), dtype=tf.int32, name=name)
+
+
+def local_size_op(name=None):
+    return tf.constant(commlib.local_size(), dtype=tf.int32, name=name)
+
+
+def rank_op(name=None):
+    return tf.constant(commlib.rank(), dtype=tf.int32, name=name)
+
+
+def local_rank_op(name=None):
+    return tf.constant(commlib.local_rank(), dtype=tf.int32, name=name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    return tf.constant(1 if process_set_id == 0 else 0, dtype=tf.int32, name=name)

@@ -1,0 +1,54 @@
+"""commlib.torch: the PyTorch frontend, a drop-in for ``horovod.torch``.
+
+    import commlib.torch as hvd          # instead of: import horovod.torch as hvd
+    hvd.init()
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    ...
+
+Launch with ``commlibrun -np 4 python train.py`` (or mpirun). CPU tensors
+only for now. Not provided (yet): process sets other than the global one
+(add_process_set/remove_process_set/ProcessSet), Adasum, elastic training
+(commlib.torch.elastic), timelines (start_timeline/stop_timeline).
+"""
+from .compression import Compression
+from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                        broadcast_parameters)
+from .mpi_ops import (Adasum, Average, CommlibError, Handle, Max, Min, Product, Sum,
+                      allgather, allgather_async, allreduce, allreduce_, allreduce_async,
+                      allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
+                      broadcast_async, broadcast_async_, ccl_built, cross_rank, cross_size,
+                      cuda_built, ddl_built, global_process_set, gloo_built, gloo_enabled,
+                      grouped_allgather, grouped_allgather_async, grouped_allreduce,
+                      grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
+                      grouped_reducescatter, grouped_reducescatter_async, init, is_homogeneous,
+                      is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
+                      mpi_threads_supported, nccl_built, poll, rank, reducescatter,
+                      reducescatter_async, rocm_built, shutdown, size, sparse_allreduce_async,
+                      start_timeline, stop_timeline, synchronize)
+from .optimizer import DistributedOptimizer
+from .sync_batch_norm import SyncBatchNorm
+from commlib.errors import CollectiveMismatchError, NotInitializedError, RankLostError
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
+    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
+    "cuda_built", "rocm_built",
+    "Sum", "Average", "Min", "Max", "Product", "Adasum", "global_process_set",
+    "Handle", "poll", "synchronize",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",
+    "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "barrier", "join",
+    "sparse_allreduce_async", "start_timeline", "stop_timeline",
+    "Compression", "DistributedOptimizer", "SyncBatchNorm",
+    "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
+    "CommlibError", "CollectiveMismatchError", "NotInitializedError", "RankLostError",
+]

@@ -1,0 +1,173 @@
+"""Model-level helpers: broadcast parameters, optimizer state and arbitrary
+Python objects from one rank to all, gather objects from all ranks."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import torch
+
+try:  # cloudpickle also serialises lambdas and locally defined classes
+    import cloudpickle as _pickle
+except ImportError:  # pragma: no cover - depends on the install
+    import pickle as _pickle
+
+from .mpi_ops import (_SUPPORTED, _as_array, _check_process_set, allgather, broadcast_,
+                      broadcast_async_, global_process_set, rank, size, synchronize)
+
+
+def broadcast_parameters(params, root_rank, prefix=None):
+    """Copies parameters (or any tensors) of rank ``root_rank`` into the same
+    tensors on every other rank, in place. Typical use::
+
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    ``params`` is a dict of name -> tensor (``state_dict()``), or a list of
+    tensors or of (name, tensor) pairs (``list(model.named_parameters())``);
+    any other iterable of those is accepted too. Every rank must pass the same
+    names, shapes and dtypes. ``prefix`` is prepended to the collective names
+    (Horovod accepts it too)."""
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, torch.Tensor):
+        raise ValueError("broadcast_parameters takes a dict or list of tensors, not one tensor; "
+                         "use broadcast_ for a single tensor")
+    else:
+        try:
+            items = list(params)
+        except TypeError:
+            raise ValueError(f"invalid params of type: {type(params)}") from None
+        items = [p if isinstance(p, tuple) else (None, p) for p in items]
+    handles = []
+    for name, p in items:
+        if name is not None and prefix is not None:
+            name = f"{prefix}.{name}"
+        handles.append(broadcast_async_(p, root_rank, name))
+    first_error = None
+    for h in handles:
+        try:
+            synchronize(h)
+        except Exception as e:  # noqa: BLE001 - wait for all, then raise the first
+            first_error = first_error or e
+    if first_error is not None:
+        raise first_error
+
+
+class _TensorSlot:
+    """Stands for a tensor in a broadcast state_dict skeleton."""
+
+    __slots__ = ("index", "shape", "dtype")
+
+    def __init__(self, index, shape, dtype):
+        self.index, self.shape, self.dtype = index, shape, dtype
+
+
+def _strip_tensors(obj, tensors: list):
+    """obj with every movable tensor replaced by a _TensorSlot (appended to
+    ``tensors``); other values are kept for pickling."""
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type == "cpu" and obj.layout == torch.strided and obj.dtype in _SUPPORTED:
+            tensors.append(obj.detach().contiguous())
+            return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype)
+        return obj
+    if isinstance(obj, dict):
+        return type(obj)((k, _strip_tensors(v, tensors)) for k, v in obj.items())
+    if isinstance(obj, list):
+        return [_strip_tensors(v, tensors) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_strip_tensors(v, tensors) for v in obj)
+    return obj
+
+
+def _fill_tensors(obj, tensors: list):
+    if isinstance(obj, _TensorSlot):
+        return tensors[obj.index]
+    if isinstance(obj, dict):
+        return type(obj)((k, _fill_tensors(v, tensors)) for k, v in obj.items())
+    if isinstance(obj, list):
+        return [_fill_tensors(v, tensors) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_fill_tensors(v, tensors) for v in obj)
+    return obj
+
+
+def broadcast_optimizer_state(optimizer, root_rank, prefix="broadcast_optimizer_state"):
+    """Makes every rank's optimizer state (per-parameter buffers such as
+    momentum, and the param_groups' options such as the learning rate) equal
+    to rank ``root_rank``'s. Works for torch optimizers and for
+    DistributedOptimizer; every rank must have the same parameters.
+
+    The state_dict's structure and small values travel pickled; its tensors
+    travel as tensors (no pickling of large buffers). Unlike Horovod, a
+    freshly created optimizer is not stepped with zero gradients to create
+    its state: if root's state is empty, every rank ends with an empty state,
+    which is what root has."""
+    state_dict = optimizer.state_dict() if rank() == root_rank else None
+    tensors: list = []
+    skeleton = _strip_tensors(state_dict, tensors) if rank() == root_rank else None
+    skeleton = broadcast_object(skeleton, root_rank, name=f"{prefix}.skeleton")
+    if rank() != root_rank:
+        slots = []
+        _collect_slots(skeleton, slots)
+        slots.sort(key=lambda s: s.index)
+        tensors = [torch.empty(s.shape, dtype=s.dtype) for s in slots]
+    handles = [broadcast_async_(t, root_rank, f"{prefix}.{i}") for i, t in enumerate(tensors)]
+    for h in handles:
+        synchronize(h)
+    if rank() != root_rank:
+        optimizer.load_state_dict(_fill_tensors(skeleton, tensors))
+
+
+def _collect_slots(obj, out: list):
+    if isinstance(obj, _TensorSlot):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _collect_slots(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _collect_slots(v, out)
+
+
+def _dumps(obj) -> torch.Tensor:
+    buf = io.BytesIO()
+    _pickle.dump(obj, buf)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+
+def _loads(t: torch.Tensor):
+    return _pickle.loads(_as_array(t).tobytes())
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """Rank ``root_rank``'s ``obj`` (anything cloudpickle/pickle can
+    serialise), on every rank. Other ranks' ``obj`` is ignored; they may
+    pass None::
+
+        state = hvd.broadcast_object(state if hvd.rank() == 0 else None, 0)
+    """
+    _check_process_set(process_set)
+    # Horovod names it after type(obj), which differs across ranks when
+    # non-root ranks pass None; a fixed default cannot.
+    name = name or "broadcast_object"
+    if rank() == root_rank:
+        payload = _dumps(obj)
+        sz = torch.tensor([payload.numel()], dtype=torch.int64)
+        broadcast_(sz, root_rank, name + ".sz")
+    else:
+        sz = torch.zeros(1, dtype=torch.int64)
+        broadcast_(sz, root_rank, name + ".sz")
+        payload = torch.empty(int(sz.item()), dtype=torch.uint8)
+    broadcast_(payload, root_rank, name + ".t")
+    return obj if rank() == root_rank else _loads(payload)
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """Every rank's ``obj``, as a list in rank order."""
+    _check_process_set(process_set)
+    name = name or "allgather_object"
+    payload = _dumps(obj)
+    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name=name + ".sz")
+    gathered = _as_array(allgather(payload, name=name + ".t"))
+    offsets = np.concatenate([[0], np.cumsum(sizes.numpy())])
+    return [_pickle.loads(gathered[offsets[i]:offsets[i + 1]].tobytes()) for i in range(size())]

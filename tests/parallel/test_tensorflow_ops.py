@@ -1,0 +1,20 @@
+"""commlib.tensorflow collectives on 2 and 3 ranks (workers/tf_ops.py), each
+rank checking against numpy: allreduce (every op), grouped_allreduce,
+allgather, broadcast, alltoall, reducescatter for every dtype, eagerly and
+inside tf.function (run twice; retraced with rank-dependent shapes; in a
+while loop); their gradients; IndexedSlices; broadcast_variables,
+broadcast_, objects, barrier; CollectiveMismatchError eagerly and as a
+tf.errors.OpError naming it in graphs; TypeError for unsupported dtypes
+(also at trace time); Adasum, process sets, roots, XLA refused."""
+import pytest
+
+pytest.importorskip("tensorflow")
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+def test_tensorflow_collectives(ranks, n):
+    run = ranks(n, "tf_ops.py", timeout=170)
+    assert run.returncode == 0, run
+    for r in range(n):
+        assert f"rank {r}: OK" in run.stdout, run

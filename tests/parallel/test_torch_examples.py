@@ -1,0 +1,42 @@
+"""The PyTorch examples run under the launcher: training converges (accuracy
+rises) on 2 ranks and on 1, and the synthetic benchmark runs with both
+backends (commlib, and torch DDP over gloo started by commlibrun)."""
+import re
+import socket
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+# Absolute paths: run_ranks otherwise looks in tests/parallel/workers/.
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n", [1, 2])
+def test_pytorch_train_accuracy_rises(ranks, n):
+    run = ranks(n, str(EXAMPLES / "pytorch_train.py"), "--epochs", "3", "--train-samples",
+                "8192", timeout=120)
+    assert run.returncode == 0, run
+    acc = [float(a) for a in re.findall(r"test accuracy (\d\.\d+)", run.stdout)]
+    assert len(acc) == 3, run
+    assert acc[-1] > acc[0] + 0.05 and acc[-1] > 0.6, run
+    assert "samples/s" in run.stdout
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("backend", ["commlib", "ddp"])
+def test_synthetic_benchmark_runs(ranks, backend):
+    run = ranks(2, str(EXAMPLES / "pytorch_synthetic_benchmark.py"), "--backend", backend,
+                "--model", "small-mlp", "--num-warmup-batches", "1", "--num-iters", "2",
+                "--num-batches-per-iter", "2", timeout=120,
+                env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    assert run.returncode == 0, run
+    assert re.search(r"Total samples/s on 2 rank\(s\): \d", run.stdout), run

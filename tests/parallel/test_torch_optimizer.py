@@ -1,0 +1,23 @@
+"""commlib.torch.DistributedOptimizer and the model helpers on 2 and 3 ranks
+(see workers/torch_optimizer.py): N ranks x batch B end with the parameters
+of one process trained on the N*B batch (within 1e-5 relative, bitwise equal
+across ranks), gradient accumulation, clipping with skip_synchronize, unused
+parameters, zero_grad with allreduces in flight, parameter lists that differ
+across ranks, unsupported dtypes/devices, groups, sparse gradients,
+compression, broadcast of parameters and optimizer state."""
+import re
+
+import pytest
+
+pytest.importorskip("torch")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n", [2, 3])
+def test_torch_distributed_optimizer(ranks, n):
+    run = ranks(n, "torch_optimizer.py", timeout=120)
+    assert run.returncode == 0, run
+    for r in range(n):
+        assert f"rank {r}: OK" in run.stdout, run
+    m = re.search(r"max relative error SGD (\S+), Adam (\S+)", run.stdout)
+    assert m and float(m.group(1)) <= 1e-5 and float(m.group(2)) <= 1e-5, run

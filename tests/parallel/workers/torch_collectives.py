@@ -1,0 +1,343 @@
+"""commlib.torch collectives on every rank against numpy/torch expectations:
+every op and dtype, in-place/async forms, autograd, compression, argument
+errors, cross-rank mismatches, objects, join/barrier, SyncBatchNorm."""
+import numpy as np
+import torch
+
+import commlib.torch as hvd
+from _common import check_equal, done, expect_raises, fail
+
+torch.set_num_threads(1)
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+torch.manual_seed(1234)  # the same on every rank: per-rank data is derived below
+
+DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+          torch.float32, torch.float64, torch.bool]
+
+
+def rank_tensor(rank, dtype, shape=(3, 4)):
+    """Deterministic per-rank data that stays exact in every dtype."""
+    base = torch.arange(int(np.prod(shape)), dtype=torch.float64).reshape(shape)
+    vals = (base * (rank + 1) + rank) % 5 + 1  # 1..5: no overflow for Product in int8 at n <= 3
+    if dtype == torch.bool:
+        return (vals > 2 + rank % 2)
+    return vals.to(dtype)
+
+
+def expect(vals_by_rank, op):
+    stack = torch.stack([v.to(torch.float64) for v in vals_by_rank])
+    return {hvd.Sum: stack.sum(0), hvd.Average: stack.mean(0), hvd.Min: stack.min(0).values,
+            hvd.Max: stack.max(0).values, hvd.Product: stack.prod(0)}[op]
+
+
+def close(got, want, what, tol=0.0):
+    got = got.detach().to(torch.float64)
+    want = want.detach().to(torch.float64)
+    if got.shape != want.shape:
+        fail(f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+    if not torch.allclose(got, want, rtol=tol, atol=tol):
+        fail(f"{what}: got {got.flatten()[:6].tolist()} want {want.flatten()[:6].tolist()}")
+
+
+# ------------------------------------------------------------ allreduce, all dtypes and ops
+for dtype in DTYPES:
+    mine = rank_tensor(r, dtype)
+    everyone = [rank_tensor(k, dtype) for k in range(n)]
+    ops = [hvd.Sum, hvd.Min, hvd.Max, hvd.Product]
+    if dtype.is_floating_point:
+        ops.append(hvd.Average)
+    for op in ops:
+        tag = f"allreduce {dtype} op {op}"
+        if dtype == torch.bool:
+            stack = torch.stack(everyone)
+            want = stack.any(0) if op in (hvd.Sum, hvd.Max) else stack.all(0)
+            got = hvd.allreduce(mine, op=op, name=f"ar.{dtype}.{op}")
+            if got.dtype != torch.bool or not torch.equal(got, want):
+                fail(f"{tag}: {got} != {want}")
+            continue
+        want = expect(everyone, op)
+        tol = {torch.float16: 1e-2, torch.bfloat16: 1e-2, torch.float32: 1e-6}.get(dtype, 1e-12)
+        got = hvd.allreduce(mine, op=op, name=f"ar.{dtype}.{op}")
+        if got.dtype != dtype:
+            fail(f"{tag}: dtype {got.dtype}")
+        close(got, want.to(dtype), tag, tol)
+        if not torch.equal(mine, rank_tensor(r, dtype)):
+            fail(f"{tag}: the input was modified")
+        # in place: the result lands in the tensor's own memory
+        t = rank_tensor(r, dtype)
+        ptr = t.data_ptr()
+        out = hvd.allreduce_(t, op=op, name=f"ar_.{dtype}.{op}")
+        if out is not t or t.data_ptr() != ptr:
+            fail(f"{tag}: allreduce_ did not return/write the input tensor")
+        close(t, want.to(dtype), tag + " in place", tol)
+
+# default op is Average, deprecated average= still works, scale factors
+x = torch.full((5,), float(r + 1))
+close(hvd.allreduce(x), torch.full((5,), (n + 1) / 2), "default Average")
+close(hvd.allreduce(x, average=False), torch.full((5,), n * (n + 1) / 2), "average=False")
+close(hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5),
+      torch.full((5,), n * (n + 1) / 2), "pre/postscale")
+close(hvd.allreduce(x, op=hvd.Average, prescale_factor=3.0),
+      torch.full((5,), 3 * (n + 1) / 2), "Average with prescale")
+# 0-d, empty, non-contiguous (out of place copies), async + poll
+close(hvd.allreduce(torch.tensor(float(r)), op=hvd.Sum), torch.tensor(n * (n - 1) / 2), "0-d")
+z = torch.tensor(float(r))
+hvd.allreduce_(z, op=hvd.Sum)
+close(z, torch.tensor(n * (n - 1) / 2), "0-d in place")
+close(hvd.allreduce(torch.zeros(0, 3)), torch.zeros(0, 3), "empty")
+nc = torch.arange(12.).reshape(3, 4).t() * (r + 1)
+close(hvd.allreduce(nc, op=hvd.Sum), torch.arange(12.).reshape(3, 4).t() * n * (n + 1) / 2,
+      "non-contiguous input")
+h = hvd.allreduce_async(x, op=hvd.Max, name="async.max")
+while not hvd.poll(h):
+    pass
+close(hvd.synchronize(h), torch.full((5,), float(n)), "allreduce_async")
+y = x.clone()
+h = hvd.allreduce_async_(y, op=hvd.Min)
+close(hvd.synchronize(h), torch.ones(5), "allreduce_async_")
+close(y, torch.ones(5), "allreduce_async_ wrote in place")
+
+# ------------------------------------------------------------ grouped allreduce
+ts = [torch.full((2, 3), float(r)), torch.full((4,), 2.0 * r, dtype=torch.float64),
+      torch.tensor(float(r + 1))]
+outs = hvd.grouped_allreduce(ts, op=hvd.Sum)
+close(outs[0], torch.full((2, 3), n * (n - 1) / 2), "grouped 0")
+close(outs[1], torch.full((4,), n * (n - 1.0)), "grouped 1")
+close(outs[2], torch.tensor(n * (n + 1) / 2), "grouped 2 (0-d)")
+ts2 = [t.clone() for t in ts]
+res = hvd.grouped_allreduce_(ts2, op=hvd.Sum)
+if res[0] is not ts2[0]:
+    fail("grouped_allreduce_ did not return its inputs")
+close(ts2[1], torch.full((4,), n * (n - 1.0)), "grouped in place")
+h = hvd.grouped_allreduce_async(ts, name="grp.async")
+close(hvd.synchronize(h)[0], torch.full((2, 3), (n - 1) / 2), "grouped async Average")
+
+# ------------------------------------------------------------ sparse allreduce
+dense = torch.zeros(6, 2)
+dense[r] = r + 1.0
+dense[5] = 1.0
+want = torch.zeros(6, 2)
+for k in range(n):
+    want[k] += k + 1.0
+want[5] = float(n)
+for op, scale in ((hvd.Sum, 1.0), (hvd.Average, 1.0 / n)):
+    got = hvd.synchronize(hvd.sparse_allreduce_async(dense.to_sparse(), f"sp.{op}", op))
+    if not got.is_sparse:
+        fail("sparse_allreduce_async did not return a sparse tensor")
+    close(got.to_dense(), want * scale, f"sparse_allreduce_async {op}")
+expect_raises(NotImplementedError, lambda: hvd.start_timeline("/tmp/x.json"), "timeline")
+
+# ------------------------------------------------------------ allgather (uneven rows)
+for dtype in DTYPES:
+    mine = rank_tensor(r, dtype, (r + 1, 3))
+    want = torch.cat([rank_tensor(k, dtype, (k + 1, 3)) for k in range(n)])
+    got = hvd.allgather(mine, name=f"ag.{dtype}")
+    if got.dtype != dtype or not torch.equal(got, want):
+        fail(f"allgather {dtype}: {got} != {want}")
+h = hvd.allgather_async(torch.full((2,), r, dtype=torch.int32))
+check_equal(hvd.synchronize(h).numpy(), np.repeat(np.arange(n, dtype=np.int32), 2), "allgather_async")
+got = hvd.grouped_allgather([torch.full((1,), r), torch.full((r + 1, 2), r)])
+check_equal(got[0].numpy(), np.arange(n), "grouped_allgather 0")
+if got[1].shape != (n * (n + 1) // 2, 2):
+    fail(f"grouped_allgather 1 shape {got[1].shape}")
+
+# ------------------------------------------------------------ broadcast
+for root in range(n):
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool):
+        mine = rank_tensor(r, dtype)
+        got = hvd.broadcast(mine, root, name=f"bc.{root}.{dtype}")
+        if not torch.equal(got, rank_tensor(root, dtype)):
+            fail(f"broadcast root {root} {dtype}")
+        if not torch.equal(mine, rank_tensor(r, dtype)):
+            fail("broadcast modified its input")
+    t = rank_tensor(r, torch.float32)
+    hvd.broadcast_(t, root)
+    close(t, rank_tensor(root, torch.float32), f"broadcast_ root {root}")
+    t = torch.tensor(float(r))
+    hvd.synchronize(hvd.broadcast_async_(t, root))
+    close(t, torch.tensor(float(root)), "broadcast_async_ 0-d")
+    close(hvd.synchronize(hvd.broadcast_async(torch.full((3,), float(r)), root)),
+          torch.full((3,), float(root)), "broadcast_async")
+
+# ------------------------------------------------------------ alltoall
+mine = torch.arange(2 * n, dtype=torch.float32).reshape(2 * n, 1) + 100 * r
+out = hvd.alltoall(mine)
+want = torch.cat([torch.arange(2 * r, 2 * r + 2, dtype=torch.float32).reshape(2, 1) + 100 * k
+                  for k in range(n)])
+close(out, want, "alltoall even")
+# uneven: rank r sends k+1 rows to rank k
+splits = [k + 1 for k in range(n)]
+rows = sum(splits)
+mine = torch.full((rows, 2), float(r))
+out, received = hvd.alltoall(mine, splits=splits)
+check_equal(received.numpy(), np.full(n, r + 1, dtype=np.int32), "alltoall received splits")
+close(out, torch.cat([torch.full((r + 1, 2), float(k)) for k in range(n)]), "alltoall uneven")
+out, received = hvd.synchronize(hvd.alltoall_async(mine, splits=torch.tensor(splits)))
+check_equal(received.numpy(), np.full(n, r + 1, dtype=np.int32), "alltoall_async received")
+expect_raises(ValueError, lambda: hvd.alltoall(torch.ones(n + 1) if n > 1 else torch.ones(3),
+                                               splits=[1] * n), "alltoall bad splits")
+
+# ------------------------------------------------------------ reducescatter
+rows = 2 * n + 1
+mine = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) * (r + 1)
+full = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) * n * (n + 1) / 2
+sizes = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
+start = sum(sizes[:r])
+close(hvd.reducescatter(mine, op=hvd.Sum), full[start:start + sizes[r]], "reducescatter Sum")
+close(hvd.reducescatter(mine), full[start:start + sizes[r]] / n, "reducescatter Average")
+close(hvd.synchronize(hvd.reducescatter_async(mine, op=hvd.Sum, postscale_factor=2.0)),
+      2 * full[start:start + sizes[r]], "reducescatter_async")
+
+# ------------------------------------------------------------ compression
+g = torch.linspace(-1, 1, 50) * (r + 1)
+want = torch.linspace(-1, 1, 50) * (n + 1) / 2
+for comp, tol in ((hvd.Compression.none, 1e-6), (hvd.Compression.fp16, 2e-3),
+                  (hvd.Compression.bf16, 2e-2)):
+    got = hvd.allreduce(g, compression=comp)
+    if got.dtype != torch.float32:
+        fail(f"compression {comp.__name__} returned {got.dtype}")
+    close(got, want, f"compression {comp.__name__}", tol)
+c, ctx = hvd.Compression.fp16.compress(g)
+if c.dtype != torch.float16 or hvd.Compression.fp16.decompress(c, ctx).dtype != torch.float32:
+    fail("fp16 compressor dtypes")
+ci, ctx = hvd.Compression.fp16.compress(torch.ones(2, dtype=torch.int64))
+if ci.dtype != torch.int64:
+    fail("fp16 compressor must leave integer tensors alone")
+
+# ------------------------------------------------------------ autograd
+w = torch.full((4,), float(r + 1), requires_grad=True)
+for op, scale in ((hvd.Sum, 1.0), (hvd.Average, 1.0 / n)):
+    w.grad = None
+    y = hvd.allreduce(w, op=op)
+    (y * torch.arange(4.)).sum().backward()
+    # d/dw_r of sum_over_ranks(loss): the allreduce (same op) of the output gradients
+    close(w.grad, torch.arange(4.) * n * scale, f"allreduce grad {op}")
+w.grad = None
+y = hvd.allreduce(w, op=hvd.Sum, prescale_factor=2.0, postscale_factor=3.0)
+y.sum().backward()
+close(w.grad, torch.full((4,), 6.0 * n), "allreduce grad with scale factors")
+w.grad = None
+y = hvd.allreduce(w, op=hvd.Max)
+y.sum().backward()
+close(w.grad, torch.full((4,), float(n) if r == n - 1 else 0.0), "allreduce Max grad")
+# allgather: gradient of my rows = average over ranks of the output gradient
+a = torch.full((r + 1, 2), float(r), requires_grad=True)
+g_out = hvd.allgather(a)
+(g_out * (torch.arange(g_out.shape[0], dtype=torch.float32) + 1).unsqueeze(1) * (r + 1)).sum().backward()
+off = r * (r + 1) // 2
+want = (torch.arange(off, off + r + 1, dtype=torch.float32) + 1).unsqueeze(1).expand(r + 1, 2) \
+    * (n + 1) / 2
+close(a.grad, want, "allgather grad")
+# broadcast: root gets the average of the gradients, others zero
+b = torch.full((3,), float(r), requires_grad=True)
+(hvd.broadcast(b, 0) * (r + 1)).sum().backward()
+close(b.grad, torch.full((3,), (n + 1) / 2 if r == 0 else 0.0), "broadcast grad")
+# alltoall: gradients travel back
+c = torch.ones(n, 2, requires_grad=True)
+(hvd.alltoall(c) * (r + 1)).sum().backward()
+close(c.grad, torch.arange(1., n + 1).unsqueeze(1).expand(n, 2), "alltoall grad")
+# reducescatter (Sum): the allgather of the output gradients
+d = torch.ones(2 * n, requires_grad=True)
+(hvd.reducescatter(d, op=hvd.Sum) * (r + 1)).sum().backward()
+close(d.grad, torch.arange(1., n + 1).repeat_interleave(2), "reducescatter grad")
+# grouped allreduce
+e1, e2 = torch.ones(2, requires_grad=True), torch.ones(3, requires_grad=True)
+o1, o2 = hvd.grouped_allreduce([e1, e2], op=hvd.Sum)
+(o1.sum() * (r + 1) + o2.sum()).backward()
+close(e1.grad, torch.full((2,), n * (n + 1) / 2), "grouped grad 0")
+close(e2.grad, torch.full((3,), float(n)), "grouped grad 1")
+
+# ------------------------------------------------------------ argument errors (local, no collective)
+expect_raises(TypeError, lambda: hvd.allreduce(torch.ones(3, dtype=torch.int16)), "int16",
+              "unsupported dtype")
+expect_raises(TypeError, lambda: hvd.allgather(torch.ones(3, dtype=torch.complex64)), "complex")
+expect_raises(TypeError, lambda: hvd.broadcast_(torch.ones(3, dtype=torch.uint16), 0), "uint16")
+expect_raises(ValueError, lambda: hvd.allreduce(torch.ones(3, device="meta")), "meta device",
+              "CPU tensors only")
+expect_raises(ValueError, lambda: hvd.allreduce_(torch.ones(4, 3).t()), "non-contiguous in place",
+              "contiguous")
+expect_raises(TypeError, lambda: hvd.allreduce(np.ones(3)), "numpy input")
+expect_raises(NotImplementedError, lambda: hvd.allreduce(torch.ones(3), op=hvd.Adasum), "Adasum")
+expect_raises(NotImplementedError, lambda: hvd.allreduce(torch.ones(3), process_set=object()),
+              "process set")
+expect_raises(ValueError, lambda: hvd.allreduce(torch.ones(3), average=True, op=hvd.Sum),
+              "average and op")
+expect_raises(ValueError, lambda: hvd.broadcast(torch.ones(3), n), "root out of range")
+expect_raises(TypeError, lambda: hvd.synchronize(42), "synchronize(non-handle)")
+close(hvd.allreduce(torch.ones(3), process_set=hvd.global_process_set, op=hvd.Sum),
+      torch.full((3,), float(n)), "global_process_set accepted")
+
+# ------------------------------------------------------------ cross-rank mismatches
+odd = r == n - 1
+err = expect_raises(hvd.CollectiveMismatchError,
+                    lambda: hvd.allreduce(torch.ones(5 if odd else 4), name="mm.shape"),
+                    "shape mismatch")
+if "'mm.shape'" not in str(err) or "shape" not in str(err):
+    fail(f"mismatch message: {err}")
+expect_raises(hvd.CollectiveMismatchError,
+              lambda: hvd.allreduce(torch.ones(4, dtype=torch.float64 if odd else torch.float32),
+                                    name="mm.dtype"), "dtype mismatch")
+expect_raises(hvd.CollectiveMismatchError,
+              lambda: hvd.broadcast(torch.ones(3), 1 if odd else 0, name="mm.root"),
+              "root mismatch")
+close(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(n)), "after mismatches")
+
+# ------------------------------------------------------------ objects, barrier, join
+obj = {"rank": r, "data": list(range(r + 1)), "fn": (lambda v: v + 1) if r == 0 else None}
+got = hvd.broadcast_object(obj if r == 0 else None, root_rank=0)
+if got["rank"] != 0 or got["data"] != [0] or got["fn"](1) != 2:
+    fail(f"broadcast_object: {got}")
+got = hvd.broadcast_object({"from": r, "t": torch.arange(3) * r}, root_rank=n - 1, name="bo2")
+if got["from"] != n - 1 or not torch.equal(got["t"], torch.arange(3) * (n - 1)):
+    fail(f"broadcast_object root {n - 1}: {got}")
+gathered = hvd.allgather_object({"r": r, "s": "x" * (r * 100)})
+if [g["r"] for g in gathered] != list(range(n)) or len(gathered[-1]["s"]) != (n - 1) * 100:
+    fail("allgather_object")
+hvd.barrier()
+last = hvd.join()
+lasts = hvd.allgather(torch.tensor([last]))
+if not (0 <= last < n) or not torch.all(lasts == last):
+    fail(f"join returned {lasts.tolist()}")
+
+# ------------------------------------------------------------ SyncBatchNorm vs BatchNorm on the full batch
+for shape, dtype, momentum in (((4, 3, 5), torch.float64, 0.1), ((3, 2, 4, 4), torch.float64, None),
+                               ((5, 3), torch.float32, 0.3)):
+    gen = torch.Generator().manual_seed(7)
+    per_rank = [torch.randn((shape[0] + k,) + shape[1:], generator=gen, dtype=dtype) * 3 + 1
+                for k in range(n)]
+    full = torch.cat(per_rank)
+    c = shape[1]
+    ref = torch.nn.BatchNorm1d(c, momentum=momentum, dtype=dtype) if len(shape) <= 3 else \
+        torch.nn.BatchNorm2d(c, momentum=momentum, dtype=dtype)
+    sbn = hvd.SyncBatchNorm(c, momentum=momentum, dtype=dtype)
+    with torch.no_grad():
+        for m in (ref, sbn):
+            m.weight.copy_(torch.linspace(0.5, 2, c, dtype=dtype))
+            m.bias.copy_(torch.linspace(-1, 1, c, dtype=dtype))
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    for it in range(2):  # two steps: running stats (and momentum=None averaging) too
+        xr = per_rank[r].clone().requires_grad_(True)
+        xf = full.clone().requires_grad_(True)
+        up = torch.randn(full.shape, generator=gen, dtype=dtype)
+        y_ref = ref(xf)
+        (y_ref * up).sum().backward()
+        y = sbn(xr)
+        start = sum(p.shape[0] for p in per_rank[:r])
+        rows = slice(start, start + xr.shape[0])
+        (y * up[rows]).sum().backward()
+        close(y, y_ref[rows], f"SyncBatchNorm forward {shape} it {it}", tol)
+        close(xr.grad, xf.grad[rows], f"SyncBatchNorm input grad {shape} it {it}", tol)
+        close(hvd.allreduce(sbn.weight.grad, op=hvd.Sum), ref.weight.grad, "SyncBN weight grad", tol)
+        close(hvd.allreduce(sbn.bias.grad, op=hvd.Sum), ref.bias.grad, "SyncBN bias grad", tol)
+        close(sbn.running_mean, ref.running_mean, "SyncBN running_mean", tol)
+        close(sbn.running_var, ref.running_var, "SyncBN running_var", tol)
+        for m in (ref, sbn):
+            m.weight.grad = m.bias.grad = None
+    sbn.eval()
+    ref.eval()
+    close(sbn(per_rank[r]), ref(per_rank[r]), "SyncBN eval", tol)
+conv = hvd.SyncBatchNorm.convert_sync_batchnorm(torch.nn.Sequential(torch.nn.BatchNorm1d(3)))
+if not isinstance(conv[0], hvd.SyncBatchNorm):
+    fail("convert_sync_batchnorm")
+done()
