@@ -27,6 +27,7 @@
 #include "../common.h"
 #include "../progress.h"
 #include "../reduce.h"
+#include "allreduce.h"
 
 namespace commlib {
 namespace {
@@ -95,7 +96,7 @@ void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, i
                            r == last ? shm.result(slot, me) : nullptr, len);
     }
     if (cross) {
-      cross->allreduce(data + off * esize, data + off * esize, len, dtype, op);
+      allreduce_across(*cross, data + off * esize, len, dtype, op);
       std::memcpy(shm.result(slot, me), data + off * esize, len * esize);
     }
     shm.reduced(me).value.store(b + 1, std::memory_order_release);
