@@ -1,27 +1,67 @@
 """Framework-free logic shared by the framework frontends (commlib.torch,
 commlib.tensorflow): Horovod's argument conventions for reduction ops and
-gradient scaling, explicit gradient groups, and the process-set placeholder.
+gradient scaling, explicit gradient groups, collective names, the
+process-set placeholder, and Horovod's build/topology queries.
 
 Nothing here imports a framework; tensors are opaque objects.
 """
 from __future__ import annotations
 
+import collections
+import itertools
 import warnings
 from typing import Any, Callable, Sequence
 
 from . import basics, ops
 
 
-# The Adasum marker and op resolution belong to the core API; re-exported here
-# for the frontends.
+# The Adasum marker and op resolution belong to the core API (commlib.ops);
+# the marker is re-exported here, resolve_op below wraps ops.resolve_op.
 Adasum = ops.Adasum
-resolve_op = ops.resolve_op
 _OPS = {ops.Sum: "Sum", ops.Average: "Average", ops.Min: "Min", ops.Max: "Max",
         ops.Product: "Product"}
 
 
 def op_name(op: int) -> str:
     return _OPS.get(op, repr(op))
+
+
+def resolve_op(op=None, average=None, default=ops.Average) -> int:
+    """``commlib.ops.resolve_op`` (Adasum refused, unknown ops refused), plus
+    Horovod's DeprecationWarning when the deprecated ``average`` is used."""
+    resolved = ops.resolve_op(op, average, default)
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed",
+                      DeprecationWarning, stacklevel=3)
+    return resolved
+
+
+_name_counters = collections.defaultdict(itertools.count)
+
+
+def auto_name(kind: str, name=None) -> str:
+    """``name`` (checked), or the next ``<kind>.noname.<n>``: ranks that make
+    the same calls in the same order generate the same names."""
+    if name is None:
+        return f"{kind}.noname.{next(_name_counters[kind])}"
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    return name
+
+
+# broadcast's root check (TypeError/ValueError), for frontends that check
+# before tracing or sending.
+check_root = ops._check_root
+
+
+def even_splits(rows: int) -> list[int]:
+    """alltoall's splits when none are given: dimension 0 in equal parts,
+    one per rank."""
+    n = basics.size()
+    if rows % n:
+        raise ValueError(f"alltoall without splits needs dimension 0 ({rows}) divisible by the "
+                         f"number of ranks ({n}); pass splits for an uneven division")
+    return [rows // n] * n
 
 
 def predivide_scales(op: int, gradient_predivide_factor: float) -> tuple[float, float]:
@@ -126,3 +166,75 @@ def check_process_set(process_set) -> None:
         return
     raise NotImplementedError("commlib does not support process sets yet; only the global "
                               "process set (process_set=None) is available")
+
+
+def add_process_set(process_set):
+    raise NotImplementedError("commlib does not support process sets yet")
+
+
+def remove_process_set(process_set):
+    raise NotImplementedError("commlib does not support process sets yet")
+
+
+# ------------------------------------------------------------ Horovod's basics
+
+def init(comm=None, process_sets=None) -> None:
+    """Starts commlib on every rank (collective). ``comm``: an optional mpi4py
+    communicator. Process sets are not supported: process_sets must be None."""
+    if process_sets:
+        raise NotImplementedError("commlib does not support process sets yet")
+    basics.init(comm)
+
+
+def is_homogeneous() -> bool:
+    """True when every host runs the same number of ranks."""
+    return basics.size() == basics.local_size() * basics.cross_size()
+
+
+def mpi_enabled() -> bool:
+    """MPI carries all of commlib's communication (always, today)."""
+    return True
+
+
+def mpi_built() -> bool:
+    return True
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def nccl_built() -> int:
+    """The NCCL version compiled in, as Horovod reports it: 0, none yet."""
+    return 0
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Not available yet: commlib has no timeline."""
+    raise NotImplementedError("commlib has no timeline yet (start_timeline/stop_timeline)")
+
+
+def stop_timeline():
+    """Not available yet: commlib has no timeline."""
+    raise NotImplementedError("commlib has no timeline yet (start_timeline/stop_timeline)")
+

@@ -16,29 +16,18 @@ must call these in the same order (or pass the same ``name``).
 """
 from __future__ import annotations
 
-import itertools
 import pickle
 from typing import Any
 
 import numpy as np
 
 from . import basics, ops
+from .frontend_utils import auto_name
 
 try:  # cloudpickle output is readable by pickle.loads
     import cloudpickle as _pickler
 except ImportError:  # pragma: no cover - cloudpickle is optional
     _pickler = pickle
-
-_counter = itertools.count()
-
-
-def _base_name(kind: str, name: str | None) -> str:
-    if name is None:
-        return f"{kind}.{next(_counter)}"
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty string, got {name!r}")
-    return name
-
 
 def dumps(obj: Any) -> np.ndarray:
     """``obj`` pickled into a 1-D uint8 array."""
@@ -52,7 +41,7 @@ def loads(payload: np.ndarray) -> Any:
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
     """Rank ``root_rank``'s ``obj`` on every rank (the root gets its own
     object back, the others an unpickled copy)."""
-    base = _base_name("broadcast_object", name)
+    base = auto_name("broadcast_object", name)
     is_root = basics.rank() == root_rank
     payload = dumps(obj) if is_root else None
     size = np.array([payload.size if is_root else 0], dtype=np.int64)
@@ -65,7 +54,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> A
 
 def allgather_object(obj: Any, name: str | None = None) -> list:
     """The list of every rank's ``obj``, in rank order."""
-    base = _base_name("allgather_object", name)
+    base = auto_name("allgather_object", name)
     payload = dumps(obj)
     sizes = ops.allgather(np.array([payload.size], dtype=np.int64), name=f"{base}.sizes")
     data = ops.allgather(payload, name=f"{base}.data")

@@ -26,13 +26,17 @@ and ``commlibrun -np 4 python train.py`` launches it. Keras users import
 Collectives work eagerly and inside tf.function (see mpi_ops for how names
 and ordering are kept consistent across ranks). Not available (yet): process
 sets other than the global one, Adasum, join, elastic training,
-timelines from Python (set COMMLIB_TIMELINE instead), XLA-compiled functions.
+timelines, XLA-compiled functions.
 """
-from commlib.basics import (cross_rank, cross_size, init as _core_init, is_initialized,
-                            local_rank, local_size, mpi_threads_supported, rank, shutdown, size)
+from commlib.basics import (cross_rank, cross_size, is_initialized, local_rank, local_size,
+                            mpi_threads_supported, rank, shutdown, size)
 from commlib.errors import (CollectiveMismatchError, CommlibError, NotInitializedError,
                             RankLostError)
 from commlib.frontend_utils import GlobalProcessSet as ProcessSet
+from commlib.frontend_utils import (add_process_set, ccl_built, cuda_built, ddl_built, gloo_built,
+                                    gloo_enabled, init, is_homogeneous, mpi_built, mpi_enabled,
+                                    nccl_built, remove_process_set, rocm_built, start_timeline,
+                                    stop_timeline)
 from commlib.ops import Average, Max, Min, Product, Sum
 
 from .compression import Compression
@@ -58,72 +62,6 @@ def __getattr__(name):
 
         return importlib.import_module(f"{__name__}.keras")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def init(comm=None, process_sets=None):
-    """Starts commlib on every rank (collective). ``comm``: an optional mpi4py
-    communicator. Process sets are not supported: process_sets must be None."""
-    if process_sets:
-        raise NotImplementedError("commlib does not support process sets yet")
-    _core_init(comm)
-
-
-def is_homogeneous():
-    """True when every host runs the same number of ranks."""
-    return local_size() * cross_size() == size()
-
-
-def mpi_enabled():
-    return True
-
-
-def mpi_built():
-    return True
-
-
-def gloo_enabled():
-    return False
-
-
-def gloo_built():
-    return False
-
-
-def nccl_built():
-    return 0
-
-
-def ddl_built():
-    return False
-
-
-def ccl_built():
-    return False
-
-
-def cuda_built():
-    return False
-
-
-def rocm_built():
-    return False
-
-
-def start_timeline(file_path, mark_cycles=False):
-    raise NotImplementedError("start_timeline() is not available; set COMMLIB_TIMELINE=<file> "
-                              "before launching instead")
-
-
-def stop_timeline():
-    raise NotImplementedError("stop_timeline() is not available; see COMMLIB_TIMELINE")
-
-
-def add_process_set(process_set):
-    raise NotImplementedError("commlib does not support process sets yet")
-
-
-def remove_process_set(process_set):
-    raise NotImplementedError("commlib does not support process sets yet")
 
 
 def broadcast_global_variables(root_rank):

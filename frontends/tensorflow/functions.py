@@ -3,9 +3,6 @@ horovod.tensorflow.functions): broadcast_variables, broadcast_object,
 broadcast_object_fn, allgather_object."""
 from __future__ import annotations
 
-import itertools
-
-import numpy as np
 import tensorflow as tf
 
 import commlib
@@ -13,8 +10,6 @@ from commlib import frontend_utils as fu
 from commlib import objects as _objects
 
 from . import mpi_ops
-
-_counter = itertools.count()
 
 
 def _broadcast_arrays(arrays, root_rank, base):
@@ -39,7 +34,7 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=False, n
     Keras variables) on every rank. Eagerly it returns None once done; inside
     tf.function it returns the op that does it."""
     fu.check_process_set(process_set)
-    mpi_ops._check_root(root_rank)
+    fu.check_root(root_rank)
     variables = list(variables)
     if not variables:
         return None if tf.executing_eagerly() else tf.no_op()
@@ -47,7 +42,7 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=False, n
     for t in values:
         mpi_ops._check_dtype(t.dtype, "broadcast_variables", movable=True)
     if tf.executing_eagerly():
-        base = name or f"broadcast_variables.{next(_counter)}"
+        base = fu.auto_name("broadcast_variables", name or None)
         outs = _broadcast_arrays([t.numpy() for t in values], root_rank, base)
         for v, o in zip(variables, outs):
             v.assign(o)

@@ -66,7 +66,7 @@ try:
 except Exception:  # pragma: no cover - internal API moved; do_not_convert below still applies
     pass
 
-# How allgather and broadcast reduce upstream gradients across ranks (see above).
+# Deliberate: TF sums allgather/broadcast upstream gradients (horovod.torch averages).
 _GRAD_GATHER_OP = Sum
 
 # dtypes the core reduces and moves
@@ -301,14 +301,8 @@ def _alltoall_raw(t, splits, name=None, ignore_name_scope=False):
 
     def fn(cname, x, *maybe_splits):
         raw = _to_bytes(x) if _needs_bytes(x) else x
-        if maybe_splits:
-            send = maybe_splits[0]
-        else:  # equal parts, sent as explicit splits so the received ones come back
-            n = commlib.size()
-            if raw.shape[0] % n:
-                raise ValueError(f"alltoall without splits needs dimension 0 ({raw.shape[0]}) "
-                                 f"divisible by the number of ranks ({n})")
-            send = np.full(n, raw.shape[0] // n, dtype=np.int64)
+        # without splits: equal parts, sent as explicit splits so the received ones come back
+        send = maybe_splits[0] if maybe_splits else fu.even_splits(raw.shape[0])
         out, rsplits = commlib.alltoall(raw, splits=send, name=cname)
         if raw is not x:
             out = _from_bytes(out, x.dtype, x.shape[1:])
@@ -584,7 +578,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=N
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None):
     """Rank ``root_rank``'s ``tensor`` on every rank."""
     fu.check_process_set(process_set)
-    _check_root(root_rank)
+    fu.check_root(root_rank)
     t = _as_tensor(tensor)
     _check_dtype(t.dtype, "broadcast", movable=True)
     return _broadcast_op(t, root_rank, name, ignore_name_scope)
@@ -651,14 +645,6 @@ def barrier(process_set=None):
 def join():
     raise NotImplementedError("join() is not supported: commlib's core has no join operation "
                               "yet; give every rank the same number of batches")
-
-
-def _check_root(root_rank) -> None:
-    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
-        raise TypeError(f"root_rank must be an int, got {type(root_rank).__name__}")
-    n = commlib.size()
-    if not 0 <= root_rank < n:
-        raise ValueError(f"root_rank {root_rank} is outside the job (ranks 0..{n - 1})")
 
 
 class _nullcontext:

@@ -11,25 +11,27 @@
     ...
 
 Launch with ``commlibrun -np 4 python train.py`` (or mpirun). CPU tensors
-only for now. Not provided (yet): process sets other than the global one
-(add_process_set/remove_process_set/ProcessSet), Adasum, elastic training
-(commlib.torch.elastic), timelines (start_timeline/stop_timeline).
+only for now. Not available (yet; the names exist and raise
+NotImplementedError): process sets other than the global one
+(add_process_set/remove_process_set), Adasum, timelines
+(start_timeline/stop_timeline). Not provided: elastic training
+(commlib.torch.elastic).
 """
 from .compression import Compression
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
 from .mpi_ops import (Adasum, Average, CommlibError, Handle, Max, Min, Product, Sum,
-                      allgather, allgather_async, allreduce, allreduce_, allreduce_async,
-                      allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
-                      broadcast_async, broadcast_async_, ccl_built, cross_rank, cross_size,
-                      cuda_built, ddl_built, global_process_set, gloo_built, gloo_enabled,
-                      grouped_allgather, grouped_allgather_async, grouped_allreduce,
-                      grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
-                      grouped_reducescatter, grouped_reducescatter_async, init, is_homogeneous,
-                      is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
-                      mpi_threads_supported, nccl_built, poll, rank, reducescatter,
-                      reducescatter_async, rocm_built, shutdown, size, sparse_allreduce_async,
-                      start_timeline, stop_timeline, synchronize)
+                      add_process_set, allgather, allgather_async, allreduce, allreduce_,
+                      allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier,
+                      broadcast, broadcast_, broadcast_async, broadcast_async_, ccl_built,
+                      cross_rank, cross_size, cuda_built, ddl_built, global_process_set,
+                      gloo_built, gloo_enabled, grouped_allgather, grouped_allgather_async,
+                      grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                      grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async,
+                      init, is_homogeneous, is_initialized, join, local_rank, local_size,
+                      mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, poll, rank,
+                      reducescatter, reducescatter_async, remove_process_set, rocm_built, shutdown,
+                      size, sparse_allreduce_async, start_timeline, stop_timeline, synchronize)
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
 from commlib.errors import CollectiveMismatchError, NotInitializedError, RankLostError
@@ -40,6 +42,7 @@ __all__ = [
     "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
     "cuda_built", "rocm_built",
     "Sum", "Average", "Min", "Max", "Product", "Adasum", "global_process_set",
+    "add_process_set", "remove_process_set",
     "Handle", "poll", "synchronize",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",

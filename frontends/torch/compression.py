@@ -6,56 +6,21 @@ from __future__ import annotations
 
 import torch
 
-
-class Compressor:
-    """Interface: ``compress(tensor) -> (tensor, ctx)`` before the
-    collective and ``decompress(tensor, ctx) -> tensor`` after it."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
+from commlib.compression import CastCompressor, Compressor, NoneCompressor  # noqa: F401
 
 
-class NoneCompressor(Compressor):
-    """Leaves tensors unchanged."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+class _TorchCast(CastCompressor):
+    is_floating = staticmethod(lambda dtype: dtype.is_floating_point)
+    cast = staticmethod(lambda tensor, dtype: tensor.to(dtype))
 
 
-class _CastCompressor(Compressor):
-    wire_dtype: torch.dtype
-
-    @classmethod
-    def compress(cls, tensor):
-        dtype = tensor.dtype
-        if dtype.is_floating_point and dtype != cls.wire_dtype:
-            tensor = tensor.type(cls.wire_dtype)
-        return tensor, dtype
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        if ctx is not None and ctx.is_floating_point and tensor.dtype != ctx:
-            tensor = tensor.type(ctx)
-        return tensor
-
-
-class FP16Compressor(_CastCompressor):
+class FP16Compressor(_TorchCast):
     """Sends floating-point tensors as float16 (half the bytes of float32)."""
 
     wire_dtype = torch.float16
 
 
-class BF16Compressor(_CastCompressor):
+class BF16Compressor(_TorchCast):
     """Sends floating-point tensors as bfloat16 (half the bytes of float32,
     float32's exponent range)."""
 

@@ -2,18 +2,12 @@
 Python objects from one rank to all, gather objects from all ranks."""
 from __future__ import annotations
 
-import io
-
-import numpy as np
 import torch
 
-try:  # cloudpickle also serialises lambdas and locally defined classes
-    import cloudpickle as _pickle
-except ImportError:  # pragma: no cover - depends on the install
-    import pickle as _pickle
+from commlib import frontend_utils as _fu
+from commlib import objects as _objects
 
-from .mpi_ops import (_SUPPORTED, _as_array, _check_process_set, allgather, broadcast_,
-                      broadcast_async_, global_process_set, rank, size, synchronize)
+from .mpi_ops import _SUPPORTED, broadcast_async_, global_process_set, rank, synchronize
 
 
 def broadcast_parameters(params, root_rank, prefix=None):
@@ -129,16 +123,6 @@ def _collect_slots(obj, out: list):
             _collect_slots(v, out)
 
 
-def _dumps(obj) -> torch.Tensor:
-    buf = io.BytesIO()
-    _pickle.dump(obj, buf)
-    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-
-
-def _loads(t: torch.Tensor):
-    return _pickle.loads(_as_array(t).tobytes())
-
-
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Rank ``root_rank``'s ``obj`` (anything cloudpickle/pickle can
     serialise), on every rank. Other ranks' ``obj`` is ignored; they may
@@ -146,28 +130,11 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 
         state = hvd.broadcast_object(state if hvd.rank() == 0 else None, 0)
     """
-    _check_process_set(process_set)
-    # Horovod names it after type(obj), which differs across ranks when
-    # non-root ranks pass None; a fixed default cannot.
-    name = name or "broadcast_object"
-    if rank() == root_rank:
-        payload = _dumps(obj)
-        sz = torch.tensor([payload.numel()], dtype=torch.int64)
-        broadcast_(sz, root_rank, name + ".sz")
-    else:
-        sz = torch.zeros(1, dtype=torch.int64)
-        broadcast_(sz, root_rank, name + ".sz")
-        payload = torch.empty(int(sz.item()), dtype=torch.uint8)
-    broadcast_(payload, root_rank, name + ".t")
-    return obj if rank() == root_rank else _loads(payload)
+    _fu.check_process_set(process_set)
+    return _objects.broadcast_object(obj, root_rank, name=name)
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
     """Every rank's ``obj``, as a list in rank order."""
-    _check_process_set(process_set)
-    name = name or "allgather_object"
-    payload = _dumps(obj)
-    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name=name + ".sz")
-    gathered = _as_array(allgather(payload, name=name + ".t"))
-    offsets = np.concatenate([[0], np.cumsum(sizes.numpy())])
-    return [_pickle.loads(gathered[offsets[i]:offsets[i + 1]].tobytes()) for i in range(size())]
+    _fu.check_process_set(process_set)
+    return _objects.allgather_object(obj, name=name)

@@ -9,6 +9,10 @@ The out-of-place forms (``allreduce``, ``allgather``, ``broadcast``,
 ``alltoall``, ``reducescatter``, ``grouped_allreduce``) are differentiable
 (torch.autograd.Function), with Horovod's gradients.
 
+The framework-free parts (op resolution, the process-set placeholder,
+generated names, Horovod's ``*_built`` queries) come from
+``commlib.frontend_utils``, shared with commlib.tensorflow.
+
 Differences from horovod.torch, all deliberate:
 
 * CPU tensors only: a tensor on another device raises ValueError (the core has
@@ -22,9 +26,7 @@ Differences from horovod.torch, all deliberate:
 """
 from __future__ import annotations
 
-import itertools
 import time
-import warnings
 
 import numpy as np
 import torch
@@ -32,12 +34,17 @@ import torch
 import commlib as _c
 from commlib import CommlibError
 from commlib import basics as _basics
+from commlib import frontend_utils as _fu
+from commlib.frontend_utils import (  # noqa: F401 - re-exported
+    Adasum, add_process_set, ccl_built, cuda_built, ddl_built, global_process_set, gloo_built,
+    gloo_enabled, init, is_homogeneous, mpi_built, mpi_enabled, nccl_built, remove_process_set,
+    rocm_built, start_timeline, stop_timeline)
+from commlib.ops import Average, Max, Min, Product, Sum
 
 from .compression import Compression
 
 # ---------------------------------------------------------------- basics
 
-init = _c.init
 shutdown = _c.shutdown
 is_initialized = _c.is_initialized
 size = _c.size
@@ -47,136 +54,6 @@ local_rank = _c.local_rank
 cross_size = _c.cross_size
 cross_rank = _c.cross_rank
 mpi_threads_supported = _c.mpi_threads_supported
-
-
-def mpi_enabled() -> bool:
-    """MPI carries commlib's communication (always, today)."""
-    return True
-
-
-def mpi_built() -> bool:
-    return True
-
-
-def gloo_enabled() -> bool:
-    return False
-
-
-def gloo_built() -> bool:
-    return False
-
-
-def nccl_built() -> bool:
-    return False
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
-
-
-def cuda_built() -> bool:
-    return False
-
-
-def rocm_built() -> bool:
-    return False
-
-
-def is_homogeneous() -> bool:
-    """True when every host runs the same number of ranks."""
-    return size() == local_size() * cross_size()
-
-
-def start_timeline(file_path, mark_cycles=False):
-    """Not available yet: commlib has no timeline."""
-    raise NotImplementedError("commlib has no timeline yet (start_timeline/stop_timeline)")
-
-
-def stop_timeline():
-    """Not available yet: commlib has no timeline."""
-    raise NotImplementedError("commlib has no timeline yet (start_timeline/stop_timeline)")
-
-
-# ---------------------------------------------------------------- ops
-
-Sum = _c.Sum
-Average = _c.Average
-Min = _c.Min
-Max = _c.Max
-Product = _c.Product
-
-
-class _AdasumOp:
-    """Horovod's Adasum reduction, which commlib does not implement: passing
-    it anywhere raises NotImplementedError (rather than silently averaging)."""
-
-    def __repr__(self):
-        return "commlib.torch.Adasum (not supported)"
-
-
-Adasum = _AdasumOp()
-
-
-def _check_op(op):
-    if isinstance(op, _AdasumOp):
-        raise NotImplementedError("commlib does not implement the Adasum reduction; "
-                                  "use op=Average or op=Sum")
-    return op
-
-
-def _resolve_op(average, op):
-    """The reduction an (average, op) pair means; Horovod's deprecated
-    ``average`` argument still works, with Horovod's warning."""
-    _check_op(op)
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed",
-                      DeprecationWarning, stacklevel=3)
-        if op is not None:
-            raise ValueError("The op parameter supersedes average. "
-                             "Please provide only one of them.")
-        return Average if average else Sum
-    return Average if op is None else op
-
-
-# ---------------------------------------------------------------- process sets
-
-class _GlobalProcessSet:
-    """The set of all ranks, the only process set commlib has so far. It
-    exists so that scripts passing ``process_set=hvd.global_process_set``
-    run unchanged."""
-
-    process_set_id = 0
-
-    @property
-    def ranks(self):
-        return list(range(size()))
-
-    def size(self):
-        return size()
-
-    def rank(self):
-        return rank()
-
-    def included(self):
-        return is_initialized()
-
-    def __repr__(self):
-        return "commlib.torch.global_process_set"
-
-
-global_process_set = _GlobalProcessSet()
-
-
-def _check_process_set(process_set) -> None:
-    if process_set is None or process_set is global_process_set:
-        return
-    raise NotImplementedError(
-        "commlib has no process sets yet: only the global set (process_set=None or "
-        f"global_process_set) is supported, got {process_set!r}")
 
 
 # ---------------------------------------------------------------- tensors <-> arrays
@@ -317,8 +194,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     The reduction is keyed by ``name`` (auto-generated when None): tensors of
     one name must have the same shape and dtype on every rank, or every rank
     raises commlib.CollectiveMismatchError."""
-    _check_process_set(process_set)
-    op = _resolve_op(average, op)
+    _fu.check_process_set(process_set)
+    op = _fu.resolve_op(op, average)
     return _allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor,
                             "allreduce_async")
 
@@ -326,8 +203,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """In-place ``allreduce_async``: the result is written into ``tensor``."""
-    _check_process_set(process_set)
-    op = _resolve_op(average, op)
+    _fu.check_process_set(process_set)
+    op = _fu.resolve_op(op, average)
     return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor,
                             "allreduce_async_")
 
@@ -346,7 +223,7 @@ class HorovodAllreduce(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
-        ctx.op = _resolve_op(average, op)
+        ctx.op = _fu.resolve_op(op, average)
         ctx.scales = (prescale_factor, postscale_factor)
         out = synchronize(allreduce_async(tensor, None, name, ctx.op, prescale_factor,
                                           postscale_factor, process_set))
@@ -376,7 +253,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """The reduction (default Average) of ``tensor`` over all ranks, as a new
     tensor; differentiable. ``compression`` (e.g. Compression.fp16) casts the
     tensor for the transfer and back."""
-    _check_process_set(process_set)
+    _fu.check_process_set(process_set)
     compressed, cctx = compression.compress(tensor)
     out = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor,
                                  postscale_factor, process_set)
@@ -385,25 +262,10 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 
 # ---------------------------------------------------------------- grouped allreduce
 
-def _group_name(kind: str, name) -> str:
-    """The base name of a grouped collective: members are named base.0,
-    base.1, ... (auto-generated names come from a per-kind counter, so ranks
-    that make the same calls agree)."""
-    if name is None:
-        return f"{kind}.noname.{next(_group_counters[kind])}"
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty string, got {name!r}")
-    return name
-
-
-_group_counters = {k: itertools.count() for k in ("grouped_allreduce", "grouped_allgather",
-                                                   "grouped_reducescatter", "join")}
-
-
 def _grouped_allreduce_async(tensors, inplace, average, name, op, prescale_factor,
                              postscale_factor, process_set, what) -> Handle:
-    _check_process_set(process_set)
-    op = _resolve_op(average, op)
+    _fu.check_process_set(process_set)
+    op = _fu.resolve_op(op, average)
     tensors = list(tensors)
     if not tensors:
         raise ValueError(f"{what} needs at least one tensor")
@@ -443,7 +305,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 class HorovodGroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
-        ctx.op = _resolve_op(average, op)
+        ctx.op = _fu.resolve_op(op, average)
         ctx.scales = (prescale_factor, postscale_factor)
         return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, ctx.op,
                                                          prescale_factor, postscale_factor,
@@ -464,7 +326,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduces a list of tensors as one fused unit; returns a list of new
     tensors. Differentiable for Sum and Average."""
-    _check_process_set(process_set)
+    _fu.check_process_set(process_set)
     pairs = [compression.compress(t) for t in tensors]
     outs = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
                                          process_set, *[p[0] for p in pairs])
@@ -475,8 +337,8 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
     """Starts reducing a sparse COO tensor over all ranks by gathering every
     rank's indices and values (as Horovod does); ``synchronize`` returns the
     sparse sum (Sum) or average (Average), uncoalesced."""
-    _check_process_set(process_set)
-    _check_op(op)
+    _fu.check_process_set(process_set)
+    op = _fu.resolve_op(op)
     if op not in (Sum, Average):
         raise ValueError("sparse_allreduce_async supports op=Sum and op=Average only")
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
@@ -505,7 +367,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
     """Starts concatenating every rank's ``tensor`` along dimension 0 (whose
     size may differ across ranks; the other dimensions must agree)."""
-    _check_process_set(process_set)
+    _fu.check_process_set(process_set)
     t = _check_tensor(tensor, "allgather_async")
     if t.dim() == 0:
         raise ValueError("allgather needs a tensor with at least one dimension")
@@ -524,6 +386,7 @@ class HorovodAllgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
+        # Deliberate: horovod.torch averages the upstream gradients (commlib.tensorflow sums).
         grad = allreduce(grad_output.contiguous(), op=Average)
         dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64))
         offset = int(dims[:rank()].sum())
@@ -533,14 +396,14 @@ class HorovodAllgather(torch.autograd.Function):
 def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
     """Every rank's ``tensor`` concatenated along dimension 0, in rank order;
     differentiable."""
-    _check_process_set(process_set)
+    _fu.check_process_set(process_set)
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
-    _check_process_set(process_set)
+    _fu.check_process_set(process_set)
     tensors = list(tensors)
-    base = _group_name("grouped_allgather", name)
+    base = _fu.auto_name("grouped_allgather", name)
     handles = [allgather_async(t, f"{base}.{i}") for i, t in enumerate(tensors)]
     return Handle([h._handles for h in handles], lambda outs: [_as_tensor(o) for o in outs],
                   tensors)
@@ -556,7 +419,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """Starts copying rank ``root_rank``'s ``tensor`` to every rank; the
     result is a new tensor (the input is not modified)."""
-    _check_process_set(process_set)
+    _fu.check_process_set(process_set)
     h = _c.broadcast_async(_input(tensor, "broadcast_async"), root_rank, name)
     shape = tensor.shape
     return Handle(h, lambda out: _as_tensor(out).view(shape), tensor)
@@ -564,7 +427,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """In-place ``broadcast_async``: ``tensor`` receives root's value."""
-    _check_process_set(process_set)
+    _fu.check_process_set(process_set)
     _check_tensor(tensor, "broadcast_async_", inplace=True)
     h = _c.broadcast_async_(_as_array(tensor), root_rank, name)
     return Handle(h, lambda _out: tensor, tensor)
@@ -585,6 +448,7 @@ class HorovodBroadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
+        # Deliberate: horovod.torch averages the upstream gradients (commlib.tensorflow sums).
         grad = allreduce(grad_output.contiguous(), op=Average)
         if rank() != ctx.root_rank:
             grad = grad * 0
@@ -594,19 +458,16 @@ class HorovodBroadcast(torch.autograd.Function):
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
     """Rank ``root_rank``'s ``tensor``, on every rank, as a new tensor;
     differentiable."""
-    _check_process_set(process_set)
+    _fu.check_process_set(process_set)
     return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
 
 # ---------------------------------------------------------------- alltoall
 
 def _split_list(splits, dim0: int) -> list[int]:
-    n = size()
     if splits is None:
-        if dim0 % n:
-            raise ValueError(f"alltoall without splits divides dimension 0 ({dim0}) evenly among "
-                             f"{n} ranks; pass splits for an uneven division")
-        return [dim0 // n] * n
+        return _fu.even_splits(dim0)
+    n = size()
     if isinstance(splits, torch.Tensor):
         if splits.is_floating_point() or splits.dim() != 1:
             raise ValueError("splits must be a 1-D integer tensor, one entry per rank")
@@ -623,7 +484,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     """Starts an all-to-all: rows ``splits[i]`` of dimension 0 go to rank i
     (an even division when splits is None). ``synchronize`` returns
     ``(output, received_splits)``, as in Horovod."""
-    _check_process_set(process_set)
+    _fu.check_process_set(process_set)
     t = _check_tensor(tensor, "alltoall_async")
     if t.dim() == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
@@ -659,7 +520,7 @@ class HorovodAlltoall(torch.autograd.Function):
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """All-to-all; returns the received rows (in rank order) and, when
     ``splits`` is given, also the rows received from each rank."""
-    _check_process_set(process_set)
+    _fu.check_process_set(process_set)
     return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
 
@@ -669,8 +530,8 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         prescale_factor=1.0, postscale_factor=1.0) -> Handle:
     """Starts reducing ``tensor`` over all ranks, leaving on each rank its
     part of dimension 0 (lower ranks get the extra rows)."""
-    _check_process_set(process_set)
-    _check_op(op)
+    _fu.check_process_set(process_set)
+    op = _fu.resolve_op(op)
     t = _check_tensor(tensor, "reducescatter_async")
     if t.dim() == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension")
@@ -686,7 +547,7 @@ class HorovodReducescatter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
-        ctx.op = op
+        ctx.op = op = _fu.resolve_op(op)
         ctx.scale = prescale_factor * postscale_factor
         return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
                                                postscale_factor))
@@ -705,7 +566,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   postscale_factor=1.0) -> torch.Tensor:
     """This rank's part of the reduction of ``tensor`` over all ranks;
     differentiable for Sum and Average."""
-    _check_process_set(process_set)
+    _fu.check_process_set(process_set)
     compressed, cctx = compression.compress(tensor)
     out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
                                      postscale_factor)
@@ -714,9 +575,9 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> Handle:
-    _check_process_set(process_set)
+    _fu.check_process_set(process_set)
     tensors = list(tensors)
-    base = _group_name("grouped_reducescatter", name)
+    base = _fu.auto_name("grouped_reducescatter", name)
     handles = [reducescatter_async(t, f"{base}.{i}", op, process_set, prescale_factor,
                                    postscale_factor) for i, t in enumerate(tensors)]
     return Handle([h._handles for h in handles], lambda outs: [_as_tensor(o) for o in outs],
@@ -737,7 +598,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 
 def barrier(process_set=global_process_set) -> None:
     """Returns once every rank has called barrier()."""
-    _check_process_set(process_set)
+    _fu.check_process_set(process_set)
     _c.barrier()
 
 
@@ -753,7 +614,7 @@ def join(device=-1) -> int:
     ``device`` is accepted for compatibility; only -1 (CPU) is meaningful."""
     _basics._require_init()
     stamp = np.array([time.time_ns()], dtype=np.int64)
-    stamps = _c.allgather(stamp, name=_group_name("join", None))
+    stamps = _c.allgather(stamp, name=_fu.auto_name("join", None))
     last = max(range(len(stamps)), key=lambda r: (int(stamps[r]), r))
     return int(last)
 
@@ -763,7 +624,7 @@ __all__ = [
     "cross_size", "cross_rank", "mpi_threads_supported", "mpi_enabled", "mpi_built",
     "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
     "rocm_built", "is_homogeneous", "Sum", "Average", "Min", "Max", "Product", "Adasum",
-    "global_process_set", "Handle", "poll", "synchronize",
+    "global_process_set", "add_process_set", "remove_process_set", "Handle", "poll", "synchronize",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",

@@ -46,10 +46,11 @@ import torch
 
 import commlib as _c
 from commlib import CollectiveMismatchError
+from commlib import frontend_utils as _fu
 
 from . import mpi_ops as _ops
 from .compression import Compression
-from .mpi_ops import Average, Sum, _check_op, _check_process_set, global_process_set, size
+from .mpi_ops import Average, Sum, global_process_set, size
 
 _instances = itertools.count()  # names of ranks' i-th DistributedOptimizer agree
 
@@ -82,11 +83,9 @@ class _DistributedOptimizer:
                              f"{', '.join(str(tuple(p.shape)) for p in unnamed)}")
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be >= 1")
-        _check_op(op)
-        if op not in (Average, Sum, _ops.Min, _ops.Max, _ops.Product):
-            raise ValueError(f"unsupported reduction op {op!r}")
-        if gradient_predivide_factor != 1.0 and op != Average:
-            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        op = _fu.resolve_op(op)
+        # (prescale, postscale) of every gradient allreduce
+        self._scales = _fu.predivide_scales(op, gradient_predivide_factor)
 
         in_opt = {id(p) for p in all_params}
         # Names of the parameters this optimizer updates (shared parameters
@@ -140,38 +139,26 @@ class _DistributedOptimizer:
                 self._hook_handles.append(p.register_post_accumulate_grad_hook(self._hook))
 
     def _make_groups(self, groups):
-        """param -> tuple of the params whose allreduces start together."""
+        """param -> tuple of the params whose allreduces start together
+        (``groups`` as resolved by frontend_utils.resolve_groups; None: every
+        parameter on its own, as soon as its gradient is ready)."""
         self._group_names = {}
-        if groups is None or (isinstance(groups, int) and groups == 0):
+        if groups is None:
             return {}
-        if isinstance(groups, int) and not isinstance(groups, bool):
-            if groups < 0:
-                raise ValueError("groups should be a non-negative integer or a list of lists "
-                                 "of torch.Tensor.")
-            chunks = [tuple(c) for c in np.array_split(np.arange(len(self._params)), groups)
-                      if len(c)]
-            lists = [[self._params[i] for i in c] for c in chunks]
-        elif isinstance(groups, (list, tuple)):
-            lists, seen, wanted = [], set(), set(self._params)
-            for g in groups:
-                members = []
-                for p in g:
-                    if not isinstance(p, torch.Tensor):
-                        raise ValueError("groups must consist of torch.Tensor.")
-                    if p in seen:
-                        raise ValueError("A parameter can only appear once in groups.")
-                    seen.add(p)
-                    if p in wanted:
-                        members.append(p)
-                lists.append(members)
-        else:
-            raise ValueError("groups should be a non-negative integer or a list of lists of "
-                             "torch.Tensor.")
+        if not isinstance(groups, int):
+            seen = set()
+            for p in itertools.chain.from_iterable(groups):
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("groups must consist of torch.Tensor.")
+                if id(p) in seen:
+                    raise ValueError("A parameter can only appear once in groups.")
+                seen.add(id(p))
         out = {}
-        self._group_names = {}
-        for members in lists:
-            group = tuple(sorted(members, key=lambda p: self._parameter_names[p]))
-            if len(group) > 1:
+        params = self._params  # sorted by name: groups list their members in that order
+        for indices in _fu.group_indices(range(len(params)), groups,
+                                         key_of=lambda i: id(params[i]), group_keys=id):
+            if len(indices) > 1:
+                group = tuple(params[i] for i in indices)
                 self._group_names[group] = f"group.{len(self._group_names)}"
                 for p in group:
                     out[p] = group
@@ -225,12 +212,6 @@ class _DistributedOptimizer:
             self._ready.difference_update(group)
             self._start_group(group, group)
 
-    def _scales(self):
-        if self.op == Average:
-            # Average = Sum, then 1/size: split as prescale 1/f, postscale f.
-            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        return 1.0, 1.0
-
     def _buffer(self, p):
         """The tensor to reduce in place for p's (dense) gradient, and the
         compression context."""
@@ -240,7 +221,7 @@ class _DistributedOptimizer:
     def _start(self, p):
         """Starts the in-place allreduce of p's (dense) gradient."""
         buf, cctx = self._buffer(p)
-        pre, post = self._scales()
+        pre, post = self._scales
         handle = _ops.allreduce_async_(buf, name=self._prefix + self._parameter_names[p],
                                        op=self.op, prescale_factor=pre, postscale_factor=post)
         self._handles[p] = (handle, [(p, buf, cctx)])
@@ -250,7 +231,7 @@ class _DistributedOptimizer:
         gradients of ``members`` (a subset of ``group``, the same on every
         rank)."""
         bufs = [self._buffer(q) for q in members]
-        pre, post = self._scales()
+        pre, post = self._scales
         handle = _ops.grouped_allreduce_async_([b for b, _ in bufs],
                                                name=self._internal(self._group_names[group]),
                                                op=self.op, prescale_factor=pre,
@@ -267,7 +248,7 @@ class _DistributedOptimizer:
             grad = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64),
                                            torch.zeros((0,) + tuple(p.shape[1:]), dtype=p.dtype),
                                            tuple(p.shape))
-        pre, post = self._scales()
+        pre, post = self._scales
         if pre * post != 1.0:
             grad = grad * (pre * post)
         op = Average if self.op == Average else Sum
@@ -484,17 +465,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     commlib.CollectiveMismatchError naming the differences. Parameters must be
     CPU tensors of a supported dtype (ValueError/TypeError otherwise).
     """
-    _check_process_set(process_set)
+    _fu.check_process_set(process_set)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("this optimizer is already a DistributedOptimizer")
-    if num_groups:
-        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed.",
-                      DeprecationWarning, stacklevel=2)
-        if groups is None:
-            groups = num_groups
+    groups = _fu.resolve_groups(num_groups, groups)
     base = optimizer.__class__
     cls = type(base.__name__, (_DistributedOptimizer, base),
                {"__module__": __name__, "__doc__": base.__doc__})
