@@ -294,6 +294,11 @@ def main(argv=None) -> int:
         p.error(f"unknown op(s): {', '.join(bad)}")
     if args.algo:
         os.environ["COMMLIB_ALLREDUCE_ALGO"] = args.algo
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            p.error("--plot needs matplotlib (pip install matplotlib)")
 
     import commlib
     from mpi4py import MPI
@@ -302,15 +307,34 @@ def main(argv=None) -> int:
     commlib.init()
     n, me = commlib.size(), commlib.rank()
     impls = [CommlibImpl(commlib, n), MpiImpl(comm)]
-    torch = None if args.no_gloo else init_gloo(comm)
-    if torch is not None:
-        impls.append(GlooImpl(torch, n))
     dtype = DTYPES[args.dtype]
-    names = [i.name for i in impls]
+    cases = [(op, nbytes) for op in ops
+             for nbytes in sizes(parse_size(args.min_bytes), parse_size(args.max_bytes), args.factor)]
+
+    def run(impl_list):
+        for op, nbytes in cases:
+            iters = max(5, min(args.iters, (1 << 30) // max(nbytes, 1)))
+            times.setdefault((op, nbytes), {}).update(
+                measure(impl_list, op, nbytes, dtype, iters, args.warmup, 3 if iters >= 6 else 1, comm))
 
     def say(*a):
         if me == 0:
             print(*a, flush=True)
+
+    # commlib and MPI are measured interleaved; gloo afterwards, in the same
+    # run: once torch.distributed is up, its threads compete for the cores
+    # with every other library's waits (on 2 cores they halve commlib's
+    # small-message speed), which would not be a fair comparison.
+    times: dict = {}
+    run(impls)
+    fusion = None if args.no_fusion else fusion_case(commlib, comm)
+    names = [i.name for i in impls]
+    torch = None if args.no_gloo else init_gloo(comm)
+    if torch is not None:
+        gloo = GlooImpl(torch, n)
+        run([gloo])
+        names.append(gloo.name)
+        torch.distributed.destroy_process_group()
 
     algo = os.environ.get("COMMLIB_ALLREDUCE_ALGO", "auto")
     say(f"# commlib.bench: {n} ranks, dtype {args.dtype}, algo {algo}, "
@@ -320,29 +344,28 @@ def main(argv=None) -> int:
     for other in names[1:]:
         head += f" {other + ' us':>11} {'busbw':>7} {'ratio':>6}"
     rows = []
-    for op in ops:
-        say("")
-        say(head)
-        for nbytes in sizes(parse_size(args.min_bytes), parse_size(args.max_bytes), args.factor):
-            iters = max(5, min(args.iters, (1 << 30) // max(nbytes, 1)))
-            t = measure(impls, op, nbytes, dtype, iters, args.warmup, 3 if iters >= 6 else 1, comm)
-            row = {"op": op, "bytes": nbytes}
-            line = f"{op:<14}{human(nbytes):>10}"
-            for name in names:
-                if name not in t:
-                    line += f" {'n/a':>11} {'':>7}" + (f" {'':>6}" if name != "commlib" else f" {'':>7}")
-                    continue
-                algbw = nbytes / t[name] / 1e9
-                busbw = algbw * bus_factor(op, n)
-                row[name + "_us"], row[name + "_busbw"] = t[name] * 1e6, busbw
-                if name == "commlib":
-                    line += f" {t[name] * 1e6:11.1f} {algbw:7.2f} {busbw:7.2f}"
-                else:
-                    line += f" {t[name] * 1e6:11.1f} {busbw:7.2f} {t[name] / t['commlib']:6.2f}"
-            rows.append(row)
-            say(line)
-    if not args.no_fusion:
-        grouped, separate, mpi = fusion_case(commlib, comm)
+    for op, nbytes in cases:
+        if nbytes == cases[[c[0] for c in cases].index(op)][1]:
+            say("")
+            say(head)
+        t = times[(op, nbytes)]
+        row = {"op": op, "bytes": nbytes}
+        line = f"{op:<14}{human(nbytes):>10}"
+        for name in names:
+            if name not in t:
+                line += f" {'n/a':>11} {'':>7}" + (f" {'':>6}" if name != "commlib" else f" {'':>7}")
+                continue
+            algbw = nbytes / t[name] / 1e9
+            busbw = algbw * bus_factor(op, n)
+            row[name + "_us"], row[name + "_busbw"] = t[name] * 1e6, busbw
+            if name == "commlib":
+                line += f" {t[name] * 1e6:11.1f} {algbw:7.2f} {busbw:7.2f}"
+            else:
+                line += f" {t[name] * 1e6:11.1f} {busbw:7.2f} {t[name] / t['commlib']:6.2f}"
+        rows.append(row)
+        say(line)
+    if fusion is not None:
+        grouped, separate, mpi = fusion
         say("")
         say(f"fusion, 128 x 4 KiB allreduce: 128 sequential MPI_Allreduce {mpi * 1e6:.1f} us; commlib "
             f"grouped_allreduce_async {grouped * 1e6:.1f} us (ratio {mpi / grouped:.2f}), "
@@ -350,8 +373,6 @@ def main(argv=None) -> int:
     if args.plot and me == 0:
         plot(rows, args.plot, n)
         say(f"# plot written to {args.plot}")
-    if torch is not None:
-        torch.distributed.destroy_process_group()
     commlib.shutdown()
     return 0
 

@@ -63,14 +63,16 @@ def synchronize(handle: Handle):
 
 
 def core_result(hid: int) -> tuple[memoryview, int]:
-    """The core-owned result bytes of an allgather/alltoall and its rows."""
+    """The result bytes of an allgather/alltoall (now owned by Python: freed
+    when the last array viewing them goes away) and its rows."""
     data = ffi.new("void**")
     nbytes = ffi.new("int64_t*")
     rows = ffi.new("int64_t*")
-    rc = lib.commlib_handle_result(hid, data, nbytes, rows)
+    rc = lib.commlib_handle_take_result(hid, data, nbytes, rows)
     if rc != lib.COMMLIB_OK:
         raise error_for(rc)
-    return ffi.buffer(data[0], nbytes[0]), rows[0]
+    owned = ffi.gc(ffi.cast("char *", data[0]), lib.commlib_free_result, size=nbytes[0])
+    return ffi.buffer(owned, nbytes[0]), rows[0]
 
 
 def core_splits(hid: int, n: int) -> list[int]:

@@ -250,7 +250,7 @@ def allgather_async(tensor, name=None) -> Handle:
 
     def finish(h):
         data, rows = core_result(h)
-        return np.frombuffer(data, dtype=inp.dtype).reshape((rows,) + inp.shape[1:]).copy()
+        return np.frombuffer(data, dtype=inp.dtype).reshape((rows,) + inp.shape[1:])
 
     return Handle(hid, finish, (keep, inp), "allgather")
 
@@ -319,7 +319,7 @@ def alltoall_async(tensor, splits=None, name=None) -> Handle:
 
     def finish(h):
         data, rows = core_result(h)
-        out = np.frombuffer(data, dtype=inp.dtype).reshape((rows,) + inp.shape[1:]).copy()
+        out = np.frombuffer(data, dtype=inp.dtype).reshape((rows,) + inp.shape[1:])
         if split_list is None:
             return out
         return out, np.asarray(core_splits(h, n), dtype=np.int64)

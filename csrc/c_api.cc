@@ -130,14 +130,18 @@ int commlib_handle_status(int64_t handle) {
   return rc != COMMLIB_OK ? rc : status;
 }
 
-int commlib_handle_result(int64_t handle, void** data, int64_t* nbytes, int64_t* rows) {
+int commlib_handle_take_result(int64_t handle, void** data, int64_t* nbytes, int64_t* rows) {
   return guarded([&] {
     auto h = find_handle(handle);
-    *data = h->result.data();
-    *nbytes = int64_t(h->result.size());
+    *data = h->result;
+    *nbytes = int64_t(h->result_bytes);
     *rows = h->rows;
+    h->result = nullptr;
+    h->result_bytes = 0;
   });
 }
+
+void commlib_free_result(void* data) { std::free(data); }
 
 int commlib_handle_splits(int64_t handle, int64_t* out) {
   return guarded([&] {

@@ -131,6 +131,17 @@ void Engine::init(MPI_Comm base) {
   stall_warning_us_ = env_int("COMMLIB_STALL_CHECK_TIME", 60) * 1000000;
   cycle_us_ = int64_t(env_double("COMMLIB_CYCLE_TIME", 1.0) * 1000);
   batch_gap_us_ = env_int("COMMLIB_BATCH_GAP_US", 20);
+  const char* shm_coll = std::getenv("COMMLIB_SHM_COLLECTIVES");
+  const std::string sc = shm_coll ? shm_coll : "auto";
+  if (sc == "auto") {
+    shm_collectives_ = kShmAuto;
+  } else if (sc == "always") {
+    shm_collectives_ = kShmAlways;
+  } else if (sc == "never") {
+    shm_collectives_ = kShmNever;
+  } else {
+    throw Error(COMMLIB_ERR_VALUE, "COMMLIB_SHM_COLLECTIVES must be auto, always or never; got '" + sc + "'");
+  }
 
   MPI_Comm data, ctrl, local, cross;
   check_mpi(MPI_Comm_dup(base, &data), "MPI_Comm_dup");
@@ -519,7 +530,7 @@ void Engine::execute(const Response& resp) {
     entries.push_back(&it->second);
   }
   OpContext ctx{*transport_, fusion_, scratch_, algo_, size_t(fusion_threshold_.load()), shm_.get(),
-                cross_.get()};
+                cross_.get(), shm_collectives_};
   int status = COMMLIB_OK;
   std::string message;
   try {

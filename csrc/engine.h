@@ -85,6 +85,7 @@ class Engine {
   // than batch_gap_us_), at most cycle_us_, and never while a thread waits.
   int64_t cycle_us_ = 1000;
   int64_t batch_gap_us_ = 20;
+  int shm_collectives_ = kShmAuto;
 
   // Shared with caller threads (guarded by queue_mu_).
   std::mutex queue_mu_;

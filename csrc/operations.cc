@@ -38,10 +38,12 @@ bool shm_allowed(const OpContext& ctx) {
   return ctx.shm && (ctx.algo == AllreduceAlgo::kAuto || ctx.algo == AllreduceAlgo::kShm);
 }
 
-// Whether the whole job is this host's shared-memory group (then local rank
-// equals rank and the shared-memory broadcast/allgather/reducescatter apply).
-bool whole_job_in_shm(const OpContext& ctx) {
-  return shm_allowed(ctx) && !ctx.cross && ctx.shm->size() == ctx.transport.size();
+// Whether broadcast/allgather/reducescatter of this many bytes go through
+// shared memory: the whole job must be this host's shared-memory group (then
+// local rank equals rank), and it must pay (see kShmBroadcastMinBytes).
+bool use_shm_collective(const OpContext& ctx, bool pays) {
+  if (!shm_allowed(ctx) || ctx.cross || ctx.shm->size() != ctx.transport.size()) return false;
+  return ctx.shm_collectives == kShmAlways || (ctx.shm_collectives == kShmAuto && pays);
 }
 
 // Packs the window straight into this rank's region of the shared segment
@@ -189,11 +191,11 @@ void run_allgather(OpContext& ctx, Entry& e, const std::vector<int64_t>& rows) {
     total_rows += rows[r];
   }
   HandleState& h = *e.handle;
-  h.result.resize(size_t(total_rows) * rb);
-  if (whole_job_in_shm(ctx)) {
-    allgather_shm(*ctx.shm, e.input, h.result.data(), bytes);
+  char* out = h.alloc_result(size_t(total_rows) * rb);
+  if (use_shm_collective(ctx, false)) {
+    allgather_shm(*ctx.shm, e.input, out, bytes);
   } else {
-    ctx.transport.allgatherv(e.input, h.result.data(), bytes);
+    ctx.transport.allgatherv(e.input, out, bytes);
   }
   h.rows = total_rows;
   h.splits = rows;
@@ -205,7 +207,7 @@ void run_broadcast(OpContext& ctx, Entry& e) {
     std::memcpy(e.output, e.input, bytes);
   }
   if (ctx.transport.size() == 1 || bytes == 0) return;
-  if (whole_job_in_shm(ctx)) {
+  if (use_shm_collective(ctx, bytes >= kShmBroadcastMinBytes)) {
     broadcast_shm(*ctx.shm, e.output, bytes, e.desc.root);
   } else {
     ctx.transport.broadcast(e.output, bytes, e.desc.root);
@@ -226,8 +228,7 @@ void run_alltoall(OpContext& ctx, Entry& e, const std::vector<int64_t>& matrix) 
     recv[r] = size_t(h.splits[r]) * rb;
     total_rows += h.splits[r];
   }
-  h.result.resize(size_t(total_rows) * rb);
-  ctx.transport.alltoallv(e.input, send, h.result.data(), recv);
+  ctx.transport.alltoallv(e.input, send, h.alloc_result(size_t(total_rows) * rb), recv);
   h.rows = total_rows;
 }
 
@@ -235,7 +236,7 @@ namespace {
 
 void reduce_scatter(OpContext& ctx, const void* in, void* out, const std::vector<size_t>& counts,
                     int dtype, int op) {
-  if (whole_job_in_shm(ctx)) {
+  if (use_shm_collective(ctx, false)) {
     reducescatter_shm(*ctx.shm, in, out, counts, dtype, op);
   } else {
     ctx.transport.reduce_scatter(in, out, counts, dtype, op);

@@ -73,7 +73,7 @@ void MpiTransport::complete(MPI_Request* req) {
     int flag = 0;
     check_mpi(MPI_Test(req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
     return flag != 0;
-  });
+  }, /*may_sleep=*/false);
 }
 
 int MpiTransport::start(const std::vector<P2POp>& ops) {
@@ -113,7 +113,7 @@ void MpiTransport::wait(int ticket) {
     check_mpi(MPI_Testall(int(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE),
               "MPI_Testall");
     return flag != 0;
-  });
+  }, /*may_sleep=*/false);
 }
 
 void MpiTransport::allreduce(const void* in, void* out, size_t count, int dtype, int op) {

@@ -84,27 +84,32 @@ def test_zero_dim_scalars(ranks, n):
     assert_all_ok(run, n)
 
 
+# COMMLIB_SHM_COLLECTIVES=always forces the shared-memory broadcast,
+# allgather and reducescatter at every size (by default only where they pay).
+SHM_ALWAYS = {"COMMLIB_SHM_COLLECTIVES": "always"}
+
+
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_allgather_and_broadcast(ranks, n):
+@pytest.mark.parametrize("n,env", [(2, {}), (3, {}), (4, {}), (3, SHM_ALWAYS)])
+def test_allgather_and_broadcast(ranks, n, env):
     """allgather with dimension 0 differing per rank (ranks with 0 rows, all
     empty, one rank only), trailing dims incl. 0, every dtype, 60 in flight,
     a big uneven one; broadcast from every root, every dtype, in place and out
     of place (non-root inputs unchanged), numpy int root, all roots in flight,
     3M elements."""
-    run = ranks(n, "coll_allgather_bcast.py", timeout=100)
+    run = ranks(n, "coll_allgather_bcast.py", timeout=100, env=env)
     assert_all_ok(run, n)
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_alltoall_and_reducescatter(ranks, n):
+@pytest.mark.parametrize("n,env", [(2, {}), (3, {}), (4, {}), (3, SHM_ALWAYS)])
+def test_alltoall_and_reducescatter(ranks, n, env):
     """alltoall with equal splits and explicit splits (zeros, one-hot, to
     self, list/tuple/ndarray), received splits, 40 in flight, a big one, bad
     splits refused on every rank; reducescatter for every dtype and op with
     dimension 0 in {0, n, 2n+1, 3n-1, 5n+2}, trailing dims, scaling,
     default op Average, bool Average refused, 40 in flight, 3M elements."""
-    run = ranks(n, "coll_alltoall_rs.py", timeout=100)
+    run = ranks(n, "coll_alltoall_rs.py", timeout=100, env=env)
     assert_all_ok(run, n)
 
 

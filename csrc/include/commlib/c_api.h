@@ -71,7 +71,7 @@ typedef struct {
   const void* input;      /* data to send (may equal output for in-place)   */
   void* output;           /* allreduce/broadcast: same shape as input;
                              reducescatter: this rank's slice of dim 0;
-                             allgather/alltoall: NULL (core-owned result)    */
+                             allgather/alltoall: NULL (the core allocates)    */
   int reduce_op;
   double prescale;
   double postscale;
@@ -115,9 +115,11 @@ int commlib_poll(int64_t handle);
 int commlib_wait(int64_t handle, double timeout_s);
 /* Status of a completed handle; the message goes to commlib_last_error(). */
 int commlib_handle_status(int64_t handle);
-/* Core-owned result of allgather/alltoall: pointer, bytes and dim 0 rows. */
-int commlib_handle_result(int64_t handle, void** data, int64_t* nbytes,
-                          int64_t* rows);
+/* Result of an allgather/alltoall: pointer, bytes and dim 0 rows. Ownership
+ * passes to the caller, who releases it with commlib_free_result(). */
+int commlib_handle_take_result(int64_t handle, void** data, int64_t* nbytes,
+                               int64_t* rows);
+void commlib_free_result(void* data);
 /* Rows received from each rank (alltoall) or contributed by each rank
  * (allgather); out must hold size() entries. */
 int commlib_handle_splits(int64_t handle, int64_t* out);
