@@ -18,9 +18,9 @@ import commlib
 def make_data(n_samples, n_features, n_classes, seed=0):
     """Gaussian blobs: a learnable classification task, identical on every rank."""
     rng = np.random.default_rng(seed)
-    centers = rng.normal(0, 2.0, size=(n_classes, n_features))
+    centers = rng.normal(0, 0.6, size=(n_classes, n_features))
     y = rng.integers(0, n_classes, size=n_samples)
-    x = centers[y] + rng.normal(0, 1.5, size=(n_samples, n_features))
+    x = centers[y] + rng.normal(0, 2.0, size=(n_samples, n_features))
     return x.astype(np.float32), y
 
 
@@ -52,7 +52,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=64, help="per rank")
-    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--lr", type=float, default=0.05)
     args = ap.parse_args()
 
     commlib.init()

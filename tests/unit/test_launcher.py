@@ -431,3 +431,13 @@ def test_child_dies_with_wrapper():
     proc.kill()
     proc.communicate(timeout=60)
     assert _process_gone(child, 10)
+
+
+def test_default_thread_env_divides_cores_among_local_ranks():
+    from commlib.launcher import default_thread_env
+
+    assert default_thread_env({}, 2, cpus=8) == {"OMP_NUM_THREADS": "4"}
+    assert default_thread_env({}, 3, cpus=2) == {"OMP_NUM_THREADS": "1"}
+    assert default_thread_env({"OMP_NUM_THREADS": "7"}, 2, cpus=8) == {}
+    assert default_thread_env({}, 4, hosts="a:2,b:2", cpus=8) == {}
+    assert default_thread_env({}, 4, hostfile="hosts.txt", cpus=8) == {}
