@@ -178,7 +178,7 @@ void Engine::init(MPI_Comm base) {
   } else {
     MPI_Comm_free(&cross);
   }
-  start_peer_monitor(exchange_peer_info(data, t.rank, t.size));
+  start_peer_monitor(exchange_peer_info(data, t.rank, t.size), shm_ ? &shm_->first_lost() : nullptr);
 
   topo_ = t;
   transport_ = std::make_unique<MpiTransport>(data);

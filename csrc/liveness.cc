@@ -32,32 +32,44 @@ bool process_alive(pid_t pid) {
   return state != 'Z' && state != 'X';
 }
 
-void monitor_loop(std::vector<PeerInfo> peers) {
+void monitor_loop(std::vector<PeerInfo> peers, std::atomic<int32_t>* first_lost) {
   std::unique_lock<std::mutex> lock(g_mu);
   while (!g_stop) {
     g_cv.wait_for(lock, std::chrono::milliseconds(100));
     if (g_stop) break;
+    const PeerInfo* lost = nullptr;
     for (const PeerInfo& p : peers) {
       if (!process_alive(p.pid)) {
-        g_lost_message = "rank " + std::to_string(p.rank) + " (pid " + std::to_string(p.pid) +
-                         " on host " + p.host + ") exited or was killed; the job cannot continue";
-        g_lost_rank.store(p.rank);
-        return;
+        lost = &p;
+        break;
       }
     }
+    if (!lost) continue;
+    if (first_lost) {  // agree with the host's other ranks on who died first
+      int32_t none = 0;
+      if (!first_lost->compare_exchange_strong(none, lost->rank + 1)) {
+        for (const PeerInfo& p : peers)
+          if (p.rank + 1 == none) lost = &p;
+      }
+    }
+    g_lost_message = "rank " + std::to_string(lost->rank) + " (pid " + std::to_string(lost->pid) +
+                     " on host " + lost->host + ") exited or was killed; the job cannot continue";
+    g_lost_rank.store(lost->rank);
+    return;
   }
 }
 
 }  // namespace
 
-void start_peer_monitor(const std::vector<PeerInfo>& local_peers) {
+void start_peer_monitor(const std::vector<PeerInfo>& local_peers,
+                        std::atomic<int32_t>* first_lost) {
   stop_peer_monitor();
   std::lock_guard<std::mutex> lock(g_mu);
   g_stop = false;
   g_lost_rank.store(-1);
   g_lost_message.clear();
   if (local_peers.empty()) return;
-  g_thread = std::thread(monitor_loop, local_peers);
+  g_thread = std::thread(monitor_loop, local_peers, first_lost);
 }
 
 void stop_peer_monitor() {

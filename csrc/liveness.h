@@ -11,6 +11,8 @@
 
 #include <sys/types.h>
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -23,7 +25,12 @@ struct PeerInfo {
 };
 
 // Starts watching the given peers (those on this host, except ourselves).
-void start_peer_monitor(const std::vector<PeerInfo>& local_peers);
+// first_lost, when given, is a slot shared by the host's ranks (in the
+// shared-memory segment) holding 1 + the first rank found dead: a survivor
+// that exits after reporting must not be named instead of the rank that died
+// first when another rank's monitor sees both gone at once.
+void start_peer_monitor(const std::vector<PeerInfo>& local_peers,
+                        std::atomic<int32_t>* first_lost = nullptr);
 void stop_peer_monitor();
 
 // -1 while every watched peer is alive.

@@ -6,7 +6,7 @@
 // costs ~2 us per 4 KiB here. Ranks synchronise through monotonically
 // increasing counters, each on its own cache line, never through barriers.
 //
-// Layout: header | posted[P] | reduced[P] | consumed[P] | stage[P][K][P][C] |
+// Layout: header (first_lost) | posted[P] | reduced[P] | consumed[P] | stage[P][K][P][C] |
 // result[K][P][C] | region[P][2][F]; P local ranks, K slots in flight, C bytes
 // per piece, F bytes per fusion region (a fusion buffer living in the segment).
 #pragma once
@@ -37,6 +37,8 @@ class ShmSegment {
   size_t piece_bytes() const { return piece_; }
   int slots() const { return slots_; }
 
+  // 1 + the first rank of the host found dead, 0 while all live (liveness.h).
+  std::atomic<int32_t>& first_lost() { return *reinterpret_cast<std::atomic<int32_t>*>(base_); }
   ShmCounter& posted(int r) { return counters_[r]; }
   ShmCounter& reduced(int r) { return counters_[size_ + r]; }
   ShmCounter& consumed(int r) { return counters_[2 * size_ + r]; }
