@@ -29,6 +29,7 @@ _EXPORTS = {
     "dispatch": ["DistributedOptimizer"],
     "errors": ["CommlibError", "CollectiveMismatchError", "NotInitializedError", "RankLostError"],
     "handle": ["Handle", "poll", "synchronize"],
+    "process_sets": ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"],
     "ops": ["Sum", "Average", "Min", "Max", "Product", "Adasum",
             "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
             "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",

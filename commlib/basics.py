@@ -9,11 +9,19 @@ from .errors import NotInitializedError
 _atexit_registered = False
 
 
-def init(comm=None) -> None:
+def init(comm=None, process_sets=None) -> None:
     """Starts commlib on every rank of MPI_COMM_WORLD, or of ``comm`` (an
     mpi4py communicator) when given. Collective: every rank must call it.
-    Calling it again while initialised does nothing."""
+    Calling it again while initialised does nothing.
+
+    ``process_sets``: ProcessSet objects to register now, in this order
+    (Horovod's static sets), or ``"dynamic"`` (accepted for Horovod
+    compatibility: sets can always be added later)."""
     global _atexit_registered
+    if process_sets is not None and process_sets != "dynamic":
+        from .process_sets import ProcessSet
+        if not all(isinstance(p, ProcessSet) for p in process_sets):
+            raise TypeError("process_sets must be a list of commlib ProcessSet objects or 'dynamic'")
     if comm is None:
         check(lib.commlib_init(0, 0))
     else:
@@ -26,6 +34,10 @@ def init(comm=None) -> None:
         # Before mpi4py's own MPI_Finalize, which runs after atexit handlers.
         atexit.register(shutdown)
         _atexit_registered = True
+    if process_sets is not None and process_sets != "dynamic":
+        from .process_sets import add_process_set
+        for ps in process_sets:
+            add_process_set(ps)
 
 
 def shutdown() -> None:
@@ -33,6 +45,8 @@ def shutdown() -> None:
     NotInitializedError; other ranks' collectives that wait for this rank fail
     too instead of hanging."""
     check(lib.commlib_shutdown())
+    from .process_sets import _reset
+    _reset()
     if lib.commlib_broken():
         # A peer is gone: MPI_Finalize would wait for it forever. Make mpi4py
         # abort at exit instead, which ends the job (the error was reported).

@@ -6,6 +6,7 @@ unsupported dtypes raise TypeError, bad shapes/roots/outputs ValueError.
 """
 from __future__ import annotations
 
+import collections
 import itertools
 from typing import Sequence
 
@@ -15,6 +16,8 @@ from . import basics
 from ._lib import check, ffi, lib
 from .dtypes import dtype_code
 from .handle import Handle, core_result, core_splits, synchronize
+from .process_sets import members as _members
+from .process_sets import process_set_id as _psid
 
 # Reduction operators (Horovod's names).
 Sum = lib.COMMLIB_SUM
@@ -36,15 +39,14 @@ Adasum = _AdasumOp()
 
 _OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product"}
 
-# Per-operation counters for unnamed requests: ranks that call the same
-# sequence of collectives generate the same names.
-_counters = {op: itertools.count() for op in ("allreduce", "allgather", "broadcast",
-                                               "alltoall", "reducescatter", "barrier")}
+# Per-operation and per-process-set counters for unnamed requests: ranks that
+# call the same sequence of collectives on a set generate the same names.
+_counters = collections.defaultdict(itertools.count)
 
 
-def _auto_name(op: str, name: str | None) -> str:
+def _auto_name(op: str, name: str | None, psid: int = 0) -> str:
     if name is None:
-        return f"{op}.noname.{next(_counters[op])}"
+        return f"{op}.noname.{next(_counters[op, psid])}"
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     return name
@@ -86,9 +88,11 @@ def resolve_op(op=None, average=None, default=Average) -> int:
 
 def _fill(req, keep: list, op_type: int, name: str, inp: np.ndarray | None,
           out: np.ndarray | None, reduce_op: int = 0, prescale: float = 1.0,
-          postscale: float = 1.0, root: int = 0, splits: Sequence[int] | None = None) -> None:
+          postscale: float = 1.0, root: int = 0, splits: Sequence[int] | None = None,
+          process_set: int = 0) -> None:
     """Fills one commlib_request; cffi objects it points to go into keep."""
     req.op_type = op_type
+    req.process_set = process_set
     cname = ffi.new("char[]", name.encode())
     keep.append(cname)
     req.name = cname
@@ -126,51 +130,56 @@ def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | 
 # ---------------------------------------------------------------- allreduce
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0) -> Handle:
-    """Starts reducing ``tensor`` across ranks; the result is a new array."""
+                    postscale_factor=1.0, process_set=None) -> Handle:
+    """Starts reducing ``tensor`` across ranks (of ``process_set``, default
+    every rank); the result is a new array."""
     inp = _as_input(tensor)
-    return _allreduce(inp, np.empty_like(inp), average, name, op, prescale_factor, postscale_factor)
+    return _allreduce(inp, np.empty_like(inp), average, name, op, prescale_factor, postscale_factor,
+                      process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0) -> Handle:
+                     postscale_factor=1.0, process_set=None) -> Handle:
     """In-place allreduce: the result is written into ``tensor``."""
     out = _check_output(tensor, "allreduce_")
-    return _allreduce(out, out, average, name, op, prescale_factor, postscale_factor)
+    return _allreduce(out, out, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
-def _allreduce(inp, out, average, name, op, prescale, postscale) -> Handle:
+def _allreduce(inp, out, average, name, op, prescale, postscale, process_set) -> Handle:
     rop = resolve_op(op, average)
-    hid, keep = _enqueue(lib.COMMLIB_OP_ALLREDUCE, _auto_name("allreduce", name), inp, out,
-                         reduce_op=rop, prescale=prescale, postscale=postscale)
+    psid = _psid(process_set)
+    hid, keep = _enqueue(lib.COMMLIB_OP_ALLREDUCE, _auto_name("allreduce", name, psid), inp, out,
+                         reduce_op=rop, prescale=prescale, postscale=postscale, process_set=psid)
     return Handle(hid, lambda _h: out, (keep, inp, out), "allreduce")
 
 
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-              postscale_factor=1.0) -> np.ndarray:
+              postscale_factor=1.0, process_set=None) -> np.ndarray:
     """The reduction (default Average) of ``tensor`` over all ranks."""
-    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))
+    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
+                                       process_set))
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-               postscale_factor=1.0) -> np.ndarray:
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))
+               postscale_factor=1.0, process_set=None) -> np.ndarray:
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                                        process_set))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0) -> Handle:
+                            postscale_factor=1.0, process_set=None) -> Handle:
     """Starts reducing a list of tensors as one unit: they are negotiated
     together and fused. One handle; synchronize returns the list of results."""
     ins = [_as_input(t) for t in tensors]
     return _grouped(ins, [np.empty_like(x) for x in ins], average, name, op, prescale_factor,
-                    postscale_factor)
+                    postscale_factor, process_set)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0) -> Handle:
+                             postscale_factor=1.0, process_set=None) -> Handle:
     """In-place grouped allreduce: results are written into the tensors."""
     outs = tensors if isinstance(tensors, list) else list(tensors)
-    return _grouped(outs, outs, average, name, op, prescale_factor, postscale_factor)
+    return _grouped(outs, outs, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
 class _GroupLayout:
@@ -213,40 +222,43 @@ def _layout_for(arrays) -> _GroupLayout:
     return layout
 
 
-def _grouped(ins, outs, average, name, op, prescale, postscale) -> Handle:
+def _grouped(ins, outs, average, name, op, prescale, postscale, process_set) -> Handle:
     basics._require_init()
     rop = resolve_op(op, average)
-    base = _auto_name("allreduce", name)
+    psid = _psid(process_set)
+    base = _auto_name("allreduce", name, psid)
     src = _layout_for(ins) if outs is ins else _GroupLayout(ins)
     dst = src if outs is ins else _GroupLayout(outs)
     hid = ffi.new("int64_t*")
     check(lib.commlib_enqueue_allreduce_group(base.encode(), len(ins), src.dtypes, src.ndims,
                                               src.dims, src.ptrs, dst.ptrs, rop, float(prescale),
-                                              float(postscale), hid))
+                                              float(postscale), psid, hid))
     return Handle(hid[0], lambda _h: outs, (src, dst, ins, outs), "grouped_allreduce")
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0) -> list[np.ndarray]:
+                      postscale_factor=1.0, process_set=None) -> list[np.ndarray]:
     return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                               postscale_factor))
+                                               postscale_factor, process_set))
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                       postscale_factor=1.0) -> list[np.ndarray]:
+                       postscale_factor=1.0, process_set=None) -> list[np.ndarray]:
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor))
+                                                postscale_factor, process_set))
 
 
 # ---------------------------------------------------------------- allgather
 
-def allgather_async(tensor, name=None) -> Handle:
+def allgather_async(tensor, name=None, process_set=None) -> Handle:
     """Starts concatenating every rank's ``tensor`` along dimension 0 (whose
     size may differ across ranks; the other dimensions must agree)."""
     inp = _as_input(tensor)
     if inp.ndim == 0:
         raise ValueError("allgather needs a tensor with at least one dimension")
-    hid, keep = _enqueue(lib.COMMLIB_OP_ALLGATHER, _auto_name("allgather", name), inp, None)
+    psid = _psid(process_set)
+    hid, keep = _enqueue(lib.COMMLIB_OP_ALLGATHER, _auto_name("allgather", name, psid), inp, None,
+                         process_set=psid)
 
     def finish(h):
         data, rows = core_result(h)
@@ -255,52 +267,58 @@ def allgather_async(tensor, name=None) -> Handle:
     return Handle(hid, finish, (keep, inp), "allgather")
 
 
-def allgather(tensor, name=None) -> np.ndarray:
-    return synchronize(allgather_async(tensor, name))
+def allgather(tensor, name=None, process_set=None) -> np.ndarray:
+    return synchronize(allgather_async(tensor, name, process_set))
 
 
 # ---------------------------------------------------------------- broadcast
 
-def _check_root(root_rank) -> int:
+def _check_root(root_rank, process_set=None) -> int:
+    """root_rank checked: an int, a rank of the job in ``process_set``."""
     if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
         raise TypeError(f"root_rank must be an int, got {type(root_rank).__name__}")
     n = basics.size()
     if not 0 <= root_rank < n:
         raise ValueError(f"root_rank {root_rank} is outside the job (ranks 0..{n - 1})")
+    if process_set is not None and root_rank not in _members(process_set):
+        raise ValueError(f"root_rank {root_rank} is not a member of {process_set}")
     return int(root_rank)
 
 
-def broadcast_async(tensor, root_rank, name=None) -> Handle:
-    """Starts copying ``tensor`` of rank ``root_rank`` to every rank; the
-    result is a new array."""
+def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:
+    """Starts copying ``tensor`` of rank ``root_rank`` to every rank (of
+    ``process_set``; root_rank is a job rank in it); the result is a new
+    array."""
     inp = _as_input(tensor)
-    return _broadcast(inp, np.empty_like(inp), root_rank, name)
+    return _broadcast(inp, np.empty_like(inp), root_rank, name, process_set)
 
 
-def broadcast_async_(tensor, root_rank, name=None) -> Handle:
+def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
     out = _check_output(tensor, "broadcast_")
-    return _broadcast(out, out, root_rank, name)
+    return _broadcast(out, out, root_rank, name, process_set)
 
 
-def _broadcast(inp, out, root_rank, name) -> Handle:
-    root = _check_root(root_rank)
-    hid, keep = _enqueue(lib.COMMLIB_OP_BROADCAST, _auto_name("broadcast", name), inp, out, root=root)
+def _broadcast(inp, out, root_rank, name, process_set) -> Handle:
+    psid = _psid(process_set)
+    root = _check_root(root_rank, process_set)
+    hid, keep = _enqueue(lib.COMMLIB_OP_BROADCAST, _auto_name("broadcast", name, psid), inp, out,
+                         root=root, process_set=psid)
     return Handle(hid, lambda _h: out, (keep, inp, out), "broadcast")
 
 
-def broadcast(tensor, root_rank, name=None) -> np.ndarray:
-    return synchronize(broadcast_async(tensor, root_rank, name))
+def broadcast(tensor, root_rank, name=None, process_set=None) -> np.ndarray:
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
-def broadcast_(tensor, root_rank, name=None) -> np.ndarray:
-    return synchronize(broadcast_async_(tensor, root_rank, name))
+def broadcast_(tensor, root_rank, name=None, process_set=None) -> np.ndarray:
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 # ---------------------------------------------------------------- alltoall
 
-def alltoall_async(tensor, splits=None, name=None) -> Handle:
+def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     """Starts an all-to-all: rows ``splits[i]`` of dimension 0 go to rank i
-    (equal parts when splits is None). The result is the received rows in rank
+    (of ``process_set``: its i-th member) (equal parts when splits is None). The result is the received rows in rank
     order, and, when splits is given, the rows received from each rank."""
     inp = _as_input(tensor)
     if inp.ndim == 0:
@@ -311,11 +329,12 @@ def alltoall_async(tensor, splits=None, name=None) -> Handle:
         if s.ndim != 1 or not np.issubdtype(s.dtype, np.integer):
             raise ValueError("splits must be a 1-D sequence of integers, one per rank")
         split_list = [int(x) for x in s]
-    n = basics.size()
+    psid = _psid(process_set)
+    n = len(_members(process_set))
     if split_list is not None and len(split_list) != n:
         raise ValueError(f"alltoall splits must have one entry per rank ({n}), got {len(split_list)}")
-    hid, keep = _enqueue(lib.COMMLIB_OP_ALLTOALL, _auto_name("alltoall", name), inp, None,
-                         splits=split_list)
+    hid, keep = _enqueue(lib.COMMLIB_OP_ALLTOALL, _auto_name("alltoall", name, psid), inp, None,
+                         splits=split_list, process_set=psid)
 
     def finish(h):
         data, rows = core_result(h)
@@ -327,38 +346,43 @@ def alltoall_async(tensor, splits=None, name=None) -> Handle:
     return Handle(hid, finish, (keep, inp), "alltoall")
 
 
-def alltoall(tensor, splits=None, name=None):
-    return synchronize(alltoall_async(tensor, splits, name))
+def alltoall(tensor, splits=None, name=None, process_set=None):
+    return synchronize(alltoall_async(tensor, splits, name, process_set))
 
 
 # ---------------------------------------------------------------- reducescatter
 
 def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
-                        postscale_factor=1.0) -> Handle:
+                        postscale_factor=1.0, process_set=None) -> Handle:
     """Starts reducing ``tensor`` across ranks and leaves on each rank its part
     of dimension 0 (split as evenly as possible, lower ranks get the extra
     rows)."""
     inp = _as_input(tensor)
     if inp.ndim == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension")
-    n, me = basics.size(), basics.rank()
+    psid = _psid(process_set)
+    ranks = _members(process_set)
+    n, me = len(ranks), ranks.index(basics.rank())
     dim0 = inp.shape[0]
     rows = dim0 // n + (1 if me < dim0 % n else 0)
     out = np.empty((rows,) + inp.shape[1:], dtype=inp.dtype)
-    hid, keep = _enqueue(lib.COMMLIB_OP_REDUCESCATTER, _auto_name("reducescatter", name), inp, out,
-                         reduce_op=resolve_op(op), prescale=prescale_factor,
-                         postscale=postscale_factor)
+    hid, keep = _enqueue(lib.COMMLIB_OP_REDUCESCATTER, _auto_name("reducescatter", name, psid), inp,
+                         out, reduce_op=resolve_op(op), prescale=prescale_factor,
+                         postscale=postscale_factor, process_set=psid)
     return Handle(hid, lambda _h: out, (keep, inp, out), "reducescatter")
 
 
 def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0,
-                  postscale_factor=1.0) -> np.ndarray:
-    return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
+                  postscale_factor=1.0, process_set=None) -> np.ndarray:
+    return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
+                                           process_set))
 
 
 # ---------------------------------------------------------------- barrier
 
-def barrier() -> None:
-    """Returns once every rank has called barrier()."""
-    hid, keep = _enqueue(lib.COMMLIB_OP_BARRIER, _auto_name("barrier", None), None, None)
+def barrier(process_set=None) -> None:
+    """Returns once every rank (of ``process_set``) has called barrier()."""
+    psid = _psid(process_set)
+    hid, keep = _enqueue(lib.COMMLIB_OP_BARRIER, _auto_name("barrier", None, psid), None, None,
+                         process_set=psid)
     synchronize(Handle(hid, lambda _h: None, keep, "barrier"))

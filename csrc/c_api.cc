@@ -100,10 +100,28 @@ int commlib_enqueue(const commlib_request* req, int64_t* handle) {
 int commlib_enqueue_allreduce_group(const char* base_name, int n, const int32_t* dtypes,
                                     const int32_t* ndims, const int64_t* shapes,
                                     void* const* inputs, void* const* outputs, int reduce_op,
-                                    double prescale, double postscale, int64_t* handle) {
+                                    double prescale, double postscale, int process_set,
+                                    int64_t* handle) {
   return guarded([&] {
     *handle = Engine::get().enqueue_allreduce_group(base_name, n, dtypes, ndims, shapes, inputs,
-                                                    outputs, reduce_op, prescale, postscale);
+                                                    outputs, reduce_op, prescale, postscale,
+                                                    process_set);
+  });
+}
+
+int commlib_add_process_set(const int32_t* ranks, int n, int64_t* handle) {
+  return guarded([&] { *handle = Engine::get().add_process_set(ranks, n); });
+}
+
+int commlib_remove_process_set(int id, int64_t* handle) {
+  return guarded([&] { *handle = Engine::get().remove_process_set(id); });
+}
+
+int commlib_handle_value(int64_t handle, int64_t* value) {
+  return guarded([&] {
+    auto h = find_handle(handle);
+    if (!h->done.load()) throw Error(COMMLIB_ERR_VALUE, "handle has not completed");
+    *value = h->rows;
   });
 }
 

@@ -35,6 +35,8 @@ const char* op_type_name(int op_type) {
     case COMMLIB_OP_ALLTOALL: return "alltoall";
     case COMMLIB_OP_REDUCESCATTER: return "reducescatter";
     case COMMLIB_OP_BARRIER: return "barrier";
+    case COMMLIB_OP_ADD_PROCESS_SET: return "add_process_set";
+    case COMMLIB_OP_REMOVE_PROCESS_SET: return "remove_process_set";
     default: return "unknown";
   }
 }

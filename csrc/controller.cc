@@ -1,5 +1,6 @@
 #include "controller.h"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -7,22 +8,27 @@
 namespace commlib {
 namespace {
 
-// "rank 0, 2: [4, 4]; rank 1: [5]" from one value string per rank.
-std::string by_rank(const std::vector<std::string>& values) {
+// "rank 0, 2: [4, 4]; rank 1: [5]" from one value string per rank
+// (values[i] is job rank ranks[i]'s).
+std::string by_rank(const std::vector<std::string>& values, const std::vector<int>& ranks) {
   std::map<std::string, std::vector<int>> groups;
   std::vector<std::string> order;
-  for (size_t r = 0; r < values.size(); ++r) {
-    if (!groups.count(values[r])) order.push_back(values[r]);
-    groups[values[r]].push_back(int(r));
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!groups.count(values[i])) order.push_back(values[i]);
+    groups[values[i]].push_back(ranks[i]);
   }
   std::ostringstream out;
   for (size_t i = 0; i < order.size(); ++i) {
-    const auto& ranks = groups[order[i]];
-    out << (i ? "; " : "") << (ranks.size() > 1 ? "ranks " : "rank ");
-    for (size_t j = 0; j < ranks.size(); ++j) out << (j ? ", " : "") << ranks[j];
+    const auto& rs = groups[order[i]];
+    out << (i ? "; " : "") << (rs.size() > 1 ? "ranks " : "rank ");
+    for (size_t j = 0; j < rs.size(); ++j) out << (j ? ", " : "") << rs[j];
     out << ": " << order[i];
   }
   return out.str();
+}
+
+std::string ranks_str(const std::vector<int>& ranks) {
+  return shape_str(std::vector<int64_t>(ranks.begin(), ranks.end()));
 }
 
 template <typename F>
@@ -49,15 +55,18 @@ bool first_dim_may_differ(int op_type) {
 }  // namespace
 
 Controller::Controller(int size, int64_t fusion_threshold_bytes)
-    : size_(size), fusion_threshold_(fusion_threshold_bytes) {}
+    : size_(size), fusion_threshold_(fusion_threshold_bytes) {
+  for (int r = 0; r < size; ++r) sets_[0].push_back(r);
+}
 
-std::string Controller::validate(const std::vector<RequestDesc>& d, int* code) {
+std::string Controller::validate(const std::vector<RequestDesc>& d, const std::vector<int>& ranks,
+                                 int* code) {
   *code = COMMLIB_ERR_MISMATCH;
   const std::string what = std::string("'") + d[0].name + "'";
   auto mismatch = [&](const char* field, auto to_str) {
     std::vector<std::string> vals;
     for (const auto& x : d) vals.push_back(to_str(x));
-    return std::string("Mismatched ") + field + " for " + what + " across ranks: " + by_rank(vals);
+    return std::string("Mismatched ") + field + " for " + what + " across ranks: " + by_rank(vals, ranks);
   };
   if (differs(d, [](const RequestDesc& x) { return x.op_type; }))
     return mismatch("collective operation", [](const RequestDesc& x) { return std::string(op_type_name(x.op_type)); });
@@ -66,9 +75,19 @@ std::string Controller::validate(const std::vector<RequestDesc>& d, int* code) {
   auto fail = [&](const char* field, auto to_str) {
     std::vector<std::string> vals;
     for (const auto& x : d) vals.push_back(to_str(x));
-    return std::string("Mismatched ") + field + " for " + kind + " across ranks: " + by_rank(vals);
+    return std::string("Mismatched ") + field + " for " + kind + " across ranks: " + by_rank(vals, ranks);
   };
   if (op == COMMLIB_OP_BARRIER) return "";
+  if (op == COMMLIB_OP_ADD_PROCESS_SET) {
+    if (differs(d, [](const RequestDesc& x) { return x.splits; }))
+      return fail("process set ranks", [](const RequestDesc& x) { return shape_str(x.splits); });
+    return "";
+  }
+  if (op == COMMLIB_OP_REMOVE_PROCESS_SET) {
+    if (differs(d, [](const RequestDesc& x) { return x.root; }))
+      return fail("process set id", [](const RequestDesc& x) { return std::to_string(x.root); });
+    return "";
+  }
   if (differs(d, [](const RequestDesc& x) { return x.dtype; }))
     return fail("dtype", [](const RequestDesc& x) { return std::string(dtype_name(x.dtype)); });
   if (uses_reduce_op(op)) {
@@ -94,7 +113,7 @@ std::string Controller::validate(const std::vector<RequestDesc>& d, int* code) {
     std::vector<std::string> vals;
     for (const auto& v : m) vals.push_back(v[k]);
     return std::string("Mismatched dtype/shape of grouped tensor ") + std::to_string(k) + " ('" +
-           d[0].name + "." + std::to_string(k) + "') for " + kind + " across ranks: " + by_rank(vals);
+           d[0].name + "." + std::to_string(k) + "') for " + kind + " across ranks: " + by_rank(vals, ranks);
   }
   if (op == COMMLIB_OP_BROADCAST && differs(d, [](const RequestDesc& x) { return x.root; }))
     return fail("root rank", [](const RequestDesc& x) { return std::to_string(x.root); });
@@ -112,35 +131,57 @@ std::string Controller::validate(const std::vector<RequestDesc>& d, int* code) {
 }
 
 void Controller::add(int rank, RequestDesc desc, int64_t now_us) {
-  const std::string name = desc.name;
-  Pending& p = table_[name];
+  const std::string key = request_key(desc);
+  const int ps = desc.process_set;
+  auto set = sets_.find(ps);
+  if (set == sets_.end()) {  // removed meanwhile (the caller checks membership)
+    reject(key, ps, COMMLIB_ERR_VALUE, "process set " + std::to_string(ps) + " does not exist (removed?)");
+    return;
+  }
+  const std::vector<int>& members = set->second;
+  const auto at = std::find(members.begin(), members.end(), rank);
+  if (at == members.end()) {
+    reject(key, ps, COMMLIB_ERR_VALUE, "rank " + std::to_string(rank) + " is not a member of process set " +
+                                           std::to_string(ps) + " " + ranks_str(members));
+    return;
+  }
+  const size_t idx = size_t(at - members.begin());
+  Pending& p = table_[key];
   if (p.have.empty()) {
-    p.descs.resize(size_);
-    p.have.assign(size_, false);
+    p.process_set = ps;
+    p.ranks = members;
+    p.descs.resize(members.size());
+    p.have.assign(members.size(), false);
     p.first_seen_us = now_us;
   }
-  if (p.have[rank]) {  // cannot happen: enqueue rejects names in flight
+  if (p.have[idx]) {  // cannot happen: enqueue rejects names in flight
     return;
   }
-  p.have[rank] = true;
-  p.descs[rank] = std::move(desc);
+  p.have[idx] = true;
+  p.descs[idx] = std::move(desc);
   ++p.count;
   if (first_left_ >= 0) {  // nothing can complete once a rank has left
-    fail(name, first_left_);
-    table_.erase(name);
+    fail(key, first_left_);
+    table_.erase(key);
     return;
   }
-  if (p.count == size_) complete_.push_back(name);
+  if (p.count == int(p.ranks.size())) complete_.push_back(key);
 }
 
-void Controller::fail(const std::string& name, int left_rank) {
+void Controller::reject(const std::string& key, int process_set, int code, const std::string& why) {
   Response e;
   e.kind = Response::kError;
-  e.error_code = COMMLIB_ERR_NOT_INIT;
-  e.error = "rank " + std::to_string(left_rank) + " called shutdown() before '" + name +
-            "' could complete";
-  e.names.push_back(name);
+  e.process_set = process_set;
+  e.error_code = code;
+  e.error = why;
+  e.names.push_back(key);
   errors_.push_back(std::move(e));
+}
+
+void Controller::fail(const std::string& key, int left_rank) {
+  reject(key, 0, COMMLIB_ERR_NOT_INIT,
+         "rank " + std::to_string(left_rank) + " called shutdown() before '" +
+             std::string(key.c_str()) + "' could complete");
 }
 
 void Controller::rank_left(int rank) {
@@ -153,12 +194,55 @@ void Controller::rank_left(int rank) {
   complete_.clear();
 }
 
-Response Controller::make_response(const std::string& name, Pending& p) {
+std::string Controller::add_set(const std::vector<int64_t>& ranks, int64_t* id) {
+  std::vector<int> members;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= size_ || (i > 0 && ranks[i] <= ranks[i - 1]))
+      return "process set ranks " + shape_str(ranks) + " must be distinct ranks of the job (0.." +
+             std::to_string(size_ - 1) + "), in ascending order";
+    members.push_back(int(ranks[i]));
+  }
+  if (members.empty()) return "a process set needs at least one rank";
+  for (const auto& [k, v] : sets_)
+    if (v == members) return "a process set with ranks " + ranks_str(members) + " already exists (id " + std::to_string(k) + ")";
+  *id = next_set_id_++;
+  sets_[int(*id)] = members;
+  return "";
+}
+
+std::string Controller::remove_set(int id) {
+  if (id == 0) return "the global process set (id 0) cannot be removed";
+  if (!sets_.erase(id)) return "process set " + std::to_string(id) + " does not exist";
+  // Requests some members submitted on it can never complete now.
+  for (auto it = table_.begin(); it != table_.end();) {
+    if (it->second.process_set == id) {
+      reject(it->first, id, COMMLIB_ERR_VALUE,
+             "process set " + std::to_string(id) + " was removed before '" +
+                 std::string(it->first.c_str()) + "' could complete");
+      it = table_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return "";
+}
+
+Response Controller::make_response(const std::string& key, Pending& p) {
   Response resp;
   resp.op_type = p.descs[0].op_type;
-  resp.names.push_back(name);
+  resp.process_set = p.process_set;
+  resp.names.push_back(key);
   int code = 0;
-  std::string err = validate(p.descs, &code);
+  std::string err = validate(p.descs, p.ranks, &code);
+  if (err.empty() && resp.op_type == COMMLIB_OP_ADD_PROCESS_SET) {
+    int64_t id = 0;
+    err = add_set(p.descs[0].splits, &id);
+    code = COMMLIB_ERR_VALUE;
+    resp.rows = {id};
+  } else if (err.empty() && resp.op_type == COMMLIB_OP_REMOVE_PROCESS_SET) {
+    err = remove_set(p.descs[0].root);
+    code = COMMLIB_ERR_VALUE;
+  }
   if (!err.empty()) {
     resp.kind = Response::kError;
     resp.error_code = code;
@@ -170,31 +254,33 @@ Response Controller::make_response(const std::string& name, Pending& p) {
   } else if (resp.op_type == COMMLIB_OP_ALLTOALL) {
     for (const auto& d : p.descs) resp.rows.insert(resp.rows.end(), d.splits.begin(), d.splits.end());
   }
+  resp.to = p.ranks;
   return resp;
 }
 
 std::vector<Response> Controller::take_ready() {
   std::vector<Response> out = std::move(errors_);
   errors_.clear();
-  // Open fused allreduce per (dtype, op, prescale, postscale): index in out, bytes.
-  std::map<std::tuple<int, int, double, double>, std::pair<size_t, int64_t>> open;
-  for (const std::string& name : complete_) {
-    auto it = table_.find(name);
+  // Open fused allreduce per (set, dtype, op, prescale, postscale): index in out, bytes.
+  std::map<std::tuple<int, int, int, double, double>, std::pair<size_t, int64_t>> open;
+  for (const std::string& key : complete_) {
+    auto it = table_.find(key);
+    if (it == table_.end()) continue;  // its process set was removed just before
     Pending& p = it->second;
-    Response resp = make_response(name, p);
+    Response resp = make_response(key, p);
     const RequestDesc& d = p.descs[0];
     if (resp.kind == Response::kExecute && resp.op_type == COMMLIB_OP_ALLREDUCE &&
         d.group_size < 0) {  // a group is already one fused unit
       // Half dtypes are reduced in a float32 fusion buffer.
       const int64_t esize = is_half_dtype(d.dtype) ? 4 : int64_t(dtype_size(d.dtype));
       const int64_t bytes = num_elements(d.shape) * esize;
-      auto key = std::make_tuple(d.dtype, d.reduce_op, d.prescale, d.postscale);
-      auto o = open.find(key);
+      auto fkey = std::make_tuple(p.process_set, d.dtype, d.reduce_op, d.prescale, d.postscale);
+      auto o = open.find(fkey);
       if (o != open.end() && o->second.second + bytes <= fusion_threshold_) {
-        out[o->second.first].names.push_back(name);
+        out[o->second.first].names.push_back(key);
         o->second.second += bytes;
       } else {
-        open[key] = {out.size(), bytes};
+        open[fkey] = {out.size(), bytes};
         out.push_back(std::move(resp));
       }
     } else {
@@ -203,6 +289,9 @@ std::vector<Response> Controller::take_ready() {
     table_.erase(it);
   }
   complete_.clear();
+  // Errors raised meanwhile (requests of a removed process set).
+  for (Response& e : errors_) out.push_back(std::move(e));
+  errors_.clear();
   return out;
 }
 
@@ -212,11 +301,12 @@ std::vector<std::string> Controller::stall_warnings(int64_t now_us, int64_t afte
     if (p.warned || now_us - p.first_seen_us < after_us) continue;
     p.warned = true;
     std::string have, missing;
-    for (int r = 0; r < size_; ++r) {
-      std::string& s = p.have[r] ? have : missing;
-      s += (s.empty() ? "" : ", ") + std::to_string(r);
+    for (size_t i = 0; i < p.ranks.size(); ++i) {
+      std::string& s = p.have[i] ? have : missing;
+      s += (s.empty() ? "" : ", ") + std::to_string(p.ranks[i]);
     }
-    out.push_back("'" + name + "' has waited " + std::to_string((now_us - p.first_seen_us) / 1000000) +
+    const std::string where = p.process_set ? " (process set " + std::to_string(p.process_set) + ")" : "";
+    out.push_back("'" + std::string(name.c_str()) + "'" + where + " has waited " + std::to_string((now_us - p.first_seen_us) / 1000000) +
                   " s: submitted by ranks [" + have + "], still missing on ranks [" + missing +
                   "]. Check that every rank calls the same collectives with the same names.");
   }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -19,33 +20,46 @@ class Controller {
  public:
   Controller(int size, int64_t fusion_threshold_bytes);
 
+  // A request of a rank (a job rank; a member of the request's process set).
   void add(int rank, RequestDesc desc, int64_t now_us);
   // A rank called shutdown(): every open request fails, now and later.
   void rank_left(int rank);
-  // Responses for every request now complete, in a fixed order.
+  // Responses for every request now complete, in a fixed order. Each one's
+  // `to` lists the ranks that must receive it (the members of its process
+  // set; every rank for errors and for process-set changes).
   std::vector<Response> take_ready();
   // Names waiting longer than after_us, each reported once, as messages.
   std::vector<std::string> stall_warnings(int64_t now_us, int64_t after_us);
   void set_fusion_threshold(int64_t bytes) { fusion_threshold_ = bytes; }
 
   // Empty when the requests agree; otherwise the error message (*code set).
-  static std::string validate(const std::vector<RequestDesc>& descs, int* code);
+  // descs[i] came from job rank ranks[i].
+  static std::string validate(const std::vector<RequestDesc>& descs, const std::vector<int>& ranks,
+                              int* code);
 
  private:
   struct Pending {
-    std::vector<RequestDesc> descs;  // indexed by rank
+    int process_set = 0;
+    std::vector<int> ranks;          // the set's members (job ranks)
+    std::vector<RequestDesc> descs;  // indexed by position in ranks
     std::vector<bool> have;
     int count = 0;
     int64_t first_seen_us = 0;
     bool warned = false;
   };
-  Response make_response(const std::string& name, Pending& p);
-  void fail(const std::string& name, int left_rank);
+  Response make_response(const std::string& key, Pending& p);
+  // Registers or removes a process set (an error message, or empty).
+  std::string add_set(const std::vector<int64_t>& ranks, int64_t* id);
+  std::string remove_set(int id);
+  void fail(const std::string& key, int left_rank);
+  void reject(const std::string& key, int process_set, int code, const std::string& why);
 
   int size_;
   int64_t fusion_threshold_;
   int first_left_ = -1;  // a rank that called shutdown()
-  std::unordered_map<std::string, Pending> table_;
+  std::map<int, std::vector<int>> sets_;  // process sets by id (0: every rank)
+  int next_set_id_ = 1;
+  std::unordered_map<std::string, Pending> table_;  // by request key
   std::vector<std::string> complete_;  // names complete, in completion order
   std::vector<Response> errors_;       // immediate errors (rank left)
 };

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <algorithm>
+
 #include "common.h"
 #include "liveness.h"
 #include "progress.h"
@@ -56,7 +58,8 @@ std::vector<PeerInfo> exchange_peer_info(MPI_Comm comm, int rank, int size) {
   return local;
 }
 
-void validate_request(const commlib_request& q, int size) {
+// members: the job ranks of the request's process set.
+void validate_request(const commlib_request& q, const std::vector<int>& members) {
   if (q.op_type < COMMLIB_OP_ALLREDUCE || q.op_type > COMMLIB_OP_BARRIER)
     throw Error(COMMLIB_ERR_VALUE, "unknown collective operation " + std::to_string(q.op_type));
   if (!q.name || !*q.name) throw Error(COMMLIB_ERR_VALUE, "a collective needs a non-empty name");
@@ -73,9 +76,15 @@ void validate_request(const commlib_request& q, int size) {
                                         " is not supported for dtype " + dtype_name(q.dtype));
     }
   }
-  if (q.op_type == COMMLIB_OP_BROADCAST && (q.root < 0 || q.root >= size)) {
-    throw Error(COMMLIB_ERR_VALUE, "broadcast root_rank " + std::to_string(q.root) +
-                                       " is outside the job (size " + std::to_string(size) + ")");
+  if (q.op_type == COMMLIB_OP_BROADCAST &&
+      std::find(members.begin(), members.end(), q.root) == members.end()) {
+    if (q.process_set == 0) {
+      throw Error(COMMLIB_ERR_VALUE, "broadcast root_rank " + std::to_string(q.root) +
+                                         " is outside the job (size " + std::to_string(members.size()) + ")");
+    }
+    throw Error(COMMLIB_ERR_VALUE, "broadcast root_rank " + std::to_string(q.root) + " is not a member of process set " +
+                                       std::to_string(q.process_set) + " " +
+                                       shape_str(std::vector<int64_t>(members.begin(), members.end())));
   }
   if ((q.op_type == COMMLIB_OP_ALLGATHER || q.op_type == COMMLIB_OP_ALLTOALL ||
        q.op_type == COMMLIB_OP_REDUCESCATTER) && q.ndim < 1) {
@@ -89,7 +98,8 @@ void validate_request(const commlib_request& q, int size) {
   if (needs_output && n > 0 && !q.output) throw Error(COMMLIB_ERR_VALUE, "output buffer is NULL");
 }
 
-// Rows sent to each rank by an alltoall: explicit splits or equal parts.
+// Rows sent to each rank (of the process set) by an alltoall: explicit
+// splits or equal parts.
 std::vector<int64_t> alltoall_splits(const commlib_request& q, int size) {
   const int64_t dim0 = q.shape[0];
   if (q.nsplits == 0) {
@@ -190,6 +200,9 @@ void Engine::init(MPI_Comm base) {
     dead_code_ = 0;
     dead_message_.clear();
     in_flight_.clear();
+    sets_.clear();
+    for (int r = 0; r < t.size; ++r) sets_[0].push_back(r);
+    set_calls_ = 0;
   }
   stop_.store(false);
   running_.store(true);
@@ -207,7 +220,9 @@ void Engine::shutdown() {
     transport_->abandon();
     control_->abandon();
     if (cross_) cross_->abandon();
+    for (auto& [id, t] : set_transports_) t->abandon();
   }
+  set_transports_.clear();
   transport_.reset();
   control_.reset();
   controller_.reset();
@@ -225,9 +240,30 @@ void Engine::set_fusion_threshold(int64_t bytes) {
   fusion_threshold_.store(bytes);
 }
 
+const std::vector<int>& Engine::members_of(int id) const {
+  auto it = sets_.find(id);
+  if (it == sets_.end()) {
+    throw Error(COMMLIB_ERR_VALUE, "process set " + std::to_string(id) +
+                                       " does not exist: register it with add_process_set() first");
+  }
+  if (std::find(it->second.begin(), it->second.end(), topo_.rank) == it->second.end()) {
+    throw Error(COMMLIB_ERR_VALUE,
+                "rank " + std::to_string(topo_.rank) + " is not a member of process set " + std::to_string(id) +
+                    " " + shape_str(std::vector<int64_t>(it->second.begin(), it->second.end())) +
+                    "; only its members may call collectives on it");
+  }
+  return it->second;
+}
+
 Entry Engine::make_entry(const commlib_request& q) {
-  validate_request(q, topo_.size);
+  std::vector<int> members;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    members = members_of(q.process_set);
+  }
+  validate_request(q, members);
   Entry e;
+  e.desc.process_set = q.process_set;
   e.desc.name = q.name;
   e.desc.op_type = q.op_type;
   e.desc.dtype = q.op_type == COMMLIB_OP_BARRIER ? COMMLIB_UINT8 : q.dtype;
@@ -236,7 +272,7 @@ Entry Engine::make_entry(const commlib_request& q) {
   e.desc.prescale = q.prescale;
   e.desc.postscale = q.postscale;
   e.desc.shape.assign(q.shape, q.shape + q.ndim);
-  if (q.op_type == COMMLIB_OP_ALLTOALL) e.desc.splits = alltoall_splits(q, topo_.size);
+  if (q.op_type == COMMLIB_OP_ALLTOALL) e.desc.splits = alltoall_splits(q, int(members.size()));
   e.input = q.input;
   e.output = q.output;
   return e;
@@ -259,10 +295,11 @@ int64_t Engine::push(std::vector<Entry>& entries) {
       code = dead_code_;
       error = dead_message_;
     }
-    std::unordered_set<std::string> names;
+    std::unordered_set<std::string> keys;
     for (const Entry& e : entries) {
       if (code) break;
-      if (in_flight_.count(e.desc.name) || !names.insert(e.desc.name).second) {
+      const std::string key = request_key(e.desc);
+      if (in_flight_.count(key) || !keys.insert(key).second) {
         code = COMMLIB_ERR_VALUE;
         error = "a collective named '" + e.desc.name +
                 "' is already in flight on this rank; wait for it or use another name";
@@ -273,7 +310,7 @@ int64_t Engine::push(std::vector<Entry>& entries) {
       throw Error(code, error);
     }
     for (Entry& e : entries) {
-      in_flight_.insert(e.desc.name);
+      in_flight_.insert(request_key(e.desc));
       queue_.push_back(std::move(e));
     }
   }
@@ -293,15 +330,21 @@ int64_t Engine::enqueue(const commlib_request& q) {
 int64_t Engine::enqueue_allreduce_group(const char* base, int n, const int32_t* dtypes,
                                         const int32_t* ndims, const int64_t* shapes,
                                         void* const* inputs, void* const* outputs, int reduce_op,
-                                        double prescale, double postscale) {
+                                        double prescale, double postscale, int process_set) {
   if (!running_.load()) {
     throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
   }
   if (n < 0) throw Error(COMMLIB_ERR_VALUE, "negative group size");
   if (!base || !*base) throw Error(COMMLIB_ERR_VALUE, "a collective needs a non-empty name");
+  std::vector<int> members;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    members = members_of(process_set);
+  }
   Entry e;
   RequestDesc& d = e.desc;
   d.name = base;
+  d.process_set = process_set;
   d.op_type = COMMLIB_OP_ALLREDUCE;
   d.dtype = n > 0 ? dtypes[0] : COMMLIB_FLOAT32;
   d.reduce_op = reduce_op;
@@ -319,7 +362,8 @@ int64_t Engine::enqueue_allreduce_group(const char* base, int n, const int32_t* 
     q.input = inputs[i];
     q.output = outputs[i];
     q.reduce_op = reduce_op;
-    validate_request(q, topo_.size);
+    q.process_set = process_set;
+    validate_request(q, members);
     d.members.push_back(dtypes[i]);
     d.members.push_back(ndims[i]);
     d.members.insert(d.members.end(), shape, shape + ndims[i]);
@@ -330,6 +374,56 @@ int64_t Engine::enqueue_allreduce_group(const char* base, int n, const int32_t* 
   }
   std::vector<Entry> one;
   if (n > 0) one.push_back(std::move(e));
+  return push(one);
+}
+
+int64_t Engine::add_process_set(const int32_t* ranks, int n) {
+  if (!running_.load()) {
+    throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
+  }
+  if (n < 1) throw Error(COMMLIB_ERR_VALUE, "a process set needs at least one rank");
+  Entry e;
+  for (int i = 0; i < n; ++i) {
+    if (ranks[i] < 0 || ranks[i] >= topo_.size || (i > 0 && ranks[i] <= ranks[i - 1])) {
+      throw Error(COMMLIB_ERR_VALUE, "process set ranks must be distinct ranks of the job (0.." +
+                                         std::to_string(topo_.size - 1) + ") in ascending order");
+    }
+    e.desc.splits.push_back(ranks[i]);
+  }
+  e.desc.op_type = COMMLIB_OP_ADD_PROCESS_SET;
+  e.desc.dtype = COMMLIB_UINT8;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    e.desc.name = "process_set.add." + std::to_string(set_calls_++);
+  }
+  std::vector<Entry> one;
+  one.push_back(std::move(e));
+  return push(one);
+}
+
+int64_t Engine::remove_process_set(int id) {
+  if (!running_.load()) {
+    throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
+  }
+  if (id == 0) throw Error(COMMLIB_ERR_VALUE, "the global process set (id 0) cannot be removed");
+  Entry e;
+  e.desc.op_type = COMMLIB_OP_REMOVE_PROCESS_SET;
+  e.desc.dtype = COMMLIB_UINT8;
+  e.desc.root = id;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (!sets_.count(id)) throw Error(COMMLIB_ERR_VALUE, "process set " + std::to_string(id) + " does not exist");
+    const std::string suffix = request_key("", id);
+    for (const std::string& key : in_flight_) {
+      if (key.size() >= suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        throw Error(COMMLIB_ERR_VALUE, "cannot remove process set " + std::to_string(id) + " while '" +
+                                           std::string(key.c_str()) + "' is in flight on it; synchronize it first");
+      }
+    }
+    e.desc.name = "process_set.remove." + std::to_string(set_calls_++);
+  }
+  std::vector<Entry> one;
+  one.push_back(std::move(e));
   return push(one);
 }
 
@@ -436,14 +530,11 @@ bool Engine::cycle() {
     controller_->set_fusion_threshold(fusion_threshold_.load());
     std::vector<Response> resps = controller_->take_ready();
     if (!resps.empty()) {
-      Writer w;
-      w.put<int32_t>(kMsgResponses);
-      w.put<uint32_t>(uint32_t(resps.size()));
-      for (const Response& r : resps) encode(w, r);
-      const std::string bytes = w.take();
-      for (int r = 1; r < topo_.size; ++r)
-        if (!worker_left_[r]) control_->send(r, bytes);
-      for (Response& r : resps) ready_.push_back(std::move(r));
+      send_responses(resps);
+      for (Response& r : resps) {
+        const bool mine = r.to.empty() || std::find(r.to.begin(), r.to.end(), 0) != r.to.end();
+        if (mine) ready_.push_back(std::move(r));
+      }
       worked = true;
     }
     const int64_t now = now_us();
@@ -465,6 +556,30 @@ bool Engine::cycle() {
   return worked;
 }
 
+// Coordinator: each worker gets, in order, the responses addressed to it.
+void Engine::send_responses(const std::vector<Response>& resps) {
+  std::string common;  // the message of workers that get every response
+  for (int r = 1; r < topo_.size; ++r) {
+    if (worker_left_[r]) continue;
+    std::vector<const Response*> mine;
+    for (const Response& x : resps)
+      if (x.to.empty() || std::find(x.to.begin(), x.to.end(), r) != x.to.end()) mine.push_back(&x);
+    if (mine.empty()) continue;
+    const bool all = mine.size() == resps.size();
+    if (all && !common.empty()) {
+      control_->send(r, common);
+      continue;
+    }
+    Writer w;
+    w.put<int32_t>(kMsgResponses);
+    w.put<uint32_t>(uint32_t(mine.size()));
+    for (const Response* x : mine) encode(w, *x);
+    std::string bytes = w.take();
+    if (all) common = bytes;
+    control_->send(r, std::move(bytes));
+  }
+}
+
 void Engine::submit(std::vector<Entry>& batch) {
   Writer w;
   w.put<int32_t>(kMsgRequests);
@@ -476,8 +591,8 @@ void Engine::submit(std::vector<Entry>& batch) {
     } else {
       encode(w, e.desc);
     }
-    std::string name = e.desc.name;
-    pending_.emplace(std::move(name), std::move(e));
+    std::string key = request_key(e.desc);
+    pending_.emplace(std::move(key), std::move(e));
   }
   if (!controller_) control_->send(0, w.take());
 }
@@ -513,24 +628,49 @@ void Engine::on_message(int source, const std::string& msg) {
 
 void Engine::execute(const Response& resp) {
   if (resp.kind == Response::kError) {
-    for (const std::string& name : resp.names) {
-      auto it = pending_.find(name);
-      if (it == pending_.end()) continue;  // never submitted here (rank left)
+    for (const std::string& key : resp.names) {
+      auto it = pending_.find(key);
+      if (it == pending_.end()) continue;  // never submitted here (rank left, not a member)
       finish(it->second, resp.error_code, resp.error);
       pending_.erase(it);
     }
     return;
   }
   std::vector<Entry*> entries;
-  for (const std::string& name : resp.names) {
-    auto it = pending_.find(name);
+  for (const std::string& key : resp.names) {
+    auto it = pending_.find(key);
     if (it == pending_.end()) {
-      throw Error(COMMLIB_ERR_INTERNAL, "coordinator answered for unknown tensor '" + name + "'");
+      throw Error(COMMLIB_ERR_INTERNAL, "coordinator answered for unknown tensor '" + std::string(key.c_str()) + "'");
     }
     entries.push_back(&it->second);
   }
-  OpContext ctx{*transport_, fusion_, scratch_, algo_, size_t(fusion_threshold_.load()), shm_.get(),
-                cross_.get(), shm_collectives_};
+  if (resp.op_type == COMMLIB_OP_ADD_PROCESS_SET || resp.op_type == COMMLIB_OP_REMOVE_PROCESS_SET) {
+    execute_set_change(resp, *entries[0]);
+    return;
+  }
+  // A process set runs over its own communicator, without the host's shared
+  // memory (whose ranks are the whole host's).
+  Transport* transport = transport_.get();
+  ShmSegment* shm = shm_.get();
+  Transport* cross = cross_.get();
+  if (resp.process_set != 0) {
+    auto t = set_transports_.find(resp.process_set);
+    if (t == set_transports_.end()) {
+      throw Error(COMMLIB_ERR_INTERNAL, "asked to run on process set " + std::to_string(resp.process_set) +
+                                            ", which this rank is not in");
+    }
+    transport = t->second.get();
+    shm = nullptr;
+    cross = nullptr;
+    if (resp.op_type == COMMLIB_OP_BROADCAST) {  // root: job rank -> rank in the set
+      int& root = entries[0]->desc.root;
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      const std::vector<int>& m = sets_.at(resp.process_set);
+      root = int(std::find(m.begin(), m.end(), root) - m.begin());
+    }
+  }
+  OpContext ctx{*transport, fusion_, scratch_, algo_, size_t(fusion_threshold_.load()), shm,
+                cross, shm_collectives_};
   int status = COMMLIB_OK;
   std::string message;
   try {
@@ -549,17 +689,41 @@ void Engine::execute(const Response& resp) {
     status = e.code();
     message = e.what();
   }
-  for (const std::string& name : resp.names) {
-    auto it = pending_.find(name);
+  for (const std::string& key : resp.names) {
+    auto it = pending_.find(key);
     finish(it->second, status, message);
     pending_.erase(it);
   }
 }
 
+// Every rank runs these, in the coordinator's order: the new set's members
+// get a communicator of their own.
+void Engine::execute_set_change(const Response& resp, Entry& e) {
+  if (resp.op_type == COMMLIB_OP_ADD_PROCESS_SET) {
+    const int id = int(resp.rows.at(0));
+    std::vector<int> members(e.desc.splits.begin(), e.desc.splits.end());
+    std::unique_ptr<MpiTransport> t = transport_->subset(members);
+    if (t) set_transports_[id] = std::move(t);
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      sets_[id] = members;
+    }
+    e.handle->rows = id;
+  } else {
+    const int id = e.desc.root;
+    set_transports_.erase(id);
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    sets_.erase(id);
+  }
+  const std::string key = request_key(e.desc);
+  finish(e, COMMLIB_OK, "");
+  pending_.erase(key);
+}
+
 void Engine::finish(Entry& e, int status, const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    in_flight_.erase(e.desc.name);
+    in_flight_.erase(request_key(e.desc));
   }
   handles_.complete(*e.handle, status, message);
 }

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -54,7 +55,10 @@ class Engine {
   int64_t enqueue_allreduce_group(const char* base, int n, const int32_t* dtypes,
                                   const int32_t* ndims, const int64_t* shapes,
                                   void* const* inputs, void* const* outputs, int reduce_op,
-                                  double prescale, double postscale);
+                                  double prescale, double postscale, int process_set);
+  // Process sets (collective over every rank; see c_api.h).
+  int64_t add_process_set(const int32_t* ranks, int n);
+  int64_t remove_process_set(int id);
   HandleTable& handles() { return handles_; }
 
   void set_fusion_threshold(int64_t bytes);
@@ -63,6 +67,9 @@ class Engine {
  private:
   Engine() = default;
   Entry make_entry(const commlib_request& q);
+  // The members of process set id, checking that this rank is one of them.
+  // Caller holds queue_mu_.
+  const std::vector<int>& members_of(int id) const;
   int64_t push(std::vector<Entry>& entries);
   void loop();
   bool cycle();  // one pass of the background loop; true when it did work
@@ -70,6 +77,8 @@ class Engine {
   void submit(std::vector<Entry>& batch);
   void on_message(int source, const std::string& msg);
   void execute(const Response& resp);
+  void execute_set_change(const Response& resp, Entry& e);
+  void send_responses(const std::vector<Response>& resps);
   void finish(Entry& e, int status, const std::string& message);
   void fail_everything(int code, const std::string& message);
   void send_shutdown_notice();
@@ -91,7 +100,9 @@ class Engine {
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
   std::vector<Entry> queue_;
-  std::unordered_set<std::string> in_flight_;
+  std::unordered_set<std::string> in_flight_;  // request keys (message.h)
+  std::map<int, std::vector<int>> sets_;        // process sets' members by id
+  int64_t set_calls_ = 0;                       // add/remove calls (their names)
   int dead_code_ = 0;            // non-zero: the engine can no longer communicate
   std::string dead_message_;
   std::atomic<bool> bg_sleeping_{false};
@@ -103,6 +114,7 @@ class Engine {
   std::unique_ptr<Controller> controller_;  // rank 0 only
   std::unique_ptr<ShmSegment> shm_;         // ranks of this host (if more than one)
   std::unique_ptr<MpiTransport> cross_;     // same local rank on every host (if several)
+  std::map<int, std::unique_ptr<MpiTransport>> set_transports_;  // sets this rank is in
   std::unordered_map<std::string, Entry> pending_;
   std::vector<Entry> held_;  // taken from the queue, not yet reported
   int64_t held_since_us_ = 0, last_arrival_us_ = 0;

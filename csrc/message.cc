@@ -4,6 +4,13 @@
 
 namespace commlib {
 
+std::string request_key(const std::string& name, int process_set) {
+  if (process_set == 0) return name;
+  std::string key = name;
+  key.push_back('\0');
+  return key + std::to_string(process_set);
+}
+
 void encode(Writer& w, const RequestDesc& d) {
   w.put_string(d.name);
   w.put<int32_t>(d.op_type);
@@ -16,6 +23,7 @@ void encode(Writer& w, const RequestDesc& d) {
   w.put_vec(d.splits);
   w.put<int32_t>(d.group_size);
   w.put_vec(d.members);
+  w.put<int32_t>(d.process_set);
 }
 
 RequestDesc decode_request(Reader& r) {
@@ -31,6 +39,7 @@ RequestDesc decode_request(Reader& r) {
   d.splits = r.get_vec();
   d.group_size = r.get<int32_t>();
   d.members = r.get_vec();
+  d.process_set = r.get<int32_t>();
   return d;
 }
 
@@ -51,6 +60,7 @@ void encode(Writer& w, const Response& resp) {
   w.put<int32_t>(resp.kind);
   w.put<int32_t>(resp.op_type);
   w.put<int32_t>(resp.error_code);
+  w.put<int32_t>(resp.process_set);
   w.put_string(resp.error);
   w.put<uint32_t>(uint32_t(resp.names.size()));
   for (const auto& n : resp.names) w.put_string(n);
@@ -62,6 +72,7 @@ Response decode_response(Reader& r) {
   resp.kind = r.get<int32_t>();
   resp.op_type = r.get<int32_t>();
   resp.error_code = r.get<int32_t>();
+  resp.process_set = r.get<int32_t>();
   resp.error = r.get_string();
   const uint32_t n = r.get<uint32_t>();
   resp.names.reserve(n);

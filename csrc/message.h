@@ -28,7 +28,13 @@ struct RequestDesc {
   // described as [dtype, ndim, dims...] in members. -1: a single tensor.
   int group_size = -1;
   std::vector<int64_t> members;
+  int process_set = 0;  // 0: every rank of the job
 };
+
+// Names are scoped by process set: the key that identifies a request on a
+// rank and at the coordinator ("name", or "name" NUL "set id").
+std::string request_key(const std::string& name, int process_set);
+inline std::string request_key(const RequestDesc& d) { return request_key(d.name, d.process_set); }
 
 // "float32 [4, 2]" for each member of a grouped request.
 std::vector<std::string> describe_members(const RequestDesc& d);
@@ -39,9 +45,13 @@ struct Response {
   int op_type = 0;
   int error_code = 0;
   std::string error;
-  std::vector<std::string> names;  // several for a fused allreduce
-  // allgather: rows of each rank; alltoall: size*size matrix, [src*size+dst].
+  int process_set = 0;             // where it runs (its members execute it)
+  std::vector<std::string> names;  // request keys; several for a fused allreduce
+  // allgather: rows of each rank; alltoall: size*size matrix, [src*size+dst]
+  // (ranks of the process set, in its order); add_process_set: {id}.
   std::vector<int64_t> rows;
+  // Coordinator only, not sent: the ranks that receive it (empty: every rank).
+  std::vector<int> to;
 };
 
 // Message kinds on the control channel.

@@ -68,6 +68,18 @@ MpiTransport::~MpiTransport() {
 
 void MpiTransport::abandon() { comm_ = MPI_COMM_NULL; }
 
+std::unique_ptr<MpiTransport> MpiTransport::subset(const std::vector<int>& ranks) {
+  MPI_Request arrived;
+  check_mpi(MPI_Ibarrier(comm_, &arrived), "MPI_Ibarrier");
+  complete(&arrived);
+  bool member = false;
+  for (int r : ranks) member |= r == rank_;
+  MPI_Comm sub = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split(comm_, member ? 0 : MPI_UNDEFINED, rank_, &sub), "MPI_Comm_split");
+  if (!member) return nullptr;
+  return std::make_unique<MpiTransport>(sub);
+}
+
 void MpiTransport::complete(MPI_Request* req) {
   poll_until([&] {
     int flag = 0;

@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "transport.h"
@@ -34,6 +35,11 @@ class MpiTransport : public Transport {
 
   // Releases the communicator without a collective call (after a lost peer).
   void abandon();
+
+  // Collective over this communicator: a transport over the given ranks (in
+  // ascending order), or null on a rank that is not one of them. Waits for
+  // every rank first without blocking, so that a dead peer raises instead.
+  std::unique_ptr<MpiTransport> subset(const std::vector<int>& ranks);
 
  private:
   void complete(MPI_Request* req);

@@ -35,7 +35,10 @@ enum {
   COMMLIB_OP_BROADCAST = 2,
   COMMLIB_OP_ALLTOALL = 3,
   COMMLIB_OP_REDUCESCATTER = 4,
-  COMMLIB_OP_BARRIER = 5
+  COMMLIB_OP_BARRIER = 5,
+  /* Internal: registering and removing process sets (negotiated on all ranks). */
+  COMMLIB_OP_ADD_PROCESS_SET = 6,
+  COMMLIB_OP_REMOVE_PROCESS_SET = 7
 };
 
 /* Element types. */
@@ -78,6 +81,10 @@ typedef struct {
   int root;               /* broadcast root rank                             */
   const int64_t* splits;  /* alltoall: rows sent to each rank (size entries) */
   int nsplits;            /* 0 = equal splits                                */
+  int process_set;        /* 0: every rank; else an id from add_process_set. The
+                             ranks of a request are then the set's members,
+                             numbered by their order in the set (splits, result
+                             rows), except root, which stays a job rank.       */
 } commlib_request;
 
 /* Lifecycle. comm_handle is an MPI_Comm handle value (from mpi4py's
@@ -107,7 +114,17 @@ int commlib_enqueue(const commlib_request* req, int64_t* handle);
 int commlib_enqueue_allreduce_group(const char* base_name, int n, const int32_t* dtypes,
                                     const int32_t* ndims, const int64_t* shapes,
                                     void* const* inputs, void* const* outputs, int reduce_op,
-                                    double prescale, double postscale, int64_t* handle);
+                                    double prescale, double postscale, int process_set,
+                                    int64_t* handle);
+
+/* Process sets. Collective over every rank of the job, in the same order on
+ * every rank: add registers the n ranks (ascending, distinct) as a new set and
+ * its handle's value (commlib_handle_value) is the set's id; remove ends set
+ * id. Ranks that pass different lists (or ids) get CollectiveMismatchError. */
+int commlib_add_process_set(const int32_t* ranks, int n, int64_t* handle);
+int commlib_remove_process_set(int id, int64_t* handle);
+/* The value of a completed handle (add_process_set: the new id). */
+int commlib_handle_value(int64_t handle, int64_t* value);
 /* 1 when the handle has completed (successfully or not), 0 when pending. */
 int commlib_poll(int64_t handle);
 /* Waits up to timeout_s seconds (negative: forever). Returns COMMLIB_OK when
