@@ -133,7 +133,7 @@ int commlib_poll(int64_t handle) {
 int commlib_wait(int64_t handle, double timeout_s) {
   return guarded([&] {
     auto h = find_handle(handle);
-    if (!Engine::get().handles().wait(*h, timeout_s)) throw Error(COMMLIB_ERR_TIMEOUT, "timed out");
+    if (!Engine::get().wait(*h, timeout_s)) throw Error(COMMLIB_ERR_TIMEOUT, "timed out");
   });
 }
 

@@ -447,25 +447,51 @@ bool Engine::leave() {
   return now > leave_deadline_us_;
 }
 
+bool Engine::step() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (dead_code_ == COMMLIB_ERR_PEER_LOST || dead_code_ == COMMLIB_ERR_INTERNAL) {
+      return false;  // nothing can be sent any more: just idle until shutdown
+    }
+  }
+  try {
+    return cycle();
+  } catch (const Error& e) {
+    fail_everything(e.code(), e.what());
+    return true;
+  }
+}
+
+bool Engine::drive() {
+  if (stop_.load() || !running_.load()) return false;  // the leave handshake is the loop's
+  std::unique_lock<std::mutex> lock(cycle_mu_, std::try_to_lock);
+  return lock.owns_lock() && step();
+}
+
+bool Engine::wait(HandleState& h, double timeout_s) {
+  return handles_.wait(h, timeout_s, [this] { return drive(); });
+}
+
 void Engine::loop() {
   leave_deadline_us_ = 0;
   int64_t idle_since = now_us();
   int64_t nap = 20;
   for (;;) {
+    if (handles_.driving() > 0 && !stop_.load()) {
+      // A waiting thread drives the engine: stay off the cores it needs.
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      bg_sleeping_.store(true);
+      queue_cv_.wait_for(lock, std::chrono::microseconds(100));
+      bg_sleeping_.store(false);
+      idle_since = now_us();
+      continue;
+    }
     bool worked;
-    try {
-      worked = cycle();
-    } catch (const Error& e) {
-      fail_everything(e.code(), e.what());
-      worked = true;
+    {
+      std::lock_guard<std::mutex> lock(cycle_mu_);
+      worked = step();
     }
     if (stop_.load() && leave()) break;
-    {
-      std::lock_guard<std::mutex> lock(queue_mu_);
-      if (dead_code_ == COMMLIB_ERR_PEER_LOST || dead_code_ == COMMLIB_ERR_INTERNAL) {
-        worked = false;  // nothing can be sent any more: just idle until shutdown
-      }
-    }
     if (worked) {
       idle_since = now_us();
       nap = 20;
@@ -490,10 +516,6 @@ void Engine::loop() {
 }
 
 bool Engine::cycle() {
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    if (dead_code_ == COMMLIB_ERR_PEER_LOST || dead_code_ == COMMLIB_ERR_INTERNAL) return false;
-  }
   std::vector<Entry> batch;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);

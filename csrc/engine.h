@@ -60,6 +60,8 @@ class Engine {
   int64_t add_process_set(const int32_t* ranks, int n);
   int64_t remove_process_set(int id);
   HandleTable& handles() { return handles_; }
+  // Waits for a handle; the waiting thread drives the engine meanwhile.
+  bool wait(HandleState& h, double timeout_s);
 
   void set_fusion_threshold(int64_t bytes);
   int64_t fusion_threshold() const { return fusion_threshold_.load(); }
@@ -73,6 +75,8 @@ class Engine {
   int64_t push(std::vector<Entry>& entries);
   void loop();
   bool cycle();  // one pass of the background loop; true when it did work
+  bool step();   // cycle() unless communication is over, errors failing handles
+  bool drive();  // step() from a waiting thread, if no other thread is in one
   bool leave();  // shutdown handshake; true when the loop may end
   void submit(std::vector<Entry>& batch);
   void on_message(int source, const std::string& msg);
@@ -107,7 +111,11 @@ class Engine {
   std::string dead_message_;
   std::atomic<bool> bg_sleeping_{false};
 
-  // Background thread only.
+  // Held by whichever thread runs step(): the background thread, or a
+  // caller thread that drives progress while it waits for a handle.
+  std::mutex cycle_mu_;
+
+  // Background thread (or a driving waiter holding cycle_mu_) only.
   std::thread thread_;
   std::unique_ptr<MpiTransport> transport_;
   std::unique_ptr<ControlChannel> control_;

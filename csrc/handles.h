@@ -7,6 +7,7 @@
 #include <new>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -47,9 +48,13 @@ class HandleTable {
   void complete(HandleState& h, int status, const std::string& message);
   // Threads currently inside wait(): nobody will enqueue more from them.
   int waiting() const { return waiting_.load(); }
-  // Waits for completion: spins with sched_yield, then sleeps on a condvar.
-  // Returns false on timeout (timeout_s < 0: no timeout).
-  bool wait(HandleState& h, double timeout_s);
+  // Threads currently driving progress from wait() (see below).
+  int driving() const { return driving_.load(); }
+  // Waits for completion. For up to the spin budget the waiting thread calls
+  // drive() (the engine's progress, one cycle at a time; false when it did
+  // nothing or could not run) and otherwise yields the core; after that it
+  // sleeps on a condvar. Returns false on timeout (timeout_s < 0: none).
+  bool wait(HandleState& h, double timeout_s, const std::function<bool()>& drive);
 
  private:
   std::mutex mu_;
@@ -59,6 +64,7 @@ class HandleTable {
   std::condition_variable wait_cv_;
   std::atomic<int> sleepers_{0};
   std::atomic<int> waiting_{0};
+  std::atomic<int> driving_{0};
 };
 
 }  // namespace commlib

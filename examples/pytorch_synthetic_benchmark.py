@@ -76,7 +76,14 @@ def setup_ddp(model):
         dist.all_reduce(t)
         return t.item() / world
 
-    return ddp, optimizer, rank, world, average, dist.destroy_process_group
+    def finish():
+        # Both ranks leave together: a rank that tears its gloo pairs down
+        # while the other still reads from them aborts ("terminate called
+        # without an active exception") at exit.
+        dist.barrier()
+        dist.destroy_process_group()
+
+    return ddp, optimizer, rank, world, average, finish
 
 
 def setup_commlib(model, args):
