@@ -1,7 +1,8 @@
 """Framework-free logic shared by the framework frontends (commlib.torch,
 commlib.tensorflow): Horovod's argument conventions for reduction ops and
-gradient scaling, explicit gradient groups, collective names, the
-process-set placeholder, and Horovod's build/topology queries.
+gradient scaling, explicit gradient groups, collective names, process sets
+(the core's ProcessSet re-exported, with the checks and per-set sizes the
+frontends need), and Horovod's build/topology queries.
 
 Nothing here imports a framework; tensors are opaque objects.
 """
@@ -13,6 +14,9 @@ import warnings
 from typing import Any, Callable, Sequence
 
 from . import basics, ops
+from . import process_sets as _ps
+from .process_sets import (  # noqa: F401 - re-exported by the frontends
+    ProcessSet, add_process_set, global_process_set, remove_process_set)
 
 
 # The Adasum marker and op resolution belong to the core API (commlib.ops);
@@ -36,39 +40,54 @@ def resolve_op(op=None, average=None, default=ops.Average) -> int:
     return resolved
 
 
+# Per-kind and per-process-set counters (as commlib.ops' own): the members of
+# a set generate matching names without advancing other ranks' counters.
 _name_counters = collections.defaultdict(itertools.count)
 
 
-def auto_name(kind: str, name=None) -> str:
-    """``name`` (checked), or the next ``<kind>.noname.<n>``: ranks that make
-    the same calls in the same order generate the same names."""
+def auto_name(kind: str, name=None, process_set=None) -> str:
+    """``name`` (checked), or the next ``<kind>.noname.<n>`` of ``process_set``
+    (default the global set): ranks that make the same calls on a set in the
+    same order generate the same names. A set is checked (registered, this
+    rank a member) before its counter moves."""
     if name is None:
-        return f"{kind}.noname.{next(_name_counters[kind])}"
+        psid = _ps.process_set_id(process_set)
+        return f"{kind}.noname.{next(_name_counters[kind, psid])}"
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     return name
 
 
-# broadcast's root check (TypeError/ValueError), for frontends that check
-# before tracing or sending.
-check_root = ops._check_root
+def check_root(root_rank, process_set=None) -> int:
+    """broadcast's root check (TypeError/ValueError), for frontends that check
+    before tracing or sending: an int, a rank of the job, a member of
+    ``process_set`` when one is given (root_rank is a job rank, as in
+    Horovod)."""
+    return ops._check_root(root_rank, process_set)
 
 
-def even_splits(rows: int) -> list[int]:
+def even_splits(rows: int, process_set=None) -> list[int]:
     """alltoall's splits when none are given: dimension 0 in equal parts,
-    one per rank."""
-    n = basics.size()
+    one per rank (of ``process_set``)."""
+    n = set_size(process_set)
     if rows % n:
         raise ValueError(f"alltoall without splits needs dimension 0 ({rows}) divisible by the "
                          f"number of ranks ({n}); pass splits for an uneven division")
     return [rows // n] * n
 
 
+def reducescatter_rows(rows: int, process_set=None) -> int:
+    """The rows of dimension 0 that reducescatter leaves on this rank (lower
+    positions in the set get the extra rows)."""
+    n, me = set_size(process_set), set_rank(process_set)
+    return rows // n + (1 if me < rows % n else 0)
+
+
 def predivide_scales(op: int, gradient_predivide_factor: float) -> tuple[float, float]:
     """(prescale, postscale) for gradient averaging split around the sum, as
     Horovod's ``gradient_predivide_factor``: gradients are scaled by
     1/f before the sum and f/size after it (the core's Average divides by
-    size)."""
+    the size of the process set)."""
     f = float(gradient_predivide_factor)
     if f == 1.0:
         return 1.0, 1.0
@@ -131,59 +150,71 @@ def group_indices(present: Sequence[int], groups, key_of: Callable[[int], Any],
     return [g for g in split if g] + alone
 
 
-class GlobalProcessSet:
-    """Placeholder for Horovod's ``global_process_set``: commlib has no
-    process sets yet, so the frontends accept only this object (or None)
-    wherever Horovod takes ``process_set=``."""
+# ------------------------------------------------------------ process sets
 
-    process_set_id = 0
-
-    def size(self) -> int:
-        return basics.size()
-
-    def rank(self) -> int:
-        return basics.rank()
-
-    def included(self) -> bool:
-        return True
-
-    @property
-    def ranks(self) -> list[int]:
-        return list(range(basics.size()))
-
-    def __repr__(self) -> str:
-        return "ProcessSet(global)"
+def _is_registered(process_set) -> bool:
+    psid = process_set.process_set_id
+    return psid is not None and _ps._registered.get(psid) is process_set
 
 
-global_process_set = GlobalProcessSet()
+def check_process_set(process_set, member: bool = True):
+    """``process_set`` checked before anything is traced or sent, and returned
+    (None: the global set). TypeError for anything but a ProcessSet,
+    ValueError for a set that is not registered (add_process_set) and, when
+    ``member``, for a set this rank does not belong to: only members may call
+    collectives on a set. ``member=False`` is for objects every rank builds
+    with the set (Horovod's DistributedOptimizer/DistributedGradientTape), which
+    only reduce on members."""
+    if process_set is None:
+        return global_process_set
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"process_set must be a ProcessSet (commlib.ProcessSet, "
+                        f"global_process_set), got {type(process_set).__name__}")
+    if not _is_registered(process_set):
+        raise ValueError(f"{process_set} is not registered; call add_process_set() (or "
+                         "init(process_sets=[...])) on every rank first")
+    if member:
+        _ps.process_set_id(process_set)  # ValueError for a non-member
+    return process_set
 
 
-def check_process_set(process_set) -> None:
-    """Refuses anything but the global process set, before anything is sent."""
-    if process_set is None or isinstance(process_set, GlobalProcessSet):
-        return
-    if getattr(process_set, "process_set_id", None) == 0:
-        return
-    raise NotImplementedError("commlib does not support process sets yet; only the global "
-                              "process set (process_set=None) is available")
+def set_size(process_set=None) -> int:
+    """The number of ranks of ``process_set`` (default: the job)."""
+    return len(_ps.members(process_set))
 
 
-def add_process_set(process_set):
-    raise NotImplementedError("commlib does not support process sets yet")
+def set_rank(process_set=None) -> int:
+    """This rank's position in ``process_set`` (its rank in the job for the
+    global set); ValueError when it is not a member."""
+    ranks = _ps.members(process_set)
+    me = basics.rank()
+    if me not in ranks:
+        raise ValueError(f"rank {me} is not a member of {process_set}")
+    return ranks.index(me)
 
 
-def remove_process_set(process_set):
-    raise NotImplementedError("commlib does not support process sets yet")
+def included(process_set=None) -> bool:
+    """Whether this rank belongs to ``process_set`` (default: the job)."""
+    return basics.rank() in _ps.members(process_set)
+
+
+def process_set_by_id(process_set_id: int):
+    """The registered ProcessSet with this id (0: the global set), for
+    Horovod's ``*_op(process_set_id)`` queries."""
+    ps = _ps._registered.get(int(process_set_id))
+    if ps is None:
+        raise ValueError(f"no process set with id {process_set_id} is registered")
+    return ps
 
 
 # ------------------------------------------------------------ Horovod's basics
 
 def init(comm=None, process_sets=None) -> None:
     """Starts commlib on every rank (collective). ``comm``: an optional mpi4py
-    communicator. Process sets are not supported: process_sets must be None."""
-    if process_sets:
-        raise NotImplementedError("commlib does not support process sets yet")
-    basics.init(comm)
+    communicator. ``process_sets``: ProcessSet objects registered right away,
+    in this order, on every rank (Horovod's static sets), or ``"dynamic"``
+    (accepted; sets can always be added later with add_process_set)."""
+    basics.init(comm, process_sets)
 
 
 def is_homogeneous() -> bool:

@@ -24,19 +24,22 @@ and ``commlibrun -np 4 python train.py`` launches it. Keras users import
 ``commlib.tensorflow.keras`` (DistributedOptimizer, callbacks).
 
 Collectives work eagerly and inside tf.function (see mpi_ops for how names
-and ordering are kept consistent across ranks). Not available (yet): process
-sets other than the global one, Adasum, join, elastic training,
-timelines, XLA-compiled functions.
+and ordering are kept consistent across ranks). Process sets work as in
+Horovod: ``hvd.init(process_sets=[hvd.ProcessSet([0, 2]), ...])`` or
+``hvd.add_process_set([0, 2])`` (on every rank) registers a set; the
+collectives, broadcast_variables, the object helpers,
+DistributedGradientTape and DistributedOptimizer take ``process_set=`` and
+then communicate among its members only. Not available (yet): Adasum, join,
+elastic training, timelines, XLA-compiled functions.
 """
 from commlib.basics import (cross_rank, cross_size, is_initialized, local_rank, local_size,
                             mpi_threads_supported, rank, shutdown, size)
 from commlib.errors import (CollectiveMismatchError, CommlibError, NotInitializedError,
                             RankLostError)
-from commlib.frontend_utils import GlobalProcessSet as ProcessSet
-from commlib.frontend_utils import (add_process_set, ccl_built, cuda_built, ddl_built, gloo_built,
-                                    gloo_enabled, init, is_homogeneous, mpi_built, mpi_enabled,
-                                    nccl_built, remove_process_set, rocm_built, start_timeline,
-                                    stop_timeline)
+from commlib.frontend_utils import (ProcessSet, add_process_set, ccl_built, cuda_built,
+                                    ddl_built, gloo_built, gloo_enabled, init, is_homogeneous,
+                                    mpi_built, mpi_enabled, nccl_built, remove_process_set,
+                                    rocm_built, start_timeline, stop_timeline)
 from commlib.ops import Average, Max, Min, Product, Sum
 
 from .compression import Compression
@@ -129,9 +132,10 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         for i, g in zip(shared, reduced):
             out[i] = g
         if self._local_vars and self.scale_local_gradients:
+            n = self._allreduce_grads.local_divisor
             for i, v in enumerate(variables):
                 if var_key(v) in self._local_vars:
-                    out[i] = scale_local(out[i], size())
+                    out[i] = scale_local(out[i], n)
         return list(zip(out, variables))
 
     def apply_gradients(self, *args, **kwargs):
@@ -159,7 +163,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
 
     from ._dispatch import is_keras_optimizer, is_tf_legacy_optimizer
 
-    fu.check_process_set(process_set)
+    process_set = fu.check_process_set(process_set, member=False)
     op = fu.resolve_op(op)
     fu.predivide_scales(op, gradient_predivide_factor)
     groups = fu.resolve_groups(num_groups, groups)

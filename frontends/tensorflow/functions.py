@@ -1,6 +1,7 @@
 """Variables and Python objects across ranks (Horovod's
 horovod.tensorflow.functions): broadcast_variables, broadcast_object,
-broadcast_object_fn, allgather_object."""
+broadcast_object_fn, allgather_object. Each takes ``process_set``: then only
+the set's members call it, and root_rank is a job rank in the set."""
 from __future__ import annotations
 
 import tensorflow as tf
@@ -12,14 +13,14 @@ from commlib import objects as _objects
 from . import mpi_ops
 
 
-def _broadcast_arrays(arrays, root_rank, base):
+def _broadcast_arrays(arrays, root_rank, base, process_set=None):
     """Broadcasts numpy arrays together (all started, then all awaited);
     dtypes the core cannot carry travel as bytes."""
     handles = []
     for i, x in enumerate(arrays):
         raw = mpi_ops._to_bytes(x) if mpi_ops._needs_bytes(x) else x
         n = None if base is None else f"{base}.{i}"
-        handles.append(commlib.broadcast_async(raw, root_rank, name=n))
+        handles.append(commlib.broadcast_async(raw, root_rank, name=n, process_set=process_set))
     outs = []
     for x, h in zip(arrays, handles):
         o = commlib.synchronize(h)
@@ -31,10 +32,10 @@ def _broadcast_arrays(arrays, root_rank, base):
 
 def broadcast_variables(variables, root_rank, process_set=None, inplace=False, name=None):
     """Assigns rank ``root_rank``'s values to ``variables`` (tf.Variable or
-    Keras variables) on every rank. Eagerly it returns None once done; inside
-    tf.function it returns the op that does it."""
-    fu.check_process_set(process_set)
-    fu.check_root(root_rank)
+    Keras variables) on every rank (of ``process_set``). Eagerly it returns
+    None once done; inside tf.function it returns the op that does it."""
+    process_set = fu.check_process_set(process_set)
+    fu.check_root(root_rank, process_set)
     variables = list(variables)
     if not variables:
         return None if tf.executing_eagerly() else tf.no_op()
@@ -42,17 +43,17 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=False, n
     for t in values:
         mpi_ops._check_dtype(t.dtype, "broadcast_variables", movable=True)
     if tf.executing_eagerly():
-        base = fu.auto_name("broadcast_variables", name or None)
-        outs = _broadcast_arrays([t.numpy() for t in values], root_rank, base)
+        base = fu.auto_name("broadcast_variables", name or None, process_set)
+        outs = _broadcast_arrays([t.numpy() for t in values], root_rank, base, process_set)
         for v, o in zip(variables, outs):
             v.assign(o)
         return None
 
     def fn(cname, *arrays):
-        return _broadcast_arrays(list(arrays), root_rank, cname)
+        return _broadcast_arrays(list(arrays), root_rank, cname, process_set)
 
     outs = mpi_ops._execute(fn, values, [t.dtype for t in values], "CommlibBroadcastVariables",
-                            name)
+                            name, process_set=process_set)
     assigns = []
     for v, o, t in zip(variables, outs, values):
         o.set_shape(t.shape)
@@ -63,21 +64,20 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=False, n
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):
     """Rank ``root_rank``'s Python object on every rank (pickled; sizes
     first). Eager only, like Horovod's in TF2."""
-    fu.check_process_set(process_set)
-    return _objects.broadcast_object(obj, root_rank, name=name)
+    return _objects.broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=None):
     """A function ``fn(obj)`` that broadcasts ``obj`` from ``root_rank``."""
-    fu.check_process_set(process_set)
+    process_set = fu.check_process_set(process_set)
 
     def _bcast(obj):
-        return _objects.broadcast_object(obj, root_rank, name=name)
+        return _objects.broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
     return _bcast
 
 
 def allgather_object(obj, session=None, name=None, process_set=None):
-    """The list of every rank's Python object, in rank order."""
-    fu.check_process_set(process_set)
-    return _objects.allgather_object(obj, name=name)
+    """The list of every rank's Python object (of ``process_set``), in rank
+    order."""
+    return _objects.allgather_object(obj, name=name, process_set=process_set)

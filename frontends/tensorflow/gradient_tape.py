@@ -10,6 +10,11 @@ optimizer wrapper) and ``DistributedGradientTape`` itself::
 Dense gradients go out as one grouped allreduce (negotiated together and
 fused by the core), or as one per group when ``groups`` is given;
 IndexedSlices are allgathered (values and indices) unless ``sparse_as_dense``.
+
+With ``process_set`` (as in Horovod) gradients are reduced over the set's
+members only (Average divides by the set's size); every rank may build the
+tape or optimizer, and ranks outside the set keep their local gradients
+(no communication).
 """
 from __future__ import annotations
 
@@ -37,15 +42,19 @@ def var_key(v):
 def make_allreduce_grads(device_dense='', device_sparse='', compression=Compression.none,
                          sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0,
                          groups=None, process_set=None, name="DistributedGradientTape"):
-    """``allreduce_grads(grads, variables) -> grads`` reduced across ranks
-    (None gradients stay None)."""
-    fu.check_process_set(process_set)
+    """``allreduce_grads(grads, variables) -> grads`` reduced across ranks (of
+    ``process_set``; None gradients stay None). On a rank outside the set the
+    gradients are returned unreduced. ``allreduce_grads.local_divisor`` is
+    what local gradients are divided by when scale_local_gradients."""
+    process_set = fu.check_process_set(process_set, member=False)
     op = fu.resolve_op(op)
     pre, post = fu.predivide_scales(op, gradient_predivide_factor)
+    member = fu.included(process_set)
+    n = fu.set_size(process_set)
 
     def allreduce_grads(grads, variables=None):
         grads = list(grads)
-        if commlib.size() == 1 and pre * post == 1.0:
+        if not member or (n == 1 and pre * post == 1.0):
             return [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices)
                     else g for g in grads]
         if sparse_as_dense:
@@ -62,16 +71,20 @@ def make_allreduce_grads(device_dense='', device_sparse='', compression=Compress
                 for t in ts:
                     mpi_ops._check_dtype(t.dtype, "allreduce of gradients")
                 packed = [compression.compress(t) for t in ts]
-                reduced = mpi_ops._grouped_allreduce_raw([c for c, _ in packed], op, pre, post)
+                reduced = mpi_ops._grouped_allreduce_raw([c for c, _ in packed], op, pre, post,
+                                                         process_set=process_set)
                 for i, r, (_, ctx) in zip(group, reduced, packed):
                     out[i] = compression.decompress(r, ctx)
             for i in sparse:
                 if op not in (commlib.Sum, commlib.Average):
                     raise NotImplementedError("Only Sum and Average ops are supported with "
                                               "tf.IndexedSlices")
-                out[i] = mpi_ops._allreduce_sparse(grads[i], op, pre * post, None, False)
+                out[i] = mpi_ops._allreduce_sparse(grads[i], op, pre * post, None, False,
+                                                   process_set)
         return out
 
+    allreduce_grads.process_set = process_set
+    allreduce_grads.local_divisor = n if member else 1
     return allreduce_grads
 
 
@@ -88,8 +101,8 @@ class _DistributedGradientTapeMixin:
     """Put in front of the wrapped tape's class: gradient() reduces."""
 
     def register_local_source(self, source):
-        """Gradients of ``source`` stay local (not reduced; divided by size
-        when scale_local_gradients)."""
+        """Gradients of ``source`` stay local (not reduced; divided by the
+        process set's size when scale_local_gradients)."""
         self._commlib_local.add(var_key(source))
 
     def gradient(self, target, sources, output_gradients=None,
@@ -106,7 +119,7 @@ class _DistributedGradientTapeMixin:
         for i, g in zip(shared, reduced):
             out[i] = g
         if local and self._commlib_scale_local:
-            n = commlib.size()
+            n = self._commlib_allreduce.local_divisor
             for i, s in enumerate(flat_src):
                 if var_key(s) in local:
                     out[i] = scale_local(out[i], n)
@@ -123,7 +136,8 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
                             gradient_predivide_factor=1.0, num_groups=0, groups=None,
                             process_set=None, scale_local_gradients=True):
     """A tape that shares ``gradtape``'s recording and averages (``op``) the
-    gradients it returns across ranks.
+    gradients it returns across ranks (of ``process_set``: its members only;
+    on other ranks the gradients stay local).
 
     gradient_predivide_factor f (op Average only) scales by 1/f before the
     sum and f/size after it; groups (an int, or lists of variables) splits

@@ -4,13 +4,21 @@ Eagerly, a collective converts its input to numpy, calls commlib's numpy API
 and converts back; commlib's exceptions (CollectiveMismatchError, TypeError,
 ...) reach the caller unchanged.
 
+Every collective takes ``process_set`` (None or ``global_process_set``: every
+rank; or a ProcessSet registered with add_process_set /
+init(process_sets=[...])): only the set's members call it -- a non-member
+gets ValueError, at trace time inside tf.function -- Average divides by the
+set's size, rows are ordered by the set's ranks, and broadcast's root_rank is
+a job rank in the set. Gradients are collectives over the same set.
+
 Inside tf.function each collective becomes one ``tf.numpy_function`` op
 (stateful, so it always runs, even when its result is unused) whose output
 dtype and static shape are set at trace time (allgather/alltoall: dimension 0
 unknown). Two rules keep ranks in step:
 
 * names are fixed at trace time and derived from the graph only: the traced
-  function's name, the op's name scope and a per-graph counter, so every
+  function's name, the op's name scope and a per-graph (and per process
+  set) counter, so every
   execution of a traced graph uses the same names on every rank, and a
   retrace (e.g. for another batch shape on one rank only) reproduces them;
 * within one graph, every commlib op gets a control dependency on the
@@ -126,7 +134,7 @@ class _GraphState:
 
     def __init__(self):
         self.last_op = None
-        self.names: dict[str, int] = {}
+        self.names: dict[tuple[str, int], int] = {}
 
 
 _graphs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -139,12 +147,16 @@ def _graph_label(graph) -> str:
     return re.sub(r"(_\d+)+$", "", getattr(graph, "name", "") or "graph") or "graph"
 
 
-def _graph_name(graph, state: _GraphState, default: str, name, ignore_name_scope: bool) -> str:
+def _graph_name(graph, state: _GraphState, default: str, name, ignore_name_scope: bool,
+                psid: int = 0) -> str:
     base = _NAME_OK.sub("_", name) if name else default
     scope = "" if ignore_name_scope else graph.get_name_scope()
     full = f"{scope}/{base}" if scope else base
-    n = state.names.get(full, 0)
-    state.names[full] = n + 1
+    # Counted per process set: ops of a set that only its members trace do
+    # not shift the names of the other sets' ops (names are scoped by set in
+    # the core, so the same name on two sets does not collide).
+    n = state.names.get((full, psid), 0)
+    state.names[(full, psid)] = n + 1
     unique = full if n == 0 else f"{full}_{n}"
     return f"{_graph_label(graph)}/{unique}"
 
@@ -185,9 +197,11 @@ def _timed(fn, cname, arrays):
         _comm["calls"] += 1
 
 
-def _execute(fn, inputs, touts, default_name: str, name=None, ignore_name_scope=False):
+def _execute(fn, inputs, touts, default_name: str, name=None, ignore_name_scope=False,
+             process_set=None):
     """Runs ``fn(collective_name, *numpy_inputs) -> list of numpy outputs``
-    eagerly, or as one ordered numpy_function op inside a graph."""
+    eagerly, or as one ordered numpy_function op inside a graph (named from
+    the graph, counted per ``process_set``)."""
     if tf.executing_eagerly():
         outs = _timed(fn, name, [x.numpy() for x in inputs])
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
@@ -196,7 +210,8 @@ def _execute(fn, inputs, touts, default_name: str, name=None, ignore_name_scope=
     state = _graphs.get(graph)
     if state is None:
         state = _graphs[graph] = _GraphState()
-    cname = _graph_name(graph, state, default_name, name, ignore_name_scope)
+    psid = 0 if process_set is None else process_set.process_set_id
+    cname = _graph_name(graph, state, default_name, name, ignore_name_scope, psid)
 
     @tf.autograph.experimental.do_not_convert
     def body(*arrays):
@@ -213,85 +228,92 @@ def _execute(fn, inputs, touts, default_name: str, name=None, ignore_name_scope=
 
 # ------------------------------------------------------------ raw collectives (no gradient)
 
-def _allreduce_raw(t, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False):
+def _allreduce_raw(t, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False,
+                   process_set=None):
     def fn(cname, x):
         return [commlib.allreduce(x, name=cname, op=op, prescale_factor=pre,
-                                  postscale_factor=post).reshape(x.shape)]
+                                  postscale_factor=post,
+                                  process_set=process_set).reshape(x.shape)]
 
-    (y,) = _execute(fn, [t], [t.dtype], "CommlibAllreduce", name, ignore_name_scope)
+    (y,) = _execute(fn, [t], [t.dtype], "CommlibAllreduce", name, ignore_name_scope,
+                    process_set)
     y.set_shape(t.shape)
     return y
 
 
-def _grouped_allreduce_raw(ts, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False):
+def _grouped_allreduce_raw(ts, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False,
+                           process_set=None):
     def fn(cname, *xs):
         outs = commlib.grouped_allreduce(list(xs), name=cname, op=op, prescale_factor=pre,
-                                         postscale_factor=post)
+                                         postscale_factor=post, process_set=process_set)
         return [o.reshape(x.shape) for o, x in zip(outs, xs)]
 
     ys = _execute(fn, ts, [t.dtype for t in ts], "CommlibGroupedAllreduce", name,
-                  ignore_name_scope)
+                  ignore_name_scope, process_set)
     for y, t in zip(ys, ts):
         y.set_shape(t.shape)
     return ys
 
 
-def _allgather_np(x, cname):
+def _allgather_np(x, cname, process_set=None):
     if _needs_bytes(x):
-        return _from_bytes(commlib.allgather(_to_bytes(x), name=cname), x.dtype, x.shape[1:])
-    return commlib.allgather(x, name=cname)
+        return _from_bytes(commlib.allgather(_to_bytes(x), name=cname, process_set=process_set),
+                           x.dtype, x.shape[1:])
+    return commlib.allgather(x, name=cname, process_set=process_set)
 
 
-def _allgather_raw(t, name=None, ignore_name_scope=False):
+def _allgather_raw(t, name=None, ignore_name_scope=False, process_set=None):
     if t.shape.rank == 0:
         raise ValueError("allgather needs a tensor with at least one dimension")
 
     def fn(cname, x):
-        return [_allgather_np(x, cname)]
+        return [_allgather_np(x, cname, process_set)]
 
-    (y,) = _execute(fn, [t], [t.dtype], "CommlibAllgather", name, ignore_name_scope)
+    (y,) = _execute(fn, [t], [t.dtype], "CommlibAllgather", name, ignore_name_scope,
+                    process_set)
     if t.shape.rank is not None:
         y.set_shape([None] + t.shape.as_list()[1:])
     return y
 
 
-def _grouped_allgather_raw(ts, name=None, ignore_name_scope=False):
+def _grouped_allgather_raw(ts, name=None, ignore_name_scope=False, process_set=None):
     def fn(cname, *xs):
         base = cname
         handles = []
         for i, x in enumerate(xs):
             n = None if base is None else f"{base}.{i}"
             xb = _to_bytes(x) if _needs_bytes(x) else x
-            handles.append(commlib.allgather_async(xb, name=n))
+            handles.append(commlib.allgather_async(xb, name=n, process_set=process_set))
         outs = [commlib.synchronize(h) for h in handles]
         return [_from_bytes(o, x.dtype, x.shape[1:]) if _needs_bytes(x) else o
                 for o, x in zip(outs, xs)]
 
     ys = _execute(fn, ts, [t.dtype for t in ts], "CommlibGroupedAllgather", name,
-                  ignore_name_scope)
+                  ignore_name_scope, process_set)
     for y, t in zip(ys, ts):
         if t.shape.rank is not None:
             y.set_shape([None] + t.shape.as_list()[1:])
     return ys
 
 
-def _broadcast_np(x, root_rank, cname):
+def _broadcast_np(x, root_rank, cname, process_set=None):
     if _needs_bytes(x):
-        out = commlib.broadcast(_to_bytes(x), root_rank, name=cname)
+        out = commlib.broadcast(_to_bytes(x), root_rank, name=cname, process_set=process_set)
         return _from_bytes(out, x.dtype, x.shape[1:], scalar=x.ndim == 0)
-    return commlib.broadcast(x, root_rank, name=cname).reshape(x.shape)
+    return commlib.broadcast(x, root_rank, name=cname, process_set=process_set).reshape(x.shape)
 
 
-def _broadcast_raw(t, root_rank, name=None, ignore_name_scope=False):
+def _broadcast_raw(t, root_rank, name=None, ignore_name_scope=False, process_set=None):
     def fn(cname, x):
-        return [_broadcast_np(x, root_rank, cname)]
+        return [_broadcast_np(x, root_rank, cname, process_set)]
 
-    (y,) = _execute(fn, [t], [t.dtype], "CommlibBroadcast", name, ignore_name_scope)
+    (y,) = _execute(fn, [t], [t.dtype], "CommlibBroadcast", name, ignore_name_scope,
+                    process_set)
     y.set_shape(t.shape)
     return y
 
 
-def _alltoall_raw(t, splits, name=None, ignore_name_scope=False):
+def _alltoall_raw(t, splits, name=None, ignore_name_scope=False, process_set=None):
     """(output, received_splits as int32)."""
     if t.shape.rank == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
@@ -302,44 +324,45 @@ def _alltoall_raw(t, splits, name=None, ignore_name_scope=False):
     def fn(cname, x, *maybe_splits):
         raw = _to_bytes(x) if _needs_bytes(x) else x
         # without splits: equal parts, sent as explicit splits so the received ones come back
-        send = maybe_splits[0] if maybe_splits else fu.even_splits(raw.shape[0])
-        out, rsplits = commlib.alltoall(raw, splits=send, name=cname)
+        send = maybe_splits[0] if maybe_splits else fu.even_splits(raw.shape[0], process_set)
+        out, rsplits = commlib.alltoall(raw, splits=send, name=cname, process_set=process_set)
         if raw is not x:
             out = _from_bytes(out, x.dtype, x.shape[1:])
         return [out, np.asarray(rsplits, dtype=np.int32)]
 
     out, rsplits = _execute(fn, inputs, [t.dtype, tf.int32], "CommlibAlltoall", name,
-                            ignore_name_scope)
+                            ignore_name_scope, process_set)
     if t.shape.rank is not None:
         out.set_shape([None] + t.shape.as_list()[1:])
-    rsplits.set_shape([commlib.size()])
+    rsplits.set_shape([fu.set_size(process_set)])
     return out, rsplits
 
 
-def _reducescatter_raw(t, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False):
+def _reducescatter_raw(t, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False,
+                       process_set=None):
     if t.shape.rank == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension")
 
     def fn(cname, x):
         return [commlib.reducescatter(x, op=op, name=cname, prescale_factor=pre,
-                                      postscale_factor=post)]
+                                      postscale_factor=post, process_set=process_set)]
 
-    (y,) = _execute(fn, [t], [t.dtype], "CommlibReducescatter", name, ignore_name_scope)
+    (y,) = _execute(fn, [t], [t.dtype], "CommlibReducescatter", name, ignore_name_scope,
+                    process_set)
     if t.shape.rank is not None:
         dims = t.shape.as_list()
         if dims[0] is not None:
-            n, me = commlib.size(), commlib.rank()
-            dims[0] = dims[0] // n + (1 if me < dims[0] % n else 0)
+            dims[0] = fu.reducescatter_rows(dims[0], process_set)
         y.set_shape(dims)
     return y
 
 
-def _barrier_raw():
+def _barrier_raw(process_set=None):
     def fn(_cname):
-        commlib.barrier()
+        commlib.barrier(process_set=process_set)
         return [np.zeros((), dtype=np.int32)]
 
-    (y,) = _execute(fn, [], [tf.int32], "CommlibBarrier")
+    (y,) = _execute(fn, [], [tf.int32], "CommlibBarrier", process_set=process_set)
     return y
 
 
@@ -349,16 +372,17 @@ def _dense(g):
     return tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
 
 
-def _allreduce_grad(x, y, dy, op, pre, post, ignore_name_scope):
+def _allreduce_grad(x, y, dy, op, pre, post, ignore_name_scope, ps):
     dy = _dense(dy)
     if op in (Sum, Average):
-        return _allreduce_raw(dy, op, pre, post, ignore_name_scope=ignore_name_scope)
+        return _allreduce_raw(dy, op, pre, post, ignore_name_scope=ignore_name_scope,
+                              process_set=ps)
     if op in (Min, Max):
         # the rank(s) holding the extreme get the summed gradient (split among ties)
         scale = tf.cast(pre * post, dy.dtype)
         hit = tf.cast(tf.equal(x * scale, y), dy.dtype)
-        ties = _allreduce_raw(hit, Sum, ignore_name_scope=ignore_name_scope)
-        total = _allreduce_raw(dy, Sum, ignore_name_scope=ignore_name_scope)
+        ties = _allreduce_raw(hit, Sum, ignore_name_scope=ignore_name_scope, process_set=ps)
+        total = _allreduce_raw(dy, Sum, ignore_name_scope=ignore_name_scope, process_set=ps)
         return total * hit * scale / tf.maximum(ties, tf.ones_like(ties))
     raise NotImplementedError("the gradient of a Product allreduce is not implemented")
 
@@ -367,40 +391,43 @@ def _differentiable(t) -> bool:
     return t.dtype.is_floating or t.dtype.is_complex
 
 
-def _allreduce_op(t, op, pre, post, name, ignore_name_scope):
+def _allreduce_op(t, op, pre, post, name, ignore_name_scope, ps):
     if not _differentiable(t):
-        return _allreduce_raw(t, op, pre, post, name, ignore_name_scope)
+        return _allreduce_raw(t, op, pre, post, name, ignore_name_scope, ps)
 
     @tf.custom_gradient
     def f(x):
-        y = _allreduce_raw(x, op, pre, post, name, ignore_name_scope)
-        return y, lambda dy: _allreduce_grad(x, y, dy, op, pre, post, ignore_name_scope)
+        y = _allreduce_raw(x, op, pre, post, name, ignore_name_scope, ps)
+        return y, lambda dy: _allreduce_grad(x, y, dy, op, pre, post, ignore_name_scope, ps)
 
     return f(t)
 
 
-def _grouped_allreduce_op(ts, op, pre, post, name, ignore_name_scope):
+def _grouped_allreduce_op(ts, op, pre, post, name, ignore_name_scope, ps):
     if not all(_differentiable(t) for t in ts) or op not in (Sum, Average):
-        return _grouped_allreduce_raw(ts, op, pre, post, name, ignore_name_scope)
+        return _grouped_allreduce_raw(ts, op, pre, post, name, ignore_name_scope, ps)
 
     @tf.custom_gradient
     def f(*xs):
-        ys = _grouped_allreduce_raw(list(xs), op, pre, post, name, ignore_name_scope)
+        ys = _grouped_allreduce_raw(list(xs), op, pre, post, name, ignore_name_scope, ps)
 
         def grad(*dys):
             dys = [tf.zeros_like(x) if d is None else tf.cast(_dense(d), x.dtype)
                    for d, x in zip(dys, xs)]
-            return _grouped_allreduce_raw(dys, op, pre, post, ignore_name_scope=ignore_name_scope)
+            return _grouped_allreduce_raw(dys, op, pre, post, ignore_name_scope=ignore_name_scope,
+                                          process_set=ps)
 
         return ys, grad
 
     return list(f(*ts))
 
 
-def _allgather_grad(x, dy, ignore_name_scope):
-    total = _allreduce_raw(_dense(dy), _GRAD_GATHER_OP, ignore_name_scope=ignore_name_scope)
-    sizes = _allgather_raw(tf.shape(x, out_type=tf.int64)[:1], ignore_name_scope=ignore_name_scope)
-    me = commlib.rank()
+def _allgather_grad(x, dy, ignore_name_scope, ps):
+    total = _allreduce_raw(_dense(dy), _GRAD_GATHER_OP, ignore_name_scope=ignore_name_scope,
+                           process_set=ps)
+    sizes = _allgather_raw(tf.shape(x, out_type=tf.int64)[:1], ignore_name_scope=ignore_name_scope,
+                           process_set=ps)
+    me = fu.set_rank(ps)
     offset = tf.reduce_sum(sizes[:me])
     ndim = tf.rank(x)
     begin = tf.concat([[offset], tf.zeros([ndim - 1], tf.int64)], 0)
@@ -408,30 +435,30 @@ def _allgather_grad(x, dy, ignore_name_scope):
     return tf.reshape(tf.slice(total, begin, size), tf.shape(x))
 
 
-def _allgather_op(t, name, ignore_name_scope):
+def _allgather_op(t, name, ignore_name_scope, ps):
     if not _differentiable(t):
-        return _allgather_raw(t, name, ignore_name_scope)
+        return _allgather_raw(t, name, ignore_name_scope, ps)
 
     @tf.custom_gradient
     def f(x):
-        y = _allgather_raw(x, name, ignore_name_scope)
-        return y, lambda dy: _allgather_grad(x, dy, ignore_name_scope)
+        y = _allgather_raw(x, name, ignore_name_scope, ps)
+        return y, lambda dy: _allgather_grad(x, dy, ignore_name_scope, ps)
 
     return f(t)
 
 
-def _broadcast_op(t, root_rank, name, ignore_name_scope):
+def _broadcast_op(t, root_rank, name, ignore_name_scope, ps):
     if not _differentiable(t):
-        return _broadcast_raw(t, root_rank, name, ignore_name_scope)
+        return _broadcast_raw(t, root_rank, name, ignore_name_scope, ps)
     is_root = commlib.rank() == root_rank
 
     @tf.custom_gradient
     def f(x):
-        y = _broadcast_raw(x, root_rank, name, ignore_name_scope)
+        y = _broadcast_raw(x, root_rank, name, ignore_name_scope, ps)
 
         def grad(dy):
             total = _allreduce_raw(_dense(dy), _GRAD_GATHER_OP,
-                                   ignore_name_scope=ignore_name_scope)
+                                   ignore_name_scope=ignore_name_scope, process_set=ps)
             return total if is_root else tf.zeros_like(total)
 
         return y, grad
@@ -439,18 +466,19 @@ def _broadcast_op(t, root_rank, name, ignore_name_scope):
     return f(t)
 
 
-def _alltoall_op(t, splits, name, ignore_name_scope):
+def _alltoall_op(t, splits, name, ignore_name_scope, ps):
     if not _differentiable(t):
-        return _alltoall_raw(t, splits, name, ignore_name_scope)
+        return _alltoall_raw(t, splits, name, ignore_name_scope, ps)
     rsplits_box = []
 
     @tf.custom_gradient
     def f(x):
-        out, rsplits = _alltoall_raw(x, splits, name, ignore_name_scope)
+        out, rsplits = _alltoall_raw(x, splits, name, ignore_name_scope, ps)
         rsplits_box.append(rsplits)
 
         def grad(dy):
-            back, _ = _alltoall_raw(_dense(dy), rsplits, ignore_name_scope=ignore_name_scope)
+            back, _ = _alltoall_raw(_dense(dy), rsplits, ignore_name_scope=ignore_name_scope,
+                                    process_set=ps)
             return tf.reshape(back, tf.shape(x))
 
         return out, grad
@@ -459,17 +487,17 @@ def _alltoall_op(t, splits, name, ignore_name_scope):
     return out, rsplits_box[0]
 
 
-def _reducescatter_op(t, op, pre, post, name, ignore_name_scope):
+def _reducescatter_op(t, op, pre, post, name, ignore_name_scope, ps):
     if not _differentiable(t) or op not in (Sum, Average):
-        return _reducescatter_raw(t, op, pre, post, name, ignore_name_scope)
+        return _reducescatter_raw(t, op, pre, post, name, ignore_name_scope, ps)
 
     @tf.custom_gradient
     def f(x):
-        y = _reducescatter_raw(x, op, pre, post, name, ignore_name_scope)
+        y = _reducescatter_raw(x, op, pre, post, name, ignore_name_scope, ps)
 
         def grad(dy):
-            g = _allgather_raw(_dense(dy), ignore_name_scope=ignore_name_scope)
-            scale = pre * post / (commlib.size() if op == Average else 1)
+            g = _allgather_raw(_dense(dy), ignore_name_scope=ignore_name_scope, process_set=ps)
+            scale = pre * post / (fu.set_size(ps) if op == Average else 1)
             g = g * tf.cast(scale, g.dtype) if scale != 1.0 else g
             return tf.reshape(g, tf.shape(x))
 
@@ -484,33 +512,37 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
               compression=Compression.none, op=None, prescale_factor=1.0,
               postscale_factor=1.0, name=None, process_set=None, ignore_name_scope=False):
     """Reduces ``tensor`` (tf.Tensor, tf.Variable or tf.IndexedSlices) over all
-    ranks; ``op`` Average (default), Sum, Min, Max or Product. IndexedSlices
-    are allgathered (values and indices) instead, as in Horovod. The result
-    has the input's shape and dtype (integer Average truncates toward zero)."""
-    fu.check_process_set(process_set)
+    ranks (of ``process_set``); ``op`` Average (default; divides by the set's
+    size), Sum, Min, Max or Product. IndexedSlices are allgathered (values and
+    indices) instead, as in Horovod. The result has the input's shape and
+    dtype (integer Average truncates toward zero)."""
+    process_set = fu.check_process_set(process_set)
     op = fu.resolve_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
         if op not in (Sum, Average):
             raise NotImplementedError("Only Sum and Average ops are supported with "
                                       "tf.IndexedSlices")
         return _allreduce_sparse(tensor, op, prescale_factor * postscale_factor, name,
-                                 ignore_name_scope)
+                                 ignore_name_scope, process_set)
     t = _as_tensor(tensor)
     _check_dtype(t.dtype, "allreduce")
     with tf.device(device_dense) if device_dense else _nullcontext():
         c, ctx = compression.compress(t)
-        r = _allreduce_op(c, op, prescale_factor, postscale_factor, name, ignore_name_scope)
+        r = _allreduce_op(c, op, prescale_factor, postscale_factor, name, ignore_name_scope,
+                          process_set)
         return compression.decompress(r, ctx)
 
 
-def _allreduce_sparse(s, op, scale, name, ignore_name_scope):
+def _allreduce_sparse(s, op, scale, name, ignore_name_scope, process_set=None):
     _check_dtype(s.values.dtype, "allreduce")
     vname = None if name is None else f"{name}.values"
     iname = None if name is None else f"{name}.indices"
-    values = allgather(s.values, name=vname, ignore_name_scope=ignore_name_scope)
-    indices = allgather(s.indices, name=iname, ignore_name_scope=ignore_name_scope)
+    values = allgather(s.values, name=vname, ignore_name_scope=ignore_name_scope,
+                       process_set=process_set)
+    indices = allgather(s.indices, name=iname, ignore_name_scope=ignore_name_scope,
+                        process_set=process_set)
     if op == Average:
-        scale = scale / commlib.size()
+        scale = scale / fu.set_size(process_set)
     if scale != 1.0:
         values = values * tf.cast(scale, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=s.dense_shape)
@@ -522,7 +554,7 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
                       name=None):
     """Reduces a list of tensors as one unit (negotiated together and fused);
     IndexedSlices in the list are allgathered. Returns the list of results."""
-    fu.check_process_set(process_set)
+    process_set = fu.check_process_set(process_set)
     if not tensors:
         return tensors
     op = fu.resolve_op(op, average)
@@ -535,7 +567,7 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
                                           "tf.IndexedSlices")
             sname = None if name is None else f"{name}.sparse{i}"
             out[i] = _allreduce_sparse(t, op, prescale_factor * postscale_factor, sname,
-                                       ignore_name_scope)
+                                       ignore_name_scope, process_set)
         else:
             dense_idx.append(i)
     if dense_idx:
@@ -544,24 +576,25 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
             _check_dtype(t.dtype, "grouped_allreduce")
         packed = [compression.compress(t) for t in ts]
         reduced = _grouped_allreduce_op([c for c, _ in packed], op, prescale_factor,
-                                        postscale_factor, name, ignore_name_scope)
+                                        postscale_factor, name, ignore_name_scope, process_set)
         for i, r, (_, ctx) in zip(dense_idx, reduced, packed):
             out[i] = compression.decompress(r, ctx)
     return out
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
-    """Concatenates every rank's ``tensor`` along dimension 0 (whose size may
-    differ across ranks; the other dimensions must agree)."""
-    fu.check_process_set(process_set)
+    """Concatenates every rank's ``tensor`` (of ``process_set``, in the order
+    of its ranks) along dimension 0 (whose size may differ across ranks; the
+    other dimensions must agree)."""
+    process_set = fu.check_process_set(process_set)
     t = _as_tensor(tensor)
     _check_dtype(t.dtype, "allgather", movable=True)
-    return _allgather_op(t, name, ignore_name_scope)
+    return _allgather_op(t, name, ignore_name_scope, process_set)
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=None):
     """Allgathers a list of tensors with one op (started together)."""
-    fu.check_process_set(process_set)
+    process_set = fu.check_process_set(process_set)
     if not tensors:
         return tensors
     ts = [_as_tensor(t) for t in tensors]
@@ -570,18 +603,20 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=N
         if t.shape.rank == 0:
             raise ValueError("allgather needs tensors with at least one dimension")
     if not any(_differentiable(t) for t in ts):
-        return _grouped_allgather_raw(ts, name, ignore_name_scope)
+        return _grouped_allgather_raw(ts, name, ignore_name_scope, process_set)
     return [allgather(t, name=None if name is None else f"{name}.{i}",
-                      ignore_name_scope=ignore_name_scope) for i, t in enumerate(ts)]
+                      ignore_name_scope=ignore_name_scope, process_set=process_set)
+            for i, t in enumerate(ts)]
 
 
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None):
-    """Rank ``root_rank``'s ``tensor`` on every rank."""
-    fu.check_process_set(process_set)
-    fu.check_root(root_rank)
+    """Rank ``root_rank``'s ``tensor`` on every rank (of ``process_set``;
+    root_rank is a job rank in the set)."""
+    process_set = fu.check_process_set(process_set)
+    fu.check_root(root_rank, process_set)
     t = _as_tensor(tensor)
     _check_dtype(t.dtype, "broadcast", movable=True)
-    return _broadcast_op(t, root_rank, name, ignore_name_scope)
+    return _broadcast_op(t, root_rank, name, ignore_name_scope, process_set)
 
 
 def broadcast_(variables, root_rank, name=None, process_set=None):
@@ -601,27 +636,30 @@ def broadcast_(variables, root_rank, name=None, process_set=None):
 
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=None):
-    """Sends rows ``splits[i]`` of dimension 0 to rank i (equal parts when
-    splits is None) and returns the rows received, in rank order; with
-    ``splits``, returns ``(output, received_splits)`` as Horovod does."""
-    fu.check_process_set(process_set)
+    """Sends rows ``splits[i]`` of dimension 0 to rank i (of ``process_set``:
+    its i-th member; equal parts when splits is None) and returns the rows
+    received, in rank order; with ``splits``, returns ``(output,
+    received_splits)`` as Horovod does."""
+    process_set = fu.check_process_set(process_set)
     t = _as_tensor(tensor)
     _check_dtype(t.dtype, "alltoall", movable=True)
-    out, rsplits = _alltoall_op(t, splits, name, ignore_name_scope)
+    out, rsplits = _alltoall_op(t, splits, name, ignore_name_scope, process_set)
     return (out, rsplits) if splits is not None else out
 
 
 def reducescatter(tensor, device_dense='', compression=Compression.none, op=Average,
                   name=None, process_set=None, ignore_name_scope=False, prescale_factor=1.0,
                   postscale_factor=1.0):
-    """Reduces ``tensor`` over all ranks and leaves on each rank its part of
-    dimension 0 (lower ranks get the extra rows)."""
-    fu.check_process_set(process_set)
+    """Reduces ``tensor`` over all ranks (of ``process_set``) and leaves on
+    each rank its part of dimension 0 (part i on the set's i-th member; lower
+    positions get the extra rows)."""
+    process_set = fu.check_process_set(process_set)
     op = fu.resolve_op(op)
     t = _as_tensor(tensor)
     _check_dtype(t.dtype, "reducescatter")
     c, ctx = compression.compress(t)
-    r = _reducescatter_op(c, op, prescale_factor, postscale_factor, name, ignore_name_scope)
+    r = _reducescatter_op(c, op, prescale_factor, postscale_factor, name, ignore_name_scope,
+                          process_set)
     return compression.decompress(r, ctx)
 
 
@@ -633,13 +671,13 @@ def grouped_reducescatter(tensors, device_dense='', compression=Compression.none
 
 
 def barrier(process_set=None):
-    """Returns once every rank has reached it (eagerly: when called; in a
-    graph: when the returned op runs)."""
-    fu.check_process_set(process_set)
+    """Returns once every rank (of ``process_set``) has reached it (eagerly:
+    when called; in a graph: when the returned op runs)."""
+    process_set = fu.check_process_set(process_set)
     if tf.executing_eagerly():
-        commlib.barrier()
+        commlib.barrier(process_set=process_set)
         return None
-    return _barrier_raw().op
+    return _barrier_raw(process_set).op
 
 
 def join():
@@ -658,7 +696,9 @@ class _nullcontext:
 # ------------------------------------------------------------ topology as ops
 
 def size_op(process_set_id=0, name=None):
-    return tf.constant(commlib.size(), dtype=tf.int32, name=name)
+    """The number of ranks of the process set with this id (0: the job)."""
+    return tf.constant(fu.set_size(fu.process_set_by_id(process_set_id)), dtype=tf.int32,
+                       name=name)
 
 
 def local_size_op(name=None):
@@ -674,4 +714,6 @@ def local_rank_op(name=None):
 
 
 def process_set_included_op(process_set_id=0, name=None):
-    return tf.constant(1 if process_set_id == 0 else 0, dtype=tf.int32, name=name)
+    """1 when this rank belongs to the process set with this id, else 0."""
+    ps = fu.process_set_by_id(process_set_id)
+    return tf.constant(1 if fu.included(ps) else 0, dtype=tf.int32, name=name)

@@ -11,16 +11,27 @@
     ...
 
 Launch with ``commlibrun -np 4 python train.py`` (or mpirun). CPU tensors
-only for now. Not available (yet; the names exist and raise
-NotImplementedError): process sets other than the global one
-(add_process_set/remove_process_set), Adasum, timelines
-(start_timeline/stop_timeline). Not provided: elastic training
+only for now.
+
+Process sets work as in horovod.torch: ``hvd.init(process_sets=[...])`` or
+``hvd.add_process_set([0, 2])`` (on every rank) registers a
+``hvd.ProcessSet``; collectives, the object helpers and
+``DistributedOptimizer`` take ``process_set=`` and then run over its members
+only (Average divides by the set's size)::
+
+    even = hvd.add_process_set([r for r in range(hvd.size()) if r % 2 == 0])
+    opt = hvd.DistributedOptimizer(opt, named_parameters=..., process_set=even)
+    if even.included():
+        hvd.allreduce(t, process_set=even)
+
+Not available (yet; the names exist and raise NotImplementedError): Adasum,
+timelines (start_timeline/stop_timeline). Not provided: elastic training
 (commlib.torch.elastic).
 """
 from .compression import Compression
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
-from .mpi_ops import (Adasum, Average, CommlibError, Handle, Max, Min, Product, Sum,
+from .mpi_ops import (Adasum, Average, CommlibError, Handle, Max, Min, Product, ProcessSet, Sum,
                       add_process_set, allgather, allgather_async, allreduce, allreduce_,
                       allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier,
                       broadcast, broadcast_, broadcast_async, broadcast_async_, ccl_built,
@@ -41,7 +52,7 @@ __all__ = [
     "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
     "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
     "cuda_built", "rocm_built",
-    "Sum", "Average", "Min", "Max", "Product", "Adasum", "global_process_set",
+    "Sum", "Average", "Min", "Max", "Product", "Adasum", "ProcessSet", "global_process_set",
     "add_process_set", "remove_process_set",
     "Handle", "poll", "synchronize",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",

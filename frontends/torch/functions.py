@@ -1,5 +1,8 @@
 """Model-level helpers: broadcast parameters, optimizer state and arbitrary
-Python objects from one rank to all, gather objects from all ranks."""
+Python objects from one rank to all, gather objects from all ranks. Each takes
+``process_set`` (as Horovod's broadcast_object/allgather_object do; a
+commlib extension for broadcast_parameters/broadcast_optimizer_state): then
+only the set's members call it, and ``root_rank`` is a job rank in the set."""
 from __future__ import annotations
 
 import torch
@@ -10,7 +13,7 @@ from commlib import objects as _objects
 from .mpi_ops import _SUPPORTED, broadcast_async_, global_process_set, rank, synchronize
 
 
-def broadcast_parameters(params, root_rank, prefix=None):
+def broadcast_parameters(params, root_rank, prefix=None, process_set=global_process_set):
     """Copies parameters (or any tensors) of rank ``root_rank`` into the same
     tensors on every other rank, in place. Typical use::
 
@@ -20,7 +23,10 @@ def broadcast_parameters(params, root_rank, prefix=None):
     tensors or of (name, tensor) pairs (``list(model.named_parameters())``);
     any other iterable of those is accepted too. Every rank must pass the same
     names, shapes and dtypes. ``prefix`` is prepended to the collective names
-    (Horovod accepts it too)."""
+    (Horovod accepts it too). With ``process_set``, only its members call it
+    and receive root's values."""
+    process_set = _fu.check_process_set(process_set)
+    _fu.check_root(root_rank, process_set)
     if isinstance(params, dict):
         items = sorted(params.items())
     elif isinstance(params, torch.Tensor):
@@ -36,7 +42,7 @@ def broadcast_parameters(params, root_rank, prefix=None):
     for name, p in items:
         if name is not None and prefix is not None:
             name = f"{prefix}.{name}"
-        handles.append(broadcast_async_(p, root_rank, name))
+        handles.append(broadcast_async_(p, root_rank, name, process_set))
     first_error = None
     for h in handles:
         try:
@@ -85,7 +91,8 @@ def _fill_tensors(obj, tensors: list):
     return obj
 
 
-def broadcast_optimizer_state(optimizer, root_rank, prefix="broadcast_optimizer_state"):
+def broadcast_optimizer_state(optimizer, root_rank, prefix="broadcast_optimizer_state",
+                              process_set=global_process_set):
     """Makes every rank's optimizer state (per-parameter buffers such as
     momentum, and the param_groups' options such as the learning rate) equal
     to rank ``root_rank``'s. Works for torch optimizers and for
@@ -95,17 +102,21 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="broadcast_optimizer_
     travel as tensors (no pickling of large buffers). Unlike Horovod, a
     freshly created optimizer is not stepped with zero gradients to create
     its state: if root's state is empty, every rank ends with an empty state,
-    which is what root has."""
+    which is what root has. With ``process_set``, only its members call it."""
+    process_set = _fu.check_process_set(process_set)
+    _fu.check_root(root_rank, process_set)
     state_dict = optimizer.state_dict() if rank() == root_rank else None
     tensors: list = []
     skeleton = _strip_tensors(state_dict, tensors) if rank() == root_rank else None
-    skeleton = broadcast_object(skeleton, root_rank, name=f"{prefix}.skeleton")
+    skeleton = broadcast_object(skeleton, root_rank, name=f"{prefix}.skeleton",
+                                process_set=process_set)
     if rank() != root_rank:
         slots = []
         _collect_slots(skeleton, slots)
         slots.sort(key=lambda s: s.index)
         tensors = [torch.empty(s.shape, dtype=s.dtype) for s in slots]
-    handles = [broadcast_async_(t, root_rank, f"{prefix}.{i}") for i, t in enumerate(tensors)]
+    handles = [broadcast_async_(t, root_rank, f"{prefix}.{i}", process_set)
+               for i, t in enumerate(tensors)]
     for h in handles:
         synchronize(h)
     if rank() != root_rank:
@@ -125,16 +136,14 @@ def _collect_slots(obj, out: list):
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Rank ``root_rank``'s ``obj`` (anything cloudpickle/pickle can
-    serialise), on every rank. Other ranks' ``obj`` is ignored; they may
-    pass None::
+    serialise), on every rank (of ``process_set``). Other ranks' ``obj`` is
+    ignored; they may pass None::
 
         state = hvd.broadcast_object(state if hvd.rank() == 0 else None, 0)
     """
-    _fu.check_process_set(process_set)
-    return _objects.broadcast_object(obj, root_rank, name=name)
+    return _objects.broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
-    """Every rank's ``obj``, as a list in rank order."""
-    _fu.check_process_set(process_set)
-    return _objects.allgather_object(obj, name=name)
+    """Every rank's ``obj`` (of ``process_set``), as a list in rank order."""
+    return _objects.allgather_object(obj, name=name, process_set=process_set)

@@ -9,16 +9,24 @@ The out-of-place forms (``allreduce``, ``allgather``, ``broadcast``,
 ``alltoall``, ``reducescatter``, ``grouped_allreduce``) are differentiable
 (torch.autograd.Function), with Horovod's gradients.
 
-The framework-free parts (op resolution, the process-set placeholder,
+The framework-free parts (op resolution, process-set checks and sizes,
 generated names, Horovod's ``*_built`` queries) come from
 ``commlib.frontend_utils``, shared with commlib.tensorflow.
+
+Process sets work as in horovod.torch: every collective takes
+``process_set=`` (``global_process_set``, the default, or a ``ProcessSet``
+registered on every rank with ``add_process_set`` or
+``init(process_sets=[...])``). Only the set's members call a collective on
+it (a non-member gets ValueError before anything is sent); Average divides
+by the set's size, allgather/alltoall order rows by the set's ranks,
+alltoall splits and reducescatter parts go to the set's members in order,
+and ``root_rank`` is a job rank that belongs to the set. The gradients of
+the differentiable collectives are collectives over the same set.
 
 Differences from horovod.torch, all deliberate:
 
 * CPU tensors only: a tensor on another device raises ValueError (the core has
   no GPU path yet).
-* Process sets: only the global set exists; ``process_set`` accepts ``None``
-  or ``global_process_set``, anything else raises NotImplementedError.
 * ``Adasum`` raises NotImplementedError instead of reducing.
 * ``join()`` is a collective that every rank must call; it does not serve
   other ranks' collectives with zeros while they finish (see its docstring).
@@ -36,9 +44,9 @@ from commlib import CommlibError
 from commlib import basics as _basics
 from commlib import frontend_utils as _fu
 from commlib.frontend_utils import (  # noqa: F401 - re-exported
-    Adasum, add_process_set, ccl_built, cuda_built, ddl_built, global_process_set, gloo_built,
-    gloo_enabled, init, is_homogeneous, mpi_built, mpi_enabled, nccl_built, remove_process_set,
-    rocm_built, start_timeline, stop_timeline)
+    Adasum, ProcessSet, add_process_set, ccl_built, cuda_built, ddl_built, global_process_set,
+    gloo_built, gloo_enabled, init, is_homogeneous, mpi_built, mpi_enabled, nccl_built,
+    remove_process_set, rocm_built, start_timeline, stop_timeline)
 from commlib.ops import Average, Max, Min, Product, Sum
 
 from .compression import Compression
@@ -175,38 +183,42 @@ def synchronize(handle):
 
 # ---------------------------------------------------------------- allreduce
 
-def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, what):
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, what,
+                     process_set):
     if output is None:  # out of place: the core allocates the result
         arr = _input(tensor, what)
-        h = _c.allreduce_async(arr, None, name, op, prescale_factor, postscale_factor)
+        h = _c.allreduce_async(arr, None, name, op, prescale_factor, postscale_factor,
+                               process_set=process_set)
         shape = tensor.shape
         return Handle(h, lambda out: _as_tensor(out).view(shape), tensor)
     _check_tensor(output, what, inplace=True)
-    h = _c.allreduce_async_(_as_array(output), None, name, op, prescale_factor, postscale_factor)
+    h = _c.allreduce_async_(_as_array(output), None, name, op, prescale_factor, postscale_factor,
+                            process_set=process_set)
     return Handle(h, lambda _out: output, output)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set) -> Handle:
-    """Starts reducing ``tensor`` over all ranks (default op Average; the
-    input is not modified). Returns a handle for ``synchronize``.
+    """Starts reducing ``tensor`` over all ranks (of ``process_set``; default
+    op Average, which divides by the set's size; the input is not modified).
+    Returns a handle for ``synchronize``.
 
     The reduction is keyed by ``name`` (auto-generated when None): tensors of
     one name must have the same shape and dtype on every rank, or every rank
     raises commlib.CollectiveMismatchError."""
-    _fu.check_process_set(process_set)
+    process_set = _fu.check_process_set(process_set)
     op = _fu.resolve_op(op, average)
     return _allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor,
-                            "allreduce_async")
+                            "allreduce_async", process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """In-place ``allreduce_async``: the result is written into ``tensor``."""
-    _fu.check_process_set(process_set)
+    process_set = _fu.check_process_set(process_set)
     op = _fu.resolve_op(op, average)
     return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor,
-                            "allreduce_async_")
+                            "allreduce_async_", process_set)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -218,13 +230,15 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 class HorovodAllreduce(torch.autograd.Function):
     """allreduce as an autograd function: the gradient is the allreduce (same
-    op and scale factors) of the output gradients, as in Horovod. Min/Max
-    send the gradient to the rank(s) that hold the extreme value."""
+    op, scale factors and process set) of the output gradients, as in
+    Horovod. Min/Max send the gradient to the rank(s) that hold the extreme
+    value."""
 
     @staticmethod
     def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
         ctx.op = _fu.resolve_op(op, average)
         ctx.scales = (prescale_factor, postscale_factor)
+        ctx.process_set = process_set
         out = synchronize(allreduce_async(tensor, None, name, ctx.op, prescale_factor,
                                           postscale_factor, process_set))
         if ctx.op in (Min, Max):
@@ -233,15 +247,17 @@ class HorovodAllreduce(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        op = ctx.op
+        op, ps = ctx.op, ctx.process_set
         pre, post = ctx.scales
         if op in (Sum, Average):
-            grad = allreduce(grad_output, op=op, prescale_factor=pre, postscale_factor=post)
+            grad = allreduce(grad_output, op=op, prescale_factor=pre, postscale_factor=post,
+                             process_set=ps)
         elif op in (Min, Max):
             tensor, out = ctx.saved_tensors
             hit = (tensor * pre * post == out).to(grad_output.dtype)
-            ties = allreduce(hit, op=Sum)
-            grad = allreduce(grad_output, op=Sum) * hit * pre * post / ties.clamp_min(1)
+            ties = allreduce(hit, op=Sum, process_set=ps)
+            grad = (allreduce(grad_output, op=Sum, process_set=ps) * hit * pre * post
+                    / ties.clamp_min(1))
         else:
             raise NotImplementedError("the gradient of a Product allreduce is not implemented")
         return grad, None, None, None, None, None, None
@@ -250,10 +266,10 @@ class HorovodAllreduce(torch.autograd.Function):
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0,
               process_set=global_process_set) -> torch.Tensor:
-    """The reduction (default Average) of ``tensor`` over all ranks, as a new
-    tensor; differentiable. ``compression`` (e.g. Compression.fp16) casts the
-    tensor for the transfer and back."""
-    _fu.check_process_set(process_set)
+    """The reduction (default Average) of ``tensor`` over all ranks (of
+    ``process_set``), as a new tensor; differentiable. ``compression`` (e.g.
+    Compression.fp16) casts the tensor for the transfer and back."""
+    process_set = _fu.check_process_set(process_set)
     compressed, cctx = compression.compress(tensor)
     out = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor,
                                  postscale_factor, process_set)
@@ -264,7 +280,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 
 def _grouped_allreduce_async(tensors, inplace, average, name, op, prescale_factor,
                              postscale_factor, process_set, what) -> Handle:
-    _fu.check_process_set(process_set)
+    process_set = _fu.check_process_set(process_set)
     op = _fu.resolve_op(op, average)
     tensors = list(tensors)
     if not tensors:
@@ -273,10 +289,10 @@ def _grouped_allreduce_async(tensors, inplace, average, name, op, prescale_facto
         _check_tensor(t, what, inplace=inplace)
     if inplace:
         h = _c.grouped_allreduce_async_([_as_array(t) for t in tensors], None, name, op,
-                                        prescale_factor, postscale_factor)
+                                        prescale_factor, postscale_factor, process_set)
         return Handle(h, lambda _outs: tensors, tensors)
     h = _c.grouped_allreduce_async([_input(t, what) for t in tensors], None, name, op,
-                                   prescale_factor, postscale_factor)
+                                   prescale_factor, postscale_factor, process_set)
     shapes = [t.shape for t in tensors]
     return Handle(h, lambda outs: [_as_tensor(o).view(s) for o, s in zip(outs, shapes)], tensors)
 
@@ -307,6 +323,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
     def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
         ctx.op = _fu.resolve_op(op, average)
         ctx.scales = (prescale_factor, postscale_factor)
+        ctx.process_set = process_set
         return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, ctx.op,
                                                          prescale_factor, postscale_factor,
                                                          process_set)))
@@ -318,7 +335,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
                                       "only")
         pre, post = ctx.scales
         grads = grouped_allreduce(list(grad_outputs), op=ctx.op, prescale_factor=pre,
-                                  postscale_factor=post)
+                                  postscale_factor=post, process_set=ctx.process_set)
         return (None, None, None, None, None, None, *grads)
 
 
@@ -326,7 +343,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduces a list of tensors as one fused unit; returns a list of new
     tensors. Differentiable for Sum and Average."""
-    _fu.check_process_set(process_set)
+    process_set = _fu.check_process_set(process_set)
     pairs = [compression.compress(t) for t in tensors]
     outs = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
                                          process_set, *[p[0] for p in pairs])
@@ -334,10 +351,11 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> Handle:
-    """Starts reducing a sparse COO tensor over all ranks by gathering every
-    rank's indices and values (as Horovod does); ``synchronize`` returns the
-    sparse sum (Sum) or average (Average), uncoalesced."""
-    _fu.check_process_set(process_set)
+    """Starts reducing a sparse COO tensor over all ranks (of ``process_set``)
+    by gathering every rank's indices and values (as Horovod does);
+    ``synchronize`` returns the sparse sum (Sum) or average (Average, over the
+    set's size), uncoalesced."""
+    process_set = _fu.check_process_set(process_set)
     op = _fu.resolve_op(op)
     if op not in (Sum, Average):
         raise ValueError("sparse_allreduce_async supports op=Sum and op=Average only")
@@ -349,14 +367,17 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
     t = tensor.coalesce()
     indices = t.indices().t().contiguous()  # allgather concatenates along dimension 0
     values = t.values().contiguous()
-    hi = allgather_async(indices, name=None if name is None else f"{name}.indices")
-    hv = allgather_async(values, name=None if name is None else f"{name}.values")
+    hi = allgather_async(indices, name=None if name is None else f"{name}.indices",
+                         process_set=process_set)
+    hv = allgather_async(values, name=None if name is None else f"{name}.values",
+                         process_set=process_set)
     shape = tuple(tensor.shape)
+    n = _fu.set_size(process_set)
 
     def finish(outs):
         idx, val = (_as_tensor(o) for o in outs)
         if op == Average:
-            val = val / size()
+            val = val / n
         return torch.sparse_coo_tensor(idx.t(), val, shape, check_invariants=False)
 
     return Handle([hi._handles, hv._handles], finish, (indices, values))
@@ -366,45 +387,49 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
     """Starts concatenating every rank's ``tensor`` along dimension 0 (whose
-    size may differ across ranks; the other dimensions must agree)."""
-    _fu.check_process_set(process_set)
+    size may differ across ranks; the other dimensions must agree), in the
+    order of the ranks (of ``process_set``)."""
+    process_set = _fu.check_process_set(process_set)
     t = _check_tensor(tensor, "allgather_async")
     if t.dim() == 0:
         raise ValueError("allgather needs a tensor with at least one dimension")
-    h = _c.allgather_async(_input(t, "allgather_async"), name)
+    h = _c.allgather_async(_input(t, "allgather_async"), name, process_set=process_set)
     return Handle(h, _as_tensor, tensor)
 
 
 class HorovodAllgather(torch.autograd.Function):
     """allgather as an autograd function. As in Horovod, the gradient of each
-    rank's slice is the average over ranks of the output gradients."""
+    rank's slice is the average over ranks (of the process set) of the output
+    gradients."""
 
     @staticmethod
     def forward(ctx, tensor, name, process_set):
         ctx.dim = tensor.shape[0]
+        ctx.process_set = process_set
         return synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
+        ps = ctx.process_set
         # Deliberate: horovod.torch averages the upstream gradients (commlib.tensorflow sums).
-        grad = allreduce(grad_output.contiguous(), op=Average)
-        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64))
-        offset = int(dims[:rank()].sum())
+        grad = allreduce(grad_output.contiguous(), op=Average, process_set=ps)
+        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64), process_set=ps)
+        offset = int(dims[:_fu.set_rank(ps)].sum())
         return grad.narrow(0, offset, ctx.dim), None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
-    """Every rank's ``tensor`` concatenated along dimension 0, in rank order;
-    differentiable."""
-    _fu.check_process_set(process_set)
+    """Every rank's ``tensor`` (of ``process_set``) concatenated along
+    dimension 0, in rank order; differentiable."""
+    process_set = _fu.check_process_set(process_set)
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
-    _fu.check_process_set(process_set)
+    process_set = _fu.check_process_set(process_set)
     tensors = list(tensors)
-    base = _fu.auto_name("grouped_allgather", name)
-    handles = [allgather_async(t, f"{base}.{i}") for i, t in enumerate(tensors)]
+    base = _fu.auto_name("grouped_allgather", name, process_set)
+    handles = [allgather_async(t, f"{base}.{i}", process_set) for i, t in enumerate(tensors)]
     return Handle([h._handles for h in handles], lambda outs: [_as_tensor(o) for o in outs],
                   tensors)
 
@@ -417,19 +442,21 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 # ---------------------------------------------------------------- broadcast
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
-    """Starts copying rank ``root_rank``'s ``tensor`` to every rank; the
-    result is a new tensor (the input is not modified)."""
-    _fu.check_process_set(process_set)
-    h = _c.broadcast_async(_input(tensor, "broadcast_async"), root_rank, name)
+    """Starts copying rank ``root_rank``'s ``tensor`` to every rank (of
+    ``process_set``; root_rank is a job rank in it); the result is a new
+    tensor (the input is not modified)."""
+    process_set = _fu.check_process_set(process_set)
+    h = _c.broadcast_async(_input(tensor, "broadcast_async"), root_rank, name,
+                           process_set=process_set)
     shape = tensor.shape
     return Handle(h, lambda out: _as_tensor(out).view(shape), tensor)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """In-place ``broadcast_async``: ``tensor`` receives root's value."""
-    _fu.check_process_set(process_set)
+    process_set = _fu.check_process_set(process_set)
     _check_tensor(tensor, "broadcast_async_", inplace=True)
-    h = _c.broadcast_async_(_as_array(tensor), root_rank, name)
+    h = _c.broadcast_async_(_as_array(tensor), root_rank, name, process_set=process_set)
     return Handle(h, lambda _out: tensor, tensor)
 
 
@@ -439,35 +466,37 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> 
 
 class HorovodBroadcast(torch.autograd.Function):
     """broadcast as an autograd function. As in Horovod, the root receives
-    the average over ranks of the output gradients, other ranks zero."""
+    the average over ranks (of the process set) of the output gradients,
+    other ranks zero."""
 
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank = root_rank
+        ctx.process_set = process_set
         return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
         # Deliberate: horovod.torch averages the upstream gradients (commlib.tensorflow sums).
-        grad = allreduce(grad_output.contiguous(), op=Average)
+        grad = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
         if rank() != ctx.root_rank:
             grad = grad * 0
         return grad, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
-    """Rank ``root_rank``'s ``tensor``, on every rank, as a new tensor;
-    differentiable."""
-    _fu.check_process_set(process_set)
+    """Rank ``root_rank``'s ``tensor``, on every rank (of ``process_set``), as
+    a new tensor; differentiable."""
+    process_set = _fu.check_process_set(process_set)
     return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
 
 # ---------------------------------------------------------------- alltoall
 
-def _split_list(splits, dim0: int) -> list[int]:
+def _split_list(splits, dim0: int, process_set) -> list[int]:
     if splits is None:
-        return _fu.even_splits(dim0)
-    n = size()
+        return _fu.even_splits(dim0, process_set)
+    n = _fu.set_size(process_set)
     if isinstance(splits, torch.Tensor):
         if splits.is_floating_point() or splits.dim() != 1:
             raise ValueError("splits must be a 1-D integer tensor, one entry per rank")
@@ -482,14 +511,15 @@ def _split_list(splits, dim0: int) -> list[int]:
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
     """Starts an all-to-all: rows ``splits[i]`` of dimension 0 go to rank i
-    (an even division when splits is None). ``synchronize`` returns
-    ``(output, received_splits)``, as in Horovod."""
-    _fu.check_process_set(process_set)
+    (of ``process_set``: its i-th member; an even division when splits is
+    None). ``synchronize`` returns ``(output, received_splits)``, as in
+    Horovod."""
+    process_set = _fu.check_process_set(process_set)
     t = _check_tensor(tensor, "alltoall_async")
     if t.dim() == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
-    split_list = _split_list(splits, t.shape[0])
-    h = _c.alltoall_async(_input(t, "alltoall_async"), split_list, name)
+    split_list = _split_list(splits, t.shape[0], process_set)
+    h = _c.alltoall_async(_input(t, "alltoall_async"), split_list, name, process_set=process_set)
 
     def finish(res):
         out, recv = res
@@ -506,6 +536,7 @@ class HorovodAlltoall(torch.autograd.Function):
     def forward(ctx, tensor, splits, name, process_set):
         out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
         ctx.received = received
+        ctx.process_set = process_set
         if splits is None:
             return out
         ctx.mark_non_differentiable(received)
@@ -513,14 +544,15 @@ class HorovodAlltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output, *_unused):
-        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received))
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received,
+                                             process_set=ctx.process_set))
         return grad, None, None, None
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """All-to-all; returns the received rows (in rank order) and, when
     ``splits`` is given, also the rows received from each rank."""
-    _fu.check_process_set(process_set)
+    process_set = _fu.check_process_set(process_set)
     return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
 
@@ -528,27 +560,29 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0) -> Handle:
-    """Starts reducing ``tensor`` over all ranks, leaving on each rank its
-    part of dimension 0 (lower ranks get the extra rows)."""
-    _fu.check_process_set(process_set)
+    """Starts reducing ``tensor`` over all ranks (of ``process_set``), leaving
+    on each rank its part of dimension 0 (part i on the set's i-th member;
+    lower positions get the extra rows)."""
+    process_set = _fu.check_process_set(process_set)
     op = _fu.resolve_op(op)
     t = _check_tensor(tensor, "reducescatter_async")
     if t.dim() == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension")
     h = _c.reducescatter_async(_input(t, "reducescatter_async"), op, name, prescale_factor,
-                               postscale_factor)
+                               postscale_factor, process_set=process_set)
     return Handle(h, _as_tensor, tensor)
 
 
 class HorovodReducescatter(torch.autograd.Function):
     """reducescatter as an autograd function: the gradient is the allgather
-    of the output gradients, times the scale factors (and 1/size for
-    Average)."""
+    of the output gradients (over the same process set), times the scale
+    factors (and 1/size of the set for Average)."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
         ctx.op = op = _fu.resolve_op(op)
         ctx.scale = prescale_factor * postscale_factor
+        ctx.process_set = process_set
         return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
                                                postscale_factor))
 
@@ -556,17 +590,17 @@ class HorovodReducescatter(torch.autograd.Function):
     def backward(ctx, grad_output):
         if ctx.op not in (Sum, Average):
             raise NotImplementedError("reducescatter is differentiable for Sum and Average only")
-        grad = allgather(grad_output.contiguous())
-        scale = ctx.scale / (size() if ctx.op == Average else 1)
+        grad = allgather(grad_output.contiguous(), process_set=ctx.process_set)
+        scale = ctx.scale / (_fu.set_size(ctx.process_set) if ctx.op == Average else 1)
         return grad * scale, None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0,
                   postscale_factor=1.0) -> torch.Tensor:
-    """This rank's part of the reduction of ``tensor`` over all ranks;
-    differentiable for Sum and Average."""
-    _fu.check_process_set(process_set)
+    """This rank's part of the reduction of ``tensor`` over all ranks (of
+    ``process_set``); differentiable for Sum and Average."""
+    process_set = _fu.check_process_set(process_set)
     compressed, cctx = compression.compress(tensor)
     out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
                                      postscale_factor)
@@ -575,9 +609,9 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> Handle:
-    _fu.check_process_set(process_set)
+    process_set = _fu.check_process_set(process_set)
     tensors = list(tensors)
-    base = _fu.auto_name("grouped_reducescatter", name)
+    base = _fu.auto_name("grouped_reducescatter", name, process_set)
     handles = [reducescatter_async(t, f"{base}.{i}", op, process_set, prescale_factor,
                                    postscale_factor) for i, t in enumerate(tensors)]
     return Handle([h._handles for h in handles], lambda outs: [_as_tensor(o) for o in outs],
@@ -597,9 +631,8 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 # ---------------------------------------------------------------- barrier, join
 
 def barrier(process_set=global_process_set) -> None:
-    """Returns once every rank has called barrier()."""
-    _fu.check_process_set(process_set)
-    _c.barrier()
+    """Returns once every rank (of ``process_set``) has called barrier()."""
+    _c.barrier(process_set=_fu.check_process_set(process_set))
 
 
 def join(device=-1) -> int:
@@ -624,7 +657,8 @@ __all__ = [
     "cross_size", "cross_rank", "mpi_threads_supported", "mpi_enabled", "mpi_built",
     "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
     "rocm_built", "is_homogeneous", "Sum", "Average", "Min", "Max", "Product", "Adasum",
-    "global_process_set", "add_process_set", "remove_process_set", "Handle", "poll", "synchronize",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "Handle", "poll",
+    "synchronize",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",

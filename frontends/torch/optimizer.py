@@ -28,6 +28,11 @@ single-process training on the combined batch would. (Horovod instead gives
 such parameters zero gradients, which optimizers with weight decay or momentum
 then apply.)
 
+With ``process_set=ps`` (as in Horovod) gradients are averaged over the
+set's members only; every rank may build the optimizer, and on ranks outside
+the set it is the plain wrapped optimizer (no hooks, no communication: their
+gradients stay local).
+
 The wrapper is an instance of a class created on the fly that subclasses the
 wrapped optimizer's class, so ``isinstance(opt, torch.optim.SGD)``,
 ``state_dict()``/``load_state_dict()``, LR schedulers and param_groups work
@@ -50,9 +55,11 @@ from commlib import frontend_utils as _fu
 
 from . import mpi_ops as _ops
 from .compression import Compression
-from .mpi_ops import Average, Sum, global_process_set, size
+from .mpi_ops import Average, Sum, global_process_set
 
-_instances = itertools.count()  # names of ranks' i-th DistributedOptimizer agree
+# Names of the i-th DistributedOptimizer of a process set agree across the
+# set's members (counted per set, so optimizers on other sets do not shift them).
+_instances = collections.defaultdict(itertools.count)
 
 
 class _DistributedOptimizer:
@@ -61,7 +68,7 @@ class _DistributedOptimizer:
     # ------------------------------------------------------------ set-up
 
     def _dist_init(self, named_parameters, compression, backward_passes_per_step, op,
-                   gradient_predivide_factor, groups, sparse_as_dense):
+                   gradient_predivide_factor, groups, sparse_as_dense, process_set):
         all_params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is not None:
             named_parameters = list(named_parameters)
@@ -99,6 +106,9 @@ class _DistributedOptimizer:
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        # Only members of a set of more than one rank communicate.
+        self._reduces = _fu.included(process_set) and _fu.set_size(process_set) > 1
         # The parameters to reduce, in one order on every rank (by name). Frozen
         # ones (requires_grad=False) are included: they get no hook, but if
         # they are unfrozen later their gradients are still reduced (at
@@ -112,7 +122,7 @@ class _DistributedOptimizer:
         # Collective names: the i-th DistributedOptimizer of every rank uses
         # the same prefix (counted after the local checks above, which raise
         # on every rank alike or not at all).
-        instance = next(_instances)
+        instance = next(_instances[process_set.process_set_id])
         self._prefix = "grad." if instance == 0 else f"grad{instance}."
 
         # param or group -> (handle, [(param, buffer, compression ctx)]), or
@@ -124,7 +134,7 @@ class _DistributedOptimizer:
         self._synchronized = False
         self._should_synchronize = True
         self._hook_handles = []
-        if size() > 1:
+        if self._reduces:
             self._check_same_everywhere()
             self._register_hooks(self._params)
 
@@ -174,17 +184,19 @@ class _DistributedOptimizer:
                  bool(self.sparse_as_dense), self._prefix, tuple(groups))] + sig
 
     def _check_same_everywhere(self):
-        """Raises CollectiveMismatchError on every rank if the parameters
-        (names, shapes, dtypes) or options differ across ranks."""
+        """Raises CollectiveMismatchError on every rank (of the process set)
+        if the parameters (names, shapes, dtypes) or options differ across
+        ranks."""
         sig = self._signature()
         digest = hashlib.sha256(repr(sig).encode()).digest()[:8]
         mine = np.frombuffer(digest, dtype=np.int64).copy()
-        every = _c.allgather(mine, name=self._internal("signature"))
+        every = _c.allgather(mine, name=self._internal("signature"), process_set=self.process_set)
         if np.all(every == every[0]):
             return
         from .functions import allgather_object
 
-        sigs = allgather_object(sig, name=self._internal("signature.detail"))
+        sigs = allgather_object(sig, name=self._internal("signature.detail"),
+                                process_set=self.process_set)
         raise CollectiveMismatchError(
             "DistributedOptimizer: the parameters or options differ across ranks. "
             + _describe_difference(sigs))
@@ -223,7 +235,8 @@ class _DistributedOptimizer:
         buf, cctx = self._buffer(p)
         pre, post = self._scales
         handle = _ops.allreduce_async_(buf, name=self._prefix + self._parameter_names[p],
-                                       op=self.op, prescale_factor=pre, postscale_factor=post)
+                                       op=self.op, prescale_factor=pre, postscale_factor=post,
+                                       process_set=self.process_set)
         self._handles[p] = (handle, [(p, buf, cctx)])
 
     def _start_group(self, group, members):
@@ -235,7 +248,8 @@ class _DistributedOptimizer:
         handle = _ops.grouped_allreduce_async_([b for b, _ in bufs],
                                                name=self._internal(self._group_names[group]),
                                                op=self.op, prescale_factor=pre,
-                                               postscale_factor=post)
+                                               postscale_factor=post,
+                                               process_set=self.process_set)
         self._handles[group] = (handle, [(q, b, c) for q, (b, c) in zip(members, bufs)])
         for q in members:
             self._started.add(q)
@@ -252,7 +266,8 @@ class _DistributedOptimizer:
         if pre * post != 1.0:
             grad = grad * (pre * post)
         op = Average if self.op == Average else Sum
-        handle = _ops.sparse_allreduce_async(grad, self._prefix + self._parameter_names[p], op)
+        handle = _ops.sparse_allreduce_async(grad, self._prefix + self._parameter_names[p], op,
+                                             process_set=self.process_set)
         self._handles[p] = (lambda: _ops.synchronize(handle), None)
 
     # ------------------------------------------------------------ synchronize
@@ -260,8 +275,9 @@ class _DistributedOptimizer:
     def synchronize(self):
         """Waits for every parameter's allreduce, starting those that have not
         started (parameters unused on this rank, incomplete groups, sparse
-        gradients), and writes the reduced gradients into ``p.grad``."""
-        if size() == 1 or not self._params:
+        gradients), and writes the reduced gradients into ``p.grad``. On a
+        rank outside the process set it does nothing."""
+        if not self._reduces or not self._params:
             self._synchronized = True
             return
         try:
@@ -273,7 +289,8 @@ class _DistributedOptimizer:
                     flags[i] = True
                 elif p.grad is not None:
                     flags[n + i if p.grad.is_sparse else i] = True
-            everywhere = _c.allreduce(flags, op=_c.Max, name=self._internal("has_grad"))
+            everywhere = _c.allreduce(flags, op=_c.Max, name=self._internal("has_grad"),
+                                      process_set=self.process_set)
             dense_now, groups_now = [], {}
             for i, p in enumerate(self._params):
                 if p in self._handles or p in self._started:
@@ -390,7 +407,7 @@ class _DistributedOptimizer:
                                       f"{self._parameter_names[p]!r})")
             self._delay[p] = self.backward_passes_per_step
         self._params = sorted(self._parameter_names, key=lambda p: self._parameter_names[p])
-        if size() > 1:
+        if self._reduces:
             self._check_same_everywhere()
             self._register_hooks(new)
 
@@ -439,7 +456,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=global_process_set):
     """Wraps a torch optimizer so that ``step()`` applies gradients averaged
-    (``op=Average``) or summed (``op=Sum``) over all ranks.
+    (``op=Average``) or summed (``op=Sum``) over all ranks (of ``process_set``).
 
     Arguments (as in horovod.torch):
         optimizer: the torch.optim.Optimizer to wrap.
@@ -458,14 +475,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             all of its gradients are ready, so they are fused.
         sparse_as_dense: reduce sparse gradients as dense tensors (otherwise
             they are gathered as indices and values).
-        process_set: only the global set is supported.
+        process_set: a registered ProcessSet (default global_process_set):
+            gradients are averaged over its members only (Average divides by
+            the set's size). Every rank may build the optimizer; on ranks
+            outside the set it does not communicate (local gradients).
 
-    On every rank the same parameters (names, shapes, dtypes) and options are
-    required: construction checks this with one small allgather and raises
+    On every rank (of the set) the same parameters (names, shapes, dtypes) and
+    options are required: construction checks this with one small allgather and raises
     commlib.CollectiveMismatchError naming the differences. Parameters must be
     CPU tensors of a supported dtype (ValueError/TypeError otherwise).
     """
-    _fu.check_process_set(process_set)
+    process_set = _fu.check_process_set(process_set, member=False)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
@@ -478,5 +498,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     dist = cls.__new__(cls)
     dist.__dict__.update(optimizer.__dict__)  # shares param_groups, state, defaults, hooks
     dist._dist_init(named_parameters, compression, backward_passes_per_step, op,
-                    gradient_predivide_factor, groups, sparse_as_dense)
+                    gradient_predivide_factor, groups, sparse_as_dense, process_set)
     return dist

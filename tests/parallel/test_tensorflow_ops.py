@@ -5,7 +5,8 @@ inside tf.function (run twice; retraced with rank-dependent shapes; in a
 while loop); their gradients; IndexedSlices; broadcast_variables,
 broadcast_, objects, barrier; CollectiveMismatchError eagerly and as a
 tf.errors.OpError naming it in graphs; TypeError for unsupported dtypes
-(also at trace time); Adasum, process sets, roots, XLA refused."""
+(also at trace time); Adasum, bad or unregistered process sets, roots, XLA
+refused."""
 import pytest
 
 pytest.importorskip("tensorflow")

@@ -18,6 +18,10 @@ it is a tf.function-safe op). With ``backward_passes_per_step=k`` gradients
 are accumulated locally and reduced and applied every k-th step (the
 optimizer's ``iterations`` still counts every step, as in Horovod).
 
+``DistributedOptimizer(..., process_set=ps)`` averages gradients over the
+members of a registered ProcessSet only (Average divides by the set's size);
+on ranks outside the set it applies local gradients, as in Horovod.
+
 Models must be compiled with ``jit_compile=False`` when XLA would otherwise be
 used (Keras enables it automatically only on GPUs).
 """
@@ -32,11 +36,11 @@ from commlib import frontend_utils as fu
 from commlib.ops import Average
 
 from .. import (Adasum, CollectiveMismatchError, CommlibError, Compression, Max, Min,  # noqa: F401
-                NotInitializedError, Product, RankLostError, Sum, allgather_object,
-                broadcast_object, broadcast_variables, communication_stats, cross_rank,
-                cross_size, global_process_set,
-                init, is_homogeneous, is_initialized, local_rank, local_size,
-                mpi_threads_supported, rank, shutdown, size)
+                NotInitializedError, ProcessSet, Product, RankLostError, Sum, add_process_set,
+                allgather_object, broadcast_object, broadcast_variables, communication_stats,
+                cross_rank, cross_size, global_process_set, init, is_homogeneous,
+                is_initialized, local_rank, local_size, mpi_threads_supported, rank,
+                remove_process_set, shutdown, size)
 from .. import mpi_ops as _ops
 from ..gradient_tape import make_allreduce_grads, scale_local, var_key
 from ..sync_batch_norm import SyncBatchNormalization  # noqa: F401
@@ -68,8 +72,8 @@ class _DistributedOptimizerMixin:
         s("_commlib_counter", None)
 
     def register_local_var(self, var):
-        """Gradients of ``var`` stay local (not reduced; divided by size when
-        scale_local_gradients)."""
+        """Gradients of ``var`` stay local (not reduced; divided by the
+        process set's size when scale_local_gradients)."""
         self._commlib_local.add(var_key(var))
 
     def build(self, variables):
@@ -92,7 +96,7 @@ class _DistributedOptimizerMixin:
         for i, g in zip(shared, reduced):
             out[i] = g
         if local and self._commlib_scale_local:
-            n = size()
+            n = self._commlib_allreduce.local_divisor
             for i, v in enumerate(variables):
                 if var_key(v) in local:
                     out[i] = scale_local(out[i], n)
@@ -160,7 +164,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                          average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=None, scale_local_gradients=True):
     """A copy of the Keras ``optimizer`` that averages (``op``) gradients across
-    ranks before applying them.
+    ranks (of ``process_set``; on ranks outside it, gradients stay local)
+    before applying them.
 
     compression: Compression.fp16 sends float gradients as float16.
     sparse_as_dense: densify IndexedSlices gradients (embeddings) instead of
@@ -177,7 +182,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         raise ValueError("optimizer is already a commlib DistributedOptimizer")
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(f"expected a Keras optimizer, got {type(optimizer).__name__}")
-    fu.check_process_set(process_set)
+    process_set = fu.check_process_set(process_set, member=False)
     op = fu.resolve_op(op)
     groups = fu.resolve_groups(num_groups, groups)
     if isinstance(backward_passes_per_step, bool) or int(backward_passes_per_step) < 1:
@@ -245,23 +250,26 @@ def broadcast_global_variables(root_rank):
 
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
-              op=None, compression=Compression.none):
-    """The reduction (default Average) of a tensor-compatible value across ranks."""
+              op=None, compression=Compression.none, process_set=global_process_set):
+    """The reduction (default Average) of a tensor-compatible value across
+    ranks (of ``process_set``, a commlib extension of Horovod's signature)."""
     return _ops.allreduce(tf.convert_to_tensor(value), average=average, name=name, op=op,
                           prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                          compression=compression)
+                          compression=compression, process_set=process_set)
 
 
-def allgather(value, name=None):
-    return _ops.allgather(tf.convert_to_tensor(value), name=name)
+def allgather(value, name=None, process_set=global_process_set):
+    return _ops.allgather(tf.convert_to_tensor(value), name=name, process_set=process_set)
 
 
-def broadcast(value, root_rank, name=None):
-    return _ops.broadcast(tf.convert_to_tensor(value), root_rank, name=name)
+def broadcast(value, root_rank, name=None, process_set=global_process_set):
+    return _ops.broadcast(tf.convert_to_tensor(value), root_rank, name=name,
+                          process_set=process_set)
 
 
-def reducescatter(value, name=None, op=Average):
-    return _ops.reducescatter(tf.convert_to_tensor(value), name=name, op=op)
+def reducescatter(value, name=None, op=Average, process_set=global_process_set):
+    return _ops.reducescatter(tf.convert_to_tensor(value), name=name, op=op,
+                              process_set=process_set)
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,

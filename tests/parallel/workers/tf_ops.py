@@ -275,8 +275,10 @@ for dtype in (tf.uint32, tf.int16, tf.complex64, tf.string):
                   f"allreduce {dtype.name} in tf.function", match="unsupported dtype")
 expect_raises(TypeError, lambda: hvd.broadcast(tf.constant(["a"]), 0), "broadcast string")
 expect_raises(NotImplementedError, lambda: hvd.allreduce(tf.ones(2), op=hvd.Adasum), "Adasum")
-expect_raises(NotImplementedError, lambda: hvd.allreduce(tf.ones(2), process_set=object()),
-              "process set")
+expect_raises(TypeError, lambda: hvd.allreduce(tf.ones(2), process_set=object()),
+              "process set of the wrong type")
+expect_raises(ValueError, lambda: hvd.allreduce(tf.ones(2), process_set=hvd.ProcessSet([0])),
+              "unregistered process set", match="not registered")
 expect_raises(ValueError, lambda: hvd.broadcast(tf.ones(2), n), "root outside the job")
 expect_raises(RuntimeError, lambda: tf.function(lambda: hvd.allreduce(tf.ones(2)),
                                                 jit_compile=True)(), "XLA refused",

@@ -259,8 +259,10 @@ expect_raises(ValueError, lambda: hvd.allreduce_(torch.ones(4, 3).t()), "non-con
               "contiguous")
 expect_raises(TypeError, lambda: hvd.allreduce(np.ones(3)), "numpy input")
 expect_raises(NotImplementedError, lambda: hvd.allreduce(torch.ones(3), op=hvd.Adasum), "Adasum")
-expect_raises(NotImplementedError, lambda: hvd.allreduce(torch.ones(3), process_set=object()),
-              "process set")
+expect_raises(TypeError, lambda: hvd.allreduce(torch.ones(3), process_set=object()),
+              "process set of the wrong type")
+expect_raises(ValueError, lambda: hvd.allreduce(torch.ones(3), process_set=hvd.ProcessSet([0])),
+              "unregistered process set", match="not registered")
 expect_raises(ValueError, lambda: hvd.allreduce(torch.ones(3), average=True, op=hvd.Sum),
               "average and op")
 expect_raises(ValueError, lambda: hvd.broadcast(torch.ones(3), n), "root out of range")
