@@ -314,6 +314,7 @@ int64_t Engine::push(std::vector<Entry>& entries) {
       queue_.push_back(std::move(e));
     }
   }
+  outstanding_.fetch_add(int64_t(entries.size()));
   if (bg_sleeping_.load()) queue_cv_.notify_one();
   return id;
 }
@@ -469,7 +470,14 @@ bool Engine::drive() {
 }
 
 bool Engine::wait(HandleState& h, double timeout_s) {
-  return handles_.wait(h, timeout_s, [this] { return drive(); });
+  // When the last driver stops with requests still open (its own, if it
+  // goes to sleep; or asynchronous ones), the background thread takes over.
+  return handles_.wait(h, timeout_s, [this] { return drive(); }, [this] {
+    if (handles_.driving() == 0 && bg_yields_.load() && outstanding_.load() > 0) {
+      { std::lock_guard<std::mutex> lock(queue_mu_); }  // it is inside wait_for, or will see driving() == 0
+      queue_cv_.notify_one();
+    }
+  });
 }
 
 void Engine::loop() {
@@ -478,11 +486,14 @@ void Engine::loop() {
   int64_t nap = 20;
   for (;;) {
     if (handles_.driving() > 0 && !stop_.load()) {
-      // A waiting thread drives the engine: stay off the cores it needs.
+      // A waiting thread drives the engine: stay off the cores it needs
+      // until the last driver leaves work behind (Engine::wait wakes us). A
+      // thread that enqueues meanwhile does not wake us: it most likely
+      // waits, and drives, next, and a futex wake would cost it more.
       std::unique_lock<std::mutex> lock(queue_mu_);
-      bg_sleeping_.store(true);
-      queue_cv_.wait_for(lock, std::chrono::microseconds(100));
-      bg_sleeping_.store(false);
+      bg_yields_.store(true);
+      if (handles_.driving() > 0) queue_cv_.wait_for(lock, std::chrono::milliseconds(5));
+      bg_yields_.store(false);
       idle_since = now_us();
       continue;
     }
@@ -743,6 +754,7 @@ void Engine::execute_set_change(const Response& resp, Entry& e) {
 }
 
 void Engine::finish(Entry& e, int status, const std::string& message) {
+  outstanding_.fetch_sub(1);
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     in_flight_.erase(request_key(e.desc));

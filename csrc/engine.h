@@ -110,6 +110,8 @@ class Engine {
   int dead_code_ = 0;            // non-zero: the engine can no longer communicate
   std::string dead_message_;
   std::atomic<bool> bg_sleeping_{false};
+  std::atomic<bool> bg_yields_{false};    // napping while a waiter drives
+  std::atomic<int64_t> outstanding_{0};   // requests queued and not finished
 
   // Held by whichever thread runs step(): the background thread, or a
   // caller thread that drives progress while it waits for a handle.

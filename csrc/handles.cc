@@ -38,7 +38,8 @@ void HandleTable::complete(HandleState& h, int status, const std::string& messag
   }
 }
 
-bool HandleTable::wait(HandleState& h, double timeout_s, const std::function<bool()>& drive) {
+bool HandleTable::wait(HandleState& h, double timeout_s, const std::function<bool()>& drive,
+                       const std::function<void()>& stopped_driving) {
   auto is_done = [&] { return h.done.load(std::memory_order_acquire) != 0; };
   const int64_t start = now_us();
   const int64_t limit = timeout_s < 0 ? -1 : int64_t(timeout_s * 1e6);
@@ -53,8 +54,15 @@ bool HandleTable::wait(HandleState& h, double timeout_s, const std::function<boo
     // The waiting thread runs the engine itself while it spins: no hand-off
     // to the background thread and back, which costs several microseconds
     // each on this class of VM (it then naps while a waiter drives).
+    struct Driving {
+      std::atomic<int>& n;
+      const std::function<void()>& after;
+      ~Driving() {
+        n.fetch_sub(1);
+        if (after) after();
+      }
+    } driving{driving_, stopped_driving};
     driving_.fetch_add(1);
-    Leave stop_driving{driving_};
     while (!is_done()) {
       const int64_t elapsed = now_us() - start;
       if (limit >= 0 && elapsed >= limit) return false;

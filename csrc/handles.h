@@ -53,8 +53,10 @@ class HandleTable {
   // Waits for completion. For up to the spin budget the waiting thread calls
   // drive() (the engine's progress, one cycle at a time; false when it did
   // nothing or could not run) and otherwise yields the core; after that it
-  // sleeps on a condvar. Returns false on timeout (timeout_s < 0: none).
-  bool wait(HandleState& h, double timeout_s, const std::function<bool()>& drive);
+  // sleeps on a condvar. stopped_driving() runs when this thread stops
+  // driving. Returns false on timeout (timeout_s < 0: none).
+  bool wait(HandleState& h, double timeout_s, const std::function<bool()>& drive,
+            const std::function<void()>& stopped_driving);
 
  private:
   std::mutex mu_;
