@@ -16,6 +16,9 @@
 namespace commlib {
 namespace {
 
+// How often the background thread looks whether the waiters still drive.
+constexpr int64_t kYieldNapUs = 200;
+
 int64_t env_int(const char* name, int64_t dflt) {
   const char* v = std::getenv(name);
   if (!v || !*v) return dflt;
@@ -486,13 +489,14 @@ void Engine::loop() {
   int64_t nap = 20;
   for (;;) {
     if (handles_.driving() > 0 && !stop_.load()) {
-      // A waiting thread drives the engine: stay off the cores it needs
-      // until the last driver leaves work behind (Engine::wait wakes us). A
-      // thread that enqueues meanwhile does not wake us: it most likely
-      // waits, and drives, next, and a futex wake would cost it more.
+      // A waiting thread drives the engine: stay off the cores it needs.
+      // The last driver to leave with requests open wakes us (Engine::wait);
+      // a thread that enqueues does not (it most likely waits, and drives,
+      // next, and a futex wake would cost it more), so asynchronous requests
+      // enqueued after the drivers left are picked up at the next look.
       std::unique_lock<std::mutex> lock(queue_mu_);
       bg_yields_.store(true);
-      if (handles_.driving() > 0) queue_cv_.wait_for(lock, std::chrono::milliseconds(5));
+      if (handles_.driving() > 0) queue_cv_.wait_for(lock, std::chrono::microseconds(kYieldNapUs));
       bg_yields_.store(false);
       idle_since = now_us();
       continue;
