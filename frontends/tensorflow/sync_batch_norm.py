@@ -7,7 +7,8 @@ statistics are those of the global batch (all ranks), as Horovod's
 Each training step reduces, per normalized channel, the element count and
 sum, then the sum of squared deviations from the global mean (two small
 Sum allreduces per layer; differentiable, so gradients flow to every rank's
-inputs). Masked inputs and inference use Keras' local behaviour.
+inputs). Masked inputs and inference use Keras' local behaviour. There is no
+``process_set``: statistics are over every rank of the job.
 """
 import keras
 import tensorflow as tf

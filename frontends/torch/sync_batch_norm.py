@@ -7,6 +7,8 @@ equals BatchNorm's on the concatenation of all ranks' batches. Backward
 allreduces the two per-channel sums the input gradient needs. Gradients of
 weight and bias stay local (DistributedOptimizer averages them, as for any
 parameter). Runs on CPU tensors, unlike Horovod's (CUDA-only) version.
+Like Horovod's, it has no ``process_set``: statistics are over every rank of
+the job, so every rank must run it.
 """
 from __future__ import annotations
 
