@@ -14,8 +14,8 @@ concurrently: ranks of disjoint sets never wait for each other.
 
 Adding and removing sets is negotiated like a collective over the whole job:
 ranks that pass different lists raise CollectiveMismatchError, and the same
-ranks twice, a rank outside the job or removing a set with collectives in
-flight raise ValueError.
+ranks twice, a rank outside the job or removing a set while a collective is
+pending on it raise ValueError, on every rank alike.
 """
 from __future__ import annotations
 
@@ -86,8 +86,8 @@ class ProcessSet:
         return (isinstance(other, ProcessSet) and self.process_set_id == other.process_set_id
                 and self.ranks == other.ranks)
 
-    def __hash__(self) -> int:
-        return hash((self.process_set_id, tuple(self.ranks or ())))
+    def __hash__(self) -> int:  # the ranks only: the id changes when (de)registered
+        return hash(tuple(self.ranks or ()))
 
     def __repr__(self) -> str:
         return (f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "

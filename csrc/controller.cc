@@ -212,18 +212,17 @@ std::string Controller::add_set(const std::vector<int64_t>& ranks, int64_t* id) 
 
 std::string Controller::remove_set(int id) {
   if (id == 0) return "the global process set (id 0) cannot be removed";
-  if (!sets_.erase(id)) return "process set " + std::to_string(id) + " does not exist";
-  // Requests some members submitted on it can never complete now.
-  for (auto it = table_.begin(); it != table_.end();) {
-    if (it->second.process_set == id) {
-      reject(it->first, id, COMMLIB_ERR_VALUE,
-             "process set " + std::to_string(id) + " was removed before '" +
-                 std::string(it->first.c_str()) + "' could complete");
-      it = table_.erase(it);
-    } else {
-      ++it;
-    }
+  if (!sets_.count(id)) return "process set " + std::to_string(id) + " does not exist";
+  // Every rank gets the same answer: removal waits for no collective.
+  for (const auto& [key, p] : table_) {
+    if (p.process_set != id) continue;
+    std::string have;
+    for (size_t i = 0; i < p.ranks.size(); ++i)
+      if (p.have[i]) have += (have.empty() ? "" : ", ") + std::to_string(p.ranks[i]);
+    return "cannot remove process set " + std::to_string(id) + " while '" + std::string(key.c_str()) +
+           "' is pending on it (submitted by ranks [" + have + "]); synchronize it first";
   }
+  sets_.erase(id);
   return "";
 }
 
@@ -265,7 +264,6 @@ std::vector<Response> Controller::take_ready() {
   std::map<std::tuple<int, int, int, double, double>, std::pair<size_t, int64_t>> open;
   for (const std::string& key : complete_) {
     auto it = table_.find(key);
-    if (it == table_.end()) continue;  // its process set was removed just before
     Pending& p = it->second;
     Response resp = make_response(key, p);
     const RequestDesc& d = p.descs[0];
@@ -289,9 +287,6 @@ std::vector<Response> Controller::take_ready() {
     table_.erase(it);
   }
   complete_.clear();
-  // Errors raised meanwhile (requests of a removed process set).
-  for (Response& e : errors_) out.push_back(std::move(e));
-  errors_.clear();
   return out;
 }
 

@@ -237,6 +237,26 @@ for round_ in range(2):
     if single.process_set_id is not None or commlib.remove_process_set(single):
         fail(f"a removed set keeps no id and is not removed twice (round {round_})")
 
+# ------------------------------------------------------------ removal while pending
+# Rank 0 has a collective pending on the set that its other member has not
+# submitted yet: the removal fails on every rank alike (none hangs), and the
+# set keeps working.
+if n >= 3:  # (on 2 ranks [0, 1] is the global set's ranks)
+    pair = commlib.add_process_set([0, n - 1])
+    h = None
+    if r == 0:
+        h = commlib.allreduce_async(np.full(3, 1.0), name="pending", op=commlib.Sum, process_set=pair)
+    err = expect_raises(ValueError, lambda: commlib.remove_process_set(pair),
+                        "removing a set with a collective pending", match="pending")
+    if "'pending'" not in str(err) or pair.process_set_id is None:
+        fail(f"removal refused: {err}; the set must stay registered")
+    if r == n - 1:
+        h = commlib.allreduce_async(np.full(3, 2.0), name="pending", op=commlib.Sum, process_set=pair)
+    if h is not None:
+        check_equal(commlib.synchronize(h), np.full(3, 3.0), "the pending collective after the refusal")
+    if commlib.remove_process_set(pair) is not True:
+        fail("removal once nothing is pending")
+
 check_equal(commlib.allreduce(np.ones(2), op=commlib.Sum), np.full(2, float(n)),
             "global allreduce at the end")
 done()
