@@ -10,6 +10,7 @@
 
 #include "common.h"
 #include "engine.h"
+#include "result_pool.h"
 
 using commlib::Engine;
 using commlib::Error;
@@ -159,7 +160,7 @@ int commlib_handle_take_result(int64_t handle, void** data, int64_t* nbytes, int
   });
 }
 
-void commlib_free_result(void* data) { std::free(data); }
+void commlib_free_result(void* data) { commlib::result_free(data); }
 
 int commlib_handle_splits(int64_t handle, int64_t* out) {
   return guarded([&] {

@@ -14,6 +14,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "result_pool.h"
+
 namespace commlib {
 
 struct HandleState {
@@ -21,18 +23,18 @@ struct HandleState {
   int remaining = 1;            // requests left (a grouped handle has several)
   int status = 0;
   std::string message;
-  // allgather / alltoall output: malloc'ed (not zero-filled: fresh pages cost
+  // allgather / alltoall output: from result_pool.h (not zero-filled: fresh pages cost
   // ~2 us per 4 KiB here) and handed over to the caller without a copy.
   char* result = nullptr;
   size_t result_bytes = 0;
   char* alloc_result(size_t bytes) {
-    std::free(result);
-    result = static_cast<char*>(std::malloc(bytes ? bytes : 1));
-    if (!result) throw std::bad_alloc();
+    result_free(result);
+    result = nullptr;
+    result = result_alloc(bytes);
     result_bytes = bytes;
     return result;
   }
-  ~HandleState() { std::free(result); }
+  ~HandleState() { result_free(result); }
   int64_t rows = 0;             // dim 0 of the result
   std::vector<int64_t> splits;  // rows from/of each rank
 };
