@@ -45,3 +45,17 @@ def expect_raises(exc_type, fn, what: str, match: str | None = None):
 
 def done() -> None:
     print(f"rank {commlib.rank()}: OK", flush=True)
+
+
+def init_even_odd(hvd):
+    """Starts ``hvd`` (commlib.torch / commlib.tensorflow) with the even ranks
+    as a static process set and adds the odd ranks as a dynamic one. Returns
+    (even, odd, this rank's set, the other set)."""
+    from mpi4py import MPI
+
+    n = MPI.COMM_WORLD.Get_size()
+    even = hvd.ProcessSet(list(range(0, n, 2)))
+    hvd.init(process_sets=[even])
+    odd = hvd.add_process_set(list(range(1, n, 2)))
+    mine, other = (even, odd) if hvd.rank() % 2 == 0 else (odd, even)
+    return even, odd, mine, other

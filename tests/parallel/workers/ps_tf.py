@@ -23,14 +23,10 @@ tf.get_logger().setLevel("ERROR")
 
 import commlib.tensorflow as hvd  # noqa: E402
 import commlib.tensorflow.keras as hvd_keras  # noqa: E402
-from _common import check_equal, done, expect_raises, fail  # noqa: E402
+from _common import check_equal, done, expect_raises, fail, init_even_odd  # noqa: E402
 
-N = MPI.COMM_WORLD.Get_size()
-even = hvd.ProcessSet(list(range(0, N, 2)))
-hvd.init(process_sets=[even])
-odd = hvd.add_process_set(list(range(1, N, 2)))
+even, odd, mine, other = init_even_odd(hvd)
 r, n = hvd.rank(), hvd.size()
-mine, other = (even, odd) if r % 2 == 0 else (odd, even)
 ranks = mine.ranks
 m, pos = len(ranks), ranks.index(r)
 root = ranks[-1]

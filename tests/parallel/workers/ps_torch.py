@@ -11,18 +11,13 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mpi4py import MPI
 
 import commlib.torch as hvd
-from _common import done, expect_raises, fail
+from _common import done, expect_raises, fail, init_even_odd
 
 torch.set_num_threads(1)
-N = MPI.COMM_WORLD.Get_size()
-even = hvd.ProcessSet(list(range(0, N, 2)))
-hvd.init(process_sets=[even])
-odd = hvd.add_process_set(list(range(1, N, 2)))
+even, odd, mine, other = init_even_odd(hvd)
 r, n = hvd.rank(), hvd.size()
-mine, other = (even, odd) if r % 2 == 0 else (odd, even)
 f64 = torch.float64
 
 
