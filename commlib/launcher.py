@@ -87,16 +87,76 @@ def detect_flavour(version_text):
     )
 
 
-def find_mpiexec(environ=os.environ):
-    """Path of the MPI launcher: ``$COMMLIB_MPIEXEC``, else mpiexec/mpirun on PATH."""
+# Run in a separate interpreter: importing mpi4py.MPI would otherwise load
+# (and, by default, initialise) MPI in the launcher.
+MPI4PY_LIBRARY_PROBE = (
+    "import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False\n"
+    "from mpi4py import MPI\n"
+    "print(MPI.Get_library_version().strip().splitlines()[0])\n"
+)
+
+
+def library_flavour(version_line):
+    """MPICH or OPENMPI from the first line of ``MPI_Get_library_version``, else None."""
+    if version_line.startswith("Open MPI"):
+        return OPENMPI
+    if version_line.startswith("MPICH"):
+        return MPICH
+    return None
+
+
+def mpi4py_library_flavour(python=sys.executable):
+    """Flavour of the MPI library that ``python``'s mpi4py (and so commlib) loads, or None."""
+    try:
+        out = subprocess.run([python, "-c", MPI4PY_LIBRARY_PROBE], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=60,
+                             check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return library_flavour(out.stdout.decode(errors="replace").strip())
+
+
+def mpiexec_candidates(environ=os.environ):
+    """Every mpiexec, then every mpirun, on PATH, in PATH order, each file once."""
+    found, seen = [], set()
+    for name in ("mpiexec", "mpirun"):
+        for directory in (environ.get("PATH") or "").split(os.pathsep):
+            path = shutil.which(name, path=directory) if directory else None
+            if path and os.path.realpath(path) not in seen:
+                seen.add(os.path.realpath(path))
+                found.append(path)
+    return found
+
+
+def find_mpiexec(environ=os.environ, python=None):
+    """Path of the MPI launcher: ``$COMMLIB_MPIEXEC``, else mpiexec/mpirun on PATH.
+
+    With ``python`` (an interpreter whose mpi4py commlib uses) and more than one
+    launcher on PATH, the first one of the same MPI as that mpi4py's library
+    is chosen: another MPI's mpiexec earlier on PATH (e.g. the PyPI MPICH
+    wheel's, next to a system Open MPI) would start every rank as a singleton
+    or, through a wrapper script, in another environment.
+    """
     override = environ.get(MPIEXEC_ENV)
     if override:
         return override
-    for name in ("mpiexec", "mpirun"):
-        path = shutil.which(name, path=environ.get("PATH"))
-        if path:
-            return path
-    raise LauncherError(f"no mpiexec or mpirun found on PATH (set {MPIEXEC_ENV} to its path)")
+    candidates = mpiexec_candidates(environ)
+    if not candidates:
+        raise LauncherError(f"no mpiexec or mpirun found on PATH (set {MPIEXEC_ENV} to its path)")
+    if python is None or len(candidates) == 1:
+        return candidates[0]
+    wanted = mpi4py_library_flavour(python)
+    if wanted is None:
+        return candidates[0]
+    for candidate in candidates:
+        try:
+            if detect_flavour(mpiexec_version_text(candidate)).name == wanted:
+                return candidate
+        except LauncherError:
+            continue
+    return candidates[0]
 
 
 def mpiexec_version_text(mpiexec):
@@ -395,7 +455,7 @@ def main(argv=None):
         extra = default_thread_env(environ, args.np, args.hosts, args.hostfile)
         extra.update(parse_env_assignments(args.env, environ))
         env = forwarded_env(environ, extra)
-        mpiexec = find_mpiexec(environ)
+        mpiexec = find_mpiexec(environ, python=sys.executable)
         flavour = detect_flavour(mpiexec_version_text(mpiexec))
         build = dict(flavour=flavour, np=args.np, command=command, hosts=args.hosts,
                      hostfile=args.hostfile, mpi_args=shlex.split(args.mpi_args), mpiexec=mpiexec)

@@ -285,6 +285,50 @@ def test_find_mpiexec(monkeypatch, tmp_path):
         launcher.find_mpiexec({"PATH": str(tmp_path / "empty")})
 
 
+def _script(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\ncat <<'EOF'\n" + text + "EOF\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_mpiexec_candidates_in_path_order_without_duplicates(tmp_path):
+    a = _script(tmp_path / "a" / "mpiexec", MPICH_VERSION_TEXT)
+    b = _script(tmp_path / "b" / "mpiexec", OMPI4_VERSION_TEXT)
+    b_run = tmp_path / "b" / "mpirun"
+    b_run.symlink_to(b)  # the same launcher under its other name counts once
+    c = _script(tmp_path / "c" / "mpirun", OMPI4_VERSION_TEXT)
+    path = os.pathsep.join(str(tmp_path / d) for d in ("a", "b", "", "c"))
+    assert launcher.mpiexec_candidates({"PATH": path}) == [a, b, c]
+
+
+@pytest.mark.parametrize("library_line, expected", [
+    ("Open MPI v4.1.4, package: Debian OpenMPI", "b"),
+    ("MPICH Version:      5.0.2", "a"),
+    ("Intel(R) MPI Library 2021.10", "a"),  # unknown library: first on PATH
+])
+def test_find_mpiexec_prefers_the_mpi_of_mpi4py(tmp_path, library_line, expected):
+    # Another MPI's mpiexec first on PATH (as with the PyPI MPICH wheel next to a
+    # system Open MPI) would start the ranks as singletons of the wrong MPI.
+    launchers = {"a": _script(tmp_path / "a" / "mpiexec", MPICH_VERSION_TEXT),
+                 "b": _script(tmp_path / "b" / "mpiexec", OMPI4_VERSION_TEXT)}
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\necho '{library_line}'\n")
+    python.chmod(0o755)
+    environ = {"PATH": os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")])}
+    assert launcher.find_mpiexec(environ, python=str(python)) == launchers[expected]
+    assert launcher.find_mpiexec(environ) == launchers["a"]  # no interpreter given: PATH order
+    environ[launcher.MPIEXEC_ENV] = "/x/mpiexec"  # an explicit choice always wins
+    assert launcher.find_mpiexec(environ, python=str(python)) == "/x/mpiexec"
+
+
+def test_library_flavour():
+    assert launcher.library_flavour("Open MPI v5.0.3, package: Open MPI") == OPENMPI
+    assert launcher.library_flavour("MPICH Version:      4.1.2") == MPICH
+    assert launcher.library_flavour("") is None
+    assert launcher.mpi4py_library_flavour("/nonexistent/python") is None
+
+
 # --- --check-build -----------------------------------------------------------------------
 
 @pytest.mark.timeout(120)
