@@ -11,7 +11,10 @@ builds and runs (for MPICH hydra)::
 
 Every rank runs through :mod:`commlib._rankwrap`, which prefixes output lines
 with the rank and records each rank's exit status, so that ``commlibrun`` can
-exit with the code of the rank that failed first and name it.
+exit with the code of the rank that failed first and name it. The wrappers of
+ranks on the launcher's host send their lines to ``commlibrun`` over a Unix
+socket (:class:`OutputRelay`), so that lines stay whole whatever the MPI
+launcher does with output.
 
 Only the standard library is imported here: the launcher must work (and
 ``--check-build`` must be able to report problems) without numpy or the
@@ -21,12 +24,15 @@ compiled core.
 import argparse
 import os
 import re
+import selectors
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -35,6 +41,9 @@ from . import _rankwrap
 ENV_PREFIX = "COMMLIB_"
 MPIEXEC_ENV = "COMMLIB_MPIEXEC"
 STATUS_DIR_ENV = _rankwrap.STATUS_DIR_ENV
+OUTPUT_SOCKET_ENV = _rankwrap.OUTPUT_SOCKET_ENV
+# Seconds to wait, after mpiexec exited, for the wrappers' output connections to close.
+OUTPUT_DRAIN_SECONDS = 5.0
 MPICH = "mpich"
 OPENMPI = "openmpi"
 # Exit code for --timeout, as used by coreutils' timeout(1).
@@ -379,6 +388,123 @@ class _Job:
                 self._signal_group(signal.SIGKILL)
 
 
+class _LineWriter:
+    """One wrapper connection: its stream tag, then prefixed lines."""
+
+    def __init__(self, streams):
+        self._streams = streams
+        self._dst = None
+        self._buf = b""
+
+    def feed(self, data):
+        self._buf += data
+        if self._dst is None:
+            if not self._buf:
+                return
+            tag, self._buf = self._buf[:1], self._buf[1:]
+            self._dst = self._streams.get(tag, self._streams[_rankwrap.STDERR_TAG])
+        cut = self._buf.rfind(b"\n") + 1
+        if cut:
+            self._write(self._buf[:cut])
+            self._buf = self._buf[cut:]
+
+    def finish(self):
+        if self._dst is not None and self._buf:
+            self._write(self._buf + b"\n")
+        self._buf = b""
+
+    def _write(self, data):
+        try:
+            self._dst.write(data)
+            self._dst.flush()
+        except (OSError, ValueError):  # closed or broken stdout/stderr: drop the output
+            pass
+
+
+class OutputRelay:
+    """Prints the lines that the wrappers of ranks on this host send to a Unix socket.
+
+    Whole lines, each rank's in order: Open MPI's mpirun forwards a rank's
+    output in reads of at most 4 KiB, which can end inside a line, and then
+    writes another rank's output after that piece. Wrappers that cannot reach
+    the socket (other hosts) keep writing through mpiexec.
+    """
+
+    def __init__(self, path, stdout=None, stderr=None):
+        self.path = path
+        stdout = stdout or getattr(sys.stdout, "buffer", None)
+        stderr = stderr or getattr(sys.stderr, "buffer", None)
+        if stdout is None or stderr is None:
+            raise OSError("stdout or stderr has no binary buffer")
+        self._streams = {_rankwrap.STDOUT_TAG: stdout, _rankwrap.STDERR_TAG: stderr}
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._listener.bind(path)  # OSError, e.g. a path too long for AF_UNIX
+            self._listener.listen(128)
+            self._listener.setblocking(False)
+            self._wake_r, self._wake_w = os.pipe()
+        except OSError:
+            self._listener.close()
+            raise
+        self._deadline = None
+        self._thread = threading.Thread(target=self._loop, name="commlibrun-output", daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        sel = selectors.DefaultSelector()
+        sel.register(self._listener, selectors.EVENT_READ)
+        sel.register(self._wake_r, selectors.EVENT_READ)
+        writers = {}
+        try:
+            while True:
+                timeout = None
+                if self._deadline is not None:
+                    timeout = self._deadline - time.monotonic()
+                    if not writers or timeout <= 0:
+                        break
+                for key, _ in sel.select(timeout):
+                    if key.fileobj is self._listener:
+                        try:
+                            conn, _ = self._listener.accept()
+                        except OSError:
+                            continue
+                        conn.setblocking(False)
+                        writers[conn] = _LineWriter(self._streams)
+                        sel.register(conn, selectors.EVENT_READ)
+                    elif key.fileobj == self._wake_r:
+                        os.read(self._wake_r, 64)
+                    else:
+                        conn = key.fileobj
+                        try:
+                            data = conn.recv(1 << 16)
+                        except BlockingIOError:
+                            continue
+                        except OSError:
+                            data = b""
+                        if data:
+                            writers[conn].feed(data)
+                        else:
+                            writers.pop(conn).finish()
+                            sel.unregister(conn)
+                            conn.close()
+        finally:
+            for conn, writer in writers.items():
+                writer.finish()
+                conn.close()
+            sel.close()
+
+    def close(self, timeout=OUTPUT_DRAIN_SECONDS):
+        """Print what is still coming (connections open for up to ``timeout`` s), then stop."""
+        if self._deadline is not None:
+            return
+        self._deadline = time.monotonic() + timeout
+        os.write(self._wake_w, b"x")
+        self._thread.join()
+        self._listener.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
 def job_exit_code(returncode, statuses):
     """Exit code for the launcher and an optional stderr summary line.
 
@@ -464,13 +590,20 @@ def main(argv=None):
         print(f"commlibrun: error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
-        # The real command also forwards the per-job COMMLIB_RUN_STATUS_DIR.
+        # The real command also forwards the per-job COMMLIB_RUN_STATUS_DIR and
+        # COMMLIB_RUN_OUTPUT_SOCKET.
         print(shlex.join(cmd))
         return 0
 
     status_dir = tempfile.mkdtemp(prefix="commlibrun-")
+    relay = None
     try:
         env[STATUS_DIR_ENV] = status_dir
+        try:
+            relay = OutputRelay(os.path.join(status_dir, "output"))
+            env[OUTPUT_SOCKET_ENV] = relay.path
+        except OSError:
+            pass  # the ranks' lines then come through mpiexec
         cmd = build_command(env=env, **build)
         if args.verbose:
             print(f"commlibrun: {flavour}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
@@ -481,6 +614,9 @@ def main(argv=None):
         except OSError as e:
             print(f"commlibrun: error: cannot run {mpiexec}: {e}", file=sys.stderr)
             return 2
+        finally:
+            if relay is not None:
+                relay.close()
         if job.timed_out:
             return TIMEOUT_EXIT_CODE
         if job.signal_received is not None:
@@ -492,6 +628,8 @@ def main(argv=None):
             print(summary, file=sys.stderr)
         return code
     finally:
+        if relay is not None:
+            relay.close(0)
         shutil.rmtree(status_dir, ignore_errors=True)
 
 

@@ -3,9 +3,11 @@
 Nothing here starts an MPI job; the wrapper tests run it without MPI.
 """
 
+import io
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -381,6 +383,65 @@ def test_wrapper_prefixes_lines_and_keeps_exit_code(tmp_path):
     assert out.stdout == b"[5]: one\n[5]: two\n[5]: bin \xff\x00\n"
     assert out.stderr == b"[5]: err line\n[5]: partial\ncommlibrun: rank 5 exited with code 7\n"
     assert launcher.read_statuses(str(tmp_path))[5][0] == 7
+
+
+@pytest.mark.timeout(120)
+def test_wrapper_sends_lines_to_the_launcher_socket(tmp_path):
+    out_buf, err_buf = io.BytesIO(), io.BytesIO()
+    relay = launcher.OutputRelay(str(tmp_path / "output"), stdout=out_buf, stderr=err_buf)
+    try:
+        code = ("import sys\n"
+                "sys.stdout.write('one\\ntw'); sys.stdout.flush(); sys.stdout.write('o\\n')\n"
+                "sys.stderr.write('err line\\npartial')\n"
+                "sys.exit(7)\n")
+        out = run_wrapper(code, extra_env={launcher.OUTPUT_SOCKET_ENV: relay.path})
+    finally:
+        relay.close()
+    assert out.returncode == 7
+    assert (out.stdout, out.stderr) == (b"", b"")
+    assert out_buf.getvalue() == b"[5]: one\n[5]: two\n"
+    assert err_buf.getvalue() == b"[5]: err line\n[5]: partial\ncommlibrun: rank 5 exited with code 7\n"
+
+
+@pytest.mark.timeout(120)
+def test_wrapper_writes_to_its_own_streams_without_the_socket(tmp_path):
+    # Ranks on other hosts cannot reach the launcher's socket.
+    out = run_wrapper("print('hi')", extra_env={launcher.OUTPUT_SOCKET_ENV: str(tmp_path / "none")})
+    assert (out.returncode, out.stdout, out.stderr) == (0, b"[5]: hi\n", b"")
+
+
+@pytest.mark.timeout(60)
+def test_output_relay_prints_whole_lines_only(tmp_path):
+    out_buf, err_buf = io.BytesIO(), io.BytesIO()
+    relay = launcher.OutputRelay(str(tmp_path / "output"), stdout=out_buf, stderr=err_buf)
+
+    def connect(tag):
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.connect(relay.path)
+        c.sendall(tag)
+        return c
+
+    def wait_for(buf, value):
+        deadline = time.monotonic() + 10
+        while buf.getvalue() != value and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert buf.getvalue() == value
+
+    try:
+        a, b, e = connect(_rankwrap.STDOUT_TAG), connect(_rankwrap.STDOUT_TAG), connect(_rankwrap.STDERR_TAG)
+        a.sendall(b"[0]: first half ")
+        b.sendall(b"[1]: whole\n[1]: unterminated")
+        wait_for(out_buf, b"[1]: whole\n")  # rank 0's piece waits for the end of its line
+        a.sendall(b"second half\n")
+        wait_for(out_buf, b"[1]: whole\n[0]: first half second half\n")
+        e.sendall(b"[0]: to stderr\n")
+        wait_for(err_buf, b"[0]: to stderr\n")
+        for c in (a, b, e):
+            c.close()
+    finally:
+        relay.close()
+    assert out_buf.getvalue() == b"[1]: whole\n[0]: first half second half\n[1]: unterminated\n"
+    relay.close()  # a second close is harmless
 
 
 @pytest.mark.timeout(120)
