@@ -92,6 +92,32 @@ def mpi_flags() -> dict:
     return flags
 
 
+def split_libraries(libraries: list[str], library_dirs: list[str]) -> tuple[list[str], list[str]]:
+    """``(paths, names)``: the wrapper's libraries found in its own ``-L``
+    directories, as file paths to link directly, and the rest as ``-l`` names.
+
+    A plain ``-lmpi`` is looked up in every ``-L`` directory of the link line,
+    and the interpreter's own flags (sysconfig's LDSHARED, e.g.
+    ``-L<python prefix>/lib``) come first there. When that directory holds a
+    different MPI's ``libmpi.so`` (the PyPI MPICH wheel installs one into the
+    prefix of the interpreter it is installed in), ``-lmpi`` would bind the core
+    to that MPI while it is compiled against the wrapper's headers. Linking the
+    wrapper's own library file by path avoids that; the extension still records
+    the library's soname (e.g. libmpi.so.40), found at run time through
+    rpaths() and the library mpi4py already loaded.
+    """
+    paths, names = [], []
+    for name in libraries:
+        for directory in library_dirs:
+            candidate = Path(directory) / f"lib{name}.so"
+            if candidate.exists():
+                paths.append(str(candidate))
+                break
+        else:
+            names.append(name)
+    return paths, names
+
+
 def rpaths(library_dirs: list[str]) -> list[str]:
     """Where the extension looks for libmpi at run time.
 
@@ -111,6 +137,7 @@ def rpaths(library_dirs: list[str]) -> list[str]:
 
 def make_ffi() -> FFI:
     flags = mpi_flags()
+    library_paths, library_names = split_libraries(flags["libraries"] or ["mpi"], flags["library_dirs"])
     sources = sorted(str(p.relative_to(ROOT)) for p in CSRC.rglob("*.cc"))
     ffi = FFI()
     ffi.cdef(cdef_from_header(HEADER.read_text()))
@@ -121,7 +148,8 @@ def make_ffi() -> FFI:
         sources=sources,
         include_dirs=[str(CSRC / "include"), str(CSRC)] + flags["include_dirs"],
         library_dirs=flags["library_dirs"],
-        libraries=flags["libraries"] or ["mpi"],
+        libraries=library_names,
+        extra_objects=library_paths,
         extra_compile_args=[
             "-std=c++17", "-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function",
             "-DOMPI_SKIP_MPICXX", "-DMPICH_SKIP_MPICXX",

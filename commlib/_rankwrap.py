@@ -9,6 +9,11 @@ The wrapper runs the user command as a child process and
 * prefixes every line the child writes to stdout/stderr with ``[rank]: ``,
   writing whole lines only (MPICH's ``-prepend-rank`` tags raw chunks, so
   lines written in pieces come out garbled);
+* sends those lines straight to ``commlibrun`` over the Unix socket named by
+  ``$COMMLIB_RUN_OUTPUT_SOCKET`` when it can connect (ranks on the launcher's
+  host), since Open MPI's mpirun forwards output in 4 KiB reads that can cut
+  a line and put another rank's output in the middle; otherwise (other
+  hosts) they go to the wrapper's own stdout/stderr through the MPI launcher;
 * exits with the child's exit code, or ``128 + signum`` if the child was
   killed by a signal, and says on stderr which rank failed and how;
 * records ``<code> <time.time()>`` in ``$COMMLIB_RUN_STATUS_DIR/rank<R>`` so
@@ -38,6 +43,10 @@ import time
 # Environment variables that hold the rank: MPICH hydra, Open MPI, PMIx.
 RANK_ENV_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 STATUS_DIR_ENV = "COMMLIB_RUN_STATUS_DIR"
+OUTPUT_SOCKET_ENV = "COMMLIB_RUN_OUTPUT_SOCKET"
+# First byte a wrapper sends on an output connection: which stream it carries.
+STDOUT_TAG = b"1"
+STDERR_TAG = b"2"
 FAILURE_GRACE_ENV = "COMMLIB_FAILURE_GRACE"
 DEFAULT_FAILURE_GRACE = 3.0
 # Signals passed on to the child, so the wrapper is transparent to them
@@ -104,6 +113,57 @@ def _child_preexec(parent_pid):
     return preexec
 
 
+class _SocketSink:
+    """Binary-stream stand-in that sends to commlibrun's output socket.
+
+    If the launcher goes away mid-job, output falls back to ``fallback`` (the
+    wrapper's own stdout/stderr) rather than being lost or blocking the child.
+    """
+
+    def __init__(self, sock, fallback):
+        self._sock = sock
+        self._fallback = fallback
+
+    def write(self, data):
+        if self._sock is not None:
+            try:
+                self._sock.sendall(data)
+                return
+            except OSError:
+                self.close()
+        self._fallback.write(data)
+
+    def flush(self):
+        if self._sock is None:
+            self._fallback.flush()
+
+    def close(self):
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None
+
+
+def open_output(tag, fallback, environ=os.environ):
+    """Where to write one stream's prefixed lines: the launcher's socket if it
+    accepts a connection (see ``OUTPUT_SOCKET_ENV``), else ``fallback``."""
+    path = environ.get(OUTPUT_SOCKET_ENV)
+    if not path:
+        return fallback
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(5.0)
+        sock.connect(path)
+        sock.settimeout(None)
+        sock.sendall(tag)
+    except OSError:
+        sock.close()
+        return fallback
+    return _SocketSink(sock, fallback)
+
+
 def _pump(src, dst, prefix):
     """Copy lines from pipe ``src`` to binary stream ``dst`` with ``prefix``.
 
@@ -167,9 +227,10 @@ def _run_child(command, rank, host):
         signal.signal(signum, forward)
 
     prefix = f"[{rank}]: ".encode()
+    sinks = [open_output(STDOUT_TAG, sys.stdout.buffer), open_output(STDERR_TAG, sys.stderr.buffer)]
     pumps = [
-        threading.Thread(target=_pump, args=(child.stdout, sys.stdout.buffer, prefix), daemon=True),
-        threading.Thread(target=_pump, args=(child.stderr, sys.stderr.buffer, prefix), daemon=True),
+        threading.Thread(target=_pump, args=(child.stdout, sinks[0], prefix), daemon=True),
+        threading.Thread(target=_pump, args=(child.stderr, sinks[1], prefix), daemon=True),
     ]
     for t in pumps:
         t.start()
@@ -182,11 +243,21 @@ def _run_child(command, rank, host):
         signal.signal(signum, signal.SIG_DFL)
 
     code = exit_code_for(returncode)
+    message = None
     if returncode < 0:
-        print(f"commlibrun: rank {rank} (pid {child.pid} on host {host}) "
-              f"was killed by signal {signal_name(-returncode)}", file=sys.stderr, flush=True)
+        message = (f"commlibrun: rank {rank} (pid {child.pid} on host {host}) "
+                   f"was killed by signal {signal_name(-returncode)}")
     elif returncode > 0:
-        print(f"commlibrun: rank {rank} exited with code {code}", file=sys.stderr, flush=True)
+        message = f"commlibrun: rank {rank} exited with code {code}"
+    # The report follows the rank's own stderr lines on the same channel,
+    # unless that pump is still busy (a descendant holds the pipe open).
+    err_sink = sinks[1] if not pumps[1].is_alive() else sys.stderr.buffer
+    if message:
+        err_sink.write(f"{message}\n".encode())
+        err_sink.flush()
+    for sink, t in zip(sinks, pumps):
+        if isinstance(sink, _SocketSink) and not t.is_alive():
+            sink.close()
     return code, bool(received)
 
 

@@ -19,11 +19,7 @@ FRAMEWORKS = ("torch", "tensorflow")
 
 # Run in a separate interpreter: importing mpi4py.MPI would otherwise
 # initialise MPI in (or crash) the calling process.
-_MPI4PY_PROBE = (
-    "import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False\n"
-    "from mpi4py import MPI\n"
-    "print(MPI.Get_library_version().strip().splitlines()[0])\n"
-)
+_MPI4PY_PROBE = launcher.MPI4PY_LIBRARY_PROBE
 
 
 def _error(e):
@@ -33,7 +29,7 @@ def _error(e):
 def mpi_launcher_status():
     """Flavour and version of the MPI launcher commlibrun would use."""
     try:
-        mpiexec = launcher.find_mpiexec()
+        mpiexec = launcher.find_mpiexec(python=sys.executable)
         return f"{launcher.detect_flavour(launcher.mpiexec_version_text(mpiexec))} ({mpiexec})"
     except launcher.LauncherError as e:
         return f"not usable ({e})"

@@ -11,7 +11,10 @@ builds and runs (for MPICH hydra)::
 
 Every rank runs through :mod:`commlib._rankwrap`, which prefixes output lines
 with the rank and records each rank's exit status, so that ``commlibrun`` can
-exit with the code of the rank that failed first and name it.
+exit with the code of the rank that failed first and name it. The wrappers of
+ranks on the launcher's host send their lines to ``commlibrun`` over a Unix
+socket (:class:`OutputRelay`), so that lines stay whole whatever the MPI
+launcher does with output.
 
 Only the standard library is imported here: the launcher must work (and
 ``--check-build`` must be able to report problems) without numpy or the
@@ -21,12 +24,15 @@ compiled core.
 import argparse
 import os
 import re
+import selectors
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -35,6 +41,9 @@ from . import _rankwrap
 ENV_PREFIX = "COMMLIB_"
 MPIEXEC_ENV = "COMMLIB_MPIEXEC"
 STATUS_DIR_ENV = _rankwrap.STATUS_DIR_ENV
+OUTPUT_SOCKET_ENV = _rankwrap.OUTPUT_SOCKET_ENV
+# Seconds to wait, after mpiexec exited, for the wrappers' output connections to close.
+OUTPUT_DRAIN_SECONDS = 5.0
 MPICH = "mpich"
 OPENMPI = "openmpi"
 # Exit code for --timeout, as used by coreutils' timeout(1).
@@ -87,16 +96,76 @@ def detect_flavour(version_text):
     )
 
 
-def find_mpiexec(environ=os.environ):
-    """Path of the MPI launcher: ``$COMMLIB_MPIEXEC``, else mpiexec/mpirun on PATH."""
+# Run in a separate interpreter: importing mpi4py.MPI would otherwise load
+# (and, by default, initialise) MPI in the launcher.
+MPI4PY_LIBRARY_PROBE = (
+    "import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False\n"
+    "from mpi4py import MPI\n"
+    "print(MPI.Get_library_version().strip().splitlines()[0])\n"
+)
+
+
+def library_flavour(version_line):
+    """MPICH or OPENMPI from the first line of ``MPI_Get_library_version``, else None."""
+    if version_line.startswith("Open MPI"):
+        return OPENMPI
+    if version_line.startswith("MPICH"):
+        return MPICH
+    return None
+
+
+def mpi4py_library_flavour(python=sys.executable):
+    """Flavour of the MPI library that ``python``'s mpi4py (and so commlib) loads, or None."""
+    try:
+        out = subprocess.run([python, "-c", MPI4PY_LIBRARY_PROBE], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=60,
+                             check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return library_flavour(out.stdout.decode(errors="replace").strip())
+
+
+def mpiexec_candidates(environ=os.environ):
+    """Every mpiexec, then every mpirun, on PATH, in PATH order, each file once."""
+    found, seen = [], set()
+    for name in ("mpiexec", "mpirun"):
+        for directory in (environ.get("PATH") or "").split(os.pathsep):
+            path = shutil.which(name, path=directory) if directory else None
+            if path and os.path.realpath(path) not in seen:
+                seen.add(os.path.realpath(path))
+                found.append(path)
+    return found
+
+
+def find_mpiexec(environ=os.environ, python=None):
+    """Path of the MPI launcher: ``$COMMLIB_MPIEXEC``, else mpiexec/mpirun on PATH.
+
+    With ``python`` (an interpreter whose mpi4py commlib uses) and more than one
+    launcher on PATH, the first one of the same MPI as that mpi4py's library
+    is chosen: another MPI's mpiexec earlier on PATH (e.g. the PyPI MPICH
+    wheel's, next to a system Open MPI) would start every rank as a singleton
+    or, through a wrapper script, in another environment.
+    """
     override = environ.get(MPIEXEC_ENV)
     if override:
         return override
-    for name in ("mpiexec", "mpirun"):
-        path = shutil.which(name, path=environ.get("PATH"))
-        if path:
-            return path
-    raise LauncherError(f"no mpiexec or mpirun found on PATH (set {MPIEXEC_ENV} to its path)")
+    candidates = mpiexec_candidates(environ)
+    if not candidates:
+        raise LauncherError(f"no mpiexec or mpirun found on PATH (set {MPIEXEC_ENV} to its path)")
+    if python is None or len(candidates) == 1:
+        return candidates[0]
+    wanted = mpi4py_library_flavour(python)
+    if wanted is None:
+        return candidates[0]
+    for candidate in candidates:
+        try:
+            if detect_flavour(mpiexec_version_text(candidate)).name == wanted:
+                return candidate
+        except LauncherError:
+            continue
+    return candidates[0]
 
 
 def mpiexec_version_text(mpiexec):
@@ -319,6 +388,123 @@ class _Job:
                 self._signal_group(signal.SIGKILL)
 
 
+class _LineWriter:
+    """One wrapper connection: its stream tag, then prefixed lines."""
+
+    def __init__(self, streams):
+        self._streams = streams
+        self._dst = None
+        self._buf = b""
+
+    def feed(self, data):
+        self._buf += data
+        if self._dst is None:
+            if not self._buf:
+                return
+            tag, self._buf = self._buf[:1], self._buf[1:]
+            self._dst = self._streams.get(tag, self._streams[_rankwrap.STDERR_TAG])
+        cut = self._buf.rfind(b"\n") + 1
+        if cut:
+            self._write(self._buf[:cut])
+            self._buf = self._buf[cut:]
+
+    def finish(self):
+        if self._dst is not None and self._buf:
+            self._write(self._buf + b"\n")
+        self._buf = b""
+
+    def _write(self, data):
+        try:
+            self._dst.write(data)
+            self._dst.flush()
+        except (OSError, ValueError):  # closed or broken stdout/stderr: drop the output
+            pass
+
+
+class OutputRelay:
+    """Prints the lines that the wrappers of ranks on this host send to a Unix socket.
+
+    Whole lines, each rank's in order: Open MPI's mpirun forwards a rank's
+    output in reads of at most 4 KiB, which can end inside a line, and then
+    writes another rank's output after that piece. Wrappers that cannot reach
+    the socket (other hosts) keep writing through mpiexec.
+    """
+
+    def __init__(self, path, stdout=None, stderr=None):
+        self.path = path
+        stdout = stdout or getattr(sys.stdout, "buffer", None)
+        stderr = stderr or getattr(sys.stderr, "buffer", None)
+        if stdout is None or stderr is None:
+            raise OSError("stdout or stderr has no binary buffer")
+        self._streams = {_rankwrap.STDOUT_TAG: stdout, _rankwrap.STDERR_TAG: stderr}
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._listener.bind(path)  # OSError, e.g. a path too long for AF_UNIX
+            self._listener.listen(128)
+            self._listener.setblocking(False)
+            self._wake_r, self._wake_w = os.pipe()
+        except OSError:
+            self._listener.close()
+            raise
+        self._deadline = None
+        self._thread = threading.Thread(target=self._loop, name="commlibrun-output", daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        sel = selectors.DefaultSelector()
+        sel.register(self._listener, selectors.EVENT_READ)
+        sel.register(self._wake_r, selectors.EVENT_READ)
+        writers = {}
+        try:
+            while True:
+                timeout = None
+                if self._deadline is not None:
+                    timeout = self._deadline - time.monotonic()
+                    if not writers or timeout <= 0:
+                        break
+                for key, _ in sel.select(timeout):
+                    if key.fileobj is self._listener:
+                        try:
+                            conn, _ = self._listener.accept()
+                        except OSError:
+                            continue
+                        conn.setblocking(False)
+                        writers[conn] = _LineWriter(self._streams)
+                        sel.register(conn, selectors.EVENT_READ)
+                    elif key.fileobj == self._wake_r:
+                        os.read(self._wake_r, 64)
+                    else:
+                        conn = key.fileobj
+                        try:
+                            data = conn.recv(1 << 16)
+                        except BlockingIOError:
+                            continue
+                        except OSError:
+                            data = b""
+                        if data:
+                            writers[conn].feed(data)
+                        else:
+                            writers.pop(conn).finish()
+                            sel.unregister(conn)
+                            conn.close()
+        finally:
+            for conn, writer in writers.items():
+                writer.finish()
+                conn.close()
+            sel.close()
+
+    def close(self, timeout=OUTPUT_DRAIN_SECONDS):
+        """Print what is still coming (connections open for up to ``timeout`` s), then stop."""
+        if self._deadline is not None:
+            return
+        self._deadline = time.monotonic() + timeout
+        os.write(self._wake_w, b"x")
+        self._thread.join()
+        self._listener.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
 def job_exit_code(returncode, statuses):
     """Exit code for the launcher and an optional stderr summary line.
 
@@ -395,7 +581,7 @@ def main(argv=None):
         extra = default_thread_env(environ, args.np, args.hosts, args.hostfile)
         extra.update(parse_env_assignments(args.env, environ))
         env = forwarded_env(environ, extra)
-        mpiexec = find_mpiexec(environ)
+        mpiexec = find_mpiexec(environ, python=sys.executable)
         flavour = detect_flavour(mpiexec_version_text(mpiexec))
         build = dict(flavour=flavour, np=args.np, command=command, hosts=args.hosts,
                      hostfile=args.hostfile, mpi_args=shlex.split(args.mpi_args), mpiexec=mpiexec)
@@ -404,13 +590,20 @@ def main(argv=None):
         print(f"commlibrun: error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
-        # The real command also forwards the per-job COMMLIB_RUN_STATUS_DIR.
+        # The real command also forwards the per-job COMMLIB_RUN_STATUS_DIR and
+        # COMMLIB_RUN_OUTPUT_SOCKET.
         print(shlex.join(cmd))
         return 0
 
     status_dir = tempfile.mkdtemp(prefix="commlibrun-")
+    relay = None
     try:
         env[STATUS_DIR_ENV] = status_dir
+        try:
+            relay = OutputRelay(os.path.join(status_dir, "output"))
+            env[OUTPUT_SOCKET_ENV] = relay.path
+        except OSError:
+            pass  # the ranks' lines then come through mpiexec
         cmd = build_command(env=env, **build)
         if args.verbose:
             print(f"commlibrun: {flavour}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
@@ -421,6 +614,9 @@ def main(argv=None):
         except OSError as e:
             print(f"commlibrun: error: cannot run {mpiexec}: {e}", file=sys.stderr)
             return 2
+        finally:
+            if relay is not None:
+                relay.close()
         if job.timed_out:
             return TIMEOUT_EXIT_CODE
         if job.signal_received is not None:
@@ -432,6 +628,8 @@ def main(argv=None):
             print(summary, file=sys.stderr)
         return code
     finally:
+        if relay is not None:
+            relay.close(0)
         shutil.rmtree(status_dir, ignore_errors=True)
 
 

@@ -3,9 +3,11 @@
 Nothing here starts an MPI job; the wrapper tests run it without MPI.
 """
 
+import io
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -285,6 +287,50 @@ def test_find_mpiexec(monkeypatch, tmp_path):
         launcher.find_mpiexec({"PATH": str(tmp_path / "empty")})
 
 
+def _script(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\ncat <<'EOF'\n" + text + "EOF\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_mpiexec_candidates_in_path_order_without_duplicates(tmp_path):
+    a = _script(tmp_path / "a" / "mpiexec", MPICH_VERSION_TEXT)
+    b = _script(tmp_path / "b" / "mpiexec", OMPI4_VERSION_TEXT)
+    b_run = tmp_path / "b" / "mpirun"
+    b_run.symlink_to(b)  # the same launcher under its other name counts once
+    c = _script(tmp_path / "c" / "mpirun", OMPI4_VERSION_TEXT)
+    path = os.pathsep.join(str(tmp_path / d) for d in ("a", "b", "", "c"))
+    assert launcher.mpiexec_candidates({"PATH": path}) == [a, b, c]
+
+
+@pytest.mark.parametrize("library_line, expected", [
+    ("Open MPI v4.1.4, package: Debian OpenMPI", "b"),
+    ("MPICH Version:      5.0.2", "a"),
+    ("Intel(R) MPI Library 2021.10", "a"),  # unknown library: first on PATH
+])
+def test_find_mpiexec_prefers_the_mpi_of_mpi4py(tmp_path, library_line, expected):
+    # Another MPI's mpiexec first on PATH (as with the PyPI MPICH wheel next to a
+    # system Open MPI) would start the ranks as singletons of the wrong MPI.
+    launchers = {"a": _script(tmp_path / "a" / "mpiexec", MPICH_VERSION_TEXT),
+                 "b": _script(tmp_path / "b" / "mpiexec", OMPI4_VERSION_TEXT)}
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\necho '{library_line}'\n")
+    python.chmod(0o755)
+    environ = {"PATH": os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")])}
+    assert launcher.find_mpiexec(environ, python=str(python)) == launchers[expected]
+    assert launcher.find_mpiexec(environ) == launchers["a"]  # no interpreter given: PATH order
+    environ[launcher.MPIEXEC_ENV] = "/x/mpiexec"  # an explicit choice always wins
+    assert launcher.find_mpiexec(environ, python=str(python)) == "/x/mpiexec"
+
+
+def test_library_flavour():
+    assert launcher.library_flavour("Open MPI v5.0.3, package: Open MPI") == OPENMPI
+    assert launcher.library_flavour("MPICH Version:      4.1.2") == MPICH
+    assert launcher.library_flavour("") is None
+    assert launcher.mpi4py_library_flavour("/nonexistent/python") is None
+
+
 # --- --check-build -----------------------------------------------------------------------
 
 @pytest.mark.timeout(120)
@@ -337,6 +383,65 @@ def test_wrapper_prefixes_lines_and_keeps_exit_code(tmp_path):
     assert out.stdout == b"[5]: one\n[5]: two\n[5]: bin \xff\x00\n"
     assert out.stderr == b"[5]: err line\n[5]: partial\ncommlibrun: rank 5 exited with code 7\n"
     assert launcher.read_statuses(str(tmp_path))[5][0] == 7
+
+
+@pytest.mark.timeout(120)
+def test_wrapper_sends_lines_to_the_launcher_socket(tmp_path):
+    out_buf, err_buf = io.BytesIO(), io.BytesIO()
+    relay = launcher.OutputRelay(str(tmp_path / "output"), stdout=out_buf, stderr=err_buf)
+    try:
+        code = ("import sys\n"
+                "sys.stdout.write('one\\ntw'); sys.stdout.flush(); sys.stdout.write('o\\n')\n"
+                "sys.stderr.write('err line\\npartial')\n"
+                "sys.exit(7)\n")
+        out = run_wrapper(code, extra_env={launcher.OUTPUT_SOCKET_ENV: relay.path})
+    finally:
+        relay.close()
+    assert out.returncode == 7
+    assert (out.stdout, out.stderr) == (b"", b"")
+    assert out_buf.getvalue() == b"[5]: one\n[5]: two\n"
+    assert err_buf.getvalue() == b"[5]: err line\n[5]: partial\ncommlibrun: rank 5 exited with code 7\n"
+
+
+@pytest.mark.timeout(120)
+def test_wrapper_writes_to_its_own_streams_without_the_socket(tmp_path):
+    # Ranks on other hosts cannot reach the launcher's socket.
+    out = run_wrapper("print('hi')", extra_env={launcher.OUTPUT_SOCKET_ENV: str(tmp_path / "none")})
+    assert (out.returncode, out.stdout, out.stderr) == (0, b"[5]: hi\n", b"")
+
+
+@pytest.mark.timeout(60)
+def test_output_relay_prints_whole_lines_only(tmp_path):
+    out_buf, err_buf = io.BytesIO(), io.BytesIO()
+    relay = launcher.OutputRelay(str(tmp_path / "output"), stdout=out_buf, stderr=err_buf)
+
+    def connect(tag):
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.connect(relay.path)
+        c.sendall(tag)
+        return c
+
+    def wait_for(buf, value):
+        deadline = time.monotonic() + 10
+        while buf.getvalue() != value and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert buf.getvalue() == value
+
+    try:
+        a, b, e = connect(_rankwrap.STDOUT_TAG), connect(_rankwrap.STDOUT_TAG), connect(_rankwrap.STDERR_TAG)
+        a.sendall(b"[0]: first half ")
+        b.sendall(b"[1]: whole\n[1]: unterminated")
+        wait_for(out_buf, b"[1]: whole\n")  # rank 0's piece waits for the end of its line
+        a.sendall(b"second half\n")
+        wait_for(out_buf, b"[1]: whole\n[0]: first half second half\n")
+        e.sendall(b"[0]: to stderr\n")
+        wait_for(err_buf, b"[0]: to stderr\n")
+        for c in (a, b, e):
+            c.close()
+    finally:
+        relay.close()
+    assert out_buf.getvalue() == b"[1]: whole\n[0]: first half second half\n[1]: unterminated\n"
+    relay.close()  # a second close is harmless
 
 
 @pytest.mark.timeout(120)
