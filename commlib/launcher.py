@@ -217,6 +217,17 @@ def default_thread_env(environ, np, hosts=None, hostfile=None, cpus=None):
     return {"OMP_NUM_THREADS": str(max(1, cpus // max(1, np)))}
 
 
+def flavour_env(flavour, environ):
+    """Settings an MPI needs for commlib's results to be right, unless the user
+    chose otherwise. Open MPI's AVX reduction component saturates small
+    integer sums (int8/uint8/int16: 100 + 100 gives 127, not -56) where C and
+    every other MPI wrap around (open-mpi/ompi#8045, not to be fixed):
+    ``OMPI_MCA_op=^avx`` leaves reductions to its plain C component."""
+    if flavour.name == OPENMPI and "OMPI_MCA_op" not in environ:
+        return {"OMPI_MCA_op": "^avx"}
+    return {}
+
+
 def rank_wrapper_command(python=sys.executable):
     """Command prefix that runs :mod:`commlib._rankwrap` for each rank.
 
@@ -578,11 +589,12 @@ def main(argv=None):
 
     try:
         environ = dict(os.environ)
-        extra = default_thread_env(environ, args.np, args.hosts, args.hostfile)
-        extra.update(parse_env_assignments(args.env, environ))
-        env = forwarded_env(environ, extra)
         mpiexec = find_mpiexec(environ, python=sys.executable)
         flavour = detect_flavour(mpiexec_version_text(mpiexec))
+        extra = default_thread_env(environ, args.np, args.hosts, args.hostfile)
+        extra.update(flavour_env(flavour, environ))
+        extra.update(parse_env_assignments(args.env, environ))
+        env = forwarded_env(environ, extra)
         build = dict(flavour=flavour, np=args.np, command=command, hosts=args.hosts,
                      hostfile=args.hostfile, mpi_args=shlex.split(args.mpi_args), mpiexec=mpiexec)
         cmd = build_command(env=env, **build)

@@ -254,10 +254,11 @@ def test_dry_run_mpich(capsys, fake_mpiexec, monkeypatch):
 def test_dry_run_openmpi(capsys, fake_mpiexec, monkeypatch, text, oversubscribe):
     mpiexec = fake_mpiexec(text)
     monkeypatch.setenv("COMMLIB_FOO", "1")
+    monkeypatch.delenv("OMPI_MCA_op", raising=False)
     monkeypatch.setattr(launcher.os, "geteuid", lambda: 0)
     cmd = dry_run(capsys, ["-np", "2", "--hostfile", "my hosts", "-x", "EXTRA=1", "--", "python", "t.py", "-np", "5"])
     assert cmd == [mpiexec, "-np", "2", "--hostfile", "my hosts", "--allow-run-as-root", *oversubscribe,
-                   "-x", "COMMLIB_FOO", "-x", "COMMLIB_MPIEXEC", "-x", "EXTRA",
+                   "-x", "COMMLIB_FOO", "-x", "COMMLIB_MPIEXEC", "-x", "EXTRA", "-x", "OMPI_MCA_op",
                    *launcher.rank_wrapper_command(), "python", "t.py", "-np", "5"]
 
 
@@ -546,3 +547,14 @@ def test_default_thread_env_divides_cores_among_local_ranks():
     assert default_thread_env({"OMP_NUM_THREADS": "7"}, 2, cpus=8) == {}
     assert default_thread_env({}, 4, hosts="a:2,b:2", cpus=8) == {}
     assert default_thread_env({}, 4, hostfile="hosts.txt", cpus=8) == {}
+
+
+def test_open_mpi_gets_wrapping_integer_reductions_unless_user_chose():
+    # Open MPI's AVX op component saturates int8/uint8 sums (ompi#8045).
+    assert launcher.flavour_env(OMPI4, {}) == {"OMPI_MCA_op": "^avx"}
+    assert launcher.flavour_env(OMPI5, {}) == {"OMPI_MCA_op": "^avx"}
+    assert launcher.flavour_env(OMPI4, {"OMPI_MCA_op": "avx"}) == {}
+    assert launcher.flavour_env(HYDRA, {}) == {}
+    cmd = launcher.build_command(OMPI4, 2, ["python", "t.py"], euid=1000, wrapper=[],
+                                 env=launcher.flavour_env(OMPI4, {}))
+    assert "-x" in cmd and cmd[cmd.index("-x") + 1] == "OMPI_MCA_op"
