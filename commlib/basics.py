@@ -7,6 +7,7 @@ from ._lib import MPI, check, lib
 from .errors import NotInitializedError
 
 _atexit_registered = False
+_job_comm = None  # the mpi4py communicator of the job's ranks (set by init)
 
 
 def init(comm=None, process_sets=None) -> None:
@@ -17,7 +18,7 @@ def init(comm=None, process_sets=None) -> None:
     ``process_sets``: ProcessSet objects to register now, in this order
     (Horovod's static sets), or ``"dynamic"`` (accepted for Horovod
     compatibility: sets can always be added later)."""
-    global _atexit_registered
+    global _atexit_registered, _job_comm
     if process_sets is not None and process_sets != "dynamic":
         from .process_sets import ProcessSet
         if not all(isinstance(p, ProcessSet) for p in process_sets):
@@ -30,6 +31,7 @@ def init(comm=None, process_sets=None) -> None:
         if comm == MPI.COMM_NULL:
             raise ValueError("comm is MPI.COMM_NULL: this rank is not part of the communicator")
         check(lib.commlib_init(MPI._handleof(comm), 1))
+    _job_comm = comm if comm is not None else MPI.COMM_WORLD
     if not _atexit_registered:
         # Before mpi4py's own MPI_Finalize, which runs after atexit handlers.
         atexit.register(shutdown)

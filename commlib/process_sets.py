@@ -56,11 +56,14 @@ class ProcessSet:
 
     def _resolve_ranks(self) -> list[int]:
         if self.ranks is None:
-            # The job ranks of the communicator's members, known to all ranks.
-            world = MPI.COMM_WORLD.Get_group()
+            # The job ranks of the communicator's members (in the job's
+            # communicator: init(comm) may have been given one), known to all.
+            job = basics._job_comm
             mine = self.mpi_comm.Get_group() if self.mpi_comm != MPI.COMM_NULL else MPI.GROUP_EMPTY
-            local = MPI.Group.Translate_ranks(mine, list(range(mine.Get_size())), world)
-            gathered = MPI.COMM_WORLD.allgather(sorted(local))
+            local = MPI.Group.Translate_ranks(mine, list(range(mine.Get_size())), job.Get_group())
+            if MPI.UNDEFINED in local:
+                raise ValueError("the communicator of a ProcessSet must contain only ranks of the job")
+            gathered = job.allgather(sorted(local))
             self.ranks = sorted({r for part in gathered for r in part})
         return self.ranks
 

@@ -72,6 +72,10 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+std::string ranks_str(const std::vector<int>& ranks) {
+  return shape_str(std::vector<int64_t>(ranks.begin(), ranks.end()));
+}
+
 int64_t num_elements(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

@@ -30,6 +30,7 @@ bool is_float_dtype(int dtype);        // float16/bfloat16/float32/float64
 bool is_half_dtype(int dtype);         // float16/bfloat16 (reduced via fp32)
 
 std::string shape_str(const std::vector<int64_t>& shape);
+std::string ranks_str(const std::vector<int>& ranks);  // "[0, 2]"
 int64_t num_elements(const std::vector<int64_t>& shape);
 
 }  // namespace commlib

@@ -27,10 +27,6 @@ std::string by_rank(const std::vector<std::string>& values, const std::vector<in
   return out.str();
 }
 
-std::string ranks_str(const std::vector<int>& ranks) {
-  return shape_str(std::vector<int64_t>(ranks.begin(), ranks.end()));
-}
-
 template <typename F>
 bool differs(const std::vector<RequestDesc>& d, F field) {
   for (size_t r = 1; r < d.size(); ++r)

@@ -87,7 +87,7 @@ void validate_request(const commlib_request& q, const std::vector<int>& members)
     }
     throw Error(COMMLIB_ERR_VALUE, "broadcast root_rank " + std::to_string(q.root) + " is not a member of process set " +
                                        std::to_string(q.process_set) + " " +
-                                       shape_str(std::vector<int64_t>(members.begin(), members.end())));
+                                       ranks_str(members));
   }
   if ((q.op_type == COMMLIB_OP_ALLGATHER || q.op_type == COMMLIB_OP_ALLTOALL ||
        q.op_type == COMMLIB_OP_REDUCESCATTER) && q.ndim < 1) {
@@ -252,7 +252,7 @@ const std::vector<int>& Engine::members_of(int id) const {
   if (std::find(it->second.begin(), it->second.end(), topo_.rank) == it->second.end()) {
     throw Error(COMMLIB_ERR_VALUE,
                 "rank " + std::to_string(topo_.rank) + " is not a member of process set " + std::to_string(id) +
-                    " " + shape_str(std::vector<int64_t>(it->second.begin(), it->second.end())) +
+                    " " + ranks_str(it->second) +
                     "; only its members may call collectives on it");
   }
   return it->second;
