@@ -236,7 +236,7 @@ namespace {
 
 void reduce_scatter(OpContext& ctx, const void* in, void* out, const std::vector<size_t>& counts,
                     int dtype, int op) {
-  if (use_shm_collective(ctx, false)) {
+  if (use_shm_collective(ctx, true)) {
     reducescatter_shm(*ctx.shm, in, out, counts, dtype, op);
   } else {
     ctx.transport.reduce_scatter(in, out, counts, dtype, op);
