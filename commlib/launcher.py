@@ -50,6 +50,9 @@ OPENMPI = "openmpi"
 TIMEOUT_EXIT_CODE = 124
 # Seconds between forwarding SIGTERM/SIGINT to the job and SIGKILLing it.
 KILL_GRACE_SECONDS = 5.0
+# Seconds after a failed rank's grace period before commlibrun ends a job that
+# mpiexec has not ended (see _Job).
+FAILURE_TEARDOWN_SLACK = 10.0
 # Interval at which the supervision loop re-checks deadlines.
 _POLL_SECONDS = 0.2
 
@@ -337,14 +340,24 @@ class _Job:
     SIGINT/SIGTERM received by the launcher are forwarded to the job's process
     group; ``timeout`` expiry sends SIGTERM.  Either way the group is
     SIGKILLed if it has not exited ``KILL_GRACE_SECONDS`` later.
+
+    A rank that failed (its wrapper's status file in ``status_dir`` has a
+    non-zero code) normally makes mpiexec end the job once that wrapper exits,
+    after its failure grace.  mpiexec does not always do so (MPICH hydra once
+    left the other ranks waiting on the dead one): if the job is still running
+    ``grace + FAILURE_TEARDOWN_SLACK`` seconds after the first failure, it is
+    stopped here.
     """
 
-    def __init__(self, timeout):
+    def __init__(self, timeout, status_dir=None, grace=_rankwrap.DEFAULT_FAILURE_GRACE):
         self.timeout = timeout
         self.signal_received = None
         self.timed_out = False
+        self.torn_down = False
         self._proc = None
         self._kill_at = None
+        self._status_dir = status_dir
+        self._grace = grace
 
     def _signal_group(self, signum):
         if self._proc is None:
@@ -395,8 +408,21 @@ class _Job:
                 print(f"commlibrun: timeout: job still running after {self.timeout:g} s, killing it",
                       file=sys.stderr, flush=True)
                 self._stop(signal.SIGTERM)
+            if self._kill_at is None and self._failure_outlived():
+                self.torn_down = True
+                print("commlibrun: a rank failed and mpiexec did not end the job; stopping it",
+                      file=sys.stderr, flush=True)
+                self._stop(signal.SIGTERM)
             if self._kill_at is not None and now >= self._kill_at:
                 self._signal_group(signal.SIGKILL)
+
+
+    def _failure_outlived(self):
+        """Whether the first failed rank's grace period is long over."""
+        if self._status_dir is None:
+            return False
+        failed = [stamp for code, stamp in read_statuses(self._status_dir).values() if code != 0]
+        return bool(failed) and time.time() >= min(failed) + self._grace + FAILURE_TEARDOWN_SLACK
 
 
 class _LineWriter:
@@ -620,7 +646,7 @@ def main(argv=None):
         if args.verbose:
             print(f"commlibrun: {flavour}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
         environ.update(env)
-        job = _Job(args.timeout)
+        job = _Job(args.timeout, status_dir, _rankwrap.failure_grace(environ))
         try:
             returncode = job.run(cmd, environ)
         except OSError as e:

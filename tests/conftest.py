@@ -21,6 +21,13 @@ class RankRun:
     def __repr__(self) -> str:
         return f"<rc={self.returncode}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}>"
 
+    def assert_ok(self, n: int) -> None:
+        """The job succeeded and each of ranks 0..n-1 printed "rank R: OK"
+        (the last line of a worker whose checks all passed)."""
+        assert self.returncode == 0, self
+        for r in range(n):
+            assert f"rank {r}: OK" in self.stdout, self
+
 
 def run_ranks(np_: int, script: str, *args: str, timeout: float = 120, env: dict | None = None,
               launcher_args: tuple = ()) -> RankRun:

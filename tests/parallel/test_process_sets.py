@@ -24,16 +24,10 @@ import re
 import pytest
 
 
-def assert_ok(run, n):
-    assert run.returncode == 0, run
-    for r in range(n):
-        assert f"rank {r}: OK" in run.stdout, run
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("n", [2, 3])
 def test_numpy_process_sets(ranks, n):
-    assert_ok(ranks(n, "ps_numpy.py", timeout=90), n)
+    ranks(n, "ps_numpy.py", timeout=90).assert_ok(n)
 
 
 @pytest.mark.timeout(150)
@@ -41,7 +35,7 @@ def test_numpy_process_sets(ranks, n):
 def test_torch_process_sets(ranks, n):
     pytest.importorskip("torch")
     run = ranks(n, "ps_torch.py", timeout=120)
-    assert_ok(run, n)
+    run.assert_ok(n)
     errors = [float(e) for e in re.findall(r"set optimizer relative error (\S+)", run.stdout)]
     assert len(errors) == n and max(errors) <= 1e-5, run
 
@@ -50,6 +44,6 @@ def test_torch_process_sets(ranks, n):
 def test_tensorflow_process_sets(ranks):
     pytest.importorskip("tensorflow")
     run = ranks(3, "ps_tf.py", timeout=170)
-    assert_ok(run, 3)
+    run.assert_ok(3)
     errors = [float(e) for e in re.findall(r"on a set relative error (\S+)", run.stdout)]
     assert len(errors) == 3 * 3 and max(errors) <= 1e-5, run

@@ -10,17 +10,11 @@ import pytest
 pytest.importorskip("tensorflow")
 
 
-def assert_ok(run, n):
-    assert run.returncode == 0, run
-    for r in range(n):
-        assert f"rank {r}: OK" in run.stdout, run
-
-
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("n", [2, 3])
 def test_distributed_gradient_tape(ranks, n):
     run = ranks(n, "tf_tape.py", timeout=170)
-    assert_ok(run, n)
+    run.assert_ok(n)
     m = re.search(r"tape equivalence max relative error (\S+)", run.stdout)
     assert m and float(m.group(1)) <= 1e-5, run
 
@@ -28,6 +22,6 @@ def test_distributed_gradient_tape(ranks, n):
 @pytest.mark.timeout(200)
 def test_keras_distributed_optimizer_and_callbacks(ranks):
     run = ranks(2, "tf_keras.py", timeout=170)
-    assert_ok(run, 2)
+    run.assert_ok(2)
     m = re.search(r"keras equivalence max relative error (\S+)", run.stdout)
     assert m and float(m.group(1)) <= 1e-5, run

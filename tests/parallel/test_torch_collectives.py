@@ -10,6 +10,4 @@ pytest.importorskip("torch")
 @pytest.mark.parametrize("n", [2, 3])
 def test_torch_collectives(ranks, n):
     run = ranks(n, "torch_collectives.py", timeout=120)
-    assert run.returncode == 0, run
-    for r in range(n):
-        assert f"rank {r}: OK" in run.stdout, run
+    run.assert_ok(n)

@@ -558,3 +558,23 @@ def test_open_mpi_gets_wrapping_integer_reductions_unless_user_chose():
     cmd = launcher.build_command(OMPI4, 2, ["python", "t.py"], euid=1000, wrapper=[],
                                  env=launcher.flavour_env(OMPI4, {}))
     assert "-x" in cmd and cmd[cmd.index("-x") + 1] == "OMPI_MCA_op"
+
+
+def test_job_stopped_when_mpiexec_outlives_a_failed_rank(tmp_path, monkeypatch):
+    # A wrapper reported rank 1 failed; the "mpiexec" (a sleep) never ends the job.
+    monkeypatch.setattr(launcher, "FAILURE_TEARDOWN_SLACK", 0.5)
+    (tmp_path / "rank1").write_text(f"137 {time.time()}")
+    job = launcher._Job(None, str(tmp_path), grace=0.5)
+    start = time.monotonic()
+    returncode = job.run([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ))
+    assert time.monotonic() - start < 15
+    assert job.torn_down and returncode != 0
+    assert launcher.job_exit_code(returncode, launcher.read_statuses(str(tmp_path)))[0] == 137
+
+
+def test_job_left_alone_without_failures(tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "FAILURE_TEARDOWN_SLACK", 0.0)
+    (tmp_path / "rank0").write_text(f"0 {time.time() - 100}")  # a rank that finished fine
+    job = launcher._Job(None, str(tmp_path), grace=0.0)
+    assert job.run([sys.executable, "-c", "import time; time.sleep(1)"], dict(os.environ)) == 0
+    assert not job.torn_down
