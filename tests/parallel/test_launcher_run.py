@@ -38,8 +38,18 @@ def write_script(tmp_path, body):
 def commlibrun(args, timeout=100, **extra_env):
     """Run commlibrun to completion; return (CompletedProcess, seconds taken)."""
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "commlib.launcher", *args], env=launcher_env(**extra_env),
-                         capture_output=True, text=True, timeout=timeout)
+    cmd = [sys.executable, "-m", "commlib.launcher", *args]
+    with subprocess.Popen(cmd, env=launcher_env(**extra_env), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # SIGTERM, not SIGKILL: the launcher then stops its whole job, so
+            # no rank outlives a failed test and loads the rest of the suite.
+            proc.terminate()
+            proc.communicate(timeout=30)
+            raise
+    out = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     return out, time.monotonic() - start
 
 
