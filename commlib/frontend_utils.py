@@ -76,11 +76,8 @@ def even_splits(rows: int, process_set=None) -> list[int]:
     return [rows // n] * n
 
 
-def reducescatter_rows(rows: int, process_set=None) -> int:
-    """The rows of dimension 0 that reducescatter leaves on this rank (lower
-    positions in the set get the extra rows)."""
-    n, me = set_size(process_set), set_rank(process_set)
-    return rows // n + (1 if me < rows % n else 0)
+# The rows of dimension 0 that reducescatter leaves on this rank.
+reducescatter_rows = ops.reducescatter_rows
 
 
 def predivide_scales(op: int, gradient_predivide_factor: float) -> tuple[float, float]:
@@ -152,11 +149,6 @@ def group_indices(present: Sequence[int], groups, key_of: Callable[[int], Any],
 
 # ------------------------------------------------------------ process sets
 
-def _is_registered(process_set) -> bool:
-    psid = process_set.process_set_id
-    return psid is not None and _ps._registered.get(psid) is process_set
-
-
 def check_process_set(process_set, member: bool = True):
     """``process_set`` checked before anything is traced or sent, and returned
     (None: the global set). TypeError for anything but a ProcessSet,
@@ -170,7 +162,7 @@ def check_process_set(process_set, member: bool = True):
     if not isinstance(process_set, ProcessSet):
         raise TypeError(f"process_set must be a ProcessSet (commlib.ProcessSet, "
                         f"global_process_set), got {type(process_set).__name__}")
-    if not _is_registered(process_set):
+    if not _ps.is_registered(process_set):
         raise ValueError(f"{process_set} is not registered; call add_process_set() (or "
                          "init(process_sets=[...])) on every rank first")
     if member:

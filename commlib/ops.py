@@ -352,6 +352,18 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
 # ---------------------------------------------------------------- reducescatter
 
+def reducescatter_rows(dim0: int, process_set=None) -> int:
+    """The rows of dimension 0 that reducescatter leaves on this rank: the
+    set's members split them in order, lower positions get the extra rows.
+    ValueError when this rank is not a member."""
+    ranks = _members(process_set)
+    me = basics.rank()
+    if me not in ranks:
+        raise ValueError(f"rank {me} is not a member of {process_set}")
+    n, pos = len(ranks), ranks.index(me)
+    return dim0 // n + (1 if pos < dim0 % n else 0)
+
+
 def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
                         postscale_factor=1.0, process_set=None) -> Handle:
     """Starts reducing ``tensor`` across ranks and leaves on each rank its part
@@ -361,11 +373,7 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
     if inp.ndim == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension")
     psid = _psid(process_set)
-    ranks = _members(process_set)
-    n, me = len(ranks), ranks.index(basics.rank())
-    dim0 = inp.shape[0]
-    rows = dim0 // n + (1 if me < dim0 % n else 0)
-    out = np.empty((rows,) + inp.shape[1:], dtype=inp.dtype)
+    out = np.empty((reducescatter_rows(inp.shape[0], process_set),) + inp.shape[1:], dtype=inp.dtype)
     hid, keep = _enqueue(lib.COMMLIB_OP_REDUCESCATTER, _auto_name("reducescatter", name, psid), inp,
                          out, reduce_op=resolve_op(op), prescale=prescale_factor,
                          postscale=postscale_factor, process_set=psid)

@@ -127,12 +127,18 @@ global_process_set = _GlobalProcessSet()
 _registered: dict[int, ProcessSet] = {0: global_process_set}
 
 
+def is_registered(process_set: ProcessSet) -> bool:
+    """Whether this very object is the registered set of its id."""
+    psid = process_set.process_set_id
+    return psid is not None and _registered.get(psid) is process_set
+
+
 def add_process_set(process_set) -> ProcessSet:
     """Registers a process set (a ProcessSet, or a list of ranks) and returns
     it with its id. Collective: every rank of the job calls it, in the same
     order, with the same ranks."""
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    if ps.process_set_id is not None and _registered.get(ps.process_set_id) is ps:
+    if is_registered(ps):
         raise ValueError(f"{ps} is already registered")
     basics._require_init()
     ranks = ps._resolve_ranks()
@@ -161,7 +167,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     psid = process_set.process_set_id
     if psid == 0:
         raise ValueError("the global process set cannot be removed")
-    if psid is None or _registered.get(psid) is not process_set:
+    if not is_registered(process_set):
         return False
     hid = ffi.new("int64_t*")
     check(lib.commlib_remove_process_set(psid, hid))
@@ -179,7 +185,7 @@ def process_set_id(process_set) -> int:
     if not isinstance(process_set, ProcessSet):
         raise TypeError(f"process_set must be a commlib ProcessSet, got {type(process_set).__name__}")
     psid = process_set.process_set_id
-    if psid is None or _registered.get(psid) is not process_set:
+    if not is_registered(process_set):
         raise ValueError(f"{process_set} is not registered; call add_process_set() first")
     if psid and basics.rank() not in process_set.ranks:
         raise ValueError(f"rank {basics.rank()} is not a member of {process_set}; only its members "
