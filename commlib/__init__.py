@@ -25,7 +25,8 @@ if _os.path.isdir(_frontends):
 
 _EXPORTS = {
     "basics": ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-               "cross_rank", "cross_size", "mpi_threads_supported", "mpi_library_version"],
+               "cross_rank", "cross_size", "mpi_threads_supported", "mpi_library_version",
+               "response_cache_stats"],
     "dispatch": ["DistributedOptimizer"],
     "errors": ["CommlibError", "CollectiveMismatchError", "NotInitializedError", "RankLostError"],
     "handle": ["Handle", "poll", "synchronize"],

@@ -111,3 +111,17 @@ def mpi_library_version() -> str:
     from ._lib import ffi
 
     return ffi.string(lib.commlib_mpi_library_version()).decode("utf-8", "replace").strip()
+
+
+def response_cache_stats() -> dict:
+    """This rank's response cache counters since init: ``hits`` (requests that
+    skipped the coordinator), ``misses`` (negotiated by rank 0), ``invalidations``
+    (a cached request submitted with another description), ``cached_runs``
+    (requests executed through the cache). All zero when the cache is off
+    (``COMMLIB_CACHE_CAPACITY=0``, several hosts, or a single rank)."""
+    from ._lib import ffi
+
+    _require_init()
+    out = ffi.new("int64_t[4]")
+    lib.commlib_cache_stats(out)
+    return {"hits": out[0], "misses": out[1], "invalidations": out[2], "cached_runs": out[3]}

@@ -81,21 +81,24 @@ class CommlibImpl(Impl):
     def make(self, op, nbytes, dtype):
         c, n, esize = self.c, self.n, np.dtype(dtype).itemsize
         count = max(1, nbytes // esize)
+        # One name per case, as a training step names its tensors: repeated
+        # calls then skip the coordinator (the response cache).
+        name = f"bench.{op}.{nbytes}"
         if op == "allreduce":
             x = np.ones(count, dtype)
-            return lambda: c.allreduce_(x, op=c.Sum)
+            return lambda: c.allreduce_(x, op=c.Sum, name=name)
         if op == "broadcast":
             x = np.ones(count, dtype)
-            return lambda: c.broadcast_(x, root_rank=0)
+            return lambda: c.broadcast_(x, root_rank=0, name=name)
         if op == "allgather":
             x = np.ones(max(1, count // n), dtype)
-            return lambda: c.allgather(x)
+            return lambda: c.allgather(x, name=name)
         if op == "reducescatter":
             x = np.ones(max(n, count // n * n), dtype)
-            return lambda: c.reducescatter(x, op=c.Sum)
+            return lambda: c.reducescatter(x, op=c.Sum, name=name)
         if op == "alltoall":
             x = np.ones(max(n, count // n * n), dtype)
-            return lambda: c.alltoall(x)
+            return lambda: c.alltoall(x, name=name)
         return None
 
 

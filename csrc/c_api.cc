@@ -179,6 +179,8 @@ int commlib_set_fusion_threshold(int64_t bytes) {
 
 int64_t commlib_fusion_threshold(void) { return Engine::get().fusion_threshold(); }
 
+void commlib_cache_stats(int64_t* out) { Engine::get().cache_stats(out); }
+
 const char* commlib_mpi_library_version(void) {
   static char version[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;

@@ -5,6 +5,8 @@
 #include <sstream>
 #include <tuple>
 
+#include "fusion.h"
+
 namespace commlib {
 namespace {
 
@@ -256,32 +258,23 @@ Response Controller::make_response(const std::string& key, Pending& p) {
 std::vector<Response> Controller::take_ready() {
   std::vector<Response> out = std::move(errors_);
   errors_.clear();
-  // Open fused allreduce per (set, dtype, op, prescale, postscale): index in out, bytes.
-  std::map<std::tuple<int, int, int, double, double>, std::pair<size_t, int64_t>> open;
-  for (const std::string& key : complete_) {
-    auto it = table_.find(key);
-    Pending& p = it->second;
-    Response resp = make_response(key, p);
-    const RequestDesc& d = p.descs[0];
-    if (resp.kind == Response::kExecute && resp.op_type == COMMLIB_OP_ALLREDUCE &&
-        d.group_size < 0) {  // a group is already one fused unit
-      // Half dtypes are reduced in a float32 fusion buffer.
-      const int64_t esize = is_half_dtype(d.dtype) ? 4 : int64_t(dtype_size(d.dtype));
-      const int64_t bytes = num_elements(d.shape) * esize;
-      auto fkey = std::make_tuple(p.process_set, d.dtype, d.reduce_op, d.prescale, d.postscale);
-      auto o = open.find(fkey);
-      if (o != open.end() && o->second.second + bytes <= fusion_threshold_) {
-        out[o->second.first].names.push_back(key);
-        o->second.second += bytes;
-      } else {
-        open[fkey] = {out.size(), bytes};
-        out.push_back(std::move(resp));
-      }
-    } else {
-      out.push_back(std::move(resp));
-    }
-    table_.erase(it);
+  std::vector<Response> resps;
+  std::vector<const RequestDesc*> descs;
+  std::vector<bool> fusable;
+  for (const std::string& key : complete_) {  // (table_ stays intact until the plan is made)
+    Pending& p = table_.at(key);
+    resps.push_back(make_response(key, p));
+    descs.push_back(&p.descs[0]);
+    // A group is already one fused unit.
+    fusable.push_back(resps.back().kind == Response::kExecute && resps.back().op_type == COMMLIB_OP_ALLREDUCE &&
+                      p.descs[0].group_size < 0);
   }
+  for (const auto& group : plan_fusion(descs, fusable, fusion_threshold_)) {
+    Response& first = resps[group[0]];
+    for (size_t k = 1; k < group.size(); ++k) first.names.push_back(resps[group[k]].names[0]);
+    out.push_back(std::move(first));
+  }
+  for (const std::string& key : complete_) table_.erase(key);
   complete_.clear();
   return out;
 }

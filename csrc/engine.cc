@@ -181,9 +181,16 @@ void Engine::init(MPI_Comm base) {
   int sizes[2] = {-t.local_size, t.local_size}, extremes[2];
   check_mpi(MPI_Allreduce(sizes, extremes, 2, MPI_INT, MPI_MAX, base), "MPI_Allreduce(topology)");
   const bool uniform = -extremes[0] == extremes[1];
-  if (uniform && t.local_size > 1 && env_int("COMMLIB_SHM", 1) != 0) {
+  // The response cache needs one order for the whole job in shared memory:
+  // one host, with at most as many ranks as a log entry has words.
+  int capacity = int(std::min<int64_t>(env_int("COMMLIB_CACHE_CAPACITY", 1024), OrderLog::kMaxBits - 1));
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &capacity, 1, MPI_INT, MPI_MIN, base), "MPI_Allreduce(cache capacity)");
+  const bool use_shm = uniform && t.local_size > 1 && env_int("COMMLIB_SHM", 1) != 0;
+  if (!use_shm || t.cross_size > 1 || t.size > int(OrderLog::kMaxWords)) capacity = 0;
+  if (use_shm) {
     shm_ = ShmSegment::create(local, size_t(env_int("COMMLIB_SHM_PIECE_BYTES", 256 << 10)), 4,
-                              size_t(env_int("COMMLIB_SHM_FUSION_BYTES", 4 << 20)));
+                              size_t(env_int("COMMLIB_SHM_FUSION_BYTES", 4 << 20)),
+                              capacity > 0 ? OrderLog::bytes_needed(t.local_size, capacity) : 0);
   }
   MPI_Comm_free(&local);
   if (shm_ && t.cross_size > 1) {
@@ -198,6 +205,7 @@ void Engine::init(MPI_Comm base) {
   control_ = std::make_unique<ControlChannel>(ctrl);
   controller_ = t.rank == 0 ? std::make_unique<Controller>(t.size, fusion_threshold_.load()) : nullptr;
   worker_left_.assign(t.size, false);
+  init_cache(capacity);
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     dead_code_ = 0;
@@ -226,6 +234,9 @@ void Engine::shutdown() {
     for (auto& [id, t] : set_transports_) t->abandon();
   }
   set_transports_.clear();
+  log_.reset();
+  cache_.reset();
+  cache_bits_.reset();
   transport_.reset();
   control_.reset();
   controller_.reset();
@@ -431,12 +442,25 @@ int64_t Engine::remove_process_set(int id) {
 // coordinator and keeps executing responses until the coordinator's
 // acknowledgement: it must run every collective the others run.
 bool Engine::leave() {
-  if (controller_ || broken()) return true;
+  if (broken()) return true;
+  const int64_t now = now_us();
+  if (controller_) {
+    if (!log_) return true;
+    // With the order log, rank 0 runs everything placed before its
+    // departure (cached collectives other ranks may already run with it).
+    if (!leaving_) {
+      leaving_ = true;
+      leave_deadline_us_ = now + 30000000;
+      controller_->rank_left(0);  // anything still open fails
+      append_entry(LogEntry{LogEntry::kLeft, {0}});
+    }
+    return log_done_ || now > leave_deadline_us_;
+  }
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     if (dead_code_ != 0) return true;  // acknowledged, or the coordinator left
   }
-  const int64_t now = now_us();
+  if (log_done_) return true;  // the coordinator's record of it has been read
   if (leave_deadline_us_ == 0) {
     leave_deadline_us_ = now + 30000000;
     Writer w;
@@ -562,11 +586,20 @@ bool Engine::cycle() {
     controller_->set_fusion_threshold(fusion_threshold_.load());
     std::vector<Response> resps = controller_->take_ready();
     if (!resps.empty()) {
+      if (cache_bits_ && !cache_off_)
+        for (Response& r : resps) cache_bits_->assign(r);
       send_responses(resps);
+      // With the order log, a marker says where every rank runs its share.
+      std::vector<uint64_t> counts(log_ ? size_t(topo_.size) : 0, 0);
       for (Response& r : resps) {
+        for (size_t k = 0; k < counts.size(); ++k) {
+          const bool gets = r.to.empty() || std::find(r.to.begin(), r.to.end(), int(k)) != r.to.end();
+          counts[k] += gets && (k == 0 || !worker_left_[k]) ? 1 : 0;
+        }
         const bool mine = r.to.empty() || std::find(r.to.begin(), r.to.end(), 0) != r.to.end();
         if (mine) ready_.push_back(std::move(r));
       }
+      if (log_) append_entry(LogEntry{LogEntry::kMarker, std::move(counts)});
       worked = true;
     }
     const int64_t now = now_us();
@@ -577,11 +610,16 @@ bool Engine::cycle() {
       }
     }
   }
-  while (!ready_.empty()) {
-    Response resp = std::move(ready_.front());
-    ready_.pop_front();
-    execute(resp);
-    worked = true;
+  if (log_) {
+    worked |= run_log();
+    expire_waiting(now_us());
+  } else {
+    while (!ready_.empty()) {
+      Response resp = std::move(ready_.front());
+      ready_.pop_front();
+      execute(resp);
+      worked = true;
+    }
   }
   control_->progress();
   throw_if_peer_lost();
@@ -613,20 +651,32 @@ void Engine::send_responses(const std::vector<Response>& resps) {
 }
 
 void Engine::submit(std::vector<Entry>& batch) {
+  std::vector<Entry*> negotiate, completed;
+  for (Entry& e : batch) {
+    std::string key = request_key(e.desc);
+    Entry& p = pending_.emplace(std::move(key), std::move(e)).first->second;  // (nodes never move)
+    bool completes = false;
+    if (log_ && try_cache(p, &completes)) {
+      if (completes) completed.push_back(&p);
+    } else {
+      negotiate.push_back(&p);
+    }
+  }
+  if (!completed.empty()) append_completed(completed);
+  if (!negotiate.empty()) report(negotiate);
+}
+
+void Engine::report(const std::vector<Entry*>& entries) {
+  const int64_t now = now_us();
+  if (controller_) {
+    for (Entry* e : entries) controller_->add(0, e->desc, now);
+    return;
+  }
   Writer w;
   w.put<int32_t>(kMsgRequests);
-  w.put<uint32_t>(uint32_t(batch.size()));
-  const int64_t now = now_us();
-  for (Entry& e : batch) {
-    if (controller_) {
-      controller_->add(0, e.desc, now);
-    } else {
-      encode(w, e.desc);
-    }
-    std::string key = request_key(e.desc);
-    pending_.emplace(std::move(key), std::move(e));
-  }
-  if (!controller_) control_->send(0, w.take());
+  w.put<uint32_t>(uint32_t(entries.size()));
+  for (Entry* e : entries) encode(w, e->desc);
+  control_->send(0, w.take());
 }
 
 void Engine::on_message(int source, const std::string& msg) {
@@ -641,12 +691,16 @@ void Engine::on_message(int source, const std::string& msg) {
     for (uint32_t i = 0; i < n; ++i) ready_.push_back(decode_response(r));
   } else if (kind == kMsgShutdown) {
     if (controller_) {
-      // Acknowledge: every response sent to the leaving rank precedes this.
+      // Acknowledge: every response sent to the leaving rank precedes this
+      // (and, with the order log, every marker precedes its departure's entry).
       worker_left_[source] = true;
       controller_->rank_left(source);
+      if (log_) append_entry(LogEntry{LogEntry::kLeft, {uint64_t(source)}});
       Writer w;
       w.put<int32_t>(kMsgShutdown);
       control_->send(source, w.take());
+    } else if (log_) {
+      // The order log carries departures, in their place in the order (on_left).
     } else if (stop_.load()) {
       fail_everything(COMMLIB_ERR_NOT_INIT, "commlib was shut down before this collective completed");
     } else {
@@ -721,6 +775,7 @@ void Engine::execute(const Response& resp) {
     status = e.code();
     message = e.what();
   }
+  if (status == COMMLIB_OK && !resp.bits.empty()) install_bits(resp);
   for (const std::string& key : resp.names) {
     auto it = pending_.find(key);
     finish(it->second, status, message);
@@ -765,7 +820,9 @@ void Engine::fail_everything(int code, const std::string& message) {
   std::vector<Entry> queued;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    if (dead_code_ == 0 && code != COMMLIB_ERR_VALUE && code != COMMLIB_ERR_TYPE) {
+    // With the order log, a rank that dropped its requests cannot stay in
+    // step with the others: every failure ends its communication.
+    if (dead_code_ == 0 && (log_ || (code != COMMLIB_ERR_VALUE && code != COMMLIB_ERR_TYPE))) {
       dead_code_ = code;
       dead_message_ = message;
       if (code == COMMLIB_ERR_PEER_LOST || code == COMMLIB_ERR_INTERNAL) {
@@ -780,6 +837,10 @@ void Engine::fail_everything(int code, const std::string& message) {
   for (auto& [name, e] : pending_) finish(e, code, message);
   pending_.clear();
   ready_.clear();
+  live_.clear();
+  marker_left_ = 0;
+  cache_off_ = true;
+  log_done_ = true;
 }
 
 // Coordinator only: tells every worker still listening that no further

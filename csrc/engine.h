@@ -26,8 +26,10 @@
 #include "fusion.h"
 #include "handles.h"
 #include "operations.h"
+#include "response_cache.h"
 #include "transport/mpi_control.h"
 #include "transport/mpi_transport.h"
+#include "transport/order_log.h"
 #include "transport/shm.h"
 
 namespace commlib {
@@ -63,6 +65,10 @@ class Engine {
   // Waits for a handle; the waiting thread drives the engine meanwhile.
   bool wait(HandleState& h, double timeout_s);
 
+  // Response cache counters (engine_cache.cc): hits, misses, invalidations,
+  // cached requests executed; all zero when the cache is off.
+  void cache_stats(int64_t out[4]) const;
+
   void set_fusion_threshold(int64_t bytes);
   int64_t fusion_threshold() const { return fusion_threshold_.load(); }
 
@@ -86,6 +92,21 @@ class Engine {
   void finish(Entry& e, int status, const std::string& message);
   void fail_everything(int code, const std::string& message);
   void send_shutdown_notice();
+  // Sends requests to the coordinator (rank 0's own go straight to its controller).
+  void report(const std::vector<Entry*>& entries);
+
+  // The response cache and order log (engine_cache.cc; see response_cache.h).
+  void init_cache(int capacity);
+  bool try_cache(Entry& e, bool* completes);
+  void append_completed(const std::vector<Entry*>& entries);
+  void append_entry(LogEntry e);
+  bool run_log();
+  void run_completed(const LogEntry& e);
+  void end_assignment(int bit, uint32_t gen);
+  void retire_live(int bit, uint32_t gen);
+  void install_bits(const Response& resp);
+  void on_left(int rank);
+  void expire_waiting(int64_t now);
 
   Topology topo_;
   HandleTable handles_;
@@ -133,6 +154,22 @@ class Engine {
   std::vector<bool> worker_left_;
   FusionBuffer fusion_, scratch_;
   int64_t last_stall_check_us_ = 0;
+
+  // Response cache (one host only: its order lives in the shared segment).
+  // With the log, coordinator responses too run where rank 0's markers put
+  // them, and nowhere else.
+  std::unique_ptr<OrderLog> log_;
+  std::unique_ptr<ResponseCache> cache_;
+  std::unique_ptr<CacheBits> cache_bits_;   // rank 0
+  std::deque<LogEntry> unappended_;         // the ring was full: appended later, in order
+  std::unordered_map<int, std::string> live_;  // bit -> key of a request arrived at it
+  int64_t marker_left_ = 0;  // coordinator responses to run before the next entry
+  bool cache_off_ = false;   // a rank has left: nothing more through the cache
+  bool log_done_ = false;    // this rank's departure (or rank 0's) has been read
+  bool leaving_ = false;     // rank 0: its departure is in the log
+  int64_t cache_patience_us_ = 0;
+  int64_t last_expiry_check_us_ = 0;
+  std::atomic<int64_t> cache_counts_[4] = {};
 };
 
 }  // namespace commlib

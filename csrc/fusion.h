@@ -5,9 +5,21 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
+#include "message.h"
+
 namespace commlib {
+
+// Which requests run as one fused allreduce: single-tensor allreduces
+// (fusable[i]) of one process set, dtype, op and scale factors, up to
+// threshold bytes per group (half types count as float32, the type they are
+// reduced in). Groups come in the order of their first member; a request that
+// is not fusable is a group of its own. Both the coordinator and the response
+// cache plan with it, so a request fuses the same way on either path.
+std::vector<std::vector<size_t>> plan_fusion(const std::vector<const RequestDesc*>& descs,
+                                             const std::vector<bool>& fusable, int64_t threshold);
 
 class FusionBuffer {
  public:

@@ -65,6 +65,7 @@ void encode(Writer& w, const Response& resp) {
   w.put<uint32_t>(uint32_t(resp.names.size()));
   for (const auto& n : resp.names) w.put_string(n);
   w.put_vec(resp.rows);
+  w.put_vec(resp.bits);
 }
 
 Response decode_response(Reader& r) {
@@ -78,6 +79,7 @@ Response decode_response(Reader& r) {
   resp.names.reserve(n);
   for (uint32_t i = 0; i < n; ++i) resp.names.push_back(r.get_string());
   resp.rows = r.get_vec();
+  resp.bits = r.get_vec();
   return resp;
 }
 

@@ -50,6 +50,8 @@ struct Response {
   // allgather: rows of each rank; alltoall: size*size matrix, [src*size+dst]
   // (ranks of the process set, in its order); add_process_set: {id}.
   std::vector<int64_t> rows;
+  // Response cache bits given to names[i] (-1: none; empty: none at all).
+  std::vector<int64_t> bits;
   // Coordinator only, not sent: the ranks that receive it (empty: every rank).
   std::vector<int> to;
 };

@@ -30,6 +30,11 @@ struct Entry {
   const void* input = nullptr;
   void* output = nullptr;
   std::vector<Member> members;  // a grouped allreduce (desc.group_size >= 0)
+  // Arrived at this response cache bit and generation (-1: negotiated by rank 0).
+  int cache_bit = -1;
+  uint32_t cache_gen = 0;
+  int64_t cached_since_us = 0;
+  bool cache_expired = false;  // waited too long; its bit's invalidation is in the log
 };
 
 struct OpContext {

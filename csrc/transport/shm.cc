@@ -13,7 +13,7 @@
 namespace commlib {
 
 std::unique_ptr<ShmSegment> ShmSegment::create(MPI_Comm local_comm, size_t piece_bytes, int slots,
-                                               size_t region_bytes) {
+                                               size_t region_bytes, size_t extra_bytes) {
   std::unique_ptr<ShmSegment> seg(new ShmSegment());
   MPI_Comm_rank(local_comm, &seg->rank_);
   MPI_Comm_size(local_comm, &seg->size_);
@@ -25,7 +25,8 @@ std::unique_ptr<ShmSegment> ShmSegment::create(MPI_Comm local_comm, size_t piece
   const size_t result = K * P * seg->piece_;
   seg->region_bytes_ = (region_bytes + 63) & ~size_t(63);
   const size_t regions = P * 2 * seg->region_bytes_;
-  seg->bytes_ = 4096 + counters + stage + result + regions;
+  extra_bytes = (extra_bytes + 63) & ~size_t(63);
+  seg->bytes_ = 4096 + counters + stage + result + regions + extra_bytes;
 
   // Local rank 0 picks a unique name and creates the segment.
   char name[64] = {0};
@@ -66,11 +67,13 @@ std::unique_ptr<ShmSegment> ShmSegment::create(MPI_Comm local_comm, size_t piece
   seg->stage_ = p + counters;
   seg->result_ = seg->stage_ + stage;
   seg->region_ = seg->result_ + result;
+  seg->extra_ = seg->region_ + regions;
   // Touch the pages this rank writes (MAP_POPULATE maps them; writing once
   // also avoids copy-on-first-write costs inside the timed path).
   std::memset(seg->stage(seg->rank_, 0, 0), 0, K * P * seg->piece_);
   std::memset(seg->region(seg->rank_, 0), 0, 2 * seg->region_bytes_);
   if (seg->rank_ == 0) std::memset(seg->result_, 0, result);
+  if (seg->rank_ == 0) std::memset(seg->extra_, 0, extra_bytes);
   check_mpi(MPI_Barrier(local_comm), "MPI_Barrier(shm)");
   return seg;
 }

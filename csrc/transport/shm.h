@@ -7,7 +7,7 @@
 // increasing counters, each on its own cache line, never through barriers.
 //
 // Layout: header (first_lost) | posted[P] | reduced[P] | consumed[P] | stage[P][K][P][C] |
-// result[K][P][C] | region[P][2][F]; P local ranks, K slots in flight, C bytes
+// result[K][P][C] | region[P][2][F] | extra; P local ranks, K slots in flight, C bytes
 // per piece, F bytes per fusion region (a fusion buffer living in the segment).
 #pragma once
 
@@ -29,7 +29,7 @@ class ShmSegment {
  public:
   // Collective over local_comm (the ranks of this host).
   static std::unique_ptr<ShmSegment> create(MPI_Comm local_comm, size_t piece_bytes, int slots,
-                                            size_t region_bytes);
+                                            size_t region_bytes, size_t extra_bytes = 0);
   ~ShmSegment();
 
   int rank() const { return rank_; }
@@ -51,6 +51,8 @@ class ShmSegment {
   // Rank r's fusion region, slot 0 or 1.
   char* region(int r, int slot) { return region_ + (size_t(r) * 2 + slot) * region_bytes_; }
   size_t region_bytes() const { return region_bytes_; }
+  // extra_bytes zeroed bytes for other shared structures (the order log).
+  char* extra() { return extra_; }
 
   // Blocks this rank has processed so far; identical on every local rank
   // because all of them execute the same sequence of collectives.
@@ -65,6 +67,7 @@ class ShmSegment {
   char* stage_ = nullptr;
   char* result_ = nullptr;
   char* region_ = nullptr;
+  char* extra_ = nullptr;
 };
 
 }  // namespace commlib

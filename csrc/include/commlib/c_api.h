@@ -145,6 +145,9 @@ int commlib_release(int64_t handle);
 /* Configuration and introspection. */
 int commlib_set_fusion_threshold(int64_t bytes);
 int64_t commlib_fusion_threshold(void);
+/* Response cache counters of this rank since init: out[0] hits, out[1]
+ * misses, out[2] invalidations, out[3] cached requests executed. */
+void commlib_cache_stats(int64_t* out);
 const char* commlib_mpi_library_version(void);
 
 #ifdef __cplusplus

@@ -1,0 +1,235 @@
+// The engine's side of the response cache (response_cache.h) and of the
+// order log (transport/order_log.h): arriving at cached bits, running what
+// the log orders, and ending assignments that no longer hold.
+#include <cstdio>
+
+#include "engine.h"
+#include "progress.h"
+
+namespace commlib {
+namespace {
+
+enum CacheCount { kHits = 0, kMisses = 1, kInvalidations = 2, kCachedRuns = 3 };
+
+}  // namespace
+
+void Engine::init_cache(int capacity) {
+  log_.reset();
+  cache_.reset();
+  cache_bits_.reset();
+  unappended_.clear();
+  live_.clear();
+  marker_left_ = 0;
+  cache_off_ = false;
+  log_done_ = false;
+  leaving_ = false;
+  for (auto& c : cache_counts_) c.store(0);
+  if (capacity <= 0 || !shm_) return;
+  log_ = std::make_unique<OrderLog>(shm_->extra(), topo_.local_rank, topo_.local_size, capacity);
+  cache_ = std::make_unique<ResponseCache>(capacity);
+  if (topo_.rank == 0) cache_bits_ = std::make_unique<CacheBits>(capacity);
+  // A cached request that waits this long goes to the coordinator after all,
+  // whose stall warnings then name the ranks that never submitted it.
+  cache_patience_us_ = std::max<int64_t>(stall_warning_us_ / 2, 1000000);
+}
+
+void Engine::cache_stats(int64_t out[4]) const {
+  for (int i = 0; i < 4; ++i) out[i] = cache_counts_[i].load();
+}
+
+// Arrives at e's cache bit if the cache holds exactly this request; false when
+// it must be negotiated by the coordinator instead.
+bool Engine::try_cache(Entry& e, bool* completes) {
+  const int op = e.desc.op_type;
+  if (cache_off_ || e.desc.process_set != 0 || op == COMMLIB_OP_ADD_PROCESS_SET ||
+      op == COMMLIB_OP_REMOVE_PROCESS_SET) {
+    return false;
+  }
+  int bit = -1;
+  uint32_t gen = 0;
+  switch (cache_->find(e.desc, &bit, &gen)) {
+    case ResponseCache::kMiss:
+      cache_counts_[kMisses].fetch_add(1);
+      return false;
+    case ResponseCache::kChanged:
+      // Ranks that arrived at the old request go to the coordinator too,
+      // once they read this (end_assignment).
+      cache_counts_[kInvalidations].fetch_add(1);
+      append_entry(LogEntry{LogEntry::kInvalidate, {LogEntry::word(bit, gen)}});
+      return false;
+    case ResponseCache::kHit:
+      break;
+  }
+  cache_counts_[kHits].fetch_add(1);
+  e.cache_bit = bit;
+  e.cache_gen = gen;
+  e.cached_since_us = now_us();
+  live_[bit] = request_key(e.desc);
+  *completes = log_->arrive(bit, gen, topo_.size);
+  return true;
+}
+
+// The requests this rank completed (it arrived last): one log entry, fused
+// as the coordinator would fuse them.
+void Engine::append_completed(const std::vector<Entry*>& entries) {
+  std::vector<const RequestDesc*> descs;
+  std::vector<bool> fusable;
+  for (const Entry* e : entries) {
+    descs.push_back(&e->desc);
+    fusable.push_back(e->desc.op_type == COMMLIB_OP_ALLREDUCE && e->desc.group_size < 0);
+  }
+  LogEntry out{LogEntry::kCompleted, {}};
+  for (const auto& group : plan_fusion(descs, fusable, fusion_threshold_.load())) {
+    for (size_t k = 0; k < group.size(); ++k) {
+      if (out.words.size() == OrderLog::kMaxWords) {
+        append_entry(std::move(out));
+        out = LogEntry{LogEntry::kCompleted, {}};
+      }
+      const Entry* e = entries[group[k]];
+      out.words.push_back(LogEntry::word(e->cache_bit, e->cache_gen, k == 0 || out.words.empty()));
+    }
+  }
+  append_entry(std::move(out));
+}
+
+void Engine::append_entry(LogEntry e) {
+  while (!unappended_.empty() && log_->append(unappended_.front())) unappended_.pop_front();
+  if (!unappended_.empty() || !log_->append(e)) unappended_.push_back(std::move(e));
+}
+
+// Runs what the log orders next; true when it did anything. Coordinator
+// responses run only where a marker places them (waiting, without blocking,
+// for their message when the marker is read first).
+bool Engine::run_log() {
+  bool worked = false;
+  while (!unappended_.empty() && log_->append(unappended_.front())) unappended_.pop_front();
+  for (;;) {
+    while (marker_left_ > 0 && !ready_.empty()) {
+      Response resp = std::move(ready_.front());
+      ready_.pop_front();
+      --marker_left_;
+      execute(resp);
+      worked = true;
+    }
+    if (marker_left_ > 0 || log_done_) break;
+    LogEntry e;
+    if (!log_->next(&e)) break;
+    worked = true;
+    switch (e.kind) {
+      case LogEntry::kMarker:
+        marker_left_ = int64_t(e.words.at(size_t(topo_.rank)));
+        break;
+      case LogEntry::kCompleted:
+        run_completed(e);
+        break;
+      case LogEntry::kInvalidate:
+        for (uint64_t w : e.words) end_assignment(LogEntry::bit_of(w), LogEntry::gen_of(w));
+        break;
+      case LogEntry::kLeft:
+        on_left(int(e.words.at(0)));
+        break;
+      default:
+        throw Error(COMMLIB_ERR_INTERNAL, "corrupt order log entry kind " + std::to_string(e.kind));
+    }
+  }
+  return worked;
+}
+
+void Engine::run_completed(const LogEntry& e) {
+  Response resp;
+  auto flush = [&] {
+    if (resp.names.empty()) return;
+    cache_counts_[kCachedRuns].fetch_add(int64_t(resp.names.size()));
+    execute(resp);
+    resp = Response();
+  };
+  for (uint64_t w : e.words) {
+    if (LogEntry::starts_group(w)) flush();
+    const int bit = LogEntry::bit_of(w);
+    // An assignment that ended before this point: its arrivals went to the
+    // coordinator instead, on every rank.
+    const CachedResponse* c = cache_off_ ? nullptr : cache_->get(bit, LogEntry::gen_of(w));
+    if (!c) continue;
+    auto live = live_.find(bit);
+    if (live == live_.end()) {
+      throw Error(COMMLIB_ERR_INTERNAL, "cached request '" + std::string(c->key.c_str()) +
+                                            "' completed without having been submitted here");
+    }
+    pending_.at(live->second).cache_bit = -1;
+    resp.op_type = c->op_type;
+    resp.rows = c->rows;
+    resp.names.push_back(std::move(live->second));
+    live_.erase(live);
+  }
+  flush();
+}
+
+// (bit, gen) no longer holds: a rank submitted the request changed, or it
+// waited too long. Arrivals go back, and the request to the coordinator.
+void Engine::end_assignment(int bit, uint32_t gen) {
+  if (!cache_->remove(bit, gen)) return;  // (invalidated twice)
+  if (cache_bits_) cache_bits_->release(bit);
+  retire_live(bit, gen);
+}
+
+void Engine::retire_live(int bit, uint32_t gen) {
+  auto live = live_.find(bit);
+  if (live == live_.end()) return;
+  Entry& e = pending_.at(live->second);
+  if (e.cache_gen != gen) return;
+  log_->retract(bit, gen);
+  e.cache_bit = -1;
+  live_.erase(live);
+  report({&e});
+}
+
+// A coordinator response gave cache bits: every rank installs them here, at
+// the same point of the order.
+void Engine::install_bits(const Response& resp) {
+  if (!cache_ || cache_off_) return;
+  for (size_t i = 0; i < resp.names.size() && i < resp.bits.size(); ++i) {
+    if (resp.bits[i] < 0) continue;
+    const int bit = int(resp.bits[i]);
+    const Entry& e = pending_.at(resp.names[i]);
+    // Rows for this request only: a fused response has none.
+    uint32_t evicted = 0;
+    if (cache_->install(bit, resp.names[i], e.desc, resp.op_type, resp.rows, &evicted)) {
+      retire_live(bit, evicted);
+    }
+  }
+}
+
+// A rank called shutdown(): the cache is over for everybody; requests that
+// arrived at a bit will not complete.
+void Engine::on_left(int rank) {
+  cache_off_ = true;
+  const std::string why = rank == topo_.rank ? std::string("commlib was shut down before this collective completed")
+                                             : "rank " + std::to_string(rank) + " called shutdown() before ";
+  for (auto& [bit, key] : live_) {
+    auto it = pending_.find(key);
+    finish(it->second, COMMLIB_ERR_NOT_INIT,
+           rank == topo_.rank ? why : why + "'" + std::string(key.c_str()) + "' could complete");
+    pending_.erase(it);
+  }
+  live_.clear();
+  if (rank == topo_.rank) {
+    log_done_ = true;
+  } else if (rank == 0) {
+    log_done_ = true;
+    fail_everything(COMMLIB_ERR_NOT_INIT,
+                    "rank 0 (the coordinator) called shutdown(); no further collectives are possible");
+  }
+}
+
+void Engine::expire_waiting(int64_t now) {
+  if (live_.empty() || now - last_expiry_check_us_ < 100000) return;
+  last_expiry_check_us_ = now;
+  for (const auto& [bit, key] : live_) {
+    Entry& e = pending_.at(key);
+    if (e.cache_expired || now - e.cached_since_us < cache_patience_us_) continue;
+    e.cache_expired = true;
+    append_entry(LogEntry{LogEntry::kInvalidate, {LogEntry::word(bit, e.cache_gen)}});
+  }
+}
+
+}  // namespace commlib

@@ -1,0 +1,19 @@
+"""The response cache (workers/response_cache.py): steady-state rounds of
+every collective hit the cache and stay right on every rank; changed,
+mismatched and late requests fall back to the coordinator; a tiny cache and
+a disabled cache give the same results."""
+import pytest
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_cache_steady_state_and_fallbacks(ranks, n):
+    run = ranks(n, "response_cache.py", timeout=150, env={"COMMLIB_STALL_CHECK_TIME": "2"})
+    run.assert_ok(n)
+
+
+@pytest.mark.timeout(200)
+def test_tiny_cache(ranks):
+    run = ranks(3, "response_cache.py", "small", timeout=150,
+                env={"COMMLIB_STALL_CHECK_TIME": "2", "COMMLIB_CACHE_CAPACITY": "2"})
+    run.assert_ok(3)
