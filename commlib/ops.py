@@ -116,15 +116,49 @@ def _fill(req, keep: list, op_type: int, name: str, inp: np.ndarray | None,
         req.nsplits = len(splits)
 
 
-def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | None, **kw):
+# Shapes as C arrays, by shape tuple: a training step submits the same shapes
+# again and again, and a fresh cffi array costs more than the lookup.
+_shape_arrays: dict = {}
+
+
+def _shape_array(shape: tuple):
+    arr = _shape_arrays.get(shape)
+    if arr is None:
+        if len(_shape_arrays) >= 4096:
+            _shape_arrays.clear()
+        arr = _shape_arrays[shape] = ffi.new("int64_t[]", list(shape) or [0])
+    return arr
+
+
+def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | None,
+             reduce_op: int = 0, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
+             splits: Sequence[int] | None = None, process_set: int = 0):
     """Submits one request; returns (handle id, cffi objects to keep alive)."""
     basics._require_init()
-    req = ffi.new("commlib_request*")
-    keep = [req]
-    _fill(req, keep, op_type, name, inp, out, **kw)
-    hid = ffi.new("int64_t*")
-    check(lib.commlib_enqueue(req, hid))
-    return hid[0], keep
+    if splits is not None:  # (the request struct carries splits)
+        req = ffi.new("commlib_request*")
+        keep = [req]
+        _fill(req, keep, op_type, name, inp, out, reduce_op, prescale, postscale, root, splits,
+              process_set)
+        hid = ffi.new("int64_t*")
+        check(lib.commlib_enqueue(req, hid))
+        return hid[0], keep
+    if inp is None:
+        dtype, ndim, shape, in_ptr = 0, 0, ffi.NULL, ffi.NULL
+    else:
+        dtype, ndim, shape = dtype_code(inp.dtype), inp.ndim, _shape_array(inp.shape)
+        in_ptr = ffi.from_buffer(inp, require_writable=False) if inp.size else ffi.NULL
+    if out is None or not out.size:
+        out_ptr = ffi.NULL
+    elif out is inp:  # in place: one pointer (from_buffer does not check writability twice)
+        out_ptr = in_ptr
+    else:
+        out_ptr = ffi.from_buffer(out, require_writable=True)
+    hid = lib.commlib_submit(op_type, name.encode(), dtype, ndim, shape, in_ptr, out_ptr, reduce_op,
+                             float(prescale), float(postscale), root, process_set)
+    if hid < 0:
+        check(-hid)
+    return hid, (in_ptr, out_ptr)
 
 
 # ---------------------------------------------------------------- allreduce

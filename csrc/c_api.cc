@@ -98,6 +98,27 @@ int commlib_enqueue(const commlib_request* req, int64_t* handle) {
   return guarded([&] { *handle = Engine::get().enqueue(*req); });
 }
 
+int64_t commlib_submit(int op_type, const char* name, int dtype, int ndim, const int64_t* shape,
+                       const void* input, void* output, int reduce_op, double prescale,
+                       double postscale, int root, int process_set) {
+  commlib_request req{};
+  req.op_type = op_type;
+  req.name = name;
+  req.dtype = dtype;
+  req.ndim = ndim;
+  req.shape = shape;
+  req.input = input;
+  req.output = output;
+  req.reduce_op = reduce_op;
+  req.prescale = prescale;
+  req.postscale = postscale;
+  req.root = root;
+  req.process_set = process_set;
+  int64_t handle = 0;
+  const int rc = commlib_enqueue(&req, &handle);
+  return rc == COMMLIB_OK ? handle : -int64_t(rc);
+}
+
 int commlib_enqueue_allreduce_group(const char* base_name, int n, const int32_t* dtypes,
                                     const int32_t* ndims, const int64_t* shapes,
                                     void* const* inputs, void* const* outputs, int reduce_op,

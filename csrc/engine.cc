@@ -695,10 +695,13 @@ void Engine::on_message(int source, const std::string& msg) {
       // (and, with the order log, every marker precedes its departure's entry).
       worker_left_[source] = true;
       controller_->rank_left(source);
-      if (log_) append_entry(LogEntry{LogEntry::kLeft, {uint64_t(source)}});
-      Writer w;
-      w.put<int32_t>(kMsgShutdown);
-      control_->send(source, w.take());
+      if (log_) {
+        append_entry(LogEntry{LogEntry::kLeft, {uint64_t(source)}});  // (the log is its acknowledgement)
+      } else {
+        Writer w;
+        w.put<int32_t>(kMsgShutdown);
+        control_->send(source, w.take());
+      }
     } else if (log_) {
       // The order log carries departures, in their place in the order (on_left).
     } else if (stop_.load()) {
@@ -850,6 +853,7 @@ void Engine::send_shutdown_notice() {
     std::lock_guard<std::mutex> lock(queue_mu_);
     if (dead_code_ != 0) return;
   }
+  if (log_) return;  // its departure is in the order log
   Writer w;
   w.put<int32_t>(kMsgShutdown);
   const std::string bytes = w.take();

@@ -14,13 +14,20 @@ ControlChannel::ControlChannel(MPI_Comm comm) : comm_(comm) {
 
 ControlChannel::~ControlChannel() {
   // Sends still in flight at shutdown go to ranks that stopped listening.
-  for (auto& s : sends_) {
+  // They are released, not cancelled (MPI_Cancel of a send crashed inside
+  // MPICH's UCX layer), and their list nodes (bytes included, even short
+  // strings stored inline) are kept for good: MPI may still read them. A few
+  // small messages per shutdown at most.
+  static auto* orphans = new std::list<std::pair<MPI_Request, std::string>>();
+  for (auto it = sends_.begin(); it != sends_.end();) {
     int flag = 0;
-    MPI_Test(&s.first, &flag, MPI_STATUS_IGNORE);
+    MPI_Test(&it->first, &flag, MPI_STATUS_IGNORE);
+    auto next = std::next(it);
     if (!flag) {
-      MPI_Cancel(&s.first);
-      MPI_Request_free(&s.first);
+      MPI_Request_free(&it->first);
+      orphans->splice(orphans->end(), sends_, it);
     }
+    it = next;
   }
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }

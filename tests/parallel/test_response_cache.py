@@ -17,3 +17,12 @@ def test_tiny_cache(ranks):
     run = ranks(3, "response_cache.py", "small", timeout=150,
                 env={"COMMLIB_STALL_CHECK_TIME": "2", "COMMLIB_CACHE_CAPACITY": "2"})
     run.assert_ok(3)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n,env", [(2, {"COMMLIB_CACHE_CAPACITY": "0"}),
+                                   (4, {"COMMLIB_TEST_RANKS_PER_HOST": "2"})],
+                         ids=["capacity-0", "two-hosts"])
+def test_cache_off(ranks, n, env):
+    run = ranks(n, "response_cache.py", "off", timeout=150, env={"COMMLIB_STALL_CHECK_TIME": "2", **env})
+    run.assert_ok(n)

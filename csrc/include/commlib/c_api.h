@@ -106,6 +106,11 @@ int commlib_cross_size(void);
 
 /* Requests and handles. enqueue returns a handle id > 0 in *handle. */
 int commlib_enqueue(const commlib_request* req, int64_t* handle);
+/* The same, with the request's fields as arguments (no splits): the fast path
+ * of the Python layer. Returns the handle (> 0), or minus the error code. */
+int64_t commlib_submit(int op_type, const char* name, int dtype, int ndim, const int64_t* shape,
+                       const void* input, void* output, int reduce_op, double prescale,
+                       double postscale, int root, int process_set);
 /* Submits n allreduces as one unit with one handle: they are negotiated as
  * one request (validated member by member) and fused up to the fusion
  * threshold. Member i (named "<base_name>.<i>" in errors) has dtypes[i],

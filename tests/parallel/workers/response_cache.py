@@ -17,7 +17,8 @@ coordinator, and nothing about the results changes.
 6. (3+ ranks) The order log's ring fills up while some ranks are busy: the
    appends wait, and every result is still right.
 
-argv[1] == "small": COMMLIB_CACHE_CAPACITY is tiny, so most names find no bit.
+argv[1] == "small": COMMLIB_CACHE_CAPACITY is tiny, so most names find no bit;
+"off": the cache must be off (capacity 0, or ranks on several hosts).
 """
 import sys
 import time
@@ -29,7 +30,8 @@ from _common import check_equal, done, expect_raises, fail
 
 commlib.init()
 r, n = commlib.rank(), commlib.size()
-small = len(sys.argv) > 1 and sys.argv[1] == "small"
+mode = sys.argv[1] if len(sys.argv) > 1 else ""
+small, off = mode == "small", mode == "off"
 ROUNDS = 12
 DTYPES = [np.float32, np.float64, np.int32, np.int64, np.float16, np.uint8]
 
@@ -72,9 +74,11 @@ def step(k):
 for k in range(ROUNDS):
     step(k)
 stats = commlib.response_cache_stats()
+if off and any(stats.values()):
+    fail(f"the cache should be off: {stats}")
 if stats["cached_runs"] != stats["hits"]:
     fail(f"every hit should have run through the cache: {stats}")
-if not small and stats["hits"] < (ROUNDS - 3) * 12:
+if not (small or off) and stats["hits"] < (ROUNDS - 3) * 12:
     fail(f"steady-state rounds should hit the cache: {stats}")
 if small and stats["misses"] < ROUNDS * 6:
     fail(f"a 2-bit cache cannot hold 14 names: {stats}")
@@ -89,7 +93,7 @@ check_equal(got, np.full(6, float(sum(range(n)))), "shape changed to (6)")
 # (the first rank to submit invalidates; the others may read that first and miss)
 changed = commlib.allreduce(np.array(commlib.response_cache_stats()["invalidations"] - before),
                             op=commlib.Sum, name="count.invalidations")
-if not small and changed < 1:
+if not (small or off) and changed < 1:
     fail("a changed request should invalidate its cache bit")
 for k in range(3):
     check_equal(commlib.allreduce(np.full(6, 1.0), name="shape", op=commlib.Sum), np.full(6, float(n)),
