@@ -778,7 +778,14 @@ void Engine::execute(const Response& resp) {
     status = e.code();
     message = e.what();
   }
-  if (status == COMMLIB_OK && !resp.bits.empty()) install_bits(resp);
+  if (!resp.bits.empty()) {
+    if (status == COMMLIB_OK) {
+      install_bits(resp);
+    } else if (cache_bits_) {  // (failed alike everywhere: nobody installs them)
+      for (int64_t b : resp.bits)
+        if (b >= 0) cache_bits_->release(int(b));
+    }
+  }
   for (const std::string& key : resp.names) {
     auto it = pending_.find(key);
     finish(it->second, status, message);
