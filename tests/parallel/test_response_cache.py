@@ -26,3 +26,18 @@ def test_tiny_cache(ranks):
 def test_cache_off(ranks, n, env):
     run = ranks(n, "response_cache.py", "off", timeout=150, env={"COMMLIB_STALL_CHECK_TIME": "2", **env})
     run.assert_ok(n)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n,leaver", [(2, 1), (3, 2), (3, 0)])
+def test_shutdown_while_others_wait_at_a_cache_bit(ranks, n, leaver):
+    run = ranks(n, "cache_departures.py", "shutdown", str(leaver), timeout=90)
+    run.assert_ok(n)
+
+
+@pytest.mark.timeout(150)
+def test_stalled_cached_request_is_reported(ranks):
+    run = ranks(3, "cache_departures.py", "stall", timeout=90, env={"COMMLIB_STALL_CHECK_TIME": "1"})
+    run.assert_ok(3)
+    assert "'steady' has waited" in run.stderr, run
+    assert "still missing on ranks [2]" in run.stderr, run
