@@ -41,3 +41,10 @@ def test_stalled_cached_request_is_reported(ranks):
     run.assert_ok(3)
     assert "'steady' has waited" in run.stderr, run
     assert "still missing on ranks [2]" in run.stderr, run
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+def test_shuffled_submission_orders(ranks, n):
+    run = ranks(n, "cache_shuffle.py", "300", timeout=150)
+    run.assert_ok(n)
