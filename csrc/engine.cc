@@ -185,8 +185,10 @@ void Engine::init(MPI_Comm base) {
   // one host, with at most as many ranks as a log entry has words.
   int capacity = int(std::min<int64_t>(env_int("COMMLIB_CACHE_CAPACITY", 1024), OrderLog::kMaxBits - 1));
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, &capacity, 1, MPI_INT, MPI_MIN, base), "MPI_Allreduce(cache capacity)");
+  // Elsewhere (several hosts, no shared segment) rank 0 keeps ordering, and
+  // the cache only shrinks what it is sent.
   const bool use_shm = uniform && t.local_size > 1 && env_int("COMMLIB_SHM", 1) != 0;
-  if (!use_shm || t.cross_size > 1 || t.size > int(OrderLog::kMaxWords)) capacity = 0;
+  const bool log_mode = capacity > 0 && use_shm && t.cross_size == 1 && t.size <= int(OrderLog::kMaxWords);
   if (use_shm) {
     shm_ = ShmSegment::create(local, size_t(env_int("COMMLIB_SHM_PIECE_BYTES", 256 << 10)), 4,
                               size_t(env_int("COMMLIB_SHM_FUSION_BYTES", 4 << 20)),
@@ -205,7 +207,7 @@ void Engine::init(MPI_Comm base) {
   control_ = std::make_unique<ControlChannel>(ctrl);
   controller_ = t.rank == 0 ? std::make_unique<Controller>(t.size, fusion_threshold_.load()) : nullptr;
   worker_left_.assign(t.size, false);
-  init_cache(capacity);
+  init_cache(t.size > 1 ? capacity : 0, log_mode);
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     dead_code_ = 0;
@@ -234,9 +236,7 @@ void Engine::shutdown() {
     for (auto& [id, t] : set_transports_) t->abandon();
   }
   set_transports_.clear();
-  log_.reset();
-  cache_.reset();
-  cache_bits_.reset();
+  init_cache(0, false);
   transport_.reset();
   control_.reset();
   controller_.reset();
@@ -585,6 +585,7 @@ bool Engine::cycle() {
   if (controller_) {
     controller_->set_fusion_threshold(fusion_threshold_.load());
     std::vector<Response> resps = controller_->take_ready();
+    if (hier_) add_cached_responses(resps);
     if (!resps.empty()) {
       if (cache_bits_ && !cache_off_)
         for (Response& r : resps) cache_bits_->assign(r);
@@ -612,7 +613,6 @@ bool Engine::cycle() {
   }
   if (log_) {
     worked |= run_log();
-    expire_waiting(now_us());
   } else {
     while (!ready_.empty()) {
       Response resp = std::move(ready_.front());
@@ -621,6 +621,7 @@ bool Engine::cycle() {
       worked = true;
     }
   }
+  if (cache_) expire_waiting(now_us());
   control_->progress();
   throw_if_peer_lost();
   return worked;
@@ -656,20 +657,26 @@ void Engine::submit(std::vector<Entry>& batch) {
     std::string key = request_key(e.desc);
     Entry& p = pending_.emplace(std::move(key), std::move(e)).first->second;  // (nodes never move)
     bool completes = false;
-    if (log_ && try_cache(p, &completes)) {
+    if (cache_ && try_cache(p, &completes)) {
       if (completes) completed.push_back(&p);
     } else {
       negotiate.push_back(&p);
     }
   }
-  if (!completed.empty()) append_completed(completed);
+  if (!completed.empty()) {
+    if (log_) {
+      append_completed(completed);
+    } else {
+      send_arrivals(completed);
+    }
+  }
   if (!negotiate.empty()) report(negotiate);
 }
 
 void Engine::report(const std::vector<Entry*>& entries) {
   const int64_t now = now_us();
   if (controller_) {
-    for (Entry* e : entries) controller_->add(0, e->desc, now);
+    for (Entry* e : entries) coordinator_add(0, e->desc, now);
     return;
   }
   Writer w;
@@ -685,7 +692,15 @@ void Engine::on_message(int source, const std::string& msg) {
   if (kind == kMsgRequests && controller_) {
     const uint32_t n = r.get<uint32_t>();
     const int64_t now = now_us();
-    for (uint32_t i = 0; i < n; ++i) controller_->add(source, decode_request(r), now);
+    for (uint32_t i = 0; i < n; ++i) coordinator_add(source, decode_request(r), now);
+  } else if ((kind == kMsgArrived || kind == kMsgExpire) && controller_) {
+    const std::vector<int64_t> words = r.get_vec();
+    const std::vector<uint64_t> w(words.begin(), words.end());
+    if (kind == kMsgArrived) {
+      coordinator_arrived(w);
+    } else {
+      coordinator_expire(w);
+    }
   } else if (kind == kMsgResponses && !controller_) {
     const uint32_t n = r.get<uint32_t>();
     for (uint32_t i = 0; i < n; ++i) ready_.push_back(decode_response(r));
@@ -695,6 +710,7 @@ void Engine::on_message(int source, const std::string& msg) {
       // (and, with the order log, every marker precedes its departure's entry).
       worker_left_[source] = true;
       controller_->rank_left(source);
+      coordinator_rank_left(source);
       if (log_) {
         append_entry(LogEntry{LogEntry::kLeft, {uint64_t(source)}});  // (the log is its acknowledgement)
       } else {
@@ -716,10 +732,15 @@ void Engine::on_message(int source, const std::string& msg) {
 }
 
 void Engine::execute(const Response& resp) {
+  if (resp.kind == Response::kInvalidate || resp.kind == Response::kCacheOff) {
+    execute_cache_notice(resp);
+    return;
+  }
   if (resp.kind == Response::kError) {
     for (const std::string& key : resp.names) {
       auto it = pending_.find(key);
       if (it == pending_.end()) continue;  // never submitted here (rank left, not a member)
+      if (it->second.cache_bit >= 0) live_.erase(it->second.cache_bit);
       finish(it->second, resp.error_code, resp.error);
       pending_.erase(it);
     }
@@ -732,6 +753,11 @@ void Engine::execute(const Response& resp) {
       throw Error(COMMLIB_ERR_INTERNAL, "coordinator answered for unknown tensor '" + std::string(key.c_str()) + "'");
     }
     entries.push_back(&it->second);
+    if (it->second.cache_bit >= 0) {  // a cached request, completed by rank 0 (across hosts)
+      live_.erase(it->second.cache_bit);
+      it->second.cache_bit = -1;
+      cache_counts_[3].fetch_add(1);
+    }
   }
   if (resp.op_type == COMMLIB_OP_ADD_PROCESS_SET || resp.op_type == COMMLIB_OP_REMOVE_PROCESS_SET) {
     execute_set_change(resp, *entries[0]);

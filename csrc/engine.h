@@ -96,7 +96,7 @@ class Engine {
   void report(const std::vector<Entry*>& entries);
 
   // The response cache and order log (engine_cache.cc; see response_cache.h).
-  void init_cache(int capacity);
+  void init_cache(int capacity, bool log_mode);
   bool try_cache(Entry& e, bool* completes);
   void append_completed(const std::vector<Entry*>& entries);
   void append_entry(LogEntry e);
@@ -106,7 +106,16 @@ class Engine {
   void retire_live(int bit, uint32_t gen);
   void install_bits(const Response& resp);
   void on_left(int rank);
+  void stop_cache(int rank);
   void expire_waiting(int64_t now);
+  // Across hosts (no order log): rank 0 orders cached requests too.
+  void send_arrivals(const std::vector<Entry*>& entries);
+  void coordinator_add(int rank, RequestDesc desc, int64_t now);
+  void coordinator_arrived(const std::vector<uint64_t>& words);
+  void coordinator_expire(const std::vector<uint64_t>& words);
+  void coordinator_rank_left(int rank);
+  void add_cached_responses(std::vector<Response>& resps);
+  void execute_cache_notice(const Response& resp);
 
   Topology topo_;
   HandleTable handles_;
@@ -159,6 +168,11 @@ class Engine {
   // With the log, coordinator responses too run where rank 0's markers put
   // them, and nowhere else.
   std::unique_ptr<OrderLog> log_;
+  std::unique_ptr<OrderLog> host_counts_;  // across hosts: this host's arrival counters
+  OrderLog* counts_ = nullptr;             // log_ or host_counts_ (null: every rank counts alone)
+  bool hier_ = false;                      // the cache across hosts (rank 0 orders)
+  std::vector<uint64_t> completed_words_;  // rank 0, across hosts: bits complete this cycle
+  std::vector<Response> cache_notices_;    // rank 0, across hosts: invalidations, cache off
   std::unique_ptr<ResponseCache> cache_;
   std::unique_ptr<CacheBits> cache_bits_;   // rank 0
   std::deque<LogEntry> unappended_;         // the ring was full: appended later, in order

@@ -13,21 +13,39 @@ enum CacheCount { kHits = 0, kMisses = 1, kInvalidations = 2, kCachedRuns = 3 };
 
 }  // namespace
 
-void Engine::init_cache(int capacity) {
+void Engine::init_cache(int capacity, bool log_mode) {
   log_.reset();
+  host_counts_.reset();
+  counts_ = nullptr;
+  hier_ = false;
   cache_.reset();
   cache_bits_.reset();
   unappended_.clear();
   live_.clear();
+  completed_words_.clear();
+  cache_notices_.clear();
   marker_left_ = 0;
   cache_off_ = false;
   log_done_ = false;
   leaving_ = false;
   for (auto& c : cache_counts_) c.store(0);
-  if (capacity <= 0 || !shm_) return;
-  log_ = std::make_unique<OrderLog>(shm_->extra(), topo_.local_rank, topo_.local_size, capacity);
+  if (capacity <= 0) return;
   cache_ = std::make_unique<ResponseCache>(capacity);
-  if (topo_.rank == 0) cache_bits_ = std::make_unique<CacheBits>(capacity);
+  int units = 0;
+  if (log_mode) {
+    log_ = std::make_unique<OrderLog>(shm_->extra(), topo_.local_rank, topo_.local_size, capacity);
+    counts_ = log_.get();
+  } else {
+    // Across hosts: a host's ranks count their arrivals in its segment (if
+    // it has one), and the last of them tells rank 0.
+    hier_ = true;
+    if (shm_) {
+      host_counts_ = std::make_unique<OrderLog>(shm_->extra(), topo_.local_rank, topo_.local_size, capacity);
+      counts_ = host_counts_.get();
+    }
+    units = counts_ ? topo_.cross_size : topo_.size;
+  }
+  if (topo_.rank == 0) cache_bits_ = std::make_unique<CacheBits>(capacity, units);
   // A cached request that waits this long goes to the coordinator after all,
   // whose stall warnings then name the ranks that never submitted it.
   cache_patience_us_ = std::max<int64_t>(stall_warning_us_ / 2, 1000000);
@@ -53,9 +71,10 @@ bool Engine::try_cache(Entry& e, bool* completes) {
       return false;
     case ResponseCache::kChanged:
       // Ranks that arrived at the old request go to the coordinator too,
-      // once they read this (end_assignment).
+      // once they read this (end_assignment); across hosts, once rank 0,
+      // receiving the changed request, tells them (execute_cache_notice).
       cache_counts_[kInvalidations].fetch_add(1);
-      append_entry(LogEntry{LogEntry::kInvalidate, {LogEntry::word(bit, gen)}});
+      if (log_) append_entry(LogEntry{LogEntry::kInvalidate, {LogEntry::word(bit, gen)}});
       return false;
     case ResponseCache::kHit:
       break;
@@ -65,7 +84,7 @@ bool Engine::try_cache(Entry& e, bool* completes) {
   e.cache_gen = gen;
   e.cached_since_us = now_us();
   live_[bit] = request_key(e.desc);
-  *completes = log_->arrive(bit, gen, topo_.size);
+  *completes = counts_ ? counts_->arrive(bit, gen, log_ ? topo_.size : topo_.local_size) : true;
   return true;
 }
 
@@ -168,7 +187,7 @@ void Engine::run_completed(const LogEntry& e) {
 // waited too long. Arrivals go back, and the request to the coordinator.
 void Engine::end_assignment(int bit, uint32_t gen) {
   if (!cache_->remove(bit, gen)) return;  // (invalidated twice)
-  if (cache_bits_) cache_bits_->release(bit);
+  if (cache_bits_ && log_) cache_bits_->release(bit);  // (across hosts rank 0 released it already)
   retire_live(bit, gen);
 }
 
@@ -177,7 +196,7 @@ void Engine::retire_live(int bit, uint32_t gen) {
   if (live == live_.end()) return;
   Entry& e = pending_.at(live->second);
   if (e.cache_gen != gen) return;
-  log_->retract(bit, gen);
+  if (counts_) counts_->retract(bit, gen);
   e.cache_bit = -1;
   live_.erase(live);
   report({&e});
@@ -199,19 +218,10 @@ void Engine::install_bits(const Response& resp) {
   }
 }
 
-// A rank called shutdown(): the cache is over for everybody; requests that
-// arrived at a bit will not complete.
+// A rank called shutdown() (an order log entry): the cache is over for
+// everybody; requests that arrived at a bit will not complete.
 void Engine::on_left(int rank) {
-  cache_off_ = true;
-  const std::string why = rank == topo_.rank ? std::string("commlib was shut down before this collective completed")
-                                             : "rank " + std::to_string(rank) + " called shutdown() before ";
-  for (auto& [bit, key] : live_) {
-    auto it = pending_.find(key);
-    finish(it->second, COMMLIB_ERR_NOT_INIT,
-           rank == topo_.rank ? why : why + "'" + std::string(key.c_str()) + "' could complete");
-    pending_.erase(it);
-  }
-  live_.clear();
+  stop_cache(rank);
   if (rank == topo_.rank) {
     log_done_ = true;
   } else if (rank == 0) {
@@ -221,6 +231,20 @@ void Engine::on_left(int rank) {
   }
 }
 
+void Engine::stop_cache(int rank) {
+  cache_off_ = true;
+  const std::string why = rank == topo_.rank ? std::string("commlib was shut down before this collective completed")
+                                             : "rank " + std::to_string(rank) + " called shutdown() before ";
+  for (auto& [bit, key] : live_) {
+    auto it = pending_.find(key);
+    if (it == pending_.end()) continue;
+    finish(it->second, COMMLIB_ERR_NOT_INIT,
+           rank == topo_.rank ? why : why + "'" + std::string(key.c_str()) + "' could complete");
+    pending_.erase(it);
+  }
+  live_.clear();
+}
+
 void Engine::expire_waiting(int64_t now) {
   if (live_.empty() || now - last_expiry_check_us_ < 100000) return;
   last_expiry_check_us_ = now;
@@ -228,7 +252,117 @@ void Engine::expire_waiting(int64_t now) {
     Entry& e = pending_.at(key);
     if (e.cache_expired || now - e.cached_since_us < cache_patience_us_) continue;
     e.cache_expired = true;
-    append_entry(LogEntry{LogEntry::kInvalidate, {LogEntry::word(bit, e.cache_gen)}});
+    const uint64_t w = LogEntry::word(bit, e.cache_gen);
+    if (log_) {
+      append_entry(LogEntry{LogEntry::kInvalidate, {w}});
+    } else if (controller_) {
+      coordinator_expire({w});
+    } else {
+      Writer msg;
+      msg.put<int32_t>(kMsgExpire);
+      msg.put_vec({int64_t(w)});
+      control_->send(0, msg.take());
+    }
+  }
+}
+
+// ---- across hosts: rank 0 completes cached requests and orders them ----
+
+// This rank was the last of its host (or counts alone) at these bits.
+void Engine::send_arrivals(const std::vector<Entry*>& entries) {
+  std::vector<uint64_t> words;
+  for (const Entry* e : entries) words.push_back(LogEntry::word(e->cache_bit, e->cache_gen));
+  if (controller_) {
+    coordinator_arrived(words);
+    return;
+  }
+  Writer w;
+  w.put<int32_t>(kMsgArrived);
+  w.put_vec(std::vector<int64_t>(words.begin(), words.end()));
+  control_->send(0, w.take());
+}
+
+// A full request reaches rank 0. If its key holds a bit, the request changed
+// on its rank (or its bit ended there): every rank must stop waiting at it.
+void Engine::coordinator_add(int rank, RequestDesc desc, int64_t now) {
+  if (hier_ && cache_bits_ && desc.process_set == 0) {
+    uint32_t gen = 0;
+    const int bit = cache_bits_->bit_of(request_key(desc), &gen);
+    if (bit >= 0) coordinator_expire({LogEntry::word(bit, gen)});
+  }
+  controller_->add(rank, std::move(desc), now);
+}
+
+void Engine::coordinator_expire(const std::vector<uint64_t>& words) {
+  if (!cache_bits_) return;
+  Response notice;
+  notice.kind = Response::kInvalidate;
+  for (uint64_t w : words)
+    if (cache_bits_->end(LogEntry::bit_of(w), LogEntry::gen_of(w))) notice.rows.push_back(int64_t(w));
+  if (!notice.rows.empty()) cache_notices_.push_back(std::move(notice));
+}
+
+void Engine::coordinator_arrived(const std::vector<uint64_t>& words) {
+  if (!cache_bits_) return;
+  for (uint64_t w : words)
+    if (cache_bits_->arrive(LogEntry::bit_of(w), LogEntry::gen_of(w))) completed_words_.push_back(w);
+}
+
+// No cached request completes once a rank has left; the ranks still
+// waiting at a bit fail (execute_cache_notice).
+void Engine::coordinator_rank_left(int rank) {
+  if (!hier_ || !cache_bits_) return;
+  cache_bits_.reset();
+  completed_words_.clear();
+  Response off;
+  off.kind = Response::kCacheOff;
+  off.rows = {rank};
+  cache_notices_.push_back(std::move(off));
+}
+
+// Rank 0's responses of this cycle get the cache's: its notices first, then
+// the cached requests now complete everywhere, fused as the coordinator fuses.
+void Engine::add_cached_responses(std::vector<Response>& resps) {
+  std::vector<Response> out = std::move(cache_notices_);
+  cache_notices_.clear();
+  std::vector<const CachedResponse*> done;
+  for (uint64_t w : completed_words_) {
+    const int bit = LogEntry::bit_of(w);
+    const uint32_t gen = LogEntry::gen_of(w);
+    if (!cache_bits_ || !cache_bits_->current(bit, gen)) continue;  // invalidated meanwhile
+    // Rank 0 arrived too, so its own cache holds the assignment.
+    const CachedResponse* c = cache_->get(bit, gen);
+    if (!c) throw Error(COMMLIB_ERR_INTERNAL, "cache bit " + std::to_string(bit) + " complete but not cached on rank 0");
+    done.push_back(c);
+  }
+  completed_words_.clear();
+  std::vector<const RequestDesc*> descs;
+  std::vector<bool> fusable;
+  for (const CachedResponse* c : done) {
+    descs.push_back(&c->desc);
+    fusable.push_back(c->op_type == COMMLIB_OP_ALLREDUCE && c->desc.group_size < 0);
+  }
+  for (const auto& group : plan_fusion(descs, fusable, fusion_threshold_.load())) {
+    Response resp;
+    resp.op_type = done[group[0]]->op_type;
+    resp.rows = done[group[0]]->rows;
+    for (size_t i : group) resp.names.push_back(done[i]->key);
+    out.push_back(std::move(resp));
+  }
+  if (out.empty()) return;
+  for (Response& r : resps) out.push_back(std::move(r));
+  resps = std::move(out);
+}
+
+void Engine::execute_cache_notice(const Response& resp) {
+  if (resp.kind == Response::kCacheOff) {
+    stop_cache(int(resp.rows.at(0)));
+    return;
+  }
+  for (int64_t w : resp.rows) {
+    const int bit = LogEntry::bit_of(uint64_t(w));
+    const uint32_t gen = LogEntry::gen_of(uint64_t(w));
+    if (cache_->remove(bit, gen)) retire_live(bit, gen);
   }
 }
 

@@ -40,7 +40,9 @@ inline std::string request_key(const RequestDesc& d) { return request_key(d.name
 std::vector<std::string> describe_members(const RequestDesc& d);
 
 struct Response {
-  enum Kind : int { kExecute = 0, kError = 1 };
+  // kInvalidate / kCacheOff (response cache across hosts, engine_cache.cc):
+  // rows holds the (bit, generation) words that no longer hold / {the rank that left}.
+  enum Kind : int { kExecute = 0, kError = 1, kInvalidate = 2, kCacheOff = 3 };
   int kind = kExecute;
   int op_type = 0;
   int error_code = 0;
@@ -57,7 +59,9 @@ struct Response {
 };
 
 // Message kinds on the control channel.
-enum MessageKind : int { kMsgRequests = 1, kMsgResponses = 2, kMsgShutdown = 3 };
+// kMsgArrived: the ranks of a host all arrived at these cache bits ((bit,
+// generation) words); kMsgExpire: a cached request waited too long there.
+enum MessageKind : int { kMsgRequests = 1, kMsgResponses = 2, kMsgShutdown = 3, kMsgArrived = 4, kMsgExpire = 5 };
 
 class Writer {
  public:

@@ -52,7 +52,8 @@ const CachedResponse* ResponseCache::get(int bit, uint32_t gen) const {
   return c.valid && c.gen == gen ? &c : nullptr;
 }
 
-CacheBits::CacheBits(int capacity) : max_seen_(size_t(capacity) * 8 + 1024) {
+CacheBits::CacheBits(int capacity, int units)
+    : bits_(size_t(capacity)), max_seen_(size_t(capacity) * 8 + 1024), units_(units) {
   for (int b = 0; b < capacity; ++b) free_.insert(b);
 }
 
@@ -67,9 +68,50 @@ void CacheBits::assign(Response& resp) {
       if (seen_.size() > max_seen_) seen_.clear();  // unique names must not grow it forever
       continue;
     }
-    resp.bits[i] = *free_.begin();
+    if (by_key_.count(resp.names[i])) continue;  // (its old bit has yet to be released)
+    const int bit = *free_.begin();
     free_.erase(free_.begin());
+    Assigned& a = bits_[size_t(bit)];
+    a.key = resp.names[i];
+    ++a.gen;  // as every rank's install will
+    a.arrivals = 0;
+    by_key_[a.key] = bit;
+    resp.bits[i] = bit;
   }
+}
+
+void CacheBits::release(int bit) {
+  Assigned& a = bits_.at(size_t(bit));
+  if (a.key.empty()) return;
+  by_key_.erase(a.key);
+  a.key.clear();
+  free_.insert(bit);
+}
+
+int CacheBits::bit_of(const std::string& key, uint32_t* gen) const {
+  auto it = by_key_.find(key);
+  if (it == by_key_.end()) return -1;
+  *gen = bits_[size_t(it->second)].gen;
+  return it->second;
+}
+
+bool CacheBits::current(int bit, uint32_t gen) const {
+  return bit >= 0 && size_t(bit) < bits_.size() && !bits_[size_t(bit)].key.empty() && bits_[size_t(bit)].gen == gen;
+}
+
+bool CacheBits::end(int bit, uint32_t gen) {
+  if (!current(bit, gen)) return false;
+  release(bit);
+  return true;
+}
+
+bool CacheBits::arrive(int bit, uint32_t gen) {
+  if (bit < 0 || size_t(bit) >= bits_.size()) return false;
+  Assigned& a = bits_[size_t(bit)];
+  if (a.key.empty() || a.gen != gen) return false;
+  if (++a.arrivals < units_) return false;
+  a.arrivals = 0;
+  return true;
 }
 
 }  // namespace commlib

@@ -59,20 +59,38 @@ class ResponseCache {
   std::unordered_map<std::string, int> by_key_;
 };
 
-// The coordinator: which bits are free, which requests have been seen.
+// The coordinator: which bits are free, which requests have been seen, and
+// (across hosts) which hosts have arrived at each bit.
 class CacheBits {
  public:
-  explicit CacheBits(int capacity);
+  // units: the number of arrivals that complete a bit (hosts, or ranks).
+  CacheBits(int capacity, int units);
   // Sets resp.bits (one per name, -1 for none) for an executed response of
   // the global process set.
   void assign(Response& resp);
   // A bit whose assignment ended (invalidated) can be given again.
-  void release(int bit) { free_.insert(bit); }
+  void release(int bit);
+  // The bit assigned to key, or -1; *gen: its generation.
+  int bit_of(const std::string& key, uint32_t* gen) const;
+  // Ends (bit, gen) if it is the current assignment (true), freeing the bit.
+  bool end(int bit, uint32_t gen);
+  bool current(int bit, uint32_t gen) const;
+  // A host (or rank) arrived at (bit, gen); true when it was the last one.
+  // Arrivals for an assignment that has ended are ignored.
+  bool arrive(int bit, uint32_t gen);
 
  private:
+  struct Assigned {
+    std::string key;  // empty: free
+    uint32_t gen = 0;  // the generation every rank's ResponseCache gives it
+    int arrivals = 0;
+  };
   std::set<int> free_;
+  std::vector<Assigned> bits_;
+  std::unordered_map<std::string, int> by_key_;
   std::unordered_set<std::string> seen_;
   size_t max_seen_;
+  int units_;
 };
 
 bool operator==(const RequestDesc& a, const RequestDesc& b);

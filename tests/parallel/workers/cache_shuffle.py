@@ -57,7 +57,7 @@ for k in range(rounds):
         check_equal(got, want.astype(np.float32), f"round {k} {name} ({kinds[name]})")
 stats = commlib.response_cache_stats()
 print(f"rank {r}: stats {stats}", flush=True)
-if commlib.local_size() == n and n > 1 and stats["hits"] < rounds:
+if n > 1 and stats["hits"] < rounds:
     from _common import fail
     fail(f"the pool's names should hit the cache: {stats}")
 done()

@@ -18,7 +18,7 @@ coordinator, and nothing about the results changes.
    appends wait, and every result is still right.
 
 argv[1] == "small": COMMLIB_CACHE_CAPACITY is tiny, so most names find no bit;
-"off": the cache must be off (capacity 0, or ranks on several hosts).
+"off": the cache must be off (COMMLIB_CACHE_CAPACITY=0).
 """
 import sys
 import time
