@@ -181,8 +181,9 @@ void Engine::init(MPI_Comm base) {
   int sizes[2] = {-t.local_size, t.local_size}, extremes[2];
   check_mpi(MPI_Allreduce(sizes, extremes, 2, MPI_INT, MPI_MAX, base), "MPI_Allreduce(topology)");
   const bool uniform = -extremes[0] == extremes[1];
-  // The response cache needs one order for the whole job in shared memory:
-  // one host, with at most as many ranks as a log entry has words.
+  // The response cache: on one host (with at most as many ranks as a log
+  // entry has words) cached requests skip rank 0 through an order log in the
+  // shared segment.
   int capacity = int(std::min<int64_t>(env_int("COMMLIB_CACHE_CAPACITY", 1024), OrderLog::kMaxBits - 1));
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, &capacity, 1, MPI_INT, MPI_MIN, base), "MPI_Allreduce(cache capacity)");
   // Elsewhere (several hosts, no shared segment) rank 0 keeps ordering, and
