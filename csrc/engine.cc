@@ -208,6 +208,7 @@ void Engine::init(MPI_Comm base) {
   control_ = std::make_unique<ControlChannel>(ctrl);
   controller_ = t.rank == 0 ? std::make_unique<Controller>(t.size, fusion_threshold_.load()) : nullptr;
   worker_left_.assign(t.size, false);
+  closing_.clear();
   init_cache(t.size > 1 ? capacity : 0, log_mode);
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
@@ -621,6 +622,10 @@ bool Engine::cycle() {
       execute(resp);
       worked = true;
     }
+    if (!closing_.empty()) {  // the coordinator's acknowledgement or departure
+      fail_everything(COMMLIB_ERR_NOT_INIT, closing_);
+      closing_.clear();
+    }
   }
   if (cache_) expire_waiting(now_us());
   control_->progress();
@@ -721,11 +726,11 @@ void Engine::on_message(int source, const std::string& msg) {
       }
     } else if (log_) {
       // The order log carries departures, in their place in the order (on_left).
-    } else if (stop_.load()) {
-      fail_everything(COMMLIB_ERR_NOT_INIT, "commlib was shut down before this collective completed");
     } else {
-      fail_everything(COMMLIB_ERR_NOT_INIT,
-                      "rank 0 (the coordinator) called shutdown(); no further collectives are possible");
+      // Responses that came before it (perhaps in this very poll) run
+      // first: the coordinator ran them, so every rank must (cycle).
+      closing_ = stop_.load() ? "commlib was shut down before this collective completed"
+                              : "rank 0 (the coordinator) called shutdown(); no further collectives are possible";
     }
   } else {
     throw Error(COMMLIB_ERR_INTERNAL, "unexpected control message kind " + std::to_string(kind));

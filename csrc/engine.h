@@ -160,6 +160,7 @@ class Engine {
   int64_t held_since_us_ = 0, last_arrival_us_ = 0;
   int64_t leave_deadline_us_ = 0;
   std::deque<Response> ready_;
+  std::string closing_;  // worker: rank 0 said goodbye; fail what is left once ready_ ran
   std::vector<bool> worker_left_;
   FusionBuffer fusion_, scratch_;
   int64_t last_stall_check_us_ = 0;
