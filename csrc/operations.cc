@@ -40,7 +40,7 @@ bool shm_allowed(const OpContext& ctx) {
 
 // Whether broadcast/allgather/reducescatter of this many bytes go through
 // shared memory: the whole job must be this host's shared-memory group (then
-// local rank equals rank), and it must pay (see kShmBroadcastMinBytes).
+// local rank equals rank), and it must pay (operations.h).
 bool use_shm_collective(const OpContext& ctx, bool pays) {
   if (!shm_allowed(ctx) || ctx.cross || ctx.shm->size() != ctx.transport.size()) return false;
   return ctx.shm_collectives == kShmAlways || (ctx.shm_collectives == kShmAuto && pays);
@@ -192,7 +192,7 @@ void run_allgather(OpContext& ctx, Entry& e, const std::vector<int64_t>& rows) {
   }
   HandleState& h = *e.handle;
   char* out = h.alloc_result(size_t(total_rows) * rb);
-  if (use_shm_collective(ctx, false)) {
+  if (use_shm_collective(ctx, size_t(total_rows) * rb <= kShmAllgatherMaxBytes)) {
     allgather_shm(*ctx.shm, e.input, out, bytes);
   } else {
     ctx.transport.allgatherv(e.input, out, bytes);
@@ -207,7 +207,7 @@ void run_broadcast(OpContext& ctx, Entry& e) {
     std::memcpy(e.output, e.input, bytes);
   }
   if (ctx.transport.size() == 1 || bytes == 0) return;
-  if (use_shm_collective(ctx, bytes >= kShmBroadcastMinBytes)) {
+  if (use_shm_collective(ctx, true)) {
     broadcast_shm(*ctx.shm, e.output, bytes, e.desc.root);
   } else {
     ctx.transport.broadcast(e.output, bytes, e.desc.root);
