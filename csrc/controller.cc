@@ -265,9 +265,7 @@ std::vector<Response> Controller::take_ready() {
     Pending& p = table_.at(key);
     resps.push_back(make_response(key, p));
     descs.push_back(&p.descs[0]);
-    // A group is already one fused unit.
-    fusable.push_back(resps.back().kind == Response::kExecute && resps.back().op_type == COMMLIB_OP_ALLREDUCE &&
-                      p.descs[0].group_size < 0);
+    fusable.push_back(resps.back().kind == Response::kExecute && fusable_allreduce(p.descs[0]));
   }
   for (const auto& group : plan_fusion(descs, fusable, fusion_threshold_)) {
     Response& first = resps[group[0]];

@@ -61,6 +61,11 @@ std::vector<PeerInfo> exchange_peer_info(MPI_Comm comm, int rank, int size) {
   return local;
 }
 
+// Whether a coordinator response goes to job rank r.
+bool addressed_to(const Response& resp, int r) {
+  return resp.to.empty() || std::find(resp.to.begin(), resp.to.end(), r) != resp.to.end();
+}
+
 // members: the job ranks of the request's process set.
 void validate_request(const commlib_request& q, const std::vector<int>& members) {
   if (q.op_type < COMMLIB_OP_ALLREDUCE || q.op_type > COMMLIB_OP_BARRIER)
@@ -595,12 +600,9 @@ bool Engine::cycle() {
       // With the order log, a marker says where every rank runs its share.
       std::vector<uint64_t> counts(log_ ? size_t(topo_.size) : 0, 0);
       for (Response& r : resps) {
-        for (size_t k = 0; k < counts.size(); ++k) {
-          const bool gets = r.to.empty() || std::find(r.to.begin(), r.to.end(), int(k)) != r.to.end();
-          counts[k] += gets && (k == 0 || !worker_left_[k]) ? 1 : 0;
-        }
-        const bool mine = r.to.empty() || std::find(r.to.begin(), r.to.end(), 0) != r.to.end();
-        if (mine) ready_.push_back(std::move(r));
+        for (size_t k = 0; k < counts.size(); ++k)
+          counts[k] += addressed_to(r, int(k)) && (k == 0 || !worker_left_[k]) ? 1 : 0;
+        if (addressed_to(r, 0)) ready_.push_back(std::move(r));
       }
       if (log_) append_entry(LogEntry{LogEntry::kMarker, std::move(counts)});
       worked = true;
@@ -640,7 +642,7 @@ void Engine::send_responses(const std::vector<Response>& resps) {
     if (worker_left_[r]) continue;
     std::vector<const Response*> mine;
     for (const Response& x : resps)
-      if (x.to.empty() || std::find(x.to.begin(), x.to.end(), r) != x.to.end()) mine.push_back(&x);
+      if (addressed_to(x, r)) mine.push_back(&x);
     if (mine.empty()) continue;
     const bool all = mine.size() == resps.size();
     if (all && !common.empty()) {
@@ -759,10 +761,10 @@ void Engine::execute(const Response& resp) {
       throw Error(COMMLIB_ERR_INTERNAL, "coordinator answered for unknown tensor '" + std::string(key.c_str()) + "'");
     }
     entries.push_back(&it->second);
-    if (it->second.cache_bit >= 0) {  // a cached request, completed by rank 0 (across hosts)
+    if (it->second.cache_bit >= 0) {  // a cached request, complete everywhere: its arrival ends
       live_.erase(it->second.cache_bit);
       it->second.cache_bit = -1;
-      cache_counts_[3].fetch_add(1);
+      cache_counts_[kCachedRuns].fetch_add(1);
     }
   }
   if (resp.op_type == COMMLIB_OP_ADD_PROCESS_SET || resp.op_type == COMMLIB_OP_REMOVE_PROCESS_SET) {

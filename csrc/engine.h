@@ -100,6 +100,7 @@ class Engine {
   bool try_cache(Entry& e, bool* completes);
   void append_completed(const std::vector<Entry*>& entries);
   void append_entry(LogEntry e);
+  void flush_appends();  // entries that found the ring full, in order
   bool run_log();
   void run_completed(const LogEntry& e);
   void end_assignment(int bit, uint32_t gen);
@@ -184,6 +185,7 @@ class Engine {
   bool leaving_ = false;     // rank 0: its departure is in the log
   int64_t cache_patience_us_ = 0;
   int64_t last_expiry_check_us_ = 0;
+  enum CacheCount { kHits = 0, kMisses = 1, kInvalidations = 2, kCachedRuns = 3 };
   std::atomic<int64_t> cache_counts_[4] = {};
 };
 

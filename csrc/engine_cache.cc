@@ -7,11 +7,6 @@
 #include "progress.h"
 
 namespace commlib {
-namespace {
-
-enum CacheCount { kHits = 0, kMisses = 1, kInvalidations = 2, kCachedRuns = 3 };
-
-}  // namespace
 
 void Engine::init_cache(int capacity, bool log_mode) {
   log_.reset();
@@ -84,7 +79,8 @@ bool Engine::try_cache(Entry& e, bool* completes) {
   e.cache_gen = gen;
   e.cached_since_us = now_us();
   live_[bit] = request_key(e.desc);
-  *completes = counts_ ? counts_->arrive(bit, gen, log_ ? topo_.size : topo_.local_size) : true;
+  // (with the log, the host is the whole job)
+  *completes = counts_ ? counts_->arrive(bit, gen, topo_.local_size) : true;
   return true;
 }
 
@@ -95,7 +91,7 @@ void Engine::append_completed(const std::vector<Entry*>& entries) {
   std::vector<bool> fusable;
   for (const Entry* e : entries) {
     descs.push_back(&e->desc);
-    fusable.push_back(e->desc.op_type == COMMLIB_OP_ALLREDUCE && e->desc.group_size < 0);
+    fusable.push_back(fusable_allreduce(e->desc));
   }
   LogEntry out{LogEntry::kCompleted, {}};
   for (const auto& group : plan_fusion(descs, fusable, fusion_threshold_.load())) {
@@ -112,8 +108,12 @@ void Engine::append_completed(const std::vector<Entry*>& entries) {
 }
 
 void Engine::append_entry(LogEntry e) {
-  while (!unappended_.empty() && log_->append(unappended_.front())) unappended_.pop_front();
+  flush_appends();
   if (!unappended_.empty() || !log_->append(e)) unappended_.push_back(std::move(e));
+}
+
+void Engine::flush_appends() {
+  while (!unappended_.empty() && log_->append(unappended_.front())) unappended_.pop_front();
 }
 
 // Runs what the log orders next; true when it did anything. Coordinator
@@ -121,7 +121,7 @@ void Engine::append_entry(LogEntry e) {
 // for their message when the marker is read first).
 bool Engine::run_log() {
   bool worked = false;
-  while (!unappended_.empty() && log_->append(unappended_.front())) unappended_.pop_front();
+  flush_appends();
   for (;;) {
     while (marker_left_ > 0 && !ready_.empty()) {
       Response resp = std::move(ready_.front());
@@ -158,8 +158,7 @@ void Engine::run_completed(const LogEntry& e) {
   Response resp;
   auto flush = [&] {
     if (resp.names.empty()) return;
-    cache_counts_[kCachedRuns].fetch_add(int64_t(resp.names.size()));
-    execute(resp);
+    execute(resp);  // (which ends the requests' arrivals)
     resp = Response();
   };
   for (uint64_t w : e.words) {
@@ -174,11 +173,9 @@ void Engine::run_completed(const LogEntry& e) {
       throw Error(COMMLIB_ERR_INTERNAL, "cached request '" + std::string(c->key.c_str()) +
                                             "' completed without having been submitted here");
     }
-    pending_.at(live->second).cache_bit = -1;
     resp.op_type = c->op_type;
     resp.rows = c->rows;
-    resp.names.push_back(std::move(live->second));
-    live_.erase(live);
+    resp.names.push_back(live->second);
   }
   flush();
 }
@@ -340,7 +337,7 @@ void Engine::add_cached_responses(std::vector<Response>& resps) {
   std::vector<bool> fusable;
   for (const CachedResponse* c : done) {
     descs.push_back(&c->desc);
-    fusable.push_back(c->op_type == COMMLIB_OP_ALLREDUCE && c->desc.group_size < 0);
+    fusable.push_back(fusable_allreduce(c->desc));
   }
   for (const auto& group : plan_fusion(descs, fusable, fusion_threshold_.load())) {
     Response resp;

@@ -106,9 +106,8 @@ bool CacheBits::end(int bit, uint32_t gen) {
 }
 
 bool CacheBits::arrive(int bit, uint32_t gen) {
-  if (bit < 0 || size_t(bit) >= bits_.size()) return false;
+  if (!current(bit, gen)) return false;
   Assigned& a = bits_[size_t(bit)];
-  if (a.key.empty() || a.gen != gen) return false;
   if (++a.arrivals < units_) return false;
   a.arrivals = 0;
   return true;
