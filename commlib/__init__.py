@@ -30,6 +30,7 @@ _EXPORTS = {
     "dispatch": ["DistributedOptimizer"],
     "errors": ["CommlibError", "CollectiveMismatchError", "NotInitializedError", "RankLostError"],
     "handle": ["Handle", "poll", "synchronize"],
+    "p2p": ["send", "recv", "isend", "irecv", "sendrecv"],
     "process_sets": ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"],
     "ops": ["Sum", "Average", "Min", "Max", "Product", "Adasum",
             "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",

@@ -36,3 +36,15 @@ def dtype_code(dtype) -> int:
         raise TypeError(f"unsupported dtype {dt}; commlib supports {', '.join(SUPPORTED)}")
     _BY_DTYPE[dt] = code
     return code
+
+
+def numpy_dtype(code: int) -> np.dtype:
+    """The numpy dtype of one of the core's dtype codes (bfloat16 needs ml_dtypes)."""
+    for name, c in _CODES.items():
+        if c == code:
+            if name == "bfloat16":
+                import ml_dtypes
+
+                return np.dtype(ml_dtypes.bfloat16)
+            return np.dtype(name)
+    raise ValueError(f"unknown dtype code {code}")

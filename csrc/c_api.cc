@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -95,7 +96,10 @@ int commlib_cross_rank(void) { return Engine::get().topology().cross_rank; }
 int commlib_cross_size(void) { return Engine::get().topology().cross_size; }
 
 int commlib_enqueue(const commlib_request* req, int64_t* handle) {
-  return guarded([&] { *handle = Engine::get().enqueue(*req); });
+  return guarded([&] {
+    const bool p2p = req->op_type == COMMLIB_OP_SEND || req->op_type == COMMLIB_OP_RECV;
+    *handle = p2p ? Engine::get().enqueue_p2p(*req) : Engine::get().enqueue(*req);
+  });
 }
 
 int64_t commlib_submit(int op_type, const char* name, int dtype, int ndim, const int64_t* shape,
@@ -128,6 +132,34 @@ int commlib_enqueue_allreduce_group(const char* base_name, int n, const int32_t*
     *handle = Engine::get().enqueue_allreduce_group(base_name, n, dtypes, ndims, shapes, inputs,
                                                     outputs, reduce_op, prescale, postscale,
                                                     process_set);
+  });
+}
+
+int64_t commlib_submit_p2p(int op_type, int dtype, int ndim, const int64_t* shape,
+                           const void* data, void* out, int peer, int64_t tag, int process_set) {
+  commlib_request req{};
+  req.op_type = op_type;
+  req.dtype = dtype;
+  req.ndim = ndim;
+  req.shape = shape;
+  req.input = data;
+  req.output = out;
+  req.peer = peer;
+  req.tag = tag;
+  req.process_set = process_set;
+  int64_t handle = 0;
+  const int rc = guarded([&] { handle = Engine::get().enqueue_p2p(req); });
+  return rc == COMMLIB_OK ? handle : -int64_t(rc);
+}
+
+int commlib_handle_recv_info(int64_t handle, int* dtype, int* ndim, int64_t* shape, int max_ndim) {
+  return guarded([&] {
+    auto h = find_handle(handle);
+    if (!h->done.load()) throw Error(COMMLIB_ERR_VALUE, "handle has not completed");
+    if (int(h->shape.size()) > max_ndim) throw Error(COMMLIB_ERR_VALUE, "the message has more dimensions than the caller's buffer");
+    *dtype = h->dtype;
+    *ndim = int(h->shape.size());
+    std::copy(h->shape.begin(), h->shape.end(), shape);
   });
 }
 

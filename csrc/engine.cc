@@ -71,6 +71,8 @@ void validate_request(const commlib_request& q, const std::vector<int>& members)
   if (q.op_type < COMMLIB_OP_ALLREDUCE || q.op_type > COMMLIB_OP_BARRIER)
     throw Error(COMMLIB_ERR_VALUE, "unknown collective operation " + std::to_string(q.op_type));
   if (!q.name || !*q.name) throw Error(COMMLIB_ERR_VALUE, "a collective needs a non-empty name");
+  if (q.device_type != COMMLIB_DEVICE_CPU)
+    throw Error(COMMLIB_ERR_VALUE, "only host (CPU) buffers are supported by this build's collectives");
   if (q.op_type == COMMLIB_OP_BARRIER) return;
   if (!is_valid_dtype(q.dtype))
     throw Error(COMMLIB_ERR_TYPE, "unsupported dtype code " + std::to_string(q.dtype));
@@ -200,6 +202,9 @@ void Engine::init(MPI_Comm base) {
                               size_t(env_int("COMMLIB_SHM_FUSION_BYTES", 4 << 20)),
                               capacity > 0 ? OrderLog::bytes_needed(t.local_size, capacity) : 0);
   }
+  topo_ = t;
+  init_p2p(base, local, size_t(env_int("COMMLIB_P2P_EAGER_BYTES", 64 << 10)),
+           env_int("COMMLIB_P2P_SINGLE_COPY", 1) != 0);
   MPI_Comm_free(&local);
   if (shm_ && t.cross_size > 1) {
     cross_ = std::make_unique<MpiTransport>(cross);  // reduce within hosts, all-reduce across
@@ -208,7 +213,6 @@ void Engine::init(MPI_Comm base) {
   }
   start_peer_monitor(exchange_peer_info(data, t.rank, t.size), shm_ ? &shm_->first_lost() : nullptr);
 
-  topo_ = t;
   transport_ = std::make_unique<MpiTransport>(data);
   control_ = std::make_unique<ControlChannel>(ctrl);
   controller_ = t.rank == 0 ? std::make_unique<Controller>(t.size, fusion_threshold_.load()) : nullptr;
@@ -241,6 +245,7 @@ void Engine::shutdown() {
     control_->abandon();
     if (cross_) cross_->abandon();
     for (auto& [id, t] : set_transports_) t->abandon();
+    p2p_->abandon();
   }
   set_transports_.clear();
   init_cache(0, false);
@@ -249,6 +254,7 @@ void Engine::shutdown() {
   controller_.reset();
   shm_.reset();
   cross_.reset();
+  p2p_.reset();
 }
 
 int Engine::broken() {
@@ -544,11 +550,13 @@ void Engine::loop() {
     }
     std::unique_lock<std::mutex> lock(queue_mu_);
     bg_sleeping_.store(true);
-    if (queue_.empty() && !stop_.load()) queue_cv_.wait_for(lock, std::chrono::microseconds(nap));
+    if (queue_.empty() && p2p_queue_.empty() && !stop_.load())
+      queue_cv_.wait_for(lock, std::chrono::microseconds(nap));
     bg_sleeping_.store(false);
     if (nap < kMaxNapUs) nap *= 2;
   }
   try {
+    if (!broken()) p2p_->say_goodbye();
     if (controller_) send_shutdown_notice();  // workers said goodbye in leave()
   } catch (const Error&) {
     // The job is going away; a notice that cannot be sent changes nothing.
@@ -583,6 +591,7 @@ bool Engine::cycle() {
     }
   }
 
+  worked |= cycle_p2p();
   int source;
   std::string msg;
   while (control_->poll(&source, &msg)) {
@@ -862,8 +871,10 @@ void Engine::finish(Entry& e, int status, const std::string& message) {
 
 void Engine::fail_everything(int code, const std::string& message) {
   std::vector<Entry> queued;
+  std::vector<P2PRequest> p2p_queued;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
+    p2p_queued.swap(p2p_queue_);
     // With the order log, a rank that dropped its requests cannot stay in
     // step with the others: every failure ends its communication.
     if (dead_code_ == 0 && (log_ || (code != COMMLIB_ERR_VALUE && code != COMMLIB_ERR_TYPE))) {
@@ -876,6 +887,11 @@ void Engine::fail_everything(int code, const std::string& message) {
     queued.swap(queue_);
   }
   for (Entry& e : queued) finish(e, code, message);
+  for (P2PRequest& r : p2p_queued) {
+    outstanding_.fetch_sub(1);
+    handles_.complete(*r.handle, code, message);
+  }
+  if (p2p_) p2p_->fail_all(code, message);
   for (Entry& e : held_) finish(e, code, message);
   held_.clear();
   for (auto& [name, e] : pending_) finish(e, code, message);

@@ -26,6 +26,7 @@
 #include "fusion.h"
 #include "handles.h"
 #include "operations.h"
+#include "p2p/point_to_point.h"
 #include "response_cache.h"
 #include "transport/mpi_control.h"
 #include "transport/mpi_transport.h"
@@ -58,6 +59,8 @@ class Engine {
                                   const int32_t* ndims, const int64_t* shapes,
                                   void* const* inputs, void* const* outputs, int reduce_op,
                                   double prescale, double postscale, int process_set);
+  // Point-to-point send/recv (engine_p2p.cc; see c_api.h): never negotiated.
+  int64_t enqueue_p2p(const commlib_request& req);
   // Process sets (collective over every rank; see c_api.h).
   int64_t add_process_set(const int32_t* ranks, int n);
   int64_t remove_process_set(int id);
@@ -94,6 +97,10 @@ class Engine {
   void send_shutdown_notice();
   // Sends requests to the coordinator (rank 0's own go straight to its controller).
   void report(const std::vector<Entry*>& entries);
+
+  // Point-to-point (engine_p2p.cc).
+  void init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, bool single_copy);
+  bool cycle_p2p();  // posts queued sends/receives, moves transfers on
 
   // The response cache and order log (engine_cache.cc; see response_cache.h).
   void init_cache(int capacity, bool log_mode);
@@ -135,6 +142,7 @@ class Engine {
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
   std::vector<Entry> queue_;
+  std::vector<P2PRequest> p2p_queue_;
   std::unordered_set<std::string> in_flight_;  // request keys (message.h)
   std::map<int, std::vector<int>> sets_;        // process sets' members by id
   int64_t set_calls_ = 0;                       // add/remove calls (their names)
@@ -155,6 +163,7 @@ class Engine {
   std::unique_ptr<Controller> controller_;  // rank 0 only
   std::unique_ptr<ShmSegment> shm_;         // ranks of this host (if more than one)
   std::unique_ptr<MpiTransport> cross_;     // same local rank on every host (if several)
+  std::unique_ptr<PointToPoint> p2p_;
   std::map<int, std::unique_ptr<MpiTransport>> set_transports_;  // sets this rank is in
   std::unordered_map<std::string, Entry> pending_;
   std::vector<Entry> held_;  // taken from the queue, not yet reported

@@ -37,6 +37,9 @@ struct HandleState {
   ~HandleState() { result_free(result); }
   int64_t rows = 0;             // dim 0 of the result
   std::vector<int64_t> splits;  // rows from/of each rank
+  // recv: the message's dtype and shape
+  int dtype = -1;
+  std::vector<int64_t> shape;
 };
 
 class HandleTable {

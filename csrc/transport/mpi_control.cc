@@ -13,35 +13,17 @@ ControlChannel::ControlChannel(MPI_Comm comm) : comm_(comm) {
 }
 
 ControlChannel::~ControlChannel() {
-  // Sends still in flight at shutdown go to ranks that stopped listening.
-  // They are released, not cancelled (MPI_Cancel of a send crashed inside
-  // MPICH's UCX layer), and their list nodes (bytes included, even short
-  // strings stored inline) are kept for good: MPI may still read them. A few
-  // small messages per shutdown at most.
-  static auto* orphans = new std::list<std::pair<MPI_Request, std::string>>();
-  for (auto it = sends_.begin(); it != sends_.end();) {
-    int flag = 0;
-    MPI_Test(&it->first, &flag, MPI_STATUS_IGNORE);
-    auto next = std::next(it);
-    if (!flag) {
-      MPI_Request_free(&it->first);
-      orphans->splice(orphans->end(), sends_, it);
-    }
-    it = next;
-  }
+  sends_.release();  // (before the communicator goes)
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
 void ControlChannel::abandon() {
-  sends_.clear();
+  sends_.abandon();
   comm_ = MPI_COMM_NULL;
 }
 
 void ControlChannel::send(int peer, std::string bytes) {
-  sends_.emplace_back(MPI_REQUEST_NULL, std::move(bytes));
-  auto& s = sends_.back();
-  check_mpi(MPI_Isend(s.second.data(), int(s.second.size()), MPI_BYTE, peer, kTag, comm_, &s.first),
-            "MPI_Isend(control)");
+  sends_.send(std::move(bytes), peer, kTag, comm_, "MPI_Isend(control)");
 }
 
 bool ControlChannel::poll(int* source, std::string* out) {
@@ -58,12 +40,6 @@ bool ControlChannel::poll(int* source, std::string* out) {
   return true;
 }
 
-void ControlChannel::progress() {
-  for (auto it = sends_.begin(); it != sends_.end();) {
-    int flag = 0;
-    check_mpi(MPI_Test(&it->first, &flag, MPI_STATUS_IGNORE), "MPI_Test(control)");
-    it = flag ? sends_.erase(it) : std::next(it);
-  }
-}
+void ControlChannel::progress() { sends_.progress(); }
 
 }  // namespace commlib

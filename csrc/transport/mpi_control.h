@@ -5,9 +5,9 @@
 
 #include <mpi.h>
 
-#include <list>
 #include <string>
-#include <utility>
+
+#include "pending_sends.h"
 
 namespace commlib {
 
@@ -26,7 +26,7 @@ class ControlChannel {
 
  private:
   MPI_Comm comm_;
-  std::list<std::pair<MPI_Request, std::string>> sends_;
+  PendingSends sends_;
 };
 
 }  // namespace commlib

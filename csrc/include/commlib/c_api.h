@@ -38,7 +38,16 @@ enum {
   COMMLIB_OP_BARRIER = 5,
   /* Internal: registering and removing process sets (negotiated on all ranks). */
   COMMLIB_OP_ADD_PROCESS_SET = 6,
-  COMMLIB_OP_REMOVE_PROCESS_SET = 7
+  COMMLIB_OP_REMOVE_PROCESS_SET = 7,
+  /* Point-to-point (never negotiated: matched by source, tag and set). */
+  COMMLIB_OP_SEND = 8,
+  COMMLIB_OP_RECV = 9
+};
+
+/* Where a request's buffers live. */
+enum {
+  COMMLIB_DEVICE_CPU = 0,
+  COMMLIB_DEVICE_CUDA = 1
 };
 
 /* Element types. */
@@ -85,6 +94,11 @@ typedef struct {
                              ranks of a request are then the set's members,
                              numbered by their order in the set (splits, result
                              rows), except root, which stays a job rank.       */
+  int peer;               /* send: destination; recv: source (job ranks)     */
+  int64_t tag;            /* send/recv: matched with the peer's (>= 0)       */
+  int device_type;        /* COMMLIB_DEVICE_*; zero-initialised = CPU        */
+  int device_id;          /* the device's index (CUDA)                       */
+  void* stream;           /* the stream the buffers are ready on (CUDA)      */
 } commlib_request;
 
 /* Lifecycle. comm_handle is an MPI_Comm handle value (from mpi4py's
@@ -121,6 +135,18 @@ int commlib_enqueue_allreduce_group(const char* base_name, int n, const int32_t*
                                     void* const* inputs, void* const* outputs, int reduce_op,
                                     double prescale, double postscale, int process_set,
                                     int64_t* handle);
+
+/* Point-to-point. send: data of dtype/shape to job rank peer. recv: from job
+ * rank peer into out (dtype/shape: out's; the message must have that dtype
+ * and element count), or with out NULL and dtype -1 into a buffer the core
+ * allocates (commlib_handle_take_result; dtype and shape from
+ * commlib_handle_recv_info). Matched by (peer, tag, process set), in the
+ * order sent per pair and tag; a send completes once the receiver took its
+ * data. Returns the handle (> 0), or minus the error code. */
+int64_t commlib_submit_p2p(int op_type, int dtype, int ndim, const int64_t* shape,
+                           const void* data, void* out, int peer, int64_t tag, int process_set);
+/* A completed recv's message: dtype, ndim and up to max_ndim dimensions. */
+int commlib_handle_recv_info(int64_t handle, int* dtype, int* ndim, int64_t* shape, int max_ndim);
 
 /* Process sets. Collective over every rank of the job, in the same order on
  * every rank: add registers the n ranks (ascending, distinct) as a new set and

@@ -1,0 +1,137 @@
+"""Point-to-point messages between two ranks: send, recv, sendrecv.
+
+    if commlib.rank() == 0:
+        commlib.send(np.arange(4.0), dst=1, tag=7)
+    elif commlib.rank() == 1:
+        x = commlib.recv(src=0, tag=7)          # dtype and shape come with the message
+
+A send and its receive meet directly (matched by source, tag and process
+set), never through rank 0. Between one pair of ranks, messages with one tag
+arrive in the order they were sent; messages with different tags may be
+received in any order. ``dst``/``src`` are job ranks (as broadcast's root is).
+
+A send completes once its receiver has taken the data (as MPI_Ssend does), so
+two ranks exchanging data post ``isend`` first, or call ``sendrecv``. A
+receive with ``out`` must get a message of out's dtype and element count:
+otherwise both the receive and the send raise ValueError, naming both shapes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import basics
+from ._lib import check, ffi, lib
+from .dtypes import dtype_code, numpy_dtype
+from .handle import Handle, core_result, synchronize
+from .process_sets import members as _members
+from .process_sets import process_set_id as _psid
+
+_MAX_DIMS = 64
+
+
+def _check_peer(peer, what: str, process_set) -> int:
+    if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
+        raise TypeError(f"{what} must be an int rank, got {type(peer).__name__}")
+    n = basics.size()
+    if not 0 <= peer < n:
+        raise ValueError(f"{what} {peer} is outside the job (ranks 0..{n - 1})")
+    if process_set is not None and int(peer) not in _members(process_set):
+        raise ValueError(f"{what} {peer} is not a member of {process_set}")
+    return int(peer)
+
+
+def _check_tag(tag) -> int:
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
+        raise TypeError(f"tag must be an int, got {type(tag).__name__}")
+    if not 0 <= tag < 2**63:
+        raise ValueError(f"tag must be between 0 and 2**63-1, got {tag}")
+    return int(tag)
+
+
+def _submit(op_type: int, arr, out, peer: int, tag: int, psid: int) -> int:
+    buf = arr if arr is not None else out
+    if buf is None:
+        dtype, ndim, shape, ptr = -1, 0, ffi.NULL, ffi.NULL
+    else:
+        dtype, ndim = dtype_code(buf.dtype), buf.ndim
+        shape = ffi.new("int64_t[]", list(buf.shape) or [0])
+        ptr = ffi.from_buffer(buf, require_writable=out is not None) if buf.size else ffi.NULL
+    data = ptr if arr is not None else ffi.NULL
+    dst = ptr if out is not None else ffi.NULL
+    hid = lib.commlib_submit_p2p(op_type, dtype, ndim, shape, data, dst, peer, tag, psid)
+    if hid < 0:
+        check(-hid)
+    return hid
+
+
+def _send_array(array) -> np.ndarray:
+    arr = np.asarray(array)
+    dtype_code(arr.dtype)
+    if arr.ndim > _MAX_DIMS:
+        raise ValueError(f"send: at most {_MAX_DIMS} dimensions, got {arr.ndim}")
+    return np.require(arr, requirements="C")
+
+
+def isend(array, dst, tag=0, process_set=None) -> Handle:
+    """Starts sending ``array`` to job rank ``dst``; ``synchronize`` returns
+    None once the receiver has taken it. Keep the array unchanged until then."""
+    basics._require_init()
+    arr = _send_array(array)
+    peer = _check_peer(dst, "dst", process_set)
+    hid = _submit(lib.COMMLIB_OP_SEND, arr, None, peer, _check_tag(tag), _psid(process_set))
+    return Handle(hid, lambda _h: None, arr, "send")
+
+
+def send(array, dst, tag=0, process_set=None) -> None:
+    """Sends ``array`` to job rank ``dst``; returns once the receiver took it."""
+    synchronize(isend(array, dst, tag, process_set))
+
+
+def irecv(src, tag=0, out=None, process_set=None) -> Handle:
+    """Starts receiving the next message from job rank ``src`` with ``tag``;
+    ``synchronize`` returns the array: ``out`` (filled in) when given, else a
+    new array of the message's dtype and shape."""
+    basics._require_init()
+    if out is not None:
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"recv needs a numpy.ndarray as out, got {type(out).__name__}")
+        dtype_code(out.dtype)
+        if not out.flags.c_contiguous:
+            raise ValueError("recv needs a C-contiguous out array; use numpy.ascontiguousarray() first")
+        if not out.flags.writeable:
+            raise ValueError("recv cannot write into a read-only out array")
+    peer = _check_peer(src, "src", process_set)
+    hid = _submit(lib.COMMLIB_OP_RECV, None, out, peer, _check_tag(tag), _psid(process_set))
+    if out is not None:
+        return Handle(hid, lambda _h: out, out, "recv")
+    return Handle(hid, _new_array, None, "recv")
+
+
+def _new_array(hid: int) -> np.ndarray:
+    dtype = ffi.new("int*")
+    ndim = ffi.new("int*")
+    shape = ffi.new("int64_t[]", _MAX_DIMS)
+    check(lib.commlib_handle_recv_info(hid, dtype, ndim, shape, _MAX_DIMS))
+    dims = tuple(shape[i] for i in range(ndim[0]))
+    data, _rows = core_result(hid)
+    return np.frombuffer(data, dtype=numpy_dtype(dtype[0])).reshape(dims)
+
+
+def recv(src, tag=0, out=None, process_set=None) -> np.ndarray:
+    """Receives the next message from job rank ``src`` with ``tag``."""
+    return synchronize(irecv(src, tag, out, process_set))
+
+
+def sendrecv(array, dst, src, send_tag=0, recv_tag=0, out=None, process_set=None) -> np.ndarray:
+    """Sends ``array`` to ``dst`` and receives from ``src`` at once (both
+    posted before either waits, so a ring of exchanges cannot deadlock);
+    returns the received array."""
+    basics._require_init()
+    array = _send_array(array)  # (checked before the receive is posted)
+    _check_peer(dst, "dst", process_set)
+    _check_tag(send_tag)
+    r = irecv(src, recv_tag, out, process_set)
+    s = isend(array, dst, send_tag, process_set)
+    result = synchronize(r)
+    synchronize(s)
+    return result

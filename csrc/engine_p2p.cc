@@ -1,0 +1,131 @@
+// The engine's side of point-to-point: validating and queueing send/recv
+// requests from caller threads, and running them in the engine's cycle
+// (p2p/point_to_point.h does the matching and the transfers).
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "common.h"
+#include "engine.h"
+#include "progress.h"
+
+namespace commlib {
+namespace {
+
+constexpr int kMaxDims = 64;
+
+// pid of every job rank of this host (0 for ranks elsewhere).
+std::vector<pid_t> host_pids(MPI_Comm base, MPI_Comm local, int size) {
+  int n = 0;
+  MPI_Comm_size(local, &n);
+  std::vector<int> pids(size_t(n), 0), local_ranks(size_t(n), 0), job_ranks(size_t(n), 0);
+  int mine = int(getpid());
+  check_mpi(MPI_Allgather(&mine, 1, MPI_INT, pids.data(), 1, MPI_INT, local), "MPI_Allgather(pids)");
+  MPI_Group lg, bg;
+  MPI_Comm_group(local, &lg);
+  MPI_Comm_group(base, &bg);
+  for (int i = 0; i < n; ++i) local_ranks[size_t(i)] = i;
+  MPI_Group_translate_ranks(lg, n, local_ranks.data(), bg, job_ranks.data());
+  MPI_Group_free(&lg);
+  MPI_Group_free(&bg);
+  std::vector<pid_t> out(size_t(size), 0);
+  for (int i = 0; i < n; ++i)
+    if (job_ranks[size_t(i)] >= 0 && job_ranks[size_t(i)] < size) out[size_t(job_ranks[size_t(i)])] = pid_t(pids[size_t(i)]);
+  return out;
+}
+
+void validate_p2p(const commlib_request& q, const std::vector<int>& members, int size) {
+  const bool send = q.op_type == COMMLIB_OP_SEND;
+  const char* what = send ? "send" : "recv";
+  const char* peer = send ? "dst" : "src";
+  if (q.device_type != COMMLIB_DEVICE_CPU)
+    throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": only host (CPU) buffers are supported");
+  if (q.peer < 0 || q.peer >= size) {
+    throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": " + peer + " " + std::to_string(q.peer) +
+                                       " is outside the job (ranks 0.." + std::to_string(size - 1) + ")");
+  }
+  if (std::find(members.begin(), members.end(), q.peer) == members.end()) {
+    throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": " + peer + " " + std::to_string(q.peer) +
+                                       " is not a member of process set " + std::to_string(q.process_set) + " " +
+                                       ranks_str(members));
+  }
+  if (q.tag < 0) throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": tag must be >= 0, got " + std::to_string(q.tag));
+  const bool has_buffer = send || q.output != nullptr;
+  if (!has_buffer) return;  // a recv that learns dtype and shape from the message
+  if (!is_valid_dtype(q.dtype)) throw Error(COMMLIB_ERR_TYPE, "unsupported dtype code " + std::to_string(q.dtype));
+  if (q.ndim < 0 || q.ndim > kMaxDims || (q.ndim > 0 && !q.shape))
+    throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": invalid shape (at most 64 dimensions)");
+  int64_t n = 1;
+  for (int i = 0; i < q.ndim; ++i) {
+    if (q.shape[i] < 0) throw Error(COMMLIB_ERR_VALUE, "negative dimension in shape");
+    n *= q.shape[i];
+  }
+  if (send && n > 0 && !q.input) throw Error(COMMLIB_ERR_VALUE, "send: data buffer is NULL");
+}
+
+}  // namespace
+
+void Engine::init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, bool single_copy) {
+  std::vector<pid_t> pids = host_pids(base, local, topo_.size);
+  if (!single_copy) std::fill(pids.begin(), pids.end(), pid_t(0));
+  MPI_Comm comm;
+  check_mpi(MPI_Comm_dup(base, &comm), "MPI_Comm_dup(p2p)");
+  p2p_ = std::make_unique<PointToPoint>(comm, std::move(pids), eager_bytes,
+                                        [this](HandleState& h, int status, const std::string& message) {
+                                          outstanding_.fetch_sub(1);
+                                          handles_.complete(h, status, message);
+                                        });
+}
+
+int64_t Engine::enqueue_p2p(const commlib_request& q) {
+  if (!running_.load()) {
+    throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
+  }
+  if (q.op_type != COMMLIB_OP_SEND && q.op_type != COMMLIB_OP_RECV)
+    throw Error(COMMLIB_ERR_VALUE, "not a point-to-point operation: " + std::to_string(q.op_type));
+  std::vector<int> members;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    members = members_of(q.process_set);
+  }
+  validate_p2p(q, members, topo_.size);
+  P2PRequest r;
+  r.is_send = q.op_type == COMMLIB_OP_SEND;
+  r.peer = q.peer;
+  r.tag = q.tag;
+  r.process_set = q.process_set;
+  if (r.is_send || q.output) {
+    r.dtype = q.dtype;
+    r.shape.assign(q.shape, q.shape + q.ndim);
+  }
+  r.data = q.input;
+  r.out = q.output;
+  auto [id, handle] = handles_.create();
+  r.handle = handle;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    int code = stop_.load() ? COMMLIB_ERR_NOT_INIT : dead_code_;
+    if (code) {
+      handles_.release(id);
+      throw Error(code, stop_.load() ? std::string("commlib is shutting down") : dead_message_);
+    }
+    p2p_queue_.push_back(std::move(r));
+  }
+  outstanding_.fetch_add(1);
+  if (bg_sleeping_.load()) queue_cv_.notify_one();
+  return id;
+}
+
+bool Engine::cycle_p2p() {
+  std::vector<P2PRequest> batch;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    batch.swap(p2p_queue_);
+  }
+  for (P2PRequest& r : batch) p2p_->post(std::move(r));
+  bool worked = p2p_->progress() || !batch.empty();
+  p2p_->check_stalls(now_us(), stall_warning_us_);
+  return worked;
+}
+
+}  // namespace commlib

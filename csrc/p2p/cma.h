@@ -1,0 +1,21 @@
+// Single-copy reads from another process of this host (Linux cross-memory
+// attach, process_vm_readv): the receiver copies a large message straight
+// from the sender's buffer, with no staging copy in between.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace commlib {
+
+// Lets other processes of this user read this one's memory where the kernel's
+// Yama policy would otherwise allow only ancestors (harmless where it is off).
+void allow_direct_reads();
+
+// Copies `bytes` bytes at address `remote` of process `pid` into `dst`.
+// False (errno set) when the kernel refuses: the caller falls back to MPI.
+bool read_from_process(pid_t pid, uint64_t remote, void* dst, size_t bytes);
+
+}  // namespace commlib

@@ -1,0 +1,367 @@
+#include "point_to_point.h"
+
+#include <sched.h>
+
+#include <algorithm>
+
+#include <cstdio>
+#include <cstring>
+
+#include "../common.h"
+#include "../message.h"
+#include "../progress.h"
+#include "../transport/mpi_transport.h"
+#include "cma.h"
+
+namespace commlib {
+namespace {
+
+constexpr int kCtlTag = 1;        // headers, replies, bye
+constexpr int kFirstDataTag = 2;  // rendezvous data over MPI: a fresh tag per transfer
+constexpr size_t kPiece = size_t(1) << 30;  // MPI counts are int
+
+enum CtlKind : int32_t { kHeader = 1, kAck = 2, kClearToSend = 3, kBye = 4 };
+
+std::string describe(int dtype, const std::vector<int64_t>& shape) {
+  return std::string(dtype_name(dtype)) + " " + shape_str(shape);
+}
+
+std::string tag_str(int64_t tag, int process_set) {
+  std::string s = "tag " + std::to_string(tag);
+  if (process_set != 0) s += ", process set " + std::to_string(process_set);
+  return s;
+}
+
+// Posts MPI sends or receives of `bytes` bytes in pieces under one tag (MPI
+// keeps one tag's messages between two ranks in order).
+std::vector<MPI_Request> post_pieces(bool send, char* buf, uint64_t bytes, int peer, int tag,
+                                     MPI_Comm comm) {
+  std::vector<MPI_Request> reqs;
+  uint64_t done = 0;
+  do {
+    const int n = int(std::min<uint64_t>(bytes - done, kPiece));
+    MPI_Request r;
+    if (send) {
+      check_mpi(MPI_Isend(buf + done, n, MPI_BYTE, peer, tag, comm, &r), "MPI_Isend(p2p data)");
+    } else {
+      check_mpi(MPI_Irecv(buf + done, n, MPI_BYTE, peer, tag, comm, &r), "MPI_Irecv(p2p data)");
+    }
+    reqs.push_back(r);
+    done += uint64_t(n);
+  } while (done < bytes);
+  return reqs;
+}
+
+bool all_done(std::vector<MPI_Request>& reqs) {
+  int flag = 0;
+  check_mpi(MPI_Testall(int(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE), "MPI_Testall(p2p)");
+  return flag != 0;
+}
+
+}  // namespace
+
+PointToPoint::PointToPoint(MPI_Comm comm, std::vector<pid_t> host_pids, size_t eager_bytes,
+                           Completion done)
+    : comm_(comm), host_pids_(std::move(host_pids)), eager_(eager_bytes), done_(std::move(done)) {
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  void* ub = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found);
+  if (found && ub) tag_span_ = std::max(1, *static_cast<int*>(ub) - kFirstDataTag);
+  direct_ok_.assign(size_t(size_), true);
+  departed_.assign(size_t(size_), false);
+  allow_direct_reads();
+}
+
+PointToPoint::~PointToPoint() {
+  ctl_sends_.release();  // (before the communicator goes)
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void PointToPoint::abandon() {
+  ctl_sends_.abandon();
+  comm_ = MPI_COMM_NULL;
+}
+
+size_t PointToPoint::pending() const {
+  size_t n = outgoing_.size() + transfers_.size();
+  for (const auto& [key, q] : posted_) n += q.size();
+  return n;
+}
+
+void PointToPoint::complete(P2PRequest& r, int status, const std::string& message) {
+  done_(*r.handle, status, message);
+}
+
+void PointToPoint::send_ctl(int peer, std::string bytes) {
+  ctl_sends_.send(std::move(bytes), peer, kCtlTag, comm_, "MPI_Isend(p2p control)");
+}
+
+void PointToPoint::post(P2PRequest r) {
+  r.posted_us = now_us();
+  if (departed_[size_t(r.peer)]) {
+    complete(r, COMMLIB_ERR_NOT_INIT, "rank " + std::to_string(r.peer) + " has called shutdown(); no " +
+                                          (r.is_send ? "send to" : "recv from") + " it is possible");
+    return;
+  }
+  if (!r.is_send) {
+    const Key key{r.peer, r.process_set, r.tag};
+    posted_[key].push_back(std::move(r));
+    match(key);
+    return;
+  }
+  const uint64_t seq = next_seq_++;
+  const uint64_t nbytes = uint64_t(num_elements(r.shape)) * dtype_size(r.dtype);
+  const bool eager = nbytes <= eager_;
+  Writer w;
+  w.put<int32_t>(kHeader);
+  w.put<int32_t>(r.process_set);
+  w.put<int64_t>(r.tag);
+  w.put<uint64_t>(seq);
+  w.put<int32_t>(r.dtype);
+  w.put_vec(r.shape);
+  w.put<uint64_t>(nbytes);
+  w.put<uint64_t>(eager ? 0 : reinterpret_cast<uint64_t>(r.data));
+  std::string bytes = w.take();
+  if (eager) bytes.append(static_cast<const char*>(r.data), size_t(nbytes));
+  send_ctl(r.peer, std::move(bytes));
+  const int peer = r.peer;
+  Outgoing& o = outgoing_[{peer, seq}];
+  o.req = std::move(r);
+  o.nbytes = nbytes;
+}
+
+bool PointToPoint::poll_ctl() {
+  int flag = 0;
+  MPI_Message m;
+  MPI_Status st;
+  check_mpi(MPI_Improbe(MPI_ANY_SOURCE, kCtlTag, comm_, &flag, &m, &st), "MPI_Improbe(p2p)");
+  if (!flag) return false;
+  int count = 0;
+  MPI_Get_count(&st, MPI_BYTE, &count);
+  std::string msg(size_t(count), '\0');
+  check_mpi(MPI_Mrecv(msg.data(), count, MPI_BYTE, &m, MPI_STATUS_IGNORE), "MPI_Mrecv(p2p)");
+  int32_t kind = 0;
+  if (msg.size() >= sizeof(kind)) std::memcpy(&kind, msg.data(), sizeof(kind));
+  switch (kind) {
+    case kHeader: on_header(st.MPI_SOURCE, std::move(msg)); break;
+    case kAck: case kClearToSend: on_reply(st.MPI_SOURCE, msg); break;
+    case kBye: on_bye(st.MPI_SOURCE); break;
+    default: throw Error(COMMLIB_ERR_INTERNAL, "unknown point-to-point message kind " + std::to_string(kind));
+  }
+  return true;
+}
+
+bool PointToPoint::progress() {
+  bool worked = false;
+  while (poll_ctl()) worked = true;
+  worked |= test_data();
+  ctl_sends_.progress();
+  return worked;
+}
+
+bool PointToPoint::test_data() {
+  bool worked = false;
+  for (auto it = transfers_.begin(); it != transfers_.end();) {
+    if (!all_done(it->data)) {
+      ++it;
+      continue;
+    }
+    complete(it->req, COMMLIB_OK, "");
+    it = transfers_.erase(it);
+    worked = true;
+  }
+  for (auto it = outgoing_.begin(); it != outgoing_.end();) {
+    if (it->second.data.empty() || !all_done(it->second.data)) {
+      ++it;
+      continue;
+    }
+    complete(it->second.req, COMMLIB_OK, "");
+    it = outgoing_.erase(it);
+    worked = true;
+  }
+  return worked;
+}
+
+void PointToPoint::on_header(int source, std::string msg) {
+  Reader rd(msg);
+  rd.get<int32_t>();
+  Incoming in;
+  in.source = source;
+  const int set = rd.get<int32_t>();
+  const int64_t tag = rd.get<int64_t>();
+  in.seq = rd.get<uint64_t>();
+  in.dtype = rd.get<int32_t>();
+  in.shape = rd.get_vec();
+  in.nbytes = rd.get<uint64_t>();
+  in.addr = rd.get<uint64_t>();
+  if (in.addr == 0) {
+    in.offset = msg.size() - size_t(in.nbytes);
+    in.payload = std::move(msg);
+  }
+  const Key key{source, set, tag};
+  arrived_[key].push_back(std::move(in));
+  match(key);
+}
+
+void PointToPoint::match(const Key& key) {
+  auto a = arrived_.find(key);
+  auto p = posted_.find(key);
+  if (a == arrived_.end() || p == posted_.end()) return;
+  while (!a->second.empty() && !p->second.empty()) {
+    P2PRequest r = std::move(p->second.front());
+    p->second.pop_front();
+    Incoming in = std::move(a->second.front());
+    a->second.pop_front();
+    deliver(r, in);
+  }
+  if (a->second.empty()) arrived_.erase(a);
+  if (p->second.empty()) posted_.erase(p);
+}
+
+void PointToPoint::deliver(P2PRequest& r, Incoming& in) {
+  const std::string where = tag_str(r.tag, r.process_set);
+  Writer ack;
+  ack.put<int32_t>(kAck);
+  ack.put<uint64_t>(in.seq);
+  if (r.dtype >= 0 && (r.dtype != in.dtype || num_elements(r.shape) != num_elements(in.shape))) {
+    const std::string msg = describe(in.dtype, in.shape), out = describe(r.dtype, r.shape);
+    ack.put<int32_t>(COMMLIB_ERR_VALUE);
+    ack.put_string("send to rank " + std::to_string(rank_) + " (" + where + ") failed: the receiver's out is " +
+                   out + " but the message is " + msg);
+    send_ctl(in.source, ack.take());
+    complete(r, COMMLIB_ERR_VALUE, "recv from rank " + std::to_string(in.source) + " (" + where +
+                                       "): the message is " + msg + " but out is " + out +
+                                       "; pass an out of the sender's dtype and size, or none");
+    return;
+  }
+  char* dst = static_cast<char*>(r.out);
+  if (!dst) dst = r.handle->alloc_result(size_t(in.nbytes));
+  r.handle->dtype = in.dtype;
+  r.handle->shape = in.shape;
+  if (in.addr != 0 && !read_direct(r, in, dst)) {
+    start_transfer(r, in, dst);
+    return;
+  }
+  if (in.addr == 0 && in.nbytes > 0) std::memcpy(dst, in.payload.data() + in.offset, size_t(in.nbytes));
+  ack.put<int32_t>(COMMLIB_OK);
+  ack.put_string("");
+  send_ctl(in.source, ack.take());
+  complete(r, COMMLIB_OK, "");
+}
+
+// One copy straight from the sender's buffer, when it lives on this host.
+bool PointToPoint::read_direct(P2PRequest& r, const Incoming& in, char* dst) {
+  const size_t src = size_t(in.source);
+  if (host_pids_[src] == 0 || !direct_ok_[src]) return false;
+  if (read_from_process(host_pids_[src], in.addr, dst, size_t(in.nbytes))) return true;
+  direct_ok_[src] = false;  // (not permitted here: MPI from now on)
+  (void)r;
+  return false;
+}
+
+void PointToPoint::start_transfer(P2PRequest& r, const Incoming& in, char* dst) {
+  const int tag = kFirstDataTag + int(next_data_tag_++ % uint32_t(tag_span_));
+  Transfer t;
+  t.data = post_pieces(false, dst, in.nbytes, in.source, tag, comm_);
+  t.req = std::move(r);
+  transfers_.push_back(std::move(t));
+  Writer w;
+  w.put<int32_t>(kClearToSend);
+  w.put<uint64_t>(in.seq);
+  w.put<int32_t>(tag);
+  send_ctl(in.source, w.take());
+}
+
+void PointToPoint::on_reply(int source, const std::string& msg) {
+  Reader rd(msg);
+  const int32_t kind = rd.get<int32_t>();
+  const uint64_t seq = rd.get<uint64_t>();
+  auto it = outgoing_.find({source, seq});
+  if (it == outgoing_.end()) return;  // failed here meanwhile (shutdown)
+  Outgoing& o = it->second;
+  if (kind == kClearToSend) {
+    const int tag = rd.get<int32_t>();
+    o.data = post_pieces(true, static_cast<char*>(const_cast<void*>(o.req.data)), o.nbytes, source, tag, comm_);
+    return;
+  }
+  const int status = rd.get<int32_t>();
+  const std::string message = rd.get_string();
+  complete(o.req, status, message);
+  outgoing_.erase(it);
+}
+
+void PointToPoint::on_bye(int source) {
+  departed_[size_t(source)] = true;
+  const std::string who = "rank " + std::to_string(source) + " called shutdown() before ";
+  for (auto it = posted_.begin(); it != posted_.end();) {
+    if (std::get<0>(it->first) != source) {
+      ++it;
+      continue;
+    }
+    for (P2PRequest& r : it->second)
+      complete(r, COMMLIB_ERR_NOT_INIT, who + "sending a message this recv (" + tag_str(r.tag, r.process_set) +
+                                            ") could match");
+    it = posted_.erase(it);
+  }
+  for (auto it = outgoing_.begin(); it != outgoing_.end();) {
+    if (it->first.first != source || !it->second.data.empty()) {
+      ++it;
+      continue;
+    }
+    P2PRequest& r = it->second.req;
+    complete(r, COMMLIB_ERR_NOT_INIT, who + "receiving this send (" + tag_str(r.tag, r.process_set) + ")");
+    it = outgoing_.erase(it);
+  }
+}
+
+void PointToPoint::check_stalls(int64_t now, int64_t limit_us) {
+  if (now - last_stall_check_us_ < 1000000) return;
+  last_stall_check_us_ = now;
+  auto warn = [&](P2PRequest& r) {
+    if (r.warned || now - r.posted_us < limit_us) return;
+    r.warned = true;
+    std::fprintf(stderr, "commlib (rank %d): WARNING: %s rank %d (%s) has waited %.0f s for a matching %s\n",
+                 rank_, r.is_send ? "send to" : "recv from", r.peer, tag_str(r.tag, r.process_set).c_str(),
+                 double(now - r.posted_us) / 1e6, r.is_send ? "recv" : "send");
+  };
+  for (auto& [key, q] : posted_)
+    for (P2PRequest& r : q) warn(r);
+  for (auto& [key, o] : outgoing_)
+    if (o.data.empty()) warn(o.req);
+}
+
+void PointToPoint::fail_all(int code, const std::string& message) {
+  for (auto& [key, q] : posted_)
+    for (P2PRequest& r : q) complete(r, code, message);
+  posted_.clear();
+  for (auto& [key, o] : outgoing_) complete(o.req, code, message);
+  outgoing_.clear();
+  for (Transfer& t : transfers_) complete(t.req, code, message);
+  transfers_.clear();
+  arrived_.clear();
+}
+
+void PointToPoint::say_goodbye() {
+  // Data already cleared to send is sent first: its receiver waits for it.
+  const int64_t deadline = now_us() + 2000000;
+  auto sending = [&] {
+    for (auto& [key, o] : outgoing_)
+      if (!o.data.empty()) return true;
+    return false;
+  };
+  while (sending() && now_us() < deadline) {
+    progress();
+    throw_if_peer_lost();
+    sched_yield();
+  }
+  Writer w;
+  w.put<int32_t>(kBye);
+  const std::string bye = w.take();
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_ && !departed_[size_t(r)]) send_ctl(r, bye);
+}
+
+}  // namespace commlib

@@ -1,0 +1,135 @@
+// Point-to-point send/recv between two ranks, matched by (source, tag,
+// process set) directly between them: nothing goes through rank 0.
+//
+// Protocol, on a communicator of its own (a duplicate of the job's):
+// - The sender posts one header (tag kCtlTag) carrying the user tag, the set,
+//   dtype, shape and size. Small messages (<= the eager size) carry their
+//   bytes inside the header; large ones carry the address of the sender's
+//   buffer (rendezvous).
+// - The receiver queues headers in arrival order per (source, tag, set); MPI
+//   keeps one source's headers in order, so one pair and one tag stay FIFO.
+// - When a header meets a posted receive: a wrong `out` fails both sides (an
+//   error reply names the receiver's buffer); an eager message is copied out
+//   and acknowledged; a large one is read straight from the sender's memory
+//   with one copy (process_vm_readv, cma.h) on the same host and
+//   acknowledged, or else the receiver posts an MPI receive under a fresh
+//   data tag and sends "clear to send" with that tag.
+// - A send completes when the receiver has taken its data (acknowledgement,
+//   or its MPI data send finished): like MPI_Ssend, so that a receiver's
+//   error reaches the sender's handle.
+// - A rank that shuts down tells every rank ("bye"); receives waiting for it
+//   and sends not yet taken by it then fail instead of hanging.
+//
+// Only the thread that owns communication (the engine's cycle) calls post(),
+// progress() and the rest; no locking inside.
+#pragma once
+
+#include <mpi.h>
+
+#include <sys/types.h>
+
+#include <deque>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "../handles.h"
+#include "../transport/pending_sends.h"
+
+namespace commlib {
+
+// One local send or receive as submitted.
+struct P2PRequest {
+  std::shared_ptr<HandleState> handle;
+  bool is_send = true;
+  int peer = 0;         // job rank
+  int64_t tag = 0;
+  int process_set = 0;
+  int dtype = -1;       // receive: the dtype of `out` (-1: learn it from the message)
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  // send
+  void* out = nullptr;         // receive (null: the core allocates the result)
+  int64_t posted_us = 0;
+  bool warned = false;
+};
+
+class PointToPoint {
+ public:
+  // Completes a request's handle (the engine's bookkeeping included).
+  using Completion = std::function<void(HandleState&, int status, const std::string& message)>;
+
+  // comm: owned (a duplicate of the job's communicator). host_pids[r]: the pid
+  // of job rank r when it shares this host (single-copy reads), else 0.
+  // Messages of at most eager_bytes travel inside their header.
+  PointToPoint(MPI_Comm comm, std::vector<pid_t> host_pids, size_t eager_bytes, Completion done);
+  ~PointToPoint();
+
+  void post(P2PRequest req);
+  // Moves everything forward that can move without blocking; true when it did work.
+  bool progress();
+  // Warns (stderr) once about each request unmatched for longer than limit_us.
+  void check_stalls(int64_t now_us, int64_t limit_us);
+  // Fails every pending request (communication is over).
+  void fail_all(int code, const std::string& message);
+  // Tells every other rank that this one stops (shutdown).
+  void say_goodbye();
+  void abandon();  // after a lost peer: never touch the communicator again
+  size_t pending() const;
+
+ private:
+  struct Incoming {  // a header that arrived and waits for its receive
+    int source;
+    uint64_t seq;
+    int dtype;
+    std::vector<int64_t> shape;
+    uint64_t nbytes;
+    uint64_t addr;        // rendezvous: the sender's buffer
+    std::string payload;  // eager: the whole message; bytes start at offset
+    size_t offset = 0;
+  };
+  struct Outgoing {  // a send waiting for its receiver
+    P2PRequest req;
+    uint64_t nbytes = 0;
+    std::vector<MPI_Request> data;  // rendezvous over MPI, after "clear to send"
+  };
+  struct Transfer {  // a receive whose data arrives through MPI
+    P2PRequest req;
+    std::vector<MPI_Request> data;
+  };
+  using Key = std::tuple<int, int, int64_t>;  // (source, process set, tag)
+
+  void send_ctl(int peer, std::string bytes);
+  bool poll_ctl();
+  void on_header(int source, std::string msg);
+  void on_reply(int source, const std::string& msg);
+  void on_bye(int source);
+  void match(const Key& key);
+  void deliver(P2PRequest& r, Incoming& in);
+  bool read_direct(P2PRequest& r, const Incoming& in, char* dst);
+  void start_transfer(P2PRequest& r, const Incoming& in, char* dst);
+  bool test_data();
+  void complete(P2PRequest& r, int status, const std::string& message);
+
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+  int tag_span_ = 32000;
+  std::vector<pid_t> host_pids_;
+  std::vector<bool> direct_ok_;  // single-copy reads still believed to work, per source
+  std::vector<bool> departed_;   // ranks that said bye
+  size_t eager_ = 0;
+  Completion done_;
+  uint64_t next_seq_ = 1;
+  uint32_t next_data_tag_ = 0;
+  std::map<Key, std::deque<Incoming>> arrived_;
+  std::map<Key, std::deque<P2PRequest>> posted_;
+  std::map<std::pair<int, uint64_t>, Outgoing> outgoing_;  // (peer, seq)
+  std::list<Transfer> transfers_;
+  PendingSends ctl_sends_;
+  int64_t last_stall_check_us_ = 0;
+};
+
+}  // namespace commlib

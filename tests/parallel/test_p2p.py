@@ -1,0 +1,45 @@
+"""Point-to-point send/recv at 2 and 3 ranks: every rank checks what it
+received against numpy; the single-copy path, the MPI rendezvous path (one
+host without single copy, and pretended separate hosts) and header-carried
+messages are each covered, and so are the failure paths."""
+import time
+
+import pytest
+
+LAYOUTS = {
+    "single-copy": {},
+    "mpi-rendezvous": {"COMMLIB_P2P_SINGLE_COPY": "0"},
+    "two-hosts": {"COMMLIB_TEST_RANKS_PER_HOST": "1"},
+    "all-rendezvous": {"COMMLIB_P2P_EAGER_BYTES": "0"},
+}
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_p2p_every_case_checked_on_every_rank(ranks, n, layout):
+    ranks(n, "p2p_numpy.py", timeout=150, env=LAYOUTS[layout]).assert_ok(n)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n", [2, 3])
+def test_p2p_dead_peer_raises_rank_lost(ranks, n):
+    start = time.monotonic()
+    run = ranks(n, "p2p_failures.py", "dead", timeout=100)
+    assert time.monotonic() - start < 60, run
+    assert run.returncode == 137, run
+    assert "rank 0: RankLostError" in run.stdout, run
+    assert "rank 0: send failed too" in run.stdout, run
+
+
+@pytest.mark.timeout(150)
+def test_p2p_stalled_receive_is_reported(ranks):
+    run = ranks(3, "p2p_failures.py", "stall", timeout=100, env={"COMMLIB_STALL_CHECK_TIME": "1"})
+    run.assert_ok(3)
+    assert "recv from rank 1 (tag 77) has waited" in run.stderr, run
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n", [2, 3])
+def test_p2p_peer_shutdown_fails_waiting_receive(ranks, n):
+    ranks(n, "p2p_failures.py", "shutdown", timeout=100).assert_ok(n)
