@@ -7,7 +7,10 @@ For each operation and size it prints commlib's median time, algorithm
 bandwidth and bus bandwidth, the same for raw MPI through mpi4py and (when
 torch is installed) torch.distributed's gloo backend, measured in the same run
 and interleaved so that the machine's drift affects all alike, and the ratios
-(>1 means commlib is faster). The ``fusion`` case submits 128 tensors of
+(>1 means commlib is faster). ``sendrecv`` is a ping-pong between ranks 0
+and 1 (blocking send then receive into a preallocated buffer, and the
+mirror image; the other ranks idle): its time is the round trip and its bus
+bandwidth the bytes moved one way per second. The ``fusion`` case submits 128 tensors of
 4 KiB asynchronously and synchronizes them, against 128 sequential
 MPI_Allreduce calls.
 
@@ -28,7 +31,7 @@ import time
 
 import numpy as np
 
-OPS = ("allreduce", "allgather", "broadcast", "reducescatter", "alltoall")
+OPS = ("allreduce", "allgather", "broadcast", "reducescatter", "alltoall", "sendrecv")
 DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16,
           "int32": np.int32, "int64": np.int64, "uint8": np.uint8}
 
@@ -52,7 +55,18 @@ def bus_factor(op: str, n: int) -> float:
         return 2 * (n - 1) / n
     if op == "broadcast":
         return 1.0
+    if op == "sendrecv":
+        return 2.0  # a round trip moves the bytes twice
     return (n - 1) / n
+
+
+def ping_pong(me: int, send, recv):
+    """Rank 0 sends then receives, rank 1 receives then sends; others idle."""
+    if me == 0:
+        return lambda: (send(1), recv(1))
+    if me == 1:
+        return lambda: (recv(0), send(0))
+    return lambda: None
 
 
 def sizes(lo: int, hi: int, factor: int) -> list[int]:
@@ -99,6 +113,9 @@ class CommlibImpl(Impl):
         if op == "alltoall":
             x = np.ones(max(n, count // n * n), dtype)
             return lambda: c.alltoall(x, name=name)
+        if op == "sendrecv":
+            x, y = np.ones(count, dtype), np.empty(count, dtype)
+            return ping_pong(c.rank(), lambda p: c.send(x, p), lambda p: c.recv(p, out=y))
         return None
 
 
@@ -131,6 +148,9 @@ class MpiImpl(Impl):
             x = np.ones(max(n, count // n * n), dtype)
             out = np.empty_like(x)
             return lambda: comm.Alltoall(x, out)
+        if op == "sendrecv":
+            x, y = np.ones(count, dtype), np.empty(count, dtype)
+            return ping_pong(comm.Get_rank(), lambda p: comm.Send(x, p), lambda p: comm.Recv(y, p))
         return None
 
 
@@ -162,6 +182,9 @@ class GlooImpl(Impl):
             x = torch.ones(max(n, count // n * n), dtype=tdtype)
             out = torch.empty_like(x)
             fn = lambda: dist.all_to_all_single(out, x)  # noqa: E731
+        elif op == "sendrecv":
+            x, y = torch.ones(count, dtype=tdtype), torch.empty(count, dtype=tdtype)
+            fn = ping_pong(dist.get_rank(), lambda p: dist.send(x, p), lambda p: dist.recv(y, p))
         else:
             return None
         try:  # gloo lacks some collectives; probe once, on every rank
@@ -309,6 +332,8 @@ def main(argv=None) -> int:
     comm = MPI.COMM_WORLD
     commlib.init()
     n, me = commlib.size(), commlib.rank()
+    if n < 2 and "sendrecv" in ops:
+        ops.remove("sendrecv")  # (a ping-pong needs two ranks)
     impls = [CommlibImpl(commlib, n), MpiImpl(comm)]
     dtype = DTYPES[args.dtype]
     cases = [(op, nbytes) for op in ops

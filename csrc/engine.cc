@@ -204,7 +204,7 @@ void Engine::init(MPI_Comm base) {
   }
   topo_ = t;
   init_p2p(base, local, size_t(env_int("COMMLIB_P2P_EAGER_BYTES", 64 << 10)),
-           env_int("COMMLIB_P2P_SINGLE_COPY", 1) != 0);
+           size_t(env_int("COMMLIB_P2P_SPLIT_BYTES", 256 << 10)), env_int("COMMLIB_P2P_SINGLE_COPY", 1) != 0);
   MPI_Comm_free(&local);
   if (shm_ && t.cross_size > 1) {
     cross_ = std::make_unique<MpiTransport>(cross);  // reduce within hosts, all-reduce across

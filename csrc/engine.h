@@ -99,7 +99,7 @@ class Engine {
   void report(const std::vector<Entry*>& entries);
 
   // Point-to-point (engine_p2p.cc).
-  void init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, bool single_copy);
+  void init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, size_t split_bytes, bool single_copy);
   bool cycle_p2p();  // posts queued sends/receives, moves transfers on
 
   // The response cache and order log (engine_cache.cc; see response_cache.h).

@@ -65,12 +65,13 @@ void validate_p2p(const commlib_request& q, const std::vector<int>& members, int
 
 }  // namespace
 
-void Engine::init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, bool single_copy) {
+void Engine::init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, size_t split_bytes,
+                      bool single_copy) {
   std::vector<pid_t> pids = host_pids(base, local, topo_.size);
   if (!single_copy) std::fill(pids.begin(), pids.end(), pid_t(0));
   MPI_Comm comm;
   check_mpi(MPI_Comm_dup(base, &comm), "MPI_Comm_dup(p2p)");
-  p2p_ = std::make_unique<PointToPoint>(comm, std::move(pids), eager_bytes,
+  p2p_ = std::make_unique<PointToPoint>(comm, std::move(pids), eager_bytes, split_bytes,
                                         [this](HandleState& h, int status, const std::string& message) {
                                           outstanding_.fetch_sub(1);
                                           handles_.complete(h, status, message);

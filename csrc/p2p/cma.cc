@@ -13,13 +13,17 @@ void allow_direct_reads() {
 #endif
 }
 
-bool read_from_process(pid_t pid, uint64_t remote, void* dst, size_t bytes) {
-  char* out = static_cast<char*>(dst);
+namespace {
+
+// Moves bytes between local memory and address `remote` of `pid`, resuming
+// after partial transfers.
+template <typename Call>
+bool cross_copy(Call call, char* local_buf, uint64_t remote, size_t bytes) {
   size_t done = 0;
   while (done < bytes) {
-    iovec local{out + done, bytes - done};
-    iovec from{reinterpret_cast<void*>(remote + done), bytes - done};
-    const ssize_t n = process_vm_readv(pid, &local, 1, &from, 1, 0);
+    iovec local{local_buf + done, bytes - done};
+    iovec other{reinterpret_cast<void*>(remote + done), bytes - done};
+    const ssize_t n = call(&local, &other);
     if (n < 0) {
       if (errno == EINTR) continue;
       return false;
@@ -31,6 +35,18 @@ bool read_from_process(pid_t pid, uint64_t remote, void* dst, size_t bytes) {
     done += size_t(n);
   }
   return true;
+}
+
+}  // namespace
+
+bool read_from_process(pid_t pid, uint64_t remote, void* dst, size_t bytes) {
+  return cross_copy([pid](iovec* local, iovec* other) { return process_vm_readv(pid, local, 1, other, 1, 0); },
+                    static_cast<char*>(dst), remote, bytes);
+}
+
+bool write_to_process(pid_t pid, uint64_t remote, const void* src, size_t bytes) {
+  return cross_copy([pid](iovec* local, iovec* other) { return process_vm_writev(pid, local, 1, other, 1, 0); },
+                    static_cast<char*>(const_cast<void*>(src)), remote, bytes);
 }
 
 }  // namespace commlib

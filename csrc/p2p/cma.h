@@ -17,5 +17,7 @@ void allow_direct_reads();
 // Copies `bytes` bytes at address `remote` of process `pid` into `dst`.
 // False (errno set) when the kernel refuses: the caller falls back to MPI.
 bool read_from_process(pid_t pid, uint64_t remote, void* dst, size_t bytes);
+// The other way: copies `bytes` bytes from `src` to address `remote` of `pid`.
+bool write_to_process(pid_t pid, uint64_t remote, const void* src, size_t bytes);
 
 }  // namespace commlib

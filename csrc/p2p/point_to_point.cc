@@ -12,15 +12,14 @@
 #include "../progress.h"
 #include "../transport/mpi_transport.h"
 #include "cma.h"
+#include "wire.h"
 
 namespace commlib {
 namespace {
 
-constexpr int kCtlTag = 1;        // headers, replies, bye
 constexpr int kFirstDataTag = 2;  // rendezvous data over MPI: a fresh tag per transfer
 constexpr size_t kPiece = size_t(1) << 30;  // MPI counts are int
-
-enum CtlKind : int32_t { kHeader = 1, kAck = 2, kClearToSend = 3, kBye = 4 };
+constexpr size_t kSameHostEager = 4096;
 
 std::string describe(int dtype, const std::vector<int64_t>& shape) {
   return std::string(dtype_name(dtype)) + " " + shape_str(shape);
@@ -61,8 +60,9 @@ bool all_done(std::vector<MPI_Request>& reqs) {
 }  // namespace
 
 PointToPoint::PointToPoint(MPI_Comm comm, std::vector<pid_t> host_pids, size_t eager_bytes,
-                           Completion done)
-    : comm_(comm), host_pids_(std::move(host_pids)), eager_(eager_bytes), done_(std::move(done)) {
+                           size_t split_bytes, Completion done)
+    : comm_(comm), host_pids_(std::move(host_pids)), split_bytes_(split_bytes), eager_(eager_bytes),
+      done_(std::move(done)) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
@@ -71,6 +71,7 @@ PointToPoint::PointToPoint(MPI_Comm comm, std::vector<pid_t> host_pids, size_t e
   MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found);
   if (found && ub) tag_span_ = std::max(1, *static_cast<int*>(ub) - kFirstDataTag);
   direct_ok_.assign(size_t(size_), true);
+  proven_.assign(size_t(size_), false);
   departed_.assign(size_t(size_), false);
   allow_direct_reads();
 }
@@ -86,7 +87,7 @@ void PointToPoint::abandon() {
 }
 
 size_t PointToPoint::pending() const {
-  size_t n = outgoing_.size() + transfers_.size();
+  size_t n = outgoing_.size() + transfers_.size() + splits_.size();
   for (const auto& [key, q] : posted_) n += q.size();
   return n;
 }
@@ -114,7 +115,9 @@ void PointToPoint::post(P2PRequest r) {
   }
   const uint64_t seq = next_seq_++;
   const uint64_t nbytes = uint64_t(num_elements(r.shape)) * dtype_size(r.dtype);
-  const bool eager = nbytes <= eager_;
+  // On one host a single-copy read beats carrying the bytes through MPI
+  // from a few KiB on (measured: 64 KiB round trip 25 us against 47 us).
+  const bool eager = nbytes <= (host_pids_[size_t(r.peer)] ? std::min(eager_, kSameHostEager) : eager_);
   Writer w;
   w.put<int32_t>(kHeader);
   w.put<int32_t>(r.process_set);
@@ -149,6 +152,16 @@ bool PointToPoint::poll_ctl() {
     case kHeader: on_header(st.MPI_SOURCE, std::move(msg)); break;
     case kAck: case kClearToSend: on_reply(st.MPI_SOURCE, msg); break;
     case kBye: on_bye(st.MPI_SOURCE); break;
+    case kSplit: case kWritten: {
+      Reader rd(msg);
+      rd.get<int32_t>();
+      if (kind == kSplit) {
+        on_split_request(st.MPI_SOURCE, rd);
+      } else {
+        on_written(st.MPI_SOURCE, rd);
+      }
+      break;
+    }
     default: throw Error(COMMLIB_ERR_INTERNAL, "unknown point-to-point message kind " + std::to_string(kind));
   }
   return true;
@@ -221,17 +234,22 @@ void PointToPoint::match(const Key& key) {
   if (p->second.empty()) posted_.erase(p);
 }
 
-void PointToPoint::deliver(P2PRequest& r, Incoming& in) {
-  const std::string where = tag_str(r.tag, r.process_set);
+void PointToPoint::send_ack(int peer, uint64_t seq, int status, const std::string& message) {
   Writer ack;
   ack.put<int32_t>(kAck);
-  ack.put<uint64_t>(in.seq);
+  ack.put<uint64_t>(seq);
+  ack.put<int32_t>(status);
+  ack.put_string(message);
+  send_ctl(peer, ack.take());
+}
+
+void PointToPoint::deliver(P2PRequest& r, Incoming& in) {
+  const std::string where = tag_str(r.tag, r.process_set);
   if (r.dtype >= 0 && (r.dtype != in.dtype || num_elements(r.shape) != num_elements(in.shape))) {
     const std::string msg = describe(in.dtype, in.shape), out = describe(r.dtype, r.shape);
-    ack.put<int32_t>(COMMLIB_ERR_VALUE);
-    ack.put_string("send to rank " + std::to_string(rank_) + " (" + where + ") failed: the receiver's out is " +
-                   out + " but the message is " + msg);
-    send_ctl(in.source, ack.take());
+    send_ack(in.source, in.seq, COMMLIB_ERR_VALUE,
+             "send to rank " + std::to_string(rank_) + " (" + where + ") failed: the receiver's out is " + out +
+                 " but the message is " + msg);
     complete(r, COMMLIB_ERR_VALUE, "recv from rank " + std::to_string(in.source) + " (" + where +
                                        "): the message is " + msg + " but out is " + out +
                                        "; pass an out of the sender's dtype and size, or none");
@@ -241,14 +259,20 @@ void PointToPoint::deliver(P2PRequest& r, Incoming& in) {
   if (!dst) dst = r.handle->alloc_result(size_t(in.nbytes));
   r.handle->dtype = in.dtype;
   r.handle->shape = in.shape;
-  if (in.addr != 0 && !read_direct(r, in, dst)) {
-    start_transfer(r, in, dst);
-    return;
+  if (in.addr != 0) {
+    const size_t src = size_t(in.source);
+    if (proven_[src] && in.nbytes >= std::max<uint64_t>(split_bytes_, 1 << 16)) {
+      start_split(r, in, dst);
+      return;
+    }
+    if (!read_direct(r, in, dst)) {
+      start_transfer(r, in, dst);
+      return;
+    }
+  } else if (in.nbytes > 0) {
+    std::memcpy(dst, in.payload.data() + in.offset, size_t(in.nbytes));
   }
-  if (in.addr == 0 && in.nbytes > 0) std::memcpy(dst, in.payload.data() + in.offset, size_t(in.nbytes));
-  ack.put<int32_t>(COMMLIB_OK);
-  ack.put_string("");
-  send_ctl(in.source, ack.take());
+  send_ack(in.source, in.seq, COMMLIB_OK, "");
   complete(r, COMMLIB_OK, "");
 }
 
@@ -256,9 +280,12 @@ void PointToPoint::deliver(P2PRequest& r, Incoming& in) {
 bool PointToPoint::read_direct(P2PRequest& r, const Incoming& in, char* dst) {
   const size_t src = size_t(in.source);
   if (host_pids_[src] == 0 || !direct_ok_[src]) return false;
-  if (read_from_process(host_pids_[src], in.addr, dst, size_t(in.nbytes))) return true;
-  direct_ok_[src] = false;  // (not permitted here: MPI from now on)
   (void)r;
+  if (read_from_process(host_pids_[src], in.addr, dst, size_t(in.nbytes))) {
+    proven_[src] = true;
+    return true;
+  }
+  direct_ok_[src] = false;  // (not permitted here: MPI from now on)
   return false;
 }
 
@@ -306,6 +333,15 @@ void PointToPoint::on_bye(int source) {
                                             ") could match");
     it = posted_.erase(it);
   }
+  for (auto it = splits_.begin(); it != splits_.end();) {
+    if (it->source != source) {
+      ++it;
+      continue;
+    }
+    complete(it->req, COMMLIB_ERR_NOT_INIT, who + "writing its half of this recv (" +
+                                                tag_str(it->req.tag, it->req.process_set) + ")");
+    it = splits_.erase(it);
+  }
   for (auto it = outgoing_.begin(); it != outgoing_.end();) {
     if (it->first.first != source || !it->second.data.empty()) {
       ++it;
@@ -341,6 +377,8 @@ void PointToPoint::fail_all(int code, const std::string& message) {
   outgoing_.clear();
   for (Transfer& t : transfers_) complete(t.req, code, message);
   transfers_.clear();
+  for (Split& t : splits_) complete(t.req, code, message);
+  splits_.clear();
   arrived_.clear();
 }
 

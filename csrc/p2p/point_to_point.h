@@ -13,7 +13,10 @@
 //   and acknowledged; a large one is read straight from the sender's memory
 //   with one copy (process_vm_readv, cma.h) on the same host and
 //   acknowledged, or else the receiver posts an MPI receive under a fresh
-//   data tag and sends "clear to send" with that tag.
+//   data tag and sends "clear to send" with that tag. Once a direct read
+//   from a peer has worked, messages of split_bytes and more are copied by
+//   both ranks at once (split_copy.cc): the receiver reads the first half
+//   while the sender writes the second into the receiver's buffer.
 // - A send completes when the receiver has taken its data (acknowledgement,
 //   or its MPI data send finished): like MPI_Ssend, so that a receiver's
 //   error reaches the sender's handle.
@@ -38,6 +41,7 @@
 #include <vector>
 
 #include "../handles.h"
+#include "../message.h"
 #include "../transport/pending_sends.h"
 
 namespace commlib {
@@ -65,7 +69,8 @@ class PointToPoint {
   // comm: owned (a duplicate of the job's communicator). host_pids[r]: the pid
   // of job rank r when it shares this host (single-copy reads), else 0.
   // Messages of at most eager_bytes travel inside their header.
-  PointToPoint(MPI_Comm comm, std::vector<pid_t> host_pids, size_t eager_bytes, Completion done);
+  PointToPoint(MPI_Comm comm, std::vector<pid_t> host_pids, size_t eager_bytes, size_t split_bytes,
+               Completion done);
   ~PointToPoint();
 
   void post(P2PRequest req);
@@ -96,6 +101,14 @@ class PointToPoint {
     uint64_t nbytes = 0;
     std::vector<MPI_Request> data;  // rendezvous over MPI, after "clear to send"
   };
+  struct Split {  // a receive copied by both sides (split_copy.cc)
+    P2PRequest req;
+    int source;
+    uint64_t seq, addr, half, nbytes;
+    char* dst;
+    int status = 0;  // first failure of either half
+    std::string error;
+  };
   struct Transfer {  // a receive whose data arrives through MPI
     P2PRequest req;
     std::vector<MPI_Request> data;
@@ -111,6 +124,10 @@ class PointToPoint {
   void deliver(P2PRequest& r, Incoming& in);
   bool read_direct(P2PRequest& r, const Incoming& in, char* dst);
   void start_transfer(P2PRequest& r, const Incoming& in, char* dst);
+  void start_split(P2PRequest& r, const Incoming& in, char* dst);
+  void on_split_request(int source, Reader& rd);  // sender: write the second half
+  void on_written(int source, Reader& rd);        // receiver: the sender's half is there
+  void send_ack(int peer, uint64_t seq, int status, const std::string& message);
   bool test_data();
   void complete(P2PRequest& r, int status, const std::string& message);
 
@@ -119,6 +136,8 @@ class PointToPoint {
   int tag_span_ = 32000;
   std::vector<pid_t> host_pids_;
   std::vector<bool> direct_ok_;  // single-copy reads still believed to work, per source
+  std::vector<bool> proven_;     // a single-copy read from this source has worked
+  size_t split_bytes_ = 0;
   std::vector<bool> departed_;   // ranks that said bye
   size_t eager_ = 0;
   Completion done_;
@@ -128,6 +147,7 @@ class PointToPoint {
   std::map<Key, std::deque<P2PRequest>> posted_;
   std::map<std::pair<int, uint64_t>, Outgoing> outgoing_;  // (peer, seq)
   std::list<Transfer> transfers_;
+  std::list<Split> splits_;
   PendingSends ctl_sends_;
   int64_t last_stall_check_us_ = 0;
 };
