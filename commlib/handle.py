@@ -10,7 +10,7 @@ from ._lib import error_for, ffi, last_error, lib
 # core never touches freed memory.
 _keepalive: dict[int, Any] = {}
 
-_WAIT_SLICE_S = 0.2  # wait in slices so that Ctrl-C reaches Python
+WAIT_SLICE_S = 0.2  # wait in slices so that Ctrl-C reaches Python
 
 
 class Handle:
@@ -46,7 +46,7 @@ def synchronize(handle: Handle):
         raise ValueError("this handle has already been synchronized")
     hid = handle._id
     while True:
-        rc = lib.commlib_wait(hid, _WAIT_SLICE_S)
+        rc = lib.commlib_wait(hid, WAIT_SLICE_S)
         if rc == lib.COMMLIB_OK:
             break
         if rc != lib.COMMLIB_ERR_TIMEOUT:

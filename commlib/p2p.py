@@ -22,6 +22,7 @@ import numpy as np
 from . import basics
 from ._lib import check, ffi, lib
 from .dtypes import dtype_code, numpy_dtype
+from .handle import WAIT_SLICE_S as _WAIT_SLICE_S
 from .handle import Handle, core_result, synchronize
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
@@ -48,7 +49,8 @@ def _check_tag(tag) -> int:
     return int(tag)
 
 
-def _submit(op_type: int, arr, out, peer: int, tag: int, psid: int) -> int:
+def _args(arr, out, peer: int, tag: int, psid: int) -> tuple:
+    """The core's arguments for a send of ``arr`` or a receive into ``out``."""
     buf = arr if arr is not None else out
     if buf is None:
         dtype, ndim, shape, ptr = -1, 0, ffi.NULL, ffi.NULL
@@ -58,10 +60,24 @@ def _submit(op_type: int, arr, out, peer: int, tag: int, psid: int) -> int:
         ptr = ffi.from_buffer(buf, require_writable=out is not None) if buf.size else ffi.NULL
     data = ptr if arr is not None else ffi.NULL
     dst = ptr if out is not None else ffi.NULL
-    hid = lib.commlib_submit_p2p(op_type, dtype, ndim, shape, data, dst, peer, tag, psid)
+    return dtype, ndim, shape, data, dst, peer, tag, psid
+
+
+def _submit(op_type: int, arr, out, peer: int, tag: int, psid: int) -> int:
+    hid = lib.commlib_submit_p2p(op_type, *_args(arr, out, peer, tag, psid))
     if hid < 0:
         check(-hid)
     return hid
+
+
+def _blocking(op_type: int, arr, out, peer: int, tag: int, psid: int) -> None:
+    """Runs one request to completion in one core call; one still pending
+    after a slice (long waits, so that Ctrl-C reaches Python) is synchronized."""
+    rc = lib.commlib_p2p_blocking(op_type, *_args(arr, out, peer, tag, psid), _WAIT_SLICE_S)
+    if rc < 0:
+        check(-rc)
+    elif rc > 0:
+        synchronize(Handle(rc, lambda _h: None, (arr, out), "send" if arr is not None else "recv"))
 
 
 def _send_array(array) -> np.ndarray:
@@ -84,7 +100,10 @@ def isend(array, dst, tag=0, process_set=None) -> Handle:
 
 def send(array, dst, tag=0, process_set=None) -> None:
     """Sends ``array`` to job rank ``dst``; returns once the receiver took it."""
-    synchronize(isend(array, dst, tag, process_set))
+    basics._require_init()
+    arr = _send_array(array)
+    _blocking(lib.COMMLIB_OP_SEND, arr, None, _check_peer(dst, "dst", process_set), _check_tag(tag),
+              _psid(process_set))
 
 
 def irecv(src, tag=0, out=None, process_set=None) -> Handle:
@@ -93,18 +112,22 @@ def irecv(src, tag=0, out=None, process_set=None) -> Handle:
     new array of the message's dtype and shape."""
     basics._require_init()
     if out is not None:
-        if not isinstance(out, np.ndarray):
-            raise TypeError(f"recv needs a numpy.ndarray as out, got {type(out).__name__}")
-        dtype_code(out.dtype)
-        if not out.flags.c_contiguous:
-            raise ValueError("recv needs a C-contiguous out array; use numpy.ascontiguousarray() first")
-        if not out.flags.writeable:
-            raise ValueError("recv cannot write into a read-only out array")
+        _check_out(out)
     peer = _check_peer(src, "src", process_set)
     hid = _submit(lib.COMMLIB_OP_RECV, None, out, peer, _check_tag(tag), _psid(process_set))
     if out is not None:
         return Handle(hid, lambda _h: out, out, "recv")
     return Handle(hid, _new_array, None, "recv")
+
+
+def _check_out(out) -> None:
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"recv needs a numpy.ndarray as out, got {type(out).__name__}")
+    dtype_code(out.dtype)
+    if not out.flags.c_contiguous:
+        raise ValueError("recv needs a C-contiguous out array; use numpy.ascontiguousarray() first")
+    if not out.flags.writeable:
+        raise ValueError("recv cannot write into a read-only out array")
 
 
 def _new_array(hid: int) -> np.ndarray:
@@ -119,7 +142,13 @@ def _new_array(hid: int) -> np.ndarray:
 
 def recv(src, tag=0, out=None, process_set=None) -> np.ndarray:
     """Receives the next message from job rank ``src`` with ``tag``."""
-    return synchronize(irecv(src, tag, out, process_set))
+    if out is None:
+        return synchronize(irecv(src, tag, out, process_set))
+    basics._require_init()
+    _check_out(out)
+    _blocking(lib.COMMLIB_OP_RECV, None, out, _check_peer(src, "src", process_set), _check_tag(tag),
+              _psid(process_set))
+    return out
 
 
 def sendrecv(array, dst, src, send_tag=0, recv_tag=0, out=None, process_set=None) -> np.ndarray:

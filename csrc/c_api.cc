@@ -51,6 +51,21 @@ std::shared_ptr<commlib::HandleState> find_handle(int64_t handle) {
   return h;
 }
 
+commlib_request p2p_request(int op_type, int dtype, int ndim, const int64_t* shape, const void* data, void* out,
+                            int peer, int64_t tag, int process_set) {
+  commlib_request req{};
+  req.op_type = op_type;
+  req.dtype = dtype;
+  req.ndim = ndim;
+  req.shape = shape;
+  req.input = data;
+  req.output = out;
+  req.peer = peer;
+  req.tag = tag;
+  req.process_set = process_set;
+  return req;
+}
+
 }  // namespace
 
 extern "C" {
@@ -135,21 +150,31 @@ int commlib_enqueue_allreduce_group(const char* base_name, int n, const int32_t*
   });
 }
 
+
 int64_t commlib_submit_p2p(int op_type, int dtype, int ndim, const int64_t* shape,
                            const void* data, void* out, int peer, int64_t tag, int process_set) {
-  commlib_request req{};
-  req.op_type = op_type;
-  req.dtype = dtype;
-  req.ndim = ndim;
-  req.shape = shape;
-  req.input = data;
-  req.output = out;
-  req.peer = peer;
-  req.tag = tag;
-  req.process_set = process_set;
+  const commlib_request req = p2p_request(op_type, dtype, ndim, shape, data, out, peer, tag, process_set);
   int64_t handle = 0;
   const int rc = guarded([&] { handle = Engine::get().enqueue_p2p(req); });
   return rc == COMMLIB_OK ? handle : -int64_t(rc);
+}
+
+int64_t commlib_p2p_blocking(int op_type, int dtype, int ndim, const int64_t* shape, const void* data,
+                             void* out, int peer, int64_t tag, int process_set, double timeout_s) {
+  const commlib_request req = p2p_request(op_type, dtype, ndim, shape, data, out, peer, tag, process_set);
+  int64_t pending = 0;
+  const int rc = guarded([&] {
+    Engine& engine = Engine::get();
+    const int64_t id = engine.enqueue_p2p(req);
+    auto h = engine.handles().find(id);
+    if (!engine.wait(*h, timeout_s)) {
+      pending = id;
+      return;
+    }
+    engine.handles().release(id);
+    if (h->status != COMMLIB_OK) throw Error(h->status, h->message);
+  });
+  return rc != COMMLIB_OK ? -int64_t(rc) : pending;
 }
 
 int commlib_handle_recv_info(int64_t handle, int* dtype, int* ndim, int64_t* shape, int max_ndim) {

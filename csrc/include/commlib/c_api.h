@@ -145,6 +145,12 @@ int commlib_enqueue_allreduce_group(const char* base_name, int n, const int32_t*
  * data. Returns the handle (> 0), or minus the error code. */
 int64_t commlib_submit_p2p(int op_type, int dtype, int ndim, const int64_t* shape,
                            const void* data, void* out, int peer, int64_t tag, int process_set);
+/* The same, run to completion by the calling thread (a blocking send, or a
+ * recv into out): 0 when it finished within timeout_s (nothing to release),
+ * minus the error code when it failed, else the still pending request's
+ * handle (> 0; synchronize it as usual). */
+int64_t commlib_p2p_blocking(int op_type, int dtype, int ndim, const int64_t* shape, const void* data,
+                             void* out, int peer, int64_t tag, int process_set, double timeout_s);
 /* A completed recv's message: dtype, ndim and up to max_ndim dimensions. */
 int commlib_handle_recv_info(int64_t handle, int* dtype, int* ndim, int64_t* shape, int max_ndim);
 

@@ -46,11 +46,12 @@ if mode == "dead":
     time.sleep(120)  # the others: the launcher ends the job
 elif mode == "stall":
     if me == 0:
-        got = commlib.recv(src=1, tag=77)
-        check_equal(got, np.arange(5), "late message")
+        # (a blocking receive into out: waits past its first time slice)
+        got = commlib.recv(src=1, tag=77, out=np.zeros(5, dtype=np.int64))
+        check_equal(got, np.arange(5, dtype=np.int64), "late message")
     elif me == 1:
         time.sleep(3)
-        commlib.send(np.arange(5), dst=0, tag=77)
+        commlib.send(np.arange(5, dtype=np.int64), dst=0, tag=77)
     commlib.barrier()
     done()
 elif mode == "shutdown":
