@@ -10,8 +10,8 @@
 #include <type_traits>
 
 #include "common.h"
-#include "engine.h"
-#include "result_pool.h"
+#include "runtime/engine.h"
+#include "runtime/result_pool.h"
 
 using commlib::Engine;
 using commlib::Error;

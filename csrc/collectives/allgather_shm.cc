@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "../transport/shm_block.h"
-#include "shm_collectives.h"
+#include "backends/shm/shm_block.h"
+#include "collectives/shm_collectives.h"
 
 namespace commlib {
 

@@ -1,5 +1,5 @@
 // All-reduce through the MPI library's own collective (the baseline).
-#include "allreduce.h"
+#include "collectives/allreduce.h"
 
 namespace commlib {
 

@@ -19,15 +19,15 @@
 // Across hosts (hierarchical), rank j all-reduces its reduced piece with the
 // ranks of the same local rank on the other hosts before publishing it, so
 // every local rank drives its own slice of the inter-host traffic.
-#include "allreduce_shm.h"
+#include "collectives/allreduce_shm.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "../common.h"
-#include "../progress.h"
-#include "../reduce.h"
-#include "allreduce.h"
+#include "common.h"
+#include "runtime/progress.h"
+#include "reduce.h"
+#include "exec/algorithm.h"
 
 namespace commlib {
 namespace {

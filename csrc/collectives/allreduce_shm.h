@@ -3,8 +3,8 @@
 
 #include <cstddef>
 
-#include "../transport/shm.h"
-#include "../transport/transport.h"
+#include "backends/shm/shm.h"
+#include "backends/transport.h"
 
 namespace commlib {
 

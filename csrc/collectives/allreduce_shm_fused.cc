@@ -1,11 +1,11 @@
-#include "allreduce_shm_fused.h"
+#include "collectives/allreduce_shm_fused.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "../common.h"
-#include "../reduce.h"
-#include "allreduce.h"
+#include "common.h"
+#include "reduce.h"
+#include "exec/algorithm.h"
 
 namespace commlib {
 

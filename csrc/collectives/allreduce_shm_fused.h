@@ -18,9 +18,9 @@
 
 #include <cstddef>
 
-#include "../transport/shm.h"
-#include "../transport/shm_block.h"
-#include "../transport/transport.h"
+#include "backends/shm/shm.h"
+#include "backends/shm/shm_block.h"
+#include "backends/transport.h"
 
 namespace commlib {
 

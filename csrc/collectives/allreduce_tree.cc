@@ -40,10 +40,10 @@
 #include <utility>
 #include <vector>
 
-#include "../common.h"
-#include "../fusion.h"
-#include "../reduce.h"
-#include "allreduce.h"
+#include "common.h"
+#include "fusion_buffer.h"
+#include "reduce.h"
+#include "collectives/allreduce.h"
 
 namespace commlib {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "../transport/shm.h"
+#include "backends/shm/shm.h"
 
 namespace commlib {
 

@@ -1,4 +1,4 @@
-#include "cma.h"
+#include "p2p/cma.h"
 
 #include <sys/prctl.h>
 #include <sys/uio.h>

@@ -1,4 +1,4 @@
-#include "point_to_point.h"
+#include "p2p/point_to_point.h"
 
 #include <sched.h>
 
@@ -7,12 +7,12 @@
 #include <cstdio>
 #include <cstring>
 
-#include "../common.h"
-#include "../message.h"
-#include "../progress.h"
-#include "../transport/mpi_transport.h"
-#include "cma.h"
-#include "wire.h"
+#include "common.h"
+#include "message.h"
+#include "runtime/progress.h"
+#include "backends/mpi/mpi_transport.h"
+#include "p2p/cma.h"
+#include "p2p/wire.h"
 
 namespace commlib {
 namespace {

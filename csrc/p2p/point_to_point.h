@@ -40,9 +40,9 @@
 #include <tuple>
 #include <vector>
 
-#include "../handles.h"
-#include "../message.h"
-#include "../transport/pending_sends.h"
+#include "runtime/handles.h"
+#include "message.h"
+#include "backends/mpi/pending_sends.h"
 
 namespace commlib {
 

@@ -5,10 +5,10 @@
 // that cannot write leaves its half to the receiver.
 #include <algorithm>
 
-#include "../common.h"
-#include "cma.h"
-#include "point_to_point.h"
-#include "wire.h"
+#include "common.h"
+#include "p2p/cma.h"
+#include "p2p/point_to_point.h"
+#include "p2p/wire.h"
 
 namespace commlib {
 namespace {

@@ -1,4 +1,4 @@
-#include "response_cache.h"
+#include "negotiation/response_cache.h"
 
 namespace commlib {
 

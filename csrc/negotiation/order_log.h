@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "shm.h"
+#include "backends/shm/shm.h"
 
 namespace commlib {
 

@@ -6,8 +6,8 @@
 #include <algorithm>
 
 #include "common.h"
-#include "engine.h"
-#include "progress.h"
+#include "runtime/engine.h"
+#include "runtime/progress.h"
 
 namespace commlib {
 namespace {

@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "transport.h"
+#include "backends/transport.h"
 
 namespace commlib {
 

@@ -1,11 +1,11 @@
-#include "mpi_transport.h"
+#include "backends/mpi/mpi_transport.h"
 
 #include <climits>
 #include <cstring>
 #include <string>
 
-#include "../common.h"
-#include "../progress.h"
+#include "common.h"
+#include "runtime/progress.h"
 
 namespace commlib {
 namespace {

@@ -1,8 +1,8 @@
-#include "handles.h"
+#include "runtime/handles.h"
 
 #include <sched.h>
 
-#include "progress.h"
+#include "runtime/progress.h"
 
 namespace commlib {
 

@@ -3,8 +3,8 @@
 // the log orders, and ending assignments that no longer hold.
 #include <cstdio>
 
-#include "engine.h"
-#include "progress.h"
+#include "runtime/engine.h"
+#include "runtime/progress.h"
 
 namespace commlib {
 

@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "result_pool.h"
+#include "runtime/result_pool.h"
 
 namespace commlib {
 

@@ -1,7 +1,4 @@
-// The persistent fusion buffer: many small tensors are packed into it and
-// reduced as one message. It only grows, and new memory is touched once when
-// it is allocated (a page fault costs ~2 us per 4 KiB page on this class of
-// machine, so a fresh buffer per call would cost more than the reduction).
+// Fusion planning: which negotiated requests run as one fused allreduce.
 #pragma once
 
 #include <cstddef>
@@ -26,14 +23,5 @@ inline bool fusable_allreduce(const RequestDesc& d) {
 
 std::vector<std::vector<size_t>> plan_fusion(const std::vector<const RequestDesc*>& descs,
                                              const std::vector<bool>& fusable, int64_t threshold);
-
-class FusionBuffer {
- public:
-  // A buffer of at least bytes, 64-byte aligned; valid until the next get().
-  char* get(size_t bytes);
-
- private:
-  std::vector<char> storage_;
-};
 
 }  // namespace commlib

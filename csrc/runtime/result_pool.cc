@@ -1,4 +1,4 @@
-#include "result_pool.h"
+#include "runtime/result_pool.h"
 
 #include <malloc.h>
 

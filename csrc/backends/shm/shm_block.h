@@ -11,8 +11,8 @@
 
 #include <cstdint>
 
-#include "../progress.h"
-#include "shm.h"
+#include "runtime/progress.h"
+#include "backends/shm/shm.h"
 
 namespace commlib {
 

@@ -1,9 +1,10 @@
-#include "allreduce.h"
+#include "exec/algorithm.h"
 
 #include <algorithm>
 
-#include "../common.h"
-#include "allreduce_shm.h"
+#include "collectives/allreduce.h"
+#include "collectives/allreduce_shm.h"
+#include "common.h"
 
 namespace commlib {
 
@@ -90,6 +91,15 @@ void allreduce(Transport& t, ShmSegment* shm, Transport* cross, void* buf, size_
     case AllreduceAlgo::kTree: return allreduce_tree(t, buf, count, dtype, op);
     case AllreduceAlgo::kMpi: return allreduce_mpi(t, buf, count, dtype, op);
   }
+}
+
+bool shm_allowed(const AlgoChoice& c) {
+  return c.shm && (c.algo == AllreduceAlgo::kAuto || c.algo == AllreduceAlgo::kShm);
+}
+
+bool use_shm_collective(const AlgoChoice& c, int ranks, bool pays) {
+  if (!shm_allowed(c) || c.cross || c.shm->size() != ranks) return false;
+  return c.shm_collectives == kShmAlways || (c.shm_collectives == kShmAuto && pays);
 }
 
 }  // namespace commlib

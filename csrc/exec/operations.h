@@ -7,11 +7,11 @@
 #include <memory>
 #include <vector>
 
-#include "collectives/allreduce.h"
-#include "fusion.h"
-#include "handles.h"
+#include "exec/algorithm.h"
+#include "fusion_buffer.h"
+#include "runtime/handles.h"
 #include "message.h"
-#include "transport/transport.h"
+#include "backends/transport.h"
 
 namespace commlib {
 
@@ -47,24 +47,6 @@ struct OpContext {
   Transport* cross;       // same local rank across hosts; null on one host
   int shm_collectives;    // kShmAuto / kShmAlways / kShmNever (COMMLIB_SHM_COLLECTIVES)
 };
-
-// Where broadcast/allgather/reducescatter go through shared memory.
-enum { kShmAuto = 0, kShmAlways = 1, kShmNever = 2 };
-
-// Measured here (MPICH 5 wheel, against the MPI path of the same build):
-// - broadcast through shared memory: 1.3-2.4x MPI's time from 16 KiB to
-//   1 MiB at 2 and 3 ranks, where the MPI path took 0.6-0.84x; even from
-//   4 MiB on (0.94-1.32x against 0.84-1.38x); so auto always uses it;
-// - allgather through shared memory: 0.56-1.37x (2 ranks) and 0.74-1.73x
-//   (3 ranks) up to a 4 MiB result, where the MPI path took 0.27-0.86x; at
-//   16 MiB it lost at 2 ranks (0.53 against 0.62x); so auto uses it up to
-//   kShmAllgatherMaxBytes of result;
-// - reducescatter through shared memory beats MPI's non-blocking one at every
-//   size (64 KiB-256 MiB: 1.0-9x the MPI_Reduce_scatter time, where the MPI
-//   path took 0.15-0.9x), so auto uses it.
-// COMMLIB_SHM_COLLECTIVES=always forces all three (tests use it), =never
-// disables them.
-constexpr size_t kShmAllgatherMaxBytes = size_t(4) << 20;
 
 // Rows of dim 0 that reducescatter leaves on rank r (first ranks get extras).
 int64_t reducescatter_rows(int64_t dim0, int size, int r);

@@ -1,7 +1,7 @@
-#include "mpi_control.h"
+#include "backends/mpi/mpi_control.h"
 
-#include "../common.h"
-#include "mpi_transport.h"
+#include "common.h"
+#include "backends/mpi/mpi_transport.h"
 
 namespace commlib {
 namespace {

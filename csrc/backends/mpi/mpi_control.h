@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "pending_sends.h"
+#include "backends/mpi/pending_sends.h"
 
 namespace commlib {
 

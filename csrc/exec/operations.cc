@@ -1,4 +1,4 @@
-#include "operations.h"
+#include "exec/operations.h"
 
 #include <cstring>
 
@@ -34,16 +34,15 @@ int64_t reducescatter_rows(int64_t dim0, int size, int r) {
 
 namespace {
 
-bool shm_allowed(const OpContext& ctx) {
-  return ctx.shm && (ctx.algo == AllreduceAlgo::kAuto || ctx.algo == AllreduceAlgo::kShm);
+AlgoChoice choice_of(const OpContext& ctx) {
+  return AlgoChoice{ctx.algo, ctx.shm, ctx.cross, ctx.shm_collectives};
 }
 
-// Whether broadcast/allgather/reducescatter of this many bytes go through
-// shared memory: the whole job must be this host's shared-memory group (then
-// local rank equals rank), and it must pay (operations.h).
+bool shm_allowed(const OpContext& ctx) { return shm_allowed(choice_of(ctx)); }
+
+// (exec/algorithm.h decides; the whole job must be the host's shm group)
 bool use_shm_collective(const OpContext& ctx, bool pays) {
-  if (!shm_allowed(ctx) || ctx.cross || ctx.shm->size() != ctx.transport.size()) return false;
-  return ctx.shm_collectives == kShmAlways || (ctx.shm_collectives == kShmAuto && pays);
+  return use_shm_collective(choice_of(ctx), ctx.transport.size(), pays);
 }
 
 // Packs the window straight into this rank's region of the shared segment

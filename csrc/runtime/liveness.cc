@@ -1,4 +1,4 @@
-#include "liveness.h"
+#include "runtime/liveness.h"
 
 #include <atomic>
 #include <condition_variable>

@@ -1,6 +1,6 @@
-#include "pending_sends.h"
+#include "backends/mpi/pending_sends.h"
 
-#include "mpi_transport.h"
+#include "backends/mpi/mpi_transport.h"
 
 namespace commlib {
 

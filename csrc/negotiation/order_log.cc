@@ -1,8 +1,8 @@
-#include "order_log.h"
+#include "negotiation/order_log.h"
 
 #include <algorithm>
 
-#include "../common.h"
+#include "common.h"
 
 namespace commlib {
 namespace {

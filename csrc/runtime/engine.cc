@@ -1,4 +1,4 @@
-#include "engine.h"
+#include "runtime/engine.h"
 
 #include <unistd.h>
 
@@ -9,8 +9,8 @@
 #include <algorithm>
 
 #include "common.h"
-#include "liveness.h"
-#include "progress.h"
+#include "runtime/liveness.h"
+#include "runtime/progress.h"
 #include "reduce.h"
 
 namespace commlib {

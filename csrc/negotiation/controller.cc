@@ -1,11 +1,11 @@
-#include "controller.h"
+#include "negotiation/controller.h"
 
 #include <algorithm>
 #include <map>
 #include <sstream>
 #include <tuple>
 
-#include "fusion.h"
+#include "negotiation/fusion.h"
 
 namespace commlib {
 namespace {

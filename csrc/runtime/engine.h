@@ -22,16 +22,16 @@
 #include <unordered_set>
 #include <vector>
 
-#include "controller.h"
-#include "fusion.h"
-#include "handles.h"
-#include "operations.h"
+#include "negotiation/controller.h"
+#include "negotiation/fusion.h"
+#include "runtime/handles.h"
+#include "exec/operations.h"
 #include "p2p/point_to_point.h"
-#include "response_cache.h"
-#include "transport/mpi_control.h"
-#include "transport/mpi_transport.h"
-#include "transport/order_log.h"
-#include "transport/shm.h"
+#include "negotiation/response_cache.h"
+#include "backends/mpi/mpi_control.h"
+#include "backends/mpi/mpi_transport.h"
+#include "negotiation/order_log.h"
+#include "backends/shm/shm.h"
 
 namespace commlib {
 

@@ -1,4 +1,4 @@
-#include "shm.h"
+#include "backends/shm/shm.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -7,8 +7,8 @@
 #include <cstring>
 #include <string>
 
-#include "../common.h"
-#include "mpi_transport.h"
+#include "common.h"
+#include "backends/mpi/mpi_transport.h"
 
 namespace commlib {
 

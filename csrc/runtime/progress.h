@@ -13,7 +13,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include "liveness.h"
+#include "runtime/liveness.h"
 
 namespace commlib {
 
