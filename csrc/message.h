@@ -40,7 +40,7 @@ inline std::string request_key(const RequestDesc& d) { return request_key(d.name
 std::vector<std::string> describe_members(const RequestDesc& d);
 
 struct Response {
-  // kInvalidate / kCacheOff (response cache across hosts, engine_cache.cc):
+  // kInvalidate / kCacheOff (response cache across hosts, negotiation/cache_protocol.cc):
   // rows holds the (bit, generation) words that no longer hold / {the rank that left}.
   enum Kind : int { kExecute = 0, kError = 1, kInvalidate = 2, kCacheOff = 3 };
   int kind = kExecute;

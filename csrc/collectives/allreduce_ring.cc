@@ -53,10 +53,10 @@
 #include <algorithm>
 #include <vector>
 
+#include "collectives/allreduce.h"
 #include "common.h"
 #include "fusion_buffer.h"
 #include "reduce.h"
-#include "collectives/allreduce.h"
 
 namespace commlib {
 namespace {

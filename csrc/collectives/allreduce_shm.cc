@@ -25,9 +25,9 @@
 #include <cstring>
 
 #include "common.h"
-#include "runtime/progress.h"
-#include "reduce.h"
 #include "exec/algorithm.h"
+#include "reduce.h"
+#include "runtime/progress.h"
 
 namespace commlib {
 namespace {

@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "common.h"
-#include "reduce.h"
 #include "exec/algorithm.h"
+#include "reduce.h"
 
 namespace commlib {
 

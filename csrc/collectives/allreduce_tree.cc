@@ -40,10 +40,10 @@
 #include <utility>
 #include <vector>
 
+#include "collectives/allreduce.h"
 #include "common.h"
 #include "fusion_buffer.h"
 #include "reduce.h"
-#include "collectives/allreduce.h"
 
 namespace commlib {
 namespace {

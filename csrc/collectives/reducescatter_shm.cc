@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "common.h"
-#include "reduce.h"
 #include "backends/shm/shm_block.h"
 #include "collectives/shm_collectives.h"
+#include "common.h"
+#include "reduce.h"
 
 namespace commlib {
 

@@ -7,35 +7,13 @@
 #include <memory>
 #include <vector>
 
+#include "backends/transport.h"
 #include "exec/algorithm.h"
 #include "fusion_buffer.h"
-#include "runtime/handles.h"
 #include "message.h"
-#include "backends/transport.h"
+#include "runtime/entry.h"
 
 namespace commlib {
-
-// One tensor of an allreduce.
-struct Member {
-  int dtype;
-  size_t count;
-  const void* input;
-  void* output;
-};
-
-// One local request waiting for (or under) execution.
-struct Entry {
-  std::shared_ptr<HandleState> handle;
-  RequestDesc desc;
-  const void* input = nullptr;
-  void* output = nullptr;
-  std::vector<Member> members;  // a grouped allreduce (desc.group_size >= 0)
-  // Arrived at this response cache bit and generation (-1: negotiated by rank 0).
-  int cache_bit = -1;
-  uint32_t cache_gen = 0;
-  int64_t cached_since_us = 0;
-  bool cache_expired = false;  // waited too long; its bit's invalidation is in the log
-};
 
 struct OpContext {
   Transport& transport;

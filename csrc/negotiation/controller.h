@@ -3,7 +3,8 @@
 // and turns requests that are ready everywhere into an ordered list of
 // Responses, fusing small allreduces of one dtype/op/scale into one response.
 //
-// Pure logic, no MPI: the engine feeds it messages and sends its responses.
+// Pure logic, no MPI: the Coordinator (coordinator.h) feeds it requests and
+// sends its responses.
 #pragma once
 
 #include <cstdint>

@@ -7,12 +7,12 @@
 #include <cstdio>
 #include <cstring>
 
+#include "backends/mpi/mpi_transport.h"
 #include "common.h"
 #include "message.h"
-#include "runtime/progress.h"
-#include "backends/mpi/mpi_transport.h"
 #include "p2p/cma.h"
 #include "p2p/wire.h"
+#include "runtime/progress.h"
 
 namespace commlib {
 namespace {

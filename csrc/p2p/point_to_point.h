@@ -40,9 +40,9 @@
 #include <tuple>
 #include <vector>
 
-#include "runtime/handles.h"
-#include "message.h"
 #include "backends/mpi/pending_sends.h"
+#include "message.h"
+#include "runtime/handles.h"
 
 namespace commlib {
 

@@ -3,6 +3,14 @@
 // requests to the coordinator (rank 0), receives the coordinator's ordered
 // responses, and executes them.
 //
+// The engine holds the queue, the batching, the pending requests and the
+// lifecycle; the roles it runs are objects of their own: the Coordinator
+// (rank 0) or the Worker (every other rank) for negotiation, the
+// CacheProtocol for the response cache and order log, the Executor for the
+// data movement. Its code is in engine.cc (lifecycle, loop, failure),
+// requests.cc (caller threads) and cycle.cc (one pass of the loop);
+// point-to-point in p2p/engine_p2p.cc.
+//
 // Negotiation is asynchronous and point-to-point: there is no per-cycle
 // collective, so an idle rank costs nothing to the others and a request is
 // negotiated as soon as the last rank submits it (no cycle-time latency).
@@ -22,16 +30,16 @@
 #include <unordered_set>
 #include <vector>
 
-#include "negotiation/controller.h"
-#include "negotiation/fusion.h"
-#include "runtime/handles.h"
-#include "exec/operations.h"
-#include "p2p/point_to_point.h"
-#include "negotiation/response_cache.h"
 #include "backends/mpi/mpi_control.h"
 #include "backends/mpi/mpi_transport.h"
-#include "negotiation/order_log.h"
 #include "backends/shm/shm.h"
+#include "exec/executor.h"
+#include "exec/operations.h"
+#include "negotiation/cache_protocol.h"
+#include "negotiation/coordinator.h"
+#include "negotiation/worker.h"
+#include "p2p/point_to_point.h"
+#include "runtime/handles.h"
 
 namespace commlib {
 
@@ -41,7 +49,7 @@ struct Topology {
   int cross_rank = 0, cross_size = 1;
 };
 
-class Engine {
+class Engine : private CacheHost {
  public:
   static Engine& get();
 
@@ -59,7 +67,7 @@ class Engine {
                                   const int32_t* ndims, const int64_t* shapes,
                                   void* const* inputs, void* const* outputs, int reduce_op,
                                   double prescale, double postscale, int process_set);
-  // Point-to-point send/recv (engine_p2p.cc; see c_api.h): never negotiated.
+  // Point-to-point send/recv (p2p/engine_p2p.cc; see c_api.h): never negotiated.
   int64_t enqueue_p2p(const commlib_request& req);
   // Process sets (collective over every rank; see c_api.h).
   int64_t add_process_set(const int32_t* ranks, int n);
@@ -68,15 +76,22 @@ class Engine {
   // Waits for a handle; the waiting thread drives the engine meanwhile.
   bool wait(HandleState& h, double timeout_s);
 
-  // Response cache counters (engine_cache.cc): hits, misses, invalidations,
-  // cached requests executed; all zero when the cache is off.
-  void cache_stats(int64_t out[4]) const;
+  // Response cache counters (negotiation/cache_protocol.h): hits, misses,
+  // invalidations, cached requests executed; all zero when the cache is off.
+  void cache_stats(int64_t out[4]) const { cache_.stats(out); }
 
   void set_fusion_threshold(int64_t bytes);
   int64_t fusion_threshold() const { return fusion_threshold_.load(); }
 
  private:
   Engine() = default;
+  // init(), in steps.
+  void read_config();
+  // Splits base into this host's ranks (local) and the same local rank on
+  // every host (cross); *uniform: every host has as many ranks.
+  Topology split_topology(MPI_Comm base, MPI_Comm data, MPI_Comm* local, MPI_Comm* cross, bool* uniform);
+  // Transports, the negotiation role, the executor, the cache; then the thread.
+  void start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mode);
   Entry make_entry(const commlib_request& q);
   // The members of process set id, checking that this rank is one of them.
   // Caller holds queue_mu_.
@@ -87,43 +102,34 @@ class Engine {
   bool step();   // cycle() unless communication is over, errors failing handles
   bool drive();  // step() from a waiting thread, if no other thread is in one
   bool leave();  // shutdown handshake; true when the loop may end
+  // cycle(), in steps; each true when it did work.
+  bool take_requests();  // batching: hold new requests, submit them when due
+  bool poll_messages();
+  bool coordinate();     // rank 0: responses ready now go out
+  bool run_ready();      // responses, in the order every rank runs them
   void submit(std::vector<Entry>& batch);
   void on_message(int source, const std::string& msg);
-  void execute(const Response& resp);
+  void execute(const Response& resp) override;
+  // execute(), in steps.
+  void execute_error(const Response& resp);
+  std::vector<Entry*> take_entries(const Response& resp);  // ends cached arrivals
   void execute_set_change(const Response& resp, Entry& e);
-  void send_responses(const std::vector<Response>& resps);
   void finish(Entry& e, int status, const std::string& message);
-  void fail_everything(int code, const std::string& message);
+  void fail_everything(int code, const std::string& message) override;
   void send_shutdown_notice();
-  // Sends requests to the coordinator (rank 0's own go straight to its controller).
+  // Sends requests to the coordinator (rank 0's own go straight to it).
   void report(const std::vector<Entry*>& entries);
 
-  // Point-to-point (engine_p2p.cc).
+  // CacheHost: what the cache protocol needs from the engine.
+  Entry* find_pending(const std::string& key) override;
+  bool execute_next_ready() override;
+  void renegotiate(Entry& e) override { report({&e}); }
+  void drop(const std::string& key, int code, const std::string& message) override;
+  void send_to_coordinator(std::string bytes) override { control_->send(0, std::move(bytes)); }
+
+  // Point-to-point (p2p/engine_p2p.cc).
   void init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, size_t split_bytes, bool single_copy);
   bool cycle_p2p();  // posts queued sends/receives, moves transfers on
-
-  // The response cache and order log (engine_cache.cc; see response_cache.h).
-  void init_cache(int capacity, bool log_mode);
-  bool try_cache(Entry& e, bool* completes);
-  void append_completed(const std::vector<Entry*>& entries);
-  void append_entry(LogEntry e);
-  void flush_appends();  // entries that found the ring full, in order
-  bool run_log();
-  void run_completed(const LogEntry& e);
-  void end_assignment(int bit, uint32_t gen);
-  void retire_live(int bit, uint32_t gen);
-  void install_bits(const Response& resp);
-  void on_left(int rank);
-  void stop_cache(int rank);
-  void expire_waiting(int64_t now);
-  // Across hosts (no order log): rank 0 orders cached requests too.
-  void send_arrivals(const std::vector<Entry*>& entries);
-  void coordinator_add(int rank, RequestDesc desc, int64_t now);
-  void coordinator_arrived(const std::vector<uint64_t>& words);
-  void coordinator_expire(const std::vector<uint64_t>& words);
-  void coordinator_rank_left(int rank);
-  void add_cached_responses(std::vector<Response>& resps);
-  void execute_cache_notice(const Response& resp);
 
   Topology topo_;
   HandleTable handles_;
@@ -160,42 +166,21 @@ class Engine {
   std::thread thread_;
   std::unique_ptr<MpiTransport> transport_;
   std::unique_ptr<ControlChannel> control_;
-  std::unique_ptr<Controller> controller_;  // rank 0 only
+  std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  std::unique_ptr<Worker> worker_;            // every other rank
   std::unique_ptr<ShmSegment> shm_;         // ranks of this host (if more than one)
   std::unique_ptr<MpiTransport> cross_;     // same local rank on every host (if several)
   std::unique_ptr<PointToPoint> p2p_;
-  std::map<int, std::unique_ptr<MpiTransport>> set_transports_;  // sets this rank is in
+  Executor executor_;  // runs collectives; owns the process sets' communicators
   std::unordered_map<std::string, Entry> pending_;
   std::vector<Entry> held_;  // taken from the queue, not yet reported
   int64_t held_since_us_ = 0, last_arrival_us_ = 0;
   int64_t leave_deadline_us_ = 0;
   std::deque<Response> ready_;
-  std::string closing_;  // worker: rank 0 said goodbye; fail what is left once ready_ ran
-  std::vector<bool> worker_left_;
-  FusionBuffer fusion_, scratch_;
-  int64_t last_stall_check_us_ = 0;
 
-  // Response cache (one host only: its order lives in the shared segment).
-  // With the log, coordinator responses too run where rank 0's markers put
-  // them, and nowhere else.
-  std::unique_ptr<OrderLog> log_;
-  std::unique_ptr<OrderLog> host_counts_;  // across hosts: this host's arrival counters
-  OrderLog* counts_ = nullptr;             // log_ or host_counts_ (null: every rank counts alone)
-  bool hier_ = false;                      // the cache across hosts (rank 0 orders)
-  std::vector<uint64_t> completed_words_;  // rank 0, across hosts: bits complete this cycle
-  std::vector<Response> cache_notices_;    // rank 0, across hosts: invalidations, cache off
-  std::unique_ptr<ResponseCache> cache_;
-  std::unique_ptr<CacheBits> cache_bits_;   // rank 0
-  std::deque<LogEntry> unappended_;         // the ring was full: appended later, in order
-  std::unordered_map<int, std::string> live_;  // bit -> key of a request arrived at it
-  int64_t marker_left_ = 0;  // coordinator responses to run before the next entry
-  bool cache_off_ = false;   // a rank has left: nothing more through the cache
-  bool log_done_ = false;    // this rank's departure (or rank 0's) has been read
-  bool leaving_ = false;     // rank 0: its departure is in the log
-  int64_t cache_patience_us_ = 0;
-  int64_t last_expiry_check_us_ = 0;
-  enum CacheCount { kHits = 0, kMisses = 1, kInvalidations = 2, kCachedRuns = 3 };
-  std::atomic<int64_t> cache_counts_[4] = {};
+  // The response cache and its order log. With the log, coordinator
+  // responses too run where rank 0's markers put them, and nowhere else.
+  CacheProtocol cache_{*this};
 };
 
 }  // namespace commlib

@@ -1,7 +1,7 @@
 #include "backends/mpi/mpi_control.h"
 
-#include "common.h"
 #include "backends/mpi/mpi_transport.h"
+#include "common.h"
 
 namespace commlib {
 namespace {

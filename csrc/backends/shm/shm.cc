@@ -7,8 +7,8 @@
 #include <cstring>
 #include <string>
 
-#include "common.h"
 #include "backends/mpi/mpi_transport.h"
+#include "common.h"
 
 namespace commlib {
 

@@ -1,5 +1,5 @@
 // One step ("block") of a shared-memory collective through the segment's
-// fusion regions (transport/shm.h).
+// fusion regions (backends/shm/shm.h).
 //
 // Blocks are numbered by one sequence shared by every shared-memory algorithm
 // on the host, and each rank's three counters (posted, reduced, consumed)
@@ -11,8 +11,8 @@
 
 #include <cstdint>
 
-#include "runtime/progress.h"
 #include "backends/shm/shm.h"
+#include "runtime/progress.h"
 
 namespace commlib {
 

@@ -1,0 +1,55 @@
+// Rank 0's side of negotiation: it feeds the Controller with every rank's
+// requests (its own directly, the workers' from control messages), sends each
+// worker, in order, the responses addressed to it, answers departures, and
+// (with the order log) places a marker per batch of responses. The response
+// cache's rank-0 state is the CacheProtocol's; this class only routes to it.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "backends/mpi/mpi_control.h"
+#include "message.h"
+#include "negotiation/cache_protocol.h"
+#include "negotiation/controller.h"
+
+namespace commlib {
+
+class Coordinator {
+ public:
+  Coordinator(int size, int64_t fusion_threshold, int64_t stall_warning_us, ControlChannel& control,
+              CacheProtocol& cache);
+
+  // A full request of rank `rank` (the cache looks at it first).
+  void add(int rank, RequestDesc desc, int64_t now);
+  // A control message from a worker; false when its kind is not for rank 0.
+  bool on_message(int source, int kind, Reader& r);
+  // Responses ready now: sent to the workers, rank 0's own share appended to
+  // mine (in order). True when there were any.
+  bool take_responses(int64_t fusion_threshold, std::deque<Response>& mine);
+  // Prints the stall warnings (at most once a second).
+  void check_stalls(int64_t now);
+  // Rank 0 leaves (with the order log): anything still open fails.
+  void leave() { controller_.rank_left(0); }
+  // Tells every worker still listening that no further collectives are possible.
+  void send_shutdown_notice();
+
+ private:
+  void on_worker_left(int source);
+  void send_responses(const std::vector<Response>& resps);
+
+  int size_;
+  int64_t stall_warning_us_;
+  ControlChannel& control_;
+  CacheProtocol& cache_;
+  Controller controller_;
+  std::vector<bool> worker_left_;
+  int64_t last_stall_check_us_ = 0;
+};
+
+// Whether a coordinator response goes to job rank r.
+bool addressed_to(const Response& resp, int r);
+
+}  // namespace commlib

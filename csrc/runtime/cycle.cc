@@ -1,0 +1,213 @@
+// One pass of the background loop (Engine::cycle): batching new requests,
+// handing them to the cache or to negotiation, control messages, and running
+// responses in the order every rank runs them.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "runtime/engine.h"
+#include "runtime/liveness.h"
+#include "runtime/progress.h"
+
+namespace commlib {
+
+bool Engine::cycle() {
+  bool worked = take_requests();
+  worked |= cycle_p2p();
+  worked |= poll_messages();
+  if (coordinator_) worked |= coordinate();
+  worked |= run_ready();
+  cache_.expire_waiting(now_us());
+  control_->progress();
+  throw_if_peer_lost();
+  return worked;
+}
+
+bool Engine::take_requests() {
+  std::vector<Entry> batch;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    batch.swap(queue_);
+  }
+  bool worked = !batch.empty();
+  if (held_.empty() && batch.empty()) return worked;
+  const int64_t now = now_us();
+  if (!batch.empty()) {
+    if (held_.empty()) held_since_us_ = now;
+    last_arrival_us_ = now;
+    for (Entry& e : batch) held_.push_back(std::move(e));
+  }
+  // Report now unless more requests are still streaming in (then they are
+  // negotiated, and fused, together).
+  if (stop_.load()) {
+    for (Entry& e : held_) finish(e, COMMLIB_ERR_NOT_INIT, "commlib was shut down before this collective started");
+    held_.clear();
+  } else if (handles_.waiting() > 0 || now - last_arrival_us_ >= batch_gap_us_ ||
+             now - held_since_us_ >= cycle_us_) {
+    submit(held_);
+    held_.clear();
+    worked = true;
+  }
+  return worked;
+}
+
+bool Engine::poll_messages() {
+  bool worked = false;
+  int source;
+  std::string msg;
+  while (control_->poll(&source, &msg)) {
+    on_message(source, msg);
+    worked = true;
+  }
+  return worked;
+}
+
+bool Engine::coordinate() {
+  const bool worked = coordinator_->take_responses(fusion_threshold_.load(), ready_);
+  coordinator_->check_stalls(now_us());
+  return worked;
+}
+
+// With the order log, the log says when each response runs; otherwise they
+// run as they come.
+bool Engine::run_ready() {
+  if (cache_.ordered_by_log()) return cache_.run_log();
+  bool worked = false;
+  while (execute_next_ready()) worked = true;
+  const std::string closing = worker_ ? worker_->take_closing() : std::string();
+  if (!closing.empty()) fail_everything(COMMLIB_ERR_NOT_INIT, closing);  // the coordinator's acknowledgement or departure
+  return worked;
+}
+
+void Engine::submit(std::vector<Entry>& batch) {
+  std::vector<Entry*> negotiate, completed;
+  for (Entry& e : batch) {
+    std::string key = request_key(e.desc);
+    Entry& p = pending_.emplace(std::move(key), std::move(e)).first->second;  // (nodes never move)
+    bool completes = false;
+    if (cache_.enabled() && cache_.try_arrive(p, &completes)) {
+      if (completes) completed.push_back(&p);
+    } else {
+      negotiate.push_back(&p);
+    }
+  }
+  cache_.complete(completed, fusion_threshold_.load());
+  if (!negotiate.empty()) report(negotiate);
+}
+
+void Engine::report(const std::vector<Entry*>& entries) {
+  if (coordinator_) {
+    const int64_t now = now_us();
+    for (Entry* e : entries) coordinator_->add(0, e->desc, now);
+    return;
+  }
+  worker_->report(entries);
+}
+
+Entry* Engine::find_pending(const std::string& key) {
+  auto it = pending_.find(key);
+  return it == pending_.end() ? nullptr : &it->second;
+}
+
+bool Engine::execute_next_ready() {
+  if (ready_.empty()) return false;
+  Response resp = std::move(ready_.front());
+  ready_.pop_front();
+  execute(resp);
+  return true;
+}
+
+void Engine::drop(const std::string& key, int code, const std::string& message) {
+  auto it = pending_.find(key);
+  if (it == pending_.end()) return;
+  finish(it->second, code, message);
+  pending_.erase(it);
+}
+
+void Engine::on_message(int source, const std::string& msg) {
+  Reader r(msg);
+  const int kind = r.get<int32_t>();
+  const bool known = coordinator_ ? coordinator_->on_message(source, kind, r)
+                                  : worker_->on_message(kind, r, ready_, cache_.ordered_by_log(), stop_.load());
+  if (!known) throw Error(COMMLIB_ERR_INTERNAL, "unexpected control message kind " + std::to_string(kind));
+}
+
+void Engine::execute(const Response& resp) {
+  if (resp.kind == Response::kInvalidate || resp.kind == Response::kCacheOff) {
+    cache_.execute_notice(resp);
+    return;
+  }
+  if (resp.kind == Response::kError) {
+    execute_error(resp);
+    return;
+  }
+  std::vector<Entry*> entries = take_entries(resp);
+  if (resp.op_type == COMMLIB_OP_ADD_PROCESS_SET || resp.op_type == COMMLIB_OP_REMOVE_PROCESS_SET) {
+    execute_set_change(resp, *entries[0]);
+    return;
+  }
+  executor_.check_member(resp.process_set);
+  if (resp.process_set != 0 && resp.op_type == COMMLIB_OP_BROADCAST) {  // root: job rank -> rank in the set
+    int& root = entries[0]->desc.root;
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    const std::vector<int>& m = sets_.at(resp.process_set);
+    root = int(std::find(m.begin(), m.end(), root) - m.begin());
+  }
+  std::string message;
+  const int status = executor_.run(resp, entries, size_t(fusion_threshold_.load()), &message);
+  cache_.after_run(resp, status == COMMLIB_OK);
+  for (const std::string& key : resp.names) {
+    auto it = pending_.find(key);
+    finish(it->second, status, message);
+    pending_.erase(it);
+  }
+}
+
+void Engine::execute_error(const Response& resp) {
+  for (const std::string& key : resp.names) {
+    auto it = pending_.find(key);
+    if (it == pending_.end()) continue;  // never submitted here (rank left, not a member)
+    cache_.end_arrival(it->second, false);
+    finish(it->second, resp.error_code, resp.error);
+    pending_.erase(it);
+  }
+}
+
+std::vector<Entry*> Engine::take_entries(const Response& resp) {
+  std::vector<Entry*> entries;
+  for (const std::string& key : resp.names) {
+    auto it = pending_.find(key);
+    if (it == pending_.end()) {
+      throw Error(COMMLIB_ERR_INTERNAL, "coordinator answered for unknown tensor '" + std::string(key.c_str()) + "'");
+    }
+    entries.push_back(&it->second);
+    cache_.end_arrival(it->second, true);
+  }
+  return entries;
+}
+
+// Every rank runs these, in the coordinator's order: the new set's members
+// get a communicator of their own.
+void Engine::execute_set_change(const Response& resp, Entry& e) {
+  if (resp.op_type == COMMLIB_OP_ADD_PROCESS_SET) {
+    const int id = int(resp.rows.at(0));
+    std::vector<int> members(e.desc.splits.begin(), e.desc.splits.end());
+    executor_.add_set(id, members);
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      sets_[id] = members;
+    }
+    e.handle->rows = id;
+  } else {
+    const int id = e.desc.root;
+    executor_.remove_set(id);
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    sets_.erase(id);
+  }
+  const std::string key = request_key(e.desc);
+  finish(e, COMMLIB_OK, "");
+  pending_.erase(key);
+}
+
+}  // namespace commlib

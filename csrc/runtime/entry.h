@@ -1,0 +1,37 @@
+// A local request: what a caller asked for, from the queue to its handle's
+// completion (negotiated, cached, executed or failed).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "message.h"
+#include "runtime/handles.h"
+
+namespace commlib {
+
+// One tensor of an allreduce.
+struct Member {
+  int dtype;
+  size_t count;
+  const void* input;
+  void* output;
+};
+
+// One local request waiting for (or under) execution.
+struct Entry {
+  std::shared_ptr<HandleState> handle;
+  RequestDesc desc;
+  const void* input = nullptr;
+  void* output = nullptr;
+  std::vector<Member> members;  // a grouped allreduce (desc.group_size >= 0)
+  // Arrived at this response cache bit and generation (-1: negotiated by rank 0).
+  int cache_bit = -1;
+  uint32_t cache_gen = 0;
+  int64_t cached_since_us = 0;
+  bool cache_expired = false;  // waited too long; its bit's invalidation is in the log
+};
+
+}  // namespace commlib

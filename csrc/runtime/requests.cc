@@ -1,0 +1,270 @@
+// The callers' side of the engine: validating requests, queueing them under
+// one handle, and the process-set calls (all on caller threads, under
+// queue_mu_ where they touch what the background thread reads).
+#include <algorithm>
+#include <string>
+#include <unordered_set>
+
+#include "common.h"
+#include "reduce.h"
+#include "runtime/engine.h"
+
+namespace commlib {
+namespace {
+
+// members: the job ranks of the request's process set.
+void validate_request(const commlib_request& q, const std::vector<int>& members) {
+  if (q.op_type < COMMLIB_OP_ALLREDUCE || q.op_type > COMMLIB_OP_BARRIER)
+    throw Error(COMMLIB_ERR_VALUE, "unknown collective operation " + std::to_string(q.op_type));
+  if (!q.name || !*q.name) throw Error(COMMLIB_ERR_VALUE, "a collective needs a non-empty name");
+  if (q.device_type != COMMLIB_DEVICE_CPU)
+    throw Error(COMMLIB_ERR_VALUE, "only host (CPU) buffers are supported by this build's collectives");
+  if (q.op_type == COMMLIB_OP_BARRIER) return;
+  if (!is_valid_dtype(q.dtype))
+    throw Error(COMMLIB_ERR_TYPE, "unsupported dtype code " + std::to_string(q.dtype));
+  if (q.ndim < 0 || (q.ndim > 0 && !q.shape)) throw Error(COMMLIB_ERR_VALUE, "invalid shape");
+  for (int i = 0; i < q.ndim; ++i)
+    if (q.shape[i] < 0) throw Error(COMMLIB_ERR_VALUE, "negative dimension in shape");
+  const char* what = op_type_name(q.op_type);
+  if (q.op_type == COMMLIB_OP_ALLREDUCE || q.op_type == COMMLIB_OP_REDUCESCATTER) {
+    if (!reduction_supported(q.dtype, q.reduce_op)) {
+      throw Error(COMMLIB_ERR_TYPE, std::string(what) + " with op " + reduce_op_name(q.reduce_op) +
+                                        " is not supported for dtype " + dtype_name(q.dtype));
+    }
+  }
+  if (q.op_type == COMMLIB_OP_BROADCAST &&
+      std::find(members.begin(), members.end(), q.root) == members.end()) {
+    if (q.process_set == 0) {
+      throw Error(COMMLIB_ERR_VALUE, "broadcast root_rank " + std::to_string(q.root) +
+                                         " is outside the job (size " + std::to_string(members.size()) + ")");
+    }
+    throw Error(COMMLIB_ERR_VALUE, "broadcast root_rank " + std::to_string(q.root) + " is not a member of process set " +
+                                       std::to_string(q.process_set) + " " +
+                                       ranks_str(members));
+  }
+  if ((q.op_type == COMMLIB_OP_ALLGATHER || q.op_type == COMMLIB_OP_ALLTOALL ||
+       q.op_type == COMMLIB_OP_REDUCESCATTER) && q.ndim < 1) {
+    throw Error(COMMLIB_ERR_VALUE, std::string(what) + " needs a tensor with at least one dimension");
+  }
+  int64_t n = 1;
+  for (int i = 0; i < q.ndim; ++i) n *= q.shape[i];
+  if (n > 0 && !q.input) throw Error(COMMLIB_ERR_VALUE, "input buffer is NULL");
+  // (reducescatter: a rank may receive no rows, so its output may be NULL)
+  const bool needs_output = q.op_type == COMMLIB_OP_ALLREDUCE || q.op_type == COMMLIB_OP_BROADCAST;
+  if (needs_output && n > 0 && !q.output) throw Error(COMMLIB_ERR_VALUE, "output buffer is NULL");
+}
+
+// Rows sent to each rank (of the process set) by an alltoall: explicit
+// splits or equal parts.
+std::vector<int64_t> alltoall_splits(const commlib_request& q, int size) {
+  const int64_t dim0 = q.shape[0];
+  if (q.nsplits == 0) {
+    if (dim0 % size != 0) {
+      throw Error(COMMLIB_ERR_VALUE, "alltoall without splits needs dimension 0 (" + std::to_string(dim0) +
+                                         ") divisible by the number of ranks (" + std::to_string(size) + ")");
+    }
+    return std::vector<int64_t>(size, dim0 / size);
+  }
+  if (q.nsplits != size) {
+    throw Error(COMMLIB_ERR_VALUE, "alltoall splits must have one entry per rank (" + std::to_string(size) +
+                                       "), got " + std::to_string(q.nsplits));
+  }
+  std::vector<int64_t> s(q.splits, q.splits + q.nsplits);
+  int64_t sum = 0;
+  for (int64_t x : s) {
+    if (x < 0) throw Error(COMMLIB_ERR_VALUE, "alltoall splits must be non-negative");
+    sum += x;
+  }
+  if (sum != dim0) {
+    throw Error(COMMLIB_ERR_VALUE, "alltoall splits sum to " + std::to_string(sum) +
+                                       " but dimension 0 of the tensor is " + std::to_string(dim0));
+  }
+  return s;
+}
+
+}  // namespace
+
+const std::vector<int>& Engine::members_of(int id) const {
+  auto it = sets_.find(id);
+  if (it == sets_.end()) {
+    throw Error(COMMLIB_ERR_VALUE, "process set " + std::to_string(id) +
+                                       " does not exist: register it with add_process_set() first");
+  }
+  if (std::find(it->second.begin(), it->second.end(), topo_.rank) == it->second.end()) {
+    throw Error(COMMLIB_ERR_VALUE,
+                "rank " + std::to_string(topo_.rank) + " is not a member of process set " + std::to_string(id) +
+                    " " + ranks_str(it->second) +
+                    "; only its members may call collectives on it");
+  }
+  return it->second;
+}
+
+Entry Engine::make_entry(const commlib_request& q) {
+  std::vector<int> members;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    members = members_of(q.process_set);
+  }
+  validate_request(q, members);
+  Entry e;
+  e.desc.process_set = q.process_set;
+  e.desc.name = q.name;
+  e.desc.op_type = q.op_type;
+  e.desc.dtype = q.op_type == COMMLIB_OP_BARRIER ? COMMLIB_UINT8 : q.dtype;
+  e.desc.reduce_op = q.reduce_op;
+  e.desc.root = q.root;
+  e.desc.prescale = q.prescale;
+  e.desc.postscale = q.postscale;
+  e.desc.shape.assign(q.shape, q.shape + q.ndim);
+  if (q.op_type == COMMLIB_OP_ALLTOALL) e.desc.splits = alltoall_splits(q, int(members.size()));
+  e.input = q.input;
+  e.output = q.output;
+  return e;
+}
+
+// Queues entries that share one new handle; nothing is queued on error.
+int64_t Engine::push(std::vector<Entry>& entries) {
+  auto [id, handle] = handles_.create();
+  handle->remaining = int(entries.size());
+  if (entries.empty()) handle->done.store(1);
+  for (Entry& e : entries) e.handle = handle;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    std::string error;
+    int code = 0;
+    if (stop_.load()) {
+      code = COMMLIB_ERR_NOT_INIT;
+      error = "commlib is shutting down";
+    } else if (dead_code_ != 0) {
+      code = dead_code_;
+      error = dead_message_;
+    }
+    std::unordered_set<std::string> keys;
+    for (const Entry& e : entries) {
+      if (code) break;
+      const std::string key = request_key(e.desc);
+      if (in_flight_.count(key) || !keys.insert(key).second) {
+        code = COMMLIB_ERR_VALUE;
+        error = "a collective named '" + e.desc.name +
+                "' is already in flight on this rank; wait for it or use another name";
+      }
+    }
+    if (code) {
+      handles_.release(id);
+      throw Error(code, error);
+    }
+    for (Entry& e : entries) {
+      in_flight_.insert(request_key(e.desc));
+      queue_.push_back(std::move(e));
+    }
+  }
+  outstanding_.fetch_add(int64_t(entries.size()));
+  if (bg_sleeping_.load()) queue_cv_.notify_one();
+  return id;
+}
+
+int64_t Engine::enqueue(const commlib_request& q) {
+  if (!running_.load()) {
+    throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
+  }
+  std::vector<Entry> one;
+  one.push_back(make_entry(q));
+  return push(one);
+}
+
+int64_t Engine::enqueue_allreduce_group(const char* base, int n, const int32_t* dtypes,
+                                        const int32_t* ndims, const int64_t* shapes,
+                                        void* const* inputs, void* const* outputs, int reduce_op,
+                                        double prescale, double postscale, int process_set) {
+  if (!running_.load()) {
+    throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
+  }
+  if (n < 0) throw Error(COMMLIB_ERR_VALUE, "negative group size");
+  if (!base || !*base) throw Error(COMMLIB_ERR_VALUE, "a collective needs a non-empty name");
+  std::vector<int> members;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    members = members_of(process_set);
+  }
+  Entry e;
+  RequestDesc& d = e.desc;
+  d.name = base;
+  d.process_set = process_set;
+  d.op_type = COMMLIB_OP_ALLREDUCE;
+  d.dtype = n > 0 ? dtypes[0] : COMMLIB_FLOAT32;
+  d.reduce_op = reduce_op;
+  d.prescale = prescale;
+  d.postscale = postscale;
+  d.group_size = n;
+  const int64_t* shape = shapes;
+  for (int i = 0; i < n; ++i) {
+    commlib_request q{};
+    q.op_type = COMMLIB_OP_ALLREDUCE;
+    q.name = base;
+    q.dtype = dtypes[i];
+    q.ndim = ndims[i];
+    q.shape = shape;
+    q.input = inputs[i];
+    q.output = outputs[i];
+    q.reduce_op = reduce_op;
+    q.process_set = process_set;
+    validate_request(q, members);
+    d.members.push_back(dtypes[i]);
+    d.members.push_back(ndims[i]);
+    d.members.insert(d.members.end(), shape, shape + ndims[i]);
+    int64_t count = 1;
+    for (int k = 0; k < ndims[i]; ++k) count *= shape[k];
+    e.members.push_back({dtypes[i], size_t(count), inputs[i], outputs[i]});
+    shape += ndims[i];
+  }
+  std::vector<Entry> one;
+  if (n > 0) one.push_back(std::move(e));
+  return push(one);
+}
+
+int64_t Engine::add_process_set(const int32_t* ranks, int n) {
+  if (!running_.load()) {
+    throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
+  }
+  if (n < 1) throw Error(COMMLIB_ERR_VALUE, "a process set needs at least one rank");
+  Entry e;
+  for (int i = 0; i < n; ++i) {
+    if (ranks[i] < 0 || ranks[i] >= topo_.size || (i > 0 && ranks[i] <= ranks[i - 1])) {
+      throw Error(COMMLIB_ERR_VALUE, "process set ranks must be distinct ranks of the job (0.." +
+                                         std::to_string(topo_.size - 1) + ") in ascending order");
+    }
+    e.desc.splits.push_back(ranks[i]);
+  }
+  e.desc.op_type = COMMLIB_OP_ADD_PROCESS_SET;
+  e.desc.dtype = COMMLIB_UINT8;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    e.desc.name = "process_set.add." + std::to_string(set_calls_++);
+  }
+  std::vector<Entry> one;
+  one.push_back(std::move(e));
+  return push(one);
+}
+
+int64_t Engine::remove_process_set(int id) {
+  if (!running_.load()) {
+    throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
+  }
+  if (id == 0) throw Error(COMMLIB_ERR_VALUE, "the global process set (id 0) cannot be removed");
+  Entry e;
+  e.desc.op_type = COMMLIB_OP_REMOVE_PROCESS_SET;
+  e.desc.dtype = COMMLIB_UINT8;
+  e.desc.root = id;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (!sets_.count(id)) throw Error(COMMLIB_ERR_VALUE, "process set " + std::to_string(id) + " does not exist");
+    // (Collectives still pending on the set make the removal fail on every
+    // rank alike: the coordinator checks, see Controller::remove_set.)
+    e.desc.name = "process_set.remove." + std::to_string(set_calls_++);
+  }
+  std::vector<Entry> one;
+  one.push_back(std::move(e));
+  return push(one);
+}
+
+}  // namespace commlib
