@@ -60,7 +60,11 @@ enum {
   COMMLIB_BFLOAT16 = 5,
   COMMLIB_FLOAT32 = 6,
   COMMLIB_FLOAT64 = 7,
-  COMMLIB_BOOL = 8
+  COMMLIB_BOOL = 8,
+  COMMLIB_INT16 = 9,
+  COMMLIB_UINT16 = 10,
+  COMMLIB_UINT32 = 11,
+  COMMLIB_UINT64 = 12
 };
 
 /* Reduction operators (Average is Sum with a 1/size postscale). */
