@@ -132,7 +132,7 @@ class Engine {
   std::atomic<bool> running_{false};
   std::atomic<bool> stop_{false};
   Config config_;  // read from the environment at init (runtime/config.h)
-  std::atomic<int64_t> fusion_threshold_{64 << 20};
+  std::atomic<int64_t> fusion_threshold_{Config::defaults().fusion_threshold};
   AllreduceAlgo algo_ = AllreduceAlgo::kAuto;
   int64_t stall_warning_us_ = 60000000;
   // Batching: new requests are held while more keep arriving (gaps shorter
