@@ -39,6 +39,7 @@
 #include "negotiation/coordinator.h"
 #include "negotiation/worker.h"
 #include "p2p/point_to_point.h"
+#include "runtime/config.h"
 #include "runtime/handles.h"
 
 namespace commlib {
@@ -57,6 +58,7 @@ class Engine : private CacheHost {
   void shutdown();
   bool initialized() const { return running_.load(); }
   const Topology& topology() const { return topo_; }
+  const Config& config() const { return config_; }
   int broken();  // COMMLIB_ERR_PEER_LOST/INTERNAL once communication is over
 
   // Validates and queues a request; returns the handle id.
@@ -86,7 +88,7 @@ class Engine : private CacheHost {
  private:
   Engine() = default;
   // init(), in steps.
-  void read_config();
+  void read_config(MPI_Comm base);  // config_ (every rank agrees), and what follows from it
   // Splits base into this host's ranks (local) and the same local rank on
   // every host (cross); *uniform: every host has as many ranks.
   Topology split_topology(MPI_Comm base, MPI_Comm data, MPI_Comm* local, MPI_Comm* cross, bool* uniform);
@@ -135,7 +137,8 @@ class Engine : private CacheHost {
   HandleTable handles_;
   std::atomic<bool> running_{false};
   std::atomic<bool> stop_{false};
-  std::atomic<int64_t> fusion_threshold_{64 << 20};
+  Config config_;  // read from the environment at init (runtime/config.h)
+  std::atomic<int64_t> fusion_threshold_{Config::defaults().fusion_threshold};
   AllreduceAlgo algo_ = AllreduceAlgo::kAuto;
   int64_t stall_warning_us_ = 60000000;
   // Batching: new requests are held while more keep arriving (gaps shorter
