@@ -148,6 +148,17 @@ class Handle:
         return f"<commlib.torch.Handle {self._handles!r}>"
 
 
+class CallableHandle(Handle):
+    """A Handle that is also called to wait for its result, as the handle
+    Horovod's ``sparse_allreduce_async`` returns: ``handle()`` is
+    ``synchronize(handle)``."""
+
+    __slots__ = ()
+
+    def __call__(self):
+        return synchronize(self)
+
+
 def poll(handle) -> bool:
     """True when the collective has completed (``synchronize`` will not block)."""
     if isinstance(handle, _c.Handle):
@@ -355,8 +366,8 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> Handle:
     """Starts reducing a sparse COO tensor over all ranks (of ``process_set``)
     by gathering every rank's indices and values (as Horovod does);
-    ``synchronize`` returns the sparse sum (Sum) or average (Average, over the
-    set's size), uncoalesced."""
+    ``synchronize(handle)`` or, as in Horovod, ``handle()`` returns the sparse
+    sum (Sum) or average (Average, over the set's size), uncoalesced."""
     process_set = _fu.check_process_set(process_set)
     op = _fu.resolve_op(op)
     if op not in (Sum, Average):
@@ -382,7 +393,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
             val = val / n
         return torch.sparse_coo_tensor(idx.t(), val, shape, check_invariants=False)
 
-    return Handle([hi._handles, hv._handles], finish, (indices, values))
+    return CallableHandle([hi._handles, hv._handles], finish, (indices, values))
 
 
 # ---------------------------------------------------------------- allgather

@@ -268,7 +268,7 @@ class _DistributedOptimizer:
         op = Average if self.op == Average else Sum
         handle = _ops.sparse_allreduce_async(grad, self._prefix + self._parameter_names[p], op,
                                              process_set=self.process_set)
-        self._handles[p] = (lambda: _ops.synchronize(handle), None)
+        self._handles[p] = (handle, None)
 
     # ------------------------------------------------------------ synchronize
 
