@@ -41,13 +41,16 @@ import torch
 
 import commlib as _c
 from commlib import CommlibError
-from commlib import basics as _basics
-from commlib import frontend_utils as _fu
-from commlib.frontend_utils import (  # noqa: F401 - re-exported
-    Adasum, ProcessSet, add_process_set, ccl_built, cuda_built, ddl_built, global_process_set,
-    gloo_built, gloo_enabled, init, is_homogeneous, mpi_built, mpi_enabled, nccl_built,
-    remove_process_set, rocm_built, start_timeline, stop_timeline)
-from commlib.ops import Average, Max, Min, Product, Sum
+from commlib.basics import init, is_homogeneous  # noqa: F401 - re-exported
+from commlib.capabilities import (  # noqa: F401 - re-exported
+    ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built, mpi_enabled,
+    nccl_built, rocm_built, start_timeline, stop_timeline)
+from commlib.ops import Adasum, Average, Max, Min, Product, Sum, auto_name, even_splits
+from commlib.process_sets import (  # noqa: F401 - re-exported
+    ProcessSet, add_process_set, check_process_set, global_process_set, remove_process_set,
+    set_rank, set_size)
+from commlib.reduce_args import resolve_op
+from commlib.runtime import require_init
 
 from .compression import Compression
 
@@ -66,9 +69,10 @@ mpi_threads_supported = _c.mpi_threads_supported
 
 # ---------------------------------------------------------------- tensors <-> arrays
 
-_SUPPORTED = (torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
-              torch.float32, torch.float64, torch.bool)
-_SUPPORTED_NAMES = ", ".join(str(d).replace("torch.", "") for d in _SUPPORTED)
+# dtypes the core moves and reduces
+SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16,
+                    torch.bfloat16, torch.float32, torch.float64, torch.bool)
+_SUPPORTED_NAMES = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
 _bf16 = None
 
 
@@ -84,7 +88,7 @@ def _bfloat16_dtype():
     return _bf16
 
 
-def _check_tensor(tensor, what: str, inplace: bool = False) -> torch.Tensor:
+def check_tensor(tensor, what: str, inplace: bool = False) -> torch.Tensor:
     """Checks that commlib can move ``tensor``: a dense CPU tensor of a
     supported dtype (and contiguous, when the result is written into it)."""
     if not isinstance(tensor, torch.Tensor):
@@ -96,7 +100,7 @@ def _check_tensor(tensor, what: str, inplace: bool = False) -> torch.Tensor:
     if tensor.layout != torch.strided:
         raise TypeError(f"{what}: {tensor.layout} tensors are not supported; "
                         "use a dense tensor (tensor.to_dense())")
-    if tensor.dtype not in _SUPPORTED:
+    if tensor.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{what}: unsupported dtype {tensor.dtype}; commlib supports "
                         f"{_SUPPORTED_NAMES}")
     if inplace and not tensor.is_contiguous():
@@ -125,7 +129,7 @@ def _as_tensor(arr: np.ndarray) -> torch.Tensor:
 
 def _input(tensor, what: str) -> np.ndarray:
     """A zero-copy array of ``tensor`` (a contiguous copy if it is not)."""
-    t = _check_tensor(tensor, what)
+    t = check_tensor(tensor, what)
     return _as_array(t if t.is_contiguous() else t.contiguous())
 
 
@@ -191,7 +195,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
                                process_set=process_set)
         shape = tensor.shape
         return Handle(h, lambda out: _as_tensor(out).view(shape), tensor)
-    _check_tensor(output, what, inplace=True)
+    check_tensor(output, what, inplace=True)
     h = _c.allreduce_async_(_as_array(output), None, name, op, prescale_factor, postscale_factor,
                             process_set=process_set)
     return Handle(h, lambda _out: output, output)
@@ -206,8 +210,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     The reduction is keyed by ``name`` (auto-generated when None): tensors of
     one name must have the same shape and dtype on every rank, or every rank
     raises commlib.CollectiveMismatchError."""
-    process_set = _fu.check_process_set(process_set)
-    op = _fu.resolve_op(op, average)
+    process_set = check_process_set(process_set)
+    op = resolve_op(op, average)
     return _allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor,
                             "allreduce_async", process_set)
 
@@ -215,8 +219,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """In-place ``allreduce_async``: the result is written into ``tensor``."""
-    process_set = _fu.check_process_set(process_set)
-    op = _fu.resolve_op(op, average)
+    process_set = check_process_set(process_set)
+    op = resolve_op(op, average)
     return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor,
                             "allreduce_async_", process_set)
 
@@ -236,7 +240,7 @@ class HorovodAllreduce(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
-        ctx.op = _fu.resolve_op(op, average)
+        ctx.op = resolve_op(op, average)
         ctx.scales = (prescale_factor, postscale_factor)
         ctx.process_set = process_set
         out = synchronize(allreduce_async(tensor, None, name, ctx.op, prescale_factor,
@@ -269,7 +273,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """The reduction (default Average) of ``tensor`` over all ranks (of
     ``process_set``), as a new tensor; differentiable. ``compression`` (e.g.
     Compression.fp16) casts the tensor for the transfer and back."""
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     compressed, cctx = compression.compress(tensor)
     out = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor,
                                  postscale_factor, process_set)
@@ -280,13 +284,13 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 
 def _grouped_allreduce_async(tensors, inplace, average, name, op, prescale_factor,
                              postscale_factor, process_set, what) -> Handle:
-    process_set = _fu.check_process_set(process_set)
-    op = _fu.resolve_op(op, average)
+    process_set = check_process_set(process_set)
+    op = resolve_op(op, average)
     tensors = list(tensors)
     if not tensors:
         raise ValueError(f"{what} needs at least one tensor")
     for t in tensors:
-        _check_tensor(t, what, inplace=inplace)
+        check_tensor(t, what, inplace=inplace)
     if inplace:
         h = _c.grouped_allreduce_async_([_as_array(t) for t in tensors], None, name, op,
                                         prescale_factor, postscale_factor, process_set)
@@ -321,7 +325,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 class HorovodGroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
-        ctx.op = _fu.resolve_op(op, average)
+        ctx.op = resolve_op(op, average)
         ctx.scales = (prescale_factor, postscale_factor)
         ctx.process_set = process_set
         return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, ctx.op,
@@ -343,7 +347,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduces a list of tensors as one fused unit; returns a list of new
     tensors. Differentiable for Sum and Average."""
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     pairs = [compression.compress(t) for t in tensors]
     outs = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
                                          process_set, *[p[0] for p in pairs])
@@ -355,8 +359,8 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
     by gathering every rank's indices and values (as Horovod does);
     ``synchronize`` returns the sparse sum (Sum) or average (Average, over the
     set's size), uncoalesced."""
-    process_set = _fu.check_process_set(process_set)
-    op = _fu.resolve_op(op)
+    process_set = check_process_set(process_set)
+    op = resolve_op(op)
     if op not in (Sum, Average):
         raise ValueError("sparse_allreduce_async supports op=Sum and op=Average only")
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
@@ -372,7 +376,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
     hv = allgather_async(values, name=None if name is None else f"{name}.values",
                          process_set=process_set)
     shape = tuple(tensor.shape)
-    n = _fu.set_size(process_set)
+    n = set_size(process_set)
 
     def finish(outs):
         idx, val = (_as_tensor(o) for o in outs)
@@ -389,8 +393,8 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
     """Starts concatenating every rank's ``tensor`` along dimension 0 (whose
     size may differ across ranks; the other dimensions must agree), in the
     order of the ranks (of ``process_set``)."""
-    process_set = _fu.check_process_set(process_set)
-    t = _check_tensor(tensor, "allgather_async")
+    process_set = check_process_set(process_set)
+    t = check_tensor(tensor, "allgather_async")
     if t.dim() == 0:
         raise ValueError("allgather needs a tensor with at least one dimension")
     h = _c.allgather_async(_input(t, "allgather_async"), name, process_set=process_set)
@@ -414,21 +418,21 @@ class HorovodAllgather(torch.autograd.Function):
         # Deliberate: horovod.torch averages the upstream gradients (commlib.tensorflow sums).
         grad = allreduce(grad_output.contiguous(), op=Average, process_set=ps)
         dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64), process_set=ps)
-        offset = int(dims[:_fu.set_rank(ps)].sum())
+        offset = int(dims[:set_rank(ps)].sum())
         return grad.narrow(0, offset, ctx.dim), None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
     """Every rank's ``tensor`` (of ``process_set``) concatenated along
     dimension 0, in rank order; differentiable."""
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     tensors = list(tensors)
-    base = _fu.auto_name("grouped_allgather", name, process_set)
+    base = auto_name("grouped_allgather", name, process_set)
     handles = [allgather_async(t, f"{base}.{i}", process_set) for i, t in enumerate(tensors)]
     return Handle([h._handles for h in handles], lambda outs: [_as_tensor(o) for o in outs],
                   tensors)
@@ -445,7 +449,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     """Starts copying rank ``root_rank``'s ``tensor`` to every rank (of
     ``process_set``; root_rank is a job rank in it); the result is a new
     tensor (the input is not modified)."""
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     h = _c.broadcast_async(_input(tensor, "broadcast_async"), root_rank, name,
                            process_set=process_set)
     shape = tensor.shape
@@ -454,8 +458,8 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """In-place ``broadcast_async``: ``tensor`` receives root's value."""
-    process_set = _fu.check_process_set(process_set)
-    _check_tensor(tensor, "broadcast_async_", inplace=True)
+    process_set = check_process_set(process_set)
+    check_tensor(tensor, "broadcast_async_", inplace=True)
     h = _c.broadcast_async_(_as_array(tensor), root_rank, name, process_set=process_set)
     return Handle(h, lambda _out: tensor, tensor)
 
@@ -487,7 +491,7 @@ class HorovodBroadcast(torch.autograd.Function):
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
     """Rank ``root_rank``'s ``tensor``, on every rank (of ``process_set``), as
     a new tensor; differentiable."""
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
 
@@ -495,8 +499,8 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> t
 
 def _split_list(splits, dim0: int, process_set) -> list[int]:
     if splits is None:
-        return _fu.even_splits(dim0, process_set)
-    n = _fu.set_size(process_set)
+        return even_splits(dim0, process_set)
+    n = set_size(process_set)
     if isinstance(splits, torch.Tensor):
         if splits.is_floating_point() or splits.dim() != 1:
             raise ValueError("splits must be a 1-D integer tensor, one entry per rank")
@@ -514,8 +518,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     (of ``process_set``: its i-th member; an even division when splits is
     None). ``synchronize`` returns ``(output, received_splits)``, as in
     Horovod."""
-    process_set = _fu.check_process_set(process_set)
-    t = _check_tensor(tensor, "alltoall_async")
+    process_set = check_process_set(process_set)
+    t = check_tensor(tensor, "alltoall_async")
     if t.dim() == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
     split_list = _split_list(splits, t.shape[0], process_set)
@@ -552,7 +556,7 @@ class HorovodAlltoall(torch.autograd.Function):
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """All-to-all; returns the received rows (in rank order) and, when
     ``splits`` is given, also the rows received from each rank."""
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
 
@@ -563,9 +567,9 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     """Starts reducing ``tensor`` over all ranks (of ``process_set``), leaving
     on each rank its part of dimension 0 (part i on the set's i-th member;
     lower positions get the extra rows)."""
-    process_set = _fu.check_process_set(process_set)
-    op = _fu.resolve_op(op)
-    t = _check_tensor(tensor, "reducescatter_async")
+    process_set = check_process_set(process_set)
+    op = resolve_op(op)
+    t = check_tensor(tensor, "reducescatter_async")
     if t.dim() == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension")
     h = _c.reducescatter_async(_input(t, "reducescatter_async"), op, name, prescale_factor,
@@ -580,7 +584,7 @@ class HorovodReducescatter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
-        ctx.op = op = _fu.resolve_op(op)
+        ctx.op = op = resolve_op(op)
         ctx.scale = prescale_factor * postscale_factor
         ctx.process_set = process_set
         return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
@@ -591,7 +595,7 @@ class HorovodReducescatter(torch.autograd.Function):
         if ctx.op not in (Sum, Average):
             raise NotImplementedError("reducescatter is differentiable for Sum and Average only")
         grad = allgather(grad_output.contiguous(), process_set=ctx.process_set)
-        scale = ctx.scale / (_fu.set_size(ctx.process_set) if ctx.op == Average else 1)
+        scale = ctx.scale / (set_size(ctx.process_set) if ctx.op == Average else 1)
         return grad * scale, None, None, None, None, None
 
 
@@ -600,7 +604,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   postscale_factor=1.0) -> torch.Tensor:
     """This rank's part of the reduction of ``tensor`` over all ranks (of
     ``process_set``); differentiable for Sum and Average."""
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     compressed, cctx = compression.compress(tensor)
     out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
                                      postscale_factor)
@@ -609,9 +613,9 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> Handle:
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     tensors = list(tensors)
-    base = _fu.auto_name("grouped_reducescatter", name, process_set)
+    base = auto_name("grouped_reducescatter", name, process_set)
     handles = [reducescatter_async(t, f"{base}.{i}", op, process_set, prescale_factor,
                                    postscale_factor) for i, t in enumerate(tensors)]
     return Handle([h._handles for h in handles], lambda outs: [_as_tensor(o) for o in outs],
@@ -632,7 +636,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 
 def barrier(process_set=global_process_set) -> None:
     """Returns once every rank (of ``process_set``) has called barrier()."""
-    _c.barrier(process_set=_fu.check_process_set(process_set))
+    _c.barrier(process_set=check_process_set(process_set))
 
 
 def join(device=-1) -> int:
@@ -645,9 +649,9 @@ def join(device=-1) -> int:
     ranks with uneven amounts of data must agree on the number of steps
     (for example with an allreduce of their step counts) before joining.
     ``device`` is accepted for compatibility; only -1 (CPU) is meaningful."""
-    _basics._require_init()
+    require_init()
     stamp = np.array([time.time_ns()], dtype=np.int64)
-    stamps = _c.allgather(stamp, name=_fu.auto_name("join", None))
+    stamps = _c.allgather(stamp, name=auto_name("join", None))
     last = max(range(len(stamps)), key=lambda r: (int(stamps[r]), r))
     return int(last)
 
