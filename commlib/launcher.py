@@ -117,6 +117,27 @@ def rank_wrapper_command(python=sys.executable):
     return [python, "-I", os.path.abspath(_rankwrap.__file__), "--"]
 
 
+def resolve_program(command, environ=os.environ):
+    """``command`` with its program found as the caller's shell would find it:
+    a name without a slash is looked up on the caller's ``PATH`` and replaced
+    by its absolute path (symlinks kept: a virtualenv's ``python3`` is a link
+    whose own path selects the environment). A program not found, or given
+    with a slash, is left as it is.
+
+    The ranks must not look the name up on their own ``PATH``: Open MPI's
+    mpirun, started by its absolute path, acts as if ``--prefix`` were given
+    and puts its own ``bin/`` first there, so ``commlibrun -np 2 python3 x.py``
+    inside a virtualenv ran ``/usr/bin/python3``.
+    """
+    command = list(command)
+    if not command or not command[0] or "/" in command[0]:
+        return command
+    found = shutil.which(command[0], path=environ.get("PATH", os.defpath))
+    if found is None:
+        return command
+    return [os.path.abspath(found)] + command[1:]
+
+
 def _has_option(args, names):
     return any(a in names or a.startswith(tuple(n + "=" for n in names)) for a in args)
 
@@ -491,6 +512,7 @@ def main(argv=None):
 
     try:
         environ = dict(os.environ)
+        command = resolve_program(command, environ)
         mpiexec = find_mpiexec(environ, python=sys.executable)
         flavour = detect_flavour(mpiexec_version_text(mpiexec))
         extra = default_thread_env(environ, args.np, args.hosts, args.hostfile)
