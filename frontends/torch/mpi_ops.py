@@ -9,9 +9,10 @@ The out-of-place forms (``allreduce``, ``allgather``, ``broadcast``,
 ``alltoall``, ``reducescatter``, ``grouped_allreduce``) are differentiable
 (torch.autograd.Function), with Horovod's gradients.
 
-The framework-free parts (op resolution, process-set checks and sizes,
-generated names, Horovod's ``*_built`` queries) come from
-``commlib.frontend_utils``, shared with commlib.tensorflow.
+The framework-free parts, shared with commlib.tensorflow, come from commlib:
+op resolution (``reduce_args``), process-set checks and sizes
+(``process_sets``), generated names and broadcast's root check (``ops``),
+Horovod's ``*_built`` queries (``capabilities``).
 
 Process sets work as in horovod.torch: every collective takes
 ``process_set=`` (``global_process_set``, the default, or a ``ProcessSet``

@@ -152,7 +152,7 @@ class _DistributedOptimizer:
 
     def _make_groups(self, groups):
         """param -> tuple of the params whose allreduces start together
-        (``groups`` as resolved by frontend_utils.resolve_groups; None: every
+        (``groups`` as resolved by commlib.grouping.resolve_groups; None: every
         parameter on its own, as soon as its gradient is ready)."""
         self._group_names = {}
         if groups is None:
