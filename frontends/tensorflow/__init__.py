@@ -34,13 +34,14 @@ elastic training, timelines, XLA-compiled functions.
 """
 from commlib.basics import (cross_rank, cross_size, is_initialized, local_rank, local_size,
                             mpi_threads_supported, rank, shutdown, size)
-from commlib.errors import (CollectiveMismatchError, CommlibError, NotInitializedError,
-                            RankLostError)
 from commlib.basics import init, is_homogeneous
 from commlib.capabilities import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,
                                   mpi_built, mpi_enabled, nccl_built, rocm_built, start_timeline,
                                   stop_timeline)
 from commlib.dispatch import register_optimizer
+from commlib.errors import (CollectiveMismatchError, CommlibError, HorovodInternalError,
+                            HostsUpdatedInterrupt, NotInitializedError, RankLostError,
+                            ScalarTensorError)
 from commlib.grouping import resolve_groups
 from commlib.ops import Average, Max, Min, Product, Sum
 from commlib.process_sets import (ProcessSet, add_process_set, check_process_set,
@@ -208,5 +209,6 @@ __all__ = [
     "ProcessSet",
     "global_process_set", "add_process_set", "remove_process_set", "start_timeline",
     "stop_timeline", "communication_stats", "CommlibError", "CollectiveMismatchError",
-    "NotInitializedError", "RankLostError",
+    "NotInitializedError", "RankLostError", "ScalarTensorError", "HorovodInternalError",
+    "HostsUpdatedInterrupt",
 ]

@@ -47,7 +47,8 @@ from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
 from ._dispatch import is_torch_optimizer
 from commlib.dispatch import register_optimizer
-from commlib.errors import CollectiveMismatchError, NotInitializedError, RankLostError
+from commlib.errors import (CollectiveMismatchError, HorovodInternalError, HostsUpdatedInterrupt,
+                            NotInitializedError, RankLostError, ScalarTensorError)
 
 # commlib.DistributedOptimizer(torch_optimizer, ...) comes here.
 register_optimizer(__name__, is_torch_optimizer, DistributedOptimizer)
@@ -70,4 +71,5 @@ __all__ = [
     "Compression", "DistributedOptimizer", "SyncBatchNorm",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "CommlibError", "CollectiveMismatchError", "NotInitializedError", "RankLostError",
+    "ScalarTensorError", "HorovodInternalError", "HostsUpdatedInterrupt",
 ]
