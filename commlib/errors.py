@@ -21,3 +21,19 @@ class NotInitializedError(CommlibError, ValueError):
 class RankLostError(CommlibError):
     """A rank of the job died; the message names it. Communication is over:
     the job should end."""
+
+
+class ScalarTensorError(CommlibError, ValueError):
+    """A collective that splits or concatenates along dimension 0
+    (allgather, alltoall, reducescatter) got a 0-d tensor. It is a ValueError
+    and, like Horovod's error for this case, a HorovodInternalError."""
+
+
+# horovod.torch / horovod.tensorflow scripts catch these by name.
+HorovodInternalError = CommlibError
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Horovod's elastic-training signal that the set of hosts changed.
+    commlib has no elastic mode yet and never raises it; the class exists so
+    that Horovod scripts whose ``except`` clauses name it run unchanged."""

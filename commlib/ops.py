@@ -15,6 +15,7 @@ import numpy as np
 from . import basics
 from ._lib import check, ffi, lib
 from .dtypes import dtype_code
+from .errors import ScalarTensorError
 from .handle import Handle, core_result, core_splits, synchronize
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
@@ -289,7 +290,8 @@ def allgather_async(tensor, name=None, process_set=None) -> Handle:
     size may differ across ranks; the other dimensions must agree)."""
     inp = _as_input(tensor)
     if inp.ndim == 0:
-        raise ValueError("allgather needs a tensor with at least one dimension")
+        raise ScalarTensorError("allgather needs a tensor with at least one dimension, "
+                                "got a 0-d tensor")
     psid = _psid(process_set)
     hid, keep = _enqueue(lib.COMMLIB_OP_ALLGATHER, _auto_name("allgather", name, psid), inp, None,
                          process_set=psid)
@@ -356,7 +358,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     order, and, when splits is given, the rows received from each rank."""
     inp = _as_input(tensor)
     if inp.ndim == 0:
-        raise ValueError("alltoall needs a tensor with at least one dimension")
+        raise ScalarTensorError("alltoall needs a tensor with at least one dimension, "
+                                "got a 0-d tensor")
     split_list = None
     if splits is not None:
         s = np.asarray(splits)
@@ -405,7 +408,8 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
     rows)."""
     inp = _as_input(tensor)
     if inp.ndim == 0:
-        raise ValueError("reducescatter needs a tensor with at least one dimension")
+        raise ScalarTensorError("reducescatter needs a tensor with at least one dimension, "
+                                "got a 0-d tensor")
     psid = _psid(process_set)
     out = np.empty((reducescatter_rows(inp.shape[0], process_set),) + inp.shape[1:], dtype=inp.dtype)
     hid, keep = _enqueue(lib.COMMLIB_OP_REDUCESCATTER, _auto_name("reducescatter", name, psid), inp,

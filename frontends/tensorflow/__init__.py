@@ -34,8 +34,9 @@ elastic training, timelines, XLA-compiled functions.
 """
 from commlib.basics import (cross_rank, cross_size, is_initialized, local_rank, local_size,
                             mpi_threads_supported, rank, shutdown, size)
-from commlib.errors import (CollectiveMismatchError, CommlibError, NotInitializedError,
-                            RankLostError)
+from commlib.errors import (CollectiveMismatchError, CommlibError, HorovodInternalError,
+                            HostsUpdatedInterrupt, NotInitializedError, RankLostError,
+                            ScalarTensorError)
 from commlib.frontend_utils import (ProcessSet, add_process_set, ccl_built, cuda_built,
                                     ddl_built, gloo_built, gloo_enabled, init, is_homogeneous,
                                     mpi_built, mpi_enabled, nccl_built, remove_process_set,
@@ -202,5 +203,6 @@ __all__ = [
     "ProcessSet",
     "global_process_set", "add_process_set", "remove_process_set", "start_timeline",
     "stop_timeline", "communication_stats", "CommlibError", "CollectiveMismatchError",
-    "NotInitializedError", "RankLostError",
+    "NotInitializedError", "RankLostError", "ScalarTensorError", "HorovodInternalError",
+    "HostsUpdatedInterrupt",
 ]

@@ -55,6 +55,7 @@ import tensorflow as tf
 
 import commlib
 from commlib import frontend_utils as fu
+from commlib.errors import ScalarTensorError
 from commlib.ops import Average, Max, Min, Product, Sum
 
 from .compression import Compression
@@ -264,7 +265,8 @@ def _allgather_np(x, cname, process_set=None):
 
 def _allgather_raw(t, name=None, ignore_name_scope=False, process_set=None):
     if t.shape.rank == 0:
-        raise ValueError("allgather needs a tensor with at least one dimension")
+        raise ScalarTensorError("allgather needs a tensor with at least one dimension, "
+                                "got a 0-d tensor")
 
     def fn(cname, x):
         return [_allgather_np(x, cname, process_set)]
@@ -316,7 +318,8 @@ def _broadcast_raw(t, root_rank, name=None, ignore_name_scope=False, process_set
 def _alltoall_raw(t, splits, name=None, ignore_name_scope=False, process_set=None):
     """(output, received_splits as int32)."""
     if t.shape.rank == 0:
-        raise ValueError("alltoall needs a tensor with at least one dimension")
+        raise ScalarTensorError("alltoall needs a tensor with at least one dimension, "
+                                "got a 0-d tensor")
     inputs = [t]
     if splits is not None:
         inputs.append(tf.cast(tf.convert_to_tensor(splits), tf.int64))
@@ -341,7 +344,8 @@ def _alltoall_raw(t, splits, name=None, ignore_name_scope=False, process_set=Non
 def _reducescatter_raw(t, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False,
                        process_set=None):
     if t.shape.rank == 0:
-        raise ValueError("reducescatter needs a tensor with at least one dimension")
+        raise ScalarTensorError("reducescatter needs a tensor with at least one dimension, "
+                                "got a 0-d tensor")
 
     def fn(cname, x):
         return [commlib.reducescatter(x, op=op, name=cname, prescale_factor=pre,
@@ -601,7 +605,8 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=N
     for t in ts:
         _check_dtype(t.dtype, "grouped_allgather", movable=True)
         if t.shape.rank == 0:
-            raise ValueError("allgather needs tensors with at least one dimension")
+            raise ScalarTensorError("allgather needs tensors with at least one dimension, "
+                                    "got a 0-d tensor")
     if not any(_differentiable(t) for t in ts):
         return _grouped_allgather_raw(ts, name, ignore_name_scope, process_set)
     return [allgather(t, name=None if name is None else f"{name}.{i}",
@@ -665,6 +670,12 @@ def reducescatter(tensor, device_dense='', compression=Compression.none, op=Aver
 
 def grouped_reducescatter(tensors, device_dense='', compression=Compression.none, op=Average,
                           process_set=None, prescale_factor=1.0, postscale_factor=1.0):
+    """reducescatter of each tensor of a list; a 0-d tensor anywhere in the
+    list raises ScalarTensorError before any of them is sent."""
+    tensors = [_as_tensor(t) for t in tensors]
+    if any(t.shape.rank == 0 for t in tensors):
+        raise ScalarTensorError("reducescatter needs tensors with at least one dimension, "
+                                "got a 0-d tensor")
     return [reducescatter(t, device_dense, compression, op, process_set=process_set,
                           prescale_factor=prescale_factor, postscale_factor=postscale_factor)
             for t in tensors]

@@ -45,7 +45,8 @@ from .mpi_ops import (Adasum, Average, CommlibError, Handle, Max, Min, Product, 
                       size, sparse_allreduce_async, start_timeline, stop_timeline, synchronize)
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
-from commlib.errors import CollectiveMismatchError, NotInitializedError, RankLostError
+from commlib.errors import (CollectiveMismatchError, HorovodInternalError, HostsUpdatedInterrupt,
+                            NotInitializedError, RankLostError, ScalarTensorError)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
@@ -65,4 +66,5 @@ __all__ = [
     "Compression", "DistributedOptimizer", "SyncBatchNorm",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "CommlibError", "CollectiveMismatchError", "NotInitializedError", "RankLostError",
+    "ScalarTensorError", "HorovodInternalError", "HostsUpdatedInterrupt",
 ]

@@ -6,7 +6,7 @@ the tensor's memory, so in-place operations (``allreduce_``, ``broadcast_``,
 freshly allocated arrays wrapped with ``torch.from_numpy``.
 
 The out-of-place forms (``allreduce``, ``allgather``, ``broadcast``,
-``alltoall``, ``reducescatter``, ``grouped_allreduce``) are differentiable
+``alltoall``, ``reducescatter`` and the grouped forms) are differentiable
 (torch.autograd.Function), with Horovod's gradients.
 
 The framework-free parts (op resolution, process-set checks and sizes,
@@ -43,6 +43,7 @@ import commlib as _c
 from commlib import CommlibError
 from commlib import basics as _basics
 from commlib import frontend_utils as _fu
+from commlib.errors import ScalarTensorError
 from commlib.frontend_utils import (  # noqa: F401 - re-exported
     Adasum, ProcessSet, add_process_set, ccl_built, cuda_built, ddl_built, global_process_set,
     gloo_built, gloo_enabled, init, is_homogeneous, mpi_built, mpi_enabled, nccl_built,
@@ -392,7 +393,8 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
     process_set = _fu.check_process_set(process_set)
     t = _check_tensor(tensor, "allgather_async")
     if t.dim() == 0:
-        raise ValueError("allgather needs a tensor with at least one dimension")
+        raise ScalarTensorError("allgather needs a tensor with at least one dimension, "
+                                "got a 0-d tensor")
     h = _c.allgather_async(_input(t, "allgather_async"), name, process_set=process_set)
     return Handle(h, _as_tensor, tensor)
 
@@ -427,16 +429,40 @@ def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
     process_set = _fu.check_process_set(process_set)
-    tensors = list(tensors)
+    tensors = _check_group(tensors, "grouped_allgather")
     base = _fu.auto_name("grouped_allgather", name, process_set)
     handles = [allgather_async(t, f"{base}.{i}", process_set) for i, t in enumerate(tensors)]
     return Handle([h._handles for h in handles], lambda outs: [_as_tensor(o) for o in outs],
                   tensors)
 
 
+class HorovodGroupedAllgather(torch.autograd.Function):
+    """grouped_allgather as an autograd function: as for allgather, each
+    rank's slice of every output gradient, averaged over the set (one grouped
+    allreduce and one allgather of the first dimensions)."""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.dims = [t.shape[0] if t.dim() else 0 for t in tensors]
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        ps = ctx.process_set
+        grads = synchronize(grouped_allreduce_async([g.contiguous() for g in grad_outputs],
+                                                    op=Average, process_set=ps))
+        dims = synchronize(allgather_async(torch.tensor([ctx.dims], dtype=torch.int64),
+                                           process_set=ps))
+        offsets = dims[:_fu.set_rank(ps)].sum(0).tolist()
+        return (None, None, *[g.narrow(0, off, d) for g, off, d in zip(grads, offsets, ctx.dims)])
+
+
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    """allgather of each tensor of a list (not differentiable)."""
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    """allgather of each tensor of a list, negotiated as one group;
+    differentiable (Horovod's gradients, as for allgather)."""
+    process_set = _fu.check_process_set(process_set)
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
 # ---------------------------------------------------------------- broadcast
@@ -493,6 +519,16 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> t
 
 # ---------------------------------------------------------------- alltoall
 
+def _check_group(tensors, what: str) -> list:
+    """The list of a grouped collective, checked whole before any is sent."""
+    tensors = list(tensors)
+    for t in tensors:
+        if _check_tensor(t, what).dim() == 0:
+            raise ScalarTensorError(f"{what} needs tensors with at least one dimension, "
+                                    "got a 0-d tensor")
+    return tensors
+
+
 def _split_list(splits, dim0: int, process_set) -> list[int]:
     if splits is None:
         return _fu.even_splits(dim0, process_set)
@@ -517,7 +553,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     process_set = _fu.check_process_set(process_set)
     t = _check_tensor(tensor, "alltoall_async")
     if t.dim() == 0:
-        raise ValueError("alltoall needs a tensor with at least one dimension")
+        raise ScalarTensorError("alltoall needs a tensor with at least one dimension, "
+                                "got a 0-d tensor")
     split_list = _split_list(splits, t.shape[0], process_set)
     h = _c.alltoall_async(_input(t, "alltoall_async"), split_list, name, process_set=process_set)
 
@@ -567,7 +604,8 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     op = _fu.resolve_op(op)
     t = _check_tensor(tensor, "reducescatter_async")
     if t.dim() == 0:
-        raise ValueError("reducescatter needs a tensor with at least one dimension")
+        raise ScalarTensorError("reducescatter needs a tensor with at least one dimension, "
+                                "got a 0-d tensor")
     h = _c.reducescatter_async(_input(t, "reducescatter_async"), op, name, prescale_factor,
                                postscale_factor, process_set=process_set)
     return Handle(h, _as_tensor, tensor)
@@ -610,7 +648,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> Handle:
     process_set = _fu.check_process_set(process_set)
-    tensors = list(tensors)
+    tensors = _check_group(tensors, "grouped_reducescatter")
     base = _fu.auto_name("grouped_reducescatter", name, process_set)
     handles = [reducescatter_async(t, f"{base}.{i}", op, process_set, prescale_factor,
                                    postscale_factor) for i, t in enumerate(tensors)]
@@ -618,13 +656,39 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
                   tensors)
 
 
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    """grouped_reducescatter as an autograd function: as for reducescatter,
+    the gradients are the allgather of the output gradients (one grouped
+    allgather), times the scale factors and 1/size of the set for Average."""
+
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.op = op = _fu.resolve_op(op)
+        ctx.scale = prescale_factor * postscale_factor
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set,
+                                                             prescale_factor, postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        if ctx.op not in (Sum, Average):
+            raise NotImplementedError("grouped_reducescatter is differentiable for Sum and "
+                                      "Average only")
+        grads = synchronize(grouped_allgather_async([g.contiguous() for g in grad_outputs],
+                                                    process_set=ctx.process_set))
+        scale = ctx.scale / (_fu.set_size(ctx.process_set) if ctx.op == Average else 1)
+        return (None, None, None, None, None, *[g * scale for g in grads])
+
+
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
-    """reducescatter of each tensor of a list (not differentiable)."""
+    """reducescatter of each tensor of a list, negotiated as one group;
+    differentiable for Sum and Average (as reducescatter)."""
+    process_set = _fu.check_process_set(process_set)
     pairs = [compression.compress(t) for t in tensors]
-    outs = synchronize(grouped_reducescatter_async([p[0] for p in pairs], name, op, process_set,
-                                                   prescale_factor, postscale_factor))
+    outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                             postscale_factor, *[p[0] for p in pairs])
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 

@@ -147,6 +147,16 @@ def check_ops(ps, tag):
     close(x.grad, torch.cat([weights(k, (rows_of(dim0, m, ranks.index(k)), 2)) for k in ranks])
           / m, f"{tag} reducescatter gradient")
 
+    # grouped forms: the same gradients as the single forms, tensor by tensor
+    xg, xr = G[r].to(f64).requires_grad_(), R[r].clone().requires_grad_()
+    (yg,) = hvd.grouped_allgather([xg], process_set=ps)
+    (yr,) = hvd.grouped_reducescatter([xr], op=hvd.Sum, process_set=ps)
+    ((yg * weights(r, yg.shape)).sum() + (yr * weights(r, yr.shape)).sum()).backward()
+    close(xg.grad, (sum(weights(k, (rows, 2)) for k in ranks) / m)[off:off + r + 1],
+          f"{tag} grouped_allgather gradient")
+    close(xr.grad, torch.cat([weights(k, (rows_of(dim0, m, ranks.index(k)), 2)) for k in ranks]),
+          f"{tag} grouped_reducescatter Sum gradient")
+
     x = a2a(r).requires_grad_()
     y, _ = hvd.alltoall(x, splits=splits_of(pos), process_set=ps)
     (y * weights(r, y.shape)).sum().backward()

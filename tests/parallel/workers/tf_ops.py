@@ -283,6 +283,13 @@ expect_raises(ValueError, lambda: hvd.broadcast(tf.ones(2), n), "root outside th
 expect_raises(RuntimeError, lambda: tf.function(lambda: hvd.allreduce(tf.ones(2)),
                                                 jit_compile=True)(), "XLA refused",
               match="XLA")
+for what, fn in [("reducescatter", lambda: hvd.reducescatter(tf.constant(1.0))),
+                 ("grouped_reducescatter",
+                  lambda: hvd.grouped_reducescatter([tf.ones([2 * n]), tf.constant(1.0)])),
+                 ("grouped_allgather", lambda: hvd.grouped_allgather([tf.ones([2]), tf.constant(1.0)]))]:
+    e = expect_raises(ValueError, fn, f"{what} of a 0-d tensor", match="0-d")
+    if not isinstance(e, hvd.HorovodInternalError):
+        fail(f"{what} of a 0-d tensor: {type(e).__name__} is not a HorovodInternalError")
 check(hvd.allreduce(tf.ones([2]), op=hvd.Sum, process_set=hvd.global_process_set),
       np.full(2, n, np.float32), "global process set accepted")
 done()

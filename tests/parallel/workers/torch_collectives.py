@@ -248,6 +248,33 @@ o1, o2 = hvd.grouped_allreduce([e1, e2], op=hvd.Sum)
 close(e1.grad, torch.full((2,), n * (n + 1) / 2), "grouped grad 0")
 close(e2.grad, torch.full((3,), float(n)), "grouped grad 1")
 
+# grouped allgather and reducescatter: per tensor, the gradients of the single forms
+f1, f2 = torch.full((r + 1,), float(r), requires_grad=True), torch.ones(2 * n, 3, requires_grad=True)
+q1, = hvd.grouped_allgather([f1])
+q2, = hvd.grouped_reducescatter([f2], op=hvd.Average)
+((q1 * (torch.arange(q1.shape[0], dtype=torch.float32) + 1)).sum() * (r + 1)
+ + (q2 * (r + 1)).sum()).backward()
+close(f1.grad, (torch.arange(off, off + r + 1, dtype=torch.float32) + 1) * (n + 1) / 2,
+      "grouped_allgather grad")
+close(f2.grad, torch.arange(1., n + 1).repeat_interleave(2).unsqueeze(1).expand(2 * n, 3) / n,
+      "grouped_reducescatter Average grad")
+g1, g2 = torch.ones(3, requires_grad=True), torch.ones(n, 2, requires_grad=True)
+q1, q2 = hvd.grouped_allgather([g1, g2], name="grouped.ag.two")
+(q1.sum() + 2 * q2.sum()).backward()
+close(g1.grad, torch.ones(3), "grouped_allgather grad, two tensors (0)")
+close(g2.grad, torch.full((n, 2), 2.0), "grouped_allgather grad, two tensors (1)")
+# a 0-d tensor: Horovod's error (a ValueError that is also a HorovodInternalError), nothing sent
+for fn in (lambda: hvd.reducescatter(torch.tensor(1.0)),
+           lambda: hvd.grouped_reducescatter([torch.ones(2 * n), torch.tensor(1.0)]),
+           lambda: hvd.grouped_allgather([torch.ones(2), torch.tensor(1.0)])):
+    e = expect_raises(ValueError, fn, "0-d tensor", match="0-d")
+    if not isinstance(e, (hvd.HorovodInternalError, RuntimeError, hvd.ScalarTensorError)):
+        fail(f"0-d error is not a HorovodInternalError: {type(e)}")
+if not issubclass(hvd.RankLostError, hvd.HorovodInternalError):
+    fail("RankLostError must be caught by except hvd.HorovodInternalError")
+if not issubclass(hvd.HostsUpdatedInterrupt, RuntimeError):
+    fail("HostsUpdatedInterrupt")
+
 # ------------------------------------------------------------ argument errors (local, no collective)
 expect_raises(TypeError, lambda: hvd.allreduce(torch.ones(3, dtype=torch.int16)), "int16",
               "unsupported dtype")
