@@ -17,6 +17,10 @@ _CODES = {
     "float32": lib.COMMLIB_FLOAT32,
     "float64": lib.COMMLIB_FLOAT64,
     "bool": lib.COMMLIB_BOOL,
+    "int16": lib.COMMLIB_INT16,
+    "uint16": lib.COMMLIB_UINT16,
+    "uint32": lib.COMMLIB_UINT32,
+    "uint64": lib.COMMLIB_UINT64,
 }
 
 SUPPORTED = tuple(_CODES)

@@ -12,6 +12,7 @@
 #include "common.h"
 #include "engine.h"
 #include "result_pool.h"
+#include "runtime/config.h"
 
 using commlib::Engine;
 using commlib::Error;
@@ -264,6 +265,32 @@ const char* commlib_mpi_library_version(void) {
   int len = 0;
   MPI_Get_library_version(version, &len);
   return version;
+}
+
+int commlib_config_count(void) { return int(commlib::config_table().size()); }
+
+int commlib_config_entry(int i, const char** name, const char** default_value, const char** accepted,
+                         const char** meaning) {
+  return guarded([&] {
+    const auto& table = commlib::config_table();
+    if (i < 0 || size_t(i) >= table.size()) {
+      throw Error(COMMLIB_ERR_VALUE, "no configuration entry " + std::to_string(i));
+    }
+    const commlib::ConfigEntry& e = table[size_t(i)];
+    *name = e.name;
+    *default_value = e.default_text;
+    *accepted = e.accepted.c_str();
+    *meaning = e.meaning;
+  });
+}
+
+int commlib_config_check(const char* name, const char* value) {
+  return guarded([&] {
+    const commlib::ConfigEntry* e = commlib::find_config_entry(name ? name : "");
+    if (!e) throw Error(COMMLIB_ERR_VALUE, std::string(name ? name : "") + ": not a commlib configuration variable");
+    commlib::Config cfg = commlib::Config::defaults();
+    if (value && *value) commlib::set_config_value(*e, value, cfg);
+  });
 }
 
 }  // extern "C"

@@ -5,9 +5,9 @@ namespace commlib {
 size_t dtype_size(int dtype) {
   switch (dtype) {
     case COMMLIB_UINT8: case COMMLIB_INT8: case COMMLIB_BOOL: return 1;
-    case COMMLIB_FLOAT16: case COMMLIB_BFLOAT16: return 2;
-    case COMMLIB_INT32: case COMMLIB_FLOAT32: return 4;
-    case COMMLIB_INT64: case COMMLIB_FLOAT64: return 8;
+    case COMMLIB_FLOAT16: case COMMLIB_BFLOAT16: case COMMLIB_INT16: case COMMLIB_UINT16: return 2;
+    case COMMLIB_INT32: case COMMLIB_FLOAT32: case COMMLIB_UINT32: return 4;
+    case COMMLIB_INT64: case COMMLIB_FLOAT64: case COMMLIB_UINT64: return 8;
     default: return 0;
   }
 }
@@ -23,6 +23,10 @@ const char* dtype_name(int dtype) {
     case COMMLIB_FLOAT32: return "float32";
     case COMMLIB_FLOAT64: return "float64";
     case COMMLIB_BOOL: return "bool";
+    case COMMLIB_INT16: return "int16";
+    case COMMLIB_UINT16: return "uint16";
+    case COMMLIB_UINT32: return "uint32";
+    case COMMLIB_UINT64: return "uint64";
     default: return "unknown";
   }
 }

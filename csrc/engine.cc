@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
 #include <algorithm>
@@ -12,34 +11,14 @@
 #include "liveness.h"
 #include "progress.h"
 #include "reduce.h"
+#include "result_pool.h"
+#include "runtime/config_agree.h"
 
 namespace commlib {
 namespace {
 
 // How often the background thread looks whether the waiters still drive.
 constexpr int64_t kYieldNapUs = 200;
-
-int64_t env_int(const char* name, int64_t dflt) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
-  char* end = nullptr;
-  const long long x = std::strtoll(v, &end, 10);
-  if (*end != '\0' || x < 0) {
-    throw Error(COMMLIB_ERR_VALUE, std::string(name) + " must be a non-negative integer, got '" + v + "'");
-  }
-  return x;
-}
-
-double env_double(const char* name, double dflt) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return dflt;
-  char* end = nullptr;
-  const double x = std::strtod(v, &end);
-  if (*end != '\0' || x < 0) {
-    throw Error(COMMLIB_ERR_VALUE, std::string(name) + " must be a non-negative number, got '" + v + "'");
-  }
-  return x;
-}
 
 // pid and host name of every rank, for the peer monitor.
 std::vector<PeerInfo> exchange_peer_info(MPI_Comm comm, int rank, int size) {
@@ -145,23 +124,19 @@ Engine& Engine::get() {
 
 void Engine::init(MPI_Comm base) {
   if (running_.load()) return;
-  fusion_threshold_.store(env_int("COMMLIB_FUSION_THRESHOLD", 64 << 20));
-  const char* algo = std::getenv("COMMLIB_ALLREDUCE_ALGO");
-  algo_ = parse_allreduce_algo(algo ? algo : "auto");
-  stall_warning_us_ = env_int("COMMLIB_STALL_CHECK_TIME", 60) * 1000000;
-  cycle_us_ = int64_t(env_double("COMMLIB_CYCLE_TIME", 1.0) * 1000);
-  batch_gap_us_ = env_int("COMMLIB_BATCH_GAP_US", 20);
-  const char* shm_coll = std::getenv("COMMLIB_SHM_COLLECTIVES");
-  const std::string sc = shm_coll ? shm_coll : "auto";
-  if (sc == "auto") {
-    shm_collectives_ = kShmAuto;
-  } else if (sc == "always") {
-    shm_collectives_ = kShmAlways;
-  } else if (sc == "never") {
-    shm_collectives_ = kShmNever;
-  } else {
-    throw Error(COMMLIB_ERR_VALUE, "COMMLIB_SHM_COLLECTIVES must be auto, always or never; got '" + sc + "'");
-  }
+  // First: every rank reads its environment, and all fail together on a bad value.
+  config_ = config_from_env_agreed(base);
+  const Config& cfg = config_;
+  fusion_threshold_.store(cfg.fusion_threshold);
+  algo_ = parse_allreduce_algo(cfg.allreduce_algo);
+  stall_warning_us_ = cfg.stall_check_time_s * 1000000;
+  cycle_us_ = int64_t(cfg.cycle_time_ms * 1000);
+  batch_gap_us_ = cfg.batch_gap_us;
+  shm_collectives_ = cfg.shm_collectives == "always" ? kShmAlways
+                     : cfg.shm_collectives == "never" ? kShmNever
+                                                      : kShmAuto;
+  set_spin_budget_us(cfg.spin_us);
+  result_pool_set_limit(size_t(cfg.result_cache_bytes));
 
   MPI_Comm data, ctrl, local, cross;
   check_mpi(MPI_Comm_dup(base, &data), "MPI_Comm_dup");
@@ -171,7 +146,7 @@ void Engine::init(MPI_Comm base) {
   MPI_Comm_size(data, &t.size);
   // COMMLIB_TEST_RANKS_PER_HOST=k pretends that every k consecutive ranks
   // share a host: it lets one machine test the multi-host (hierarchical) paths.
-  const int64_t fake = env_int("COMMLIB_TEST_RANKS_PER_HOST", 0);
+  const int64_t fake = cfg.test_ranks_per_host;
   if (fake > 0) {
     check_mpi(MPI_Comm_split(base, int(t.rank / fake), t.rank, &local), "MPI_Comm_split");
   } else {
@@ -191,20 +166,19 @@ void Engine::init(MPI_Comm base) {
   // The response cache: on one host (with at most as many ranks as a log
   // entry has words) cached requests skip rank 0 through an order log in the
   // shared segment.
-  int capacity = int(std::min<int64_t>(env_int("COMMLIB_CACHE_CAPACITY", 1024), OrderLog::kMaxBits - 1));
+  int capacity = int(std::min<int64_t>(cfg.cache_capacity, OrderLog::kMaxBits - 1));
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, &capacity, 1, MPI_INT, MPI_MIN, base), "MPI_Allreduce(cache capacity)");
   // Elsewhere (several hosts, no shared segment) rank 0 keeps ordering, and
   // the cache only shrinks what it is sent.
-  const bool use_shm = uniform && t.local_size > 1 && env_int("COMMLIB_SHM", 1) != 0;
+  const bool use_shm = uniform && t.local_size > 1 && cfg.shm;
   const bool log_mode = capacity > 0 && use_shm && t.cross_size == 1 && t.size <= int(OrderLog::kMaxWords);
   if (use_shm) {
-    shm_ = ShmSegment::create(local, size_t(env_int("COMMLIB_SHM_PIECE_BYTES", 256 << 10)), 4,
-                              size_t(env_int("COMMLIB_SHM_FUSION_BYTES", 4 << 20)),
+    shm_ = ShmSegment::create(local, size_t(cfg.shm_piece_bytes), 4,
+                              size_t(cfg.shm_fusion_bytes),
                               capacity > 0 ? OrderLog::bytes_needed(t.local_size, capacity) : 0);
   }
   topo_ = t;
-  init_p2p(base, local, size_t(env_int("COMMLIB_P2P_EAGER_BYTES", 64 << 10)),
-           size_t(env_int("COMMLIB_P2P_SPLIT_BYTES", 256 << 10)), env_int("COMMLIB_P2P_SINGLE_COPY", 1) != 0);
+  init_p2p(base, local, size_t(cfg.p2p_eager_bytes), size_t(cfg.p2p_split_bytes), cfg.p2p_single_copy);
   MPI_Comm_free(&local);
   if (shm_ && t.cross_size > 1) {
     cross_ = std::make_unique<MpiTransport>(cross);  // reduce within hosts, all-reduce across

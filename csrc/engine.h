@@ -28,6 +28,7 @@
 #include "operations.h"
 #include "p2p/point_to_point.h"
 #include "response_cache.h"
+#include "runtime/config.h"
 #include "transport/mpi_control.h"
 #include "transport/mpi_transport.h"
 #include "transport/order_log.h"
@@ -49,6 +50,7 @@ class Engine {
   void shutdown();
   bool initialized() const { return running_.load(); }
   const Topology& topology() const { return topo_; }
+  const Config& config() const { return config_; }
   int broken();  // COMMLIB_ERR_PEER_LOST/INTERNAL once communication is over
 
   // Validates and queues a request; returns the handle id.
@@ -129,7 +131,8 @@ class Engine {
   HandleTable handles_;
   std::atomic<bool> running_{false};
   std::atomic<bool> stop_{false};
-  std::atomic<int64_t> fusion_threshold_{64 << 20};
+  Config config_;  // read from the environment at init (runtime/config.h)
+  std::atomic<int64_t> fusion_threshold_{Config::defaults().fusion_threshold};
   AllreduceAlgo algo_ = AllreduceAlgo::kAuto;
   int64_t stall_warning_us_ = 60000000;
   // Batching: new requests are held while more keep arriving (gaps shorter

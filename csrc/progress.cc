@@ -1,15 +1,21 @@
 #include "progress.h"
 
-#include <cstdlib>
+#include <atomic>
+
+#include "runtime/config.h"
 
 namespace commlib {
+namespace {
 
-int64_t spin_budget_us() {
-  static const int64_t budget = [] {
-    const char* v = std::getenv("COMMLIB_SPIN_US");
-    return v ? std::atoll(v) : int64_t(2000);
-  }();
-  return budget;
+std::atomic<int64_t>& budget() {
+  static std::atomic<int64_t> us{Config::defaults().spin_us};
+  return us;
 }
+
+}  // namespace
+
+int64_t spin_budget_us() { return budget().load(std::memory_order_relaxed); }
+
+void set_spin_budget_us(int64_t us) { budget().store(us, std::memory_order_relaxed); }
 
 }  // namespace commlib

@@ -17,8 +17,10 @@
 
 namespace commlib {
 
-// Microseconds spent spinning before napping (COMMLIB_SPIN_US, default 2000).
+// Microseconds spent spinning before napping (COMMLIB_SPIN_US, set at init;
+// the table's default before).
 int64_t spin_budget_us();
+void set_spin_budget_us(int64_t us);
 constexpr int64_t kMaxNapUs = 1000;
 
 inline int64_t now_us() {

@@ -1,6 +1,7 @@
 #include "reduce.h"
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common.h"
 
@@ -25,11 +26,27 @@ void apply(void* acc_v, const void* in_v, void* copy_v, size_t n, F f) {
   }
 }
 
+// Integer sums and products wrap around (as in C, numpy and MPI): computed in
+// an unsigned type at least as wide as unsigned int, so that neither signed
+// overflow nor the promotion of small types to int (uint16 * uint16) is
+// undefined behaviour.
+template <typename T, bool = std::is_integral_v<T>>
+struct WrapOf {
+  using type = T;
+};
+template <typename T>
+struct WrapOf<T, true> {
+  using type = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+};
+template <typename T>
+using Wrap = typename WrapOf<T>::type;
+
 template <typename T>
 void reduce_typed(int op, void* acc, const void* in, void* copy, size_t n) {
+  using W = Wrap<T>;
   switch (op) {
     case COMMLIB_SUM:
-      apply<T>(acc, in, copy, n, [](T a, T b) { return static_cast<T>(a + b); });
+      apply<T>(acc, in, copy, n, [](T a, T b) { return static_cast<T>(W(a) + W(b)); });
       return;
     case COMMLIB_MIN:
       apply<T>(acc, in, copy, n, [](T a, T b) { return b < a ? b : a; });
@@ -38,7 +55,7 @@ void reduce_typed(int op, void* acc, const void* in, void* copy, size_t n) {
       apply<T>(acc, in, copy, n, [](T a, T b) { return a < b ? b : a; });
       return;
     case COMMLIB_PRODUCT:
-      apply<T>(acc, in, copy, n, [](T a, T b) { return static_cast<T>(a * b); });
+      apply<T>(acc, in, copy, n, [](T a, T b) { return static_cast<T>(W(a) * W(b)); });
       return;
     default:
       throw Error(COMMLIB_ERR_TYPE, std::string("unsupported reduction op ") +
@@ -90,6 +107,10 @@ void reduce_into_and_copy(int dtype, int op, void* acc, const void* in, void* co
     case COMMLIB_FLOAT32: return reduce_typed<float>(op, acc, in, copy, n);
     case COMMLIB_FLOAT64: return reduce_typed<double>(op, acc, in, copy, n);
     case COMMLIB_BOOL: return reduce_bool(op, acc, in, copy, n);
+    case COMMLIB_INT16: return reduce_typed<int16_t>(op, acc, in, copy, n);
+    case COMMLIB_UINT16: return reduce_typed<uint16_t>(op, acc, in, copy, n);
+    case COMMLIB_UINT32: return reduce_typed<uint32_t>(op, acc, in, copy, n);
+    case COMMLIB_UINT64: return reduce_typed<uint64_t>(op, acc, in, copy, n);
     default:
       throw Error(COMMLIB_ERR_TYPE, std::string("reduce_into: dtype ") +
                                         dtype_name(dtype) + " must be widened first");
@@ -105,6 +126,10 @@ void scale_buffer(int dtype, void* buf, size_t n, double factor) {
     case COMMLIB_INT64: return scale_typed<int64_t>(buf, n, factor);
     case COMMLIB_FLOAT32: return scale_typed<float>(buf, n, factor);
     case COMMLIB_FLOAT64: return scale_typed<double>(buf, n, factor);
+    case COMMLIB_INT16: return scale_typed<int16_t>(buf, n, factor);
+    case COMMLIB_UINT16: return scale_typed<uint16_t>(buf, n, factor);
+    case COMMLIB_UINT32: return scale_typed<uint32_t>(buf, n, factor);
+    case COMMLIB_UINT64: return scale_typed<uint64_t>(buf, n, factor);
     default:
       throw Error(COMMLIB_ERR_TYPE, std::string("cannot scale dtype ") + dtype_name(dtype));
   }

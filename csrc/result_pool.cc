@@ -7,6 +7,8 @@
 #include <new>
 #include <vector>
 
+#include "runtime/config.h"
+
 namespace commlib {
 namespace {
 
@@ -17,10 +19,7 @@ struct Pool {
   std::mutex mu;
   std::vector<std::pair<void*, size_t>> free;  // buffer, usable bytes
   size_t cached = 0;
-  size_t limit = [] {
-    const char* v = std::getenv("COMMLIB_RESULT_CACHE_BYTES");
-    return v && *v ? size_t(std::strtoull(v, nullptr, 10)) : size_t(512) << 20;
-  }();
+  size_t limit = size_t(Config::defaults().result_cache_bytes);  // set at init
 };
 
 Pool& pool() {
@@ -29,6 +28,12 @@ Pool& pool() {
 }
 
 }  // namespace
+
+void result_pool_set_limit(size_t bytes) {
+  Pool& p = pool();
+  std::lock_guard<std::mutex> lock(p.mu);
+  p.limit = bytes;
+}
 
 char* result_alloc(size_t bytes) {
   if (bytes >= kMinCached) {

@@ -16,5 +16,8 @@ namespace commlib {
 char* result_alloc(size_t bytes);
 // Releases a buffer from result_alloc (null is ignored).
 void result_free(void* p);
+// The most bytes kept (COMMLIB_RESULT_CACHE_BYTES, set at init); buffers
+// over it are released as they are freed.
+void result_pool_set_limit(size_t bytes);
 
 }  // namespace commlib

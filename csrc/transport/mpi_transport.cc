@@ -52,6 +52,10 @@ MPI_Datatype mpi_datatype(int dtype) {
     case COMMLIB_FLOAT32: return MPI_FLOAT;
     case COMMLIB_FLOAT64: return MPI_DOUBLE;
     case COMMLIB_BOOL: return MPI_C_BOOL;
+    case COMMLIB_INT16: return MPI_INT16_T;
+    case COMMLIB_UINT16: return MPI_UINT16_T;
+    case COMMLIB_UINT32: return MPI_UINT32_T;
+    case COMMLIB_UINT64: return MPI_UINT64_T;
   }
   throw Error(COMMLIB_ERR_TYPE, std::string("no MPI datatype for ") + dtype_name(dtype));
 }

@@ -54,6 +54,7 @@ import numpy as np
 import tensorflow as tf
 
 import commlib
+import commlib.dtypes
 from commlib import frontend_utils as fu
 from commlib.errors import ScalarTensorError
 from commlib.ops import Average, Max, Min, Product, Sum
@@ -78,12 +79,11 @@ except Exception:  # pragma: no cover - internal API moved; do_not_convert below
 # Deliberate: TF sums allgather/broadcast upstream gradients (horovod.torch averages).
 _GRAD_GATHER_OP = Sum
 
-# dtypes the core reduces and moves
-_SUPPORTED = (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
-              tf.float64, tf.bool)
+# dtypes the core reduces and moves: commlib.dtypes' table, by name
+_SUPPORTED = tuple(tf.as_dtype(name) for name in commlib.dtypes.SUPPORTED)
 # fixed-size dtypes the core cannot reduce but data-movement collectives
 # (broadcast, allgather, alltoall) can carry as raw bytes
-_AS_BYTES = (tf.int16, tf.uint16, tf.uint32, tf.uint64, tf.complex64, tf.complex128)
+_AS_BYTES = (tf.complex64, tf.complex128)
 
 
 def _check_dtype(dtype, what: str, movable: bool = False) -> None:

@@ -42,6 +42,7 @@ import torch
 import commlib as _c
 from commlib import CommlibError
 from commlib import basics as _basics
+from commlib import dtypes as _dtypes
 from commlib import frontend_utils as _fu
 from commlib.errors import ScalarTensorError
 from commlib.frontend_utils import (  # noqa: F401 - re-exported
@@ -67,8 +68,8 @@ mpi_threads_supported = _c.mpi_threads_supported
 
 # ---------------------------------------------------------------- tensors <-> arrays
 
-_SUPPORTED = (torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
-              torch.float32, torch.float64, torch.bool)
+# commlib.dtypes' table, by name (torch builds without a dtype skip it)
+_SUPPORTED = tuple(getattr(torch, name) for name in _dtypes.SUPPORTED if hasattr(torch, name))
 _SUPPORTED_NAMES = ", ".join(str(d).replace("torch.", "") for d in _SUPPORTED)
 _bf16 = None
 

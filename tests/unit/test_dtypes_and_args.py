@@ -37,7 +37,7 @@ def initialized():
 
 
 def _unsupported_dtypes():
-    dts = [np.complex64, np.complex128, np.uint16, np.uint32, np.uint64, np.int16, object, "U4",
+    dts = [np.complex64, np.complex128, object, "U4",
            "datetime64[s]", ">f4", ">i8", [("a", "<f4"), ("b", "<i4")]]
     if np.dtype(np.longdouble).itemsize > 8:  # float128 on x86-64 Linux
         dts.append(np.longdouble)

@@ -60,7 +60,11 @@ enum {
   COMMLIB_BFLOAT16 = 5,
   COMMLIB_FLOAT32 = 6,
   COMMLIB_FLOAT64 = 7,
-  COMMLIB_BOOL = 8
+  COMMLIB_BOOL = 8,
+  COMMLIB_INT16 = 9,
+  COMMLIB_UINT16 = 10,
+  COMMLIB_UINT32 = 11,
+  COMMLIB_UINT64 = 12
 };
 
 /* Reduction operators (Average is Sum with a 1/size postscale). */
@@ -186,6 +190,18 @@ int64_t commlib_fusion_threshold(void);
  * misses, out[2] invalidations, out[3] cached requests executed. */
 void commlib_cache_stats(int64_t* out);
 const char* commlib_mpi_library_version(void);
+
+/* The configuration table: the COMMLIB_* environment variables the core
+ * reads at init (README "Configuration"). commlib_config_count() entries;
+ * entry i's name, default (as text), accepted values and meaning are static
+ * strings. COMMLIB_ERR_VALUE for i out of range. */
+int commlib_config_count(void);
+int commlib_config_entry(int i, const char** name, const char** default_value,
+                         const char** accepted, const char** meaning);
+/* Checks value as the value of variable name, as init would (no init
+ * needed): COMMLIB_OK, or COMMLIB_ERR_VALUE with commlib_last_error()
+ * "NAME='value': reason" (also for a name not in the table). */
+int commlib_config_check(const char* name, const char* value);
 
 #ifdef __cplusplus
 }

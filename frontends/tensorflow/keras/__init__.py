@@ -162,10 +162,14 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                          compression=Compression.none, sparse_as_dense=False,
                          gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=None, scale_local_gradients=True):
+                         process_set=None, scale_local_gradients=True, local_layers=None):
     """A copy of the Keras ``optimizer`` that averages (``op``) gradients across
     ranks (of ``process_set``; on ranks outside it, gradients stay local)
     before applying them.
+
+    local_layers: a Keras layer or a list of them whose gradients stay local
+    (Horovod's partial distributed optimizer; their weights may differ across
+    ranks); scaled by 1/size of the set when scale_local_gradients.
 
     compression: Compression.fp16 sends float gradients as float16.
     sparse_as_dense: densify IndexedSlices gradients (embeddings) instead of
@@ -207,7 +211,20 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                        scale_local_gradients)
     if getattr(optimizer, "built", False):
         _copy_state(optimizer, new)
+    for layer in _as_layer_list(local_layers):
+        for v in layer.trainable_weights:
+            new.register_local_var(v)
     return new
+
+
+def _as_layer_list(local_layers) -> list:
+    if local_layers is None:
+        return []
+    layers = list(local_layers) if isinstance(local_layers, (list, tuple)) else [local_layers]
+    for layer in layers:
+        if not isinstance(layer, keras.layers.Layer):
+            raise ValueError(f"local_layers must be Keras layers, got {type(layer).__name__}")
+    return layers
 
 
 def _copy_state(old, new):
@@ -226,20 +243,14 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense='', device_sp
                                 backward_passes_per_step=1, average_aggregated_gradients=False,
                                 groups=None, process_set=None, local_layers=None,
                                 scale_local_gradients=True):
-    """DistributedOptimizer whose ``local_layers`` keep their gradients local."""
-    opt = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
-                               sparse_as_dense, gradient_predivide_factor, op,
-                               backward_passes_per_step, average_aggregated_gradients,
-                               groups=groups, process_set=process_set,
-                               scale_local_gradients=scale_local_gradients)
-    if local_layers is None:
-        local_layers = []
-    elif not isinstance(local_layers, (list, tuple)):
-        local_layers = [local_layers]
-    for layer in local_layers:
-        for v in layer.trainable_weights:
-            opt.register_local_var(v)
-    return opt
+    """DistributedOptimizer whose ``local_layers`` keep their gradients local
+    (Horovod's name for ``DistributedOptimizer(..., local_layers=...)``)."""
+    return DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
+                                sparse_as_dense, gradient_predivide_factor, op,
+                                backward_passes_per_step, average_aggregated_gradients,
+                                groups=groups, process_set=process_set,
+                                scale_local_gradients=scale_local_gradients,
+                                local_layers=local_layers)
 
 
 def broadcast_global_variables(root_rank):

@@ -13,6 +13,7 @@ import numpy as np
 import commlib
 
 from ..functions import broadcast_variables
+from ..gradient_tape import var_key
 
 
 def _optimizer_variables(optimizer):
@@ -26,18 +27,26 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Makes every rank start from rank ``root_rank``'s model and optimizer
     state: broadcasts ``model.variables`` and the optimizer's variables when
     training begins, and once more after the first batch if the optimizer
-    created its variables only then."""
+    created its variables only then. ``local_variables`` (a variable or a
+    list of them, e.g. the weights of a DistributedOptimizer's local_layers)
+    keep each rank's own values."""
 
-    def __init__(self, root_rank, device=''):
+    def __init__(self, root_rank, device='', local_variables=None):
         super().__init__()
         self.root_rank = root_rank
         self.device = device
         self.broadcast_done = False
         self._n_optimizer_vars = -1
+        if local_variables is None:
+            local_variables = []
+        elif not isinstance(local_variables, (list, tuple, set)):
+            local_variables = [local_variables]
+        self._local = {var_key(v) for v in local_variables}
 
     def _broadcast(self):
         opt_vars = _optimizer_variables(getattr(self.model, "optimizer", None))
-        broadcast_variables(list(self.model.variables) + opt_vars, root_rank=self.root_rank)
+        shared = [v for v in list(self.model.variables) + opt_vars if var_key(v) not in self._local]
+        broadcast_variables(shared, root_rank=self.root_rank)
         self._n_optimizer_vars = len(opt_vars)
 
     def on_train_begin(self, logs=None):

@@ -31,7 +31,8 @@ ALGO = os.environ.get("COMMLIB_ALLREDUCE_ALGO", "auto")
 QUICK = "quick" in sys.argv[1:]
 
 DTYPES = [np.dtype(d) for d in ("uint8", "int8", "int32", "int64", "float16", "float32",
-                                "float64", "bool")] + BF16
+                                "float64", "bool", "int16", "uint16", "uint32",
+                                "uint64")] + BF16
 OPS = {"Sum": commlib.Sum, "Min": commlib.Min, "Max": commlib.Max,
        "Product": commlib.Product, "Average": commlib.Average}
 # Empty, one element, fewer elements than ranks, not divisible by the ranks,

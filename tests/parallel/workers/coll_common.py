@@ -18,7 +18,8 @@ from _common import done
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.int64),
           np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64),
-          np.dtype(np.bool_)]
+          np.dtype(np.bool_), np.dtype(np.int16), np.dtype(np.uint16), np.dtype(np.uint32),
+          np.dtype(np.uint64)]
 HALVES = (np.dtype(np.float16), BF16)
 OPS = {"Sum": commlib.Sum, "Average": commlib.Average, "Min": commlib.Min, "Max": commlib.Max,
        "Product": commlib.Product}
@@ -70,11 +71,15 @@ def _values(rng, dt, shape, op, kind):
         info = np.iinfo(dt)
         return rng.integers(info.min, int(info.max) + 1, shape, dtype=np.int64).astype(dt)
     if op == "Product":
-        lo, hi = (0, 4) if dt == np.uint8 else (-3, 4)
+        lo, hi = (0, 4) if dt.kind == "u" else (-3, 4)
     elif dt == np.uint8:
         lo, hi = 0, 50
     elif dt == np.int8:
         lo, hi = -25, 26
+    elif dt == np.int16:
+        lo, hi = -6000, 6001
+    elif dt.kind == "u":  # uint16/32/64: sums of 3 ranks wrap around in uint16 (as in numpy)
+        lo, hi = 0, 30000
     elif dt == np.int32:
         lo, hi = -(1 << 20), 1 << 20
     elif dt == np.int64:

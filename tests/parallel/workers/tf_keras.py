@@ -3,7 +3,8 @@ on N ranks x batch B ends where one process fitting the N*B batches ends
 (SGD, Adam, sparse embedding gradients, steps_per_execution, run_eagerly),
 weights bitwise equal across ranks; backward_passes_per_step; callbacks
 (broadcast, metric averaging, learning-rate warmup); load_model;
-mixed_float16."""
+mixed_float16; local_layers with BroadcastGlobalVariablesCallback(local_variables=),
+imported as commlib.keras (Horovod users write horovod.keras)."""
 import os
 import tempfile
 
@@ -12,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 from tf_common import check, done, fail, max_rel_err, same_on_all_ranks
 
-import commlib.tensorflow.keras as hvd
+import commlib.keras as hvd  # the name Horovod users write (horovod.keras)
 
 r, n = hvd.rank(), hvd.size()
 B, STEPS, D_IN = 8, 6, 10
@@ -218,4 +219,37 @@ keras.mixed_precision.set_global_policy("float32")
 check(hvd.allreduce(np.float32(r + 1), op=hvd.Sum), np.float32(n * (n + 1) / 2), "allreduce")
 check(hvd.broadcast(tf.constant([r]), 0), np.array([0], np.int32), "broadcast")
 check(hvd.allgather(tf.constant([r])), np.arange(n, dtype=np.int32), "allgather")
+# ------------------------------------------- local layers and local variables (partial optimizer)
+# One SGD step: the shared layer moves by the average of every rank's gradient
+# from root's weights; the local layer keeps this rank's own initial weights
+# (not broadcast) and moves by this rank's gradient / n (scale_local_gradients).
+model = make_model(seed=2000 + r)
+local = model.layers[1]
+root_start = hvd.broadcast_object(model.get_weights(), root_rank=0)
+own_local = local.get_weights()
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=local),
+              loss="mse")
+rec = Recorder()
+x1, y1 = X[:B] + r, Y[:B] * (r + 1)
+model.fit(x1, y1, batch_size=B, epochs=1, shuffle=False, verbose=0,
+          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(
+              0, local_variables=local.trainable_weights), rec])
+start = rec.first_weights
+for i, want in enumerate(root_start[:2] + own_local):
+    check(start[i], want, f"local_variables: weight {i} at the first batch")
+ref = make_model(seed=0)
+ref.set_weights(start)
+with tf.GradientTape() as tape:
+    loss = keras.losses.MeanSquaredError()(y1, ref(x1))
+grads = [g.numpy() for g in tape.gradient(loss, ref.trainable_weights)]
+everyone = hvd.allgather_object(grads[:2])
+want = [start[i] - 0.1 * np.mean([g[i] for g in everyone], axis=0) for i in range(2)]
+want += [start[i] - 0.1 * grads[i] / n for i in (2, 3)]
+for i, (got, w) in enumerate(zip(model.get_weights(), want)):
+    check(got, w.astype(np.float32), f"local_layers: weight {i} after one step", rtol=1e-5,
+          atol=1e-6)
+same_on_all_ranks(model.get_weights()[:2], "local_layers: shared layer")
+if len(set(hvd.allgather_object(model.get_weights()[2].tobytes()))) != n:
+    fail("local_layers: the local layer's weights should differ across ranks")
+
 done()

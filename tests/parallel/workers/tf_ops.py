@@ -267,7 +267,14 @@ if "CollectiveMismatchError" not in str(e) or "Mismatched shape" not in str(e):
     fail(f"graph mismatch error does not name the cause: {e}")
 check(hvd.allreduce(tf.ones([2]), op=hvd.Sum), np.full(2, n, np.float32), "after mismatches")
 
-for dtype in (tf.uint32, tf.int16, tf.complex64, tf.string):
+for dtype, want in ((tf.int16, np.int16), (tf.uint16, np.uint16), (tf.uint32, np.uint32),
+                    (tf.uint64, np.uint64)):  # Horovod's integer dtypes, reduced by the core
+    check(hvd.allreduce(tf.constant([r + 1, 60000], dtype), op=hvd.Sum),
+          np.array([n * (n + 1) // 2, 60000 * n], np.int64).astype(want),
+          f"allreduce Sum {dtype.name} (wraps as numpy)")
+    check(tf.function(lambda: hvd.allreduce(tf.constant([r + 1, 7], dtype), op=hvd.Max))(),
+          np.array([n, 7], want), f"allreduce Max {dtype.name} in tf.function")
+for dtype in (tf.complex64, tf.string):
     z = tf.constant(["a"]) if dtype == tf.string else tf.zeros([2], dtype)
     expect_raises(TypeError, lambda: hvd.allreduce(z), f"allreduce {dtype.name}",
                   match="unsupported dtype")

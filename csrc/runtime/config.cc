@@ -1,0 +1,181 @@
+#include "runtime/config.h"
+
+#include <cstdlib>
+#include <limits>
+
+#include "common.h"
+#include "runtime/parse.h"
+
+namespace commlib {
+namespace {
+
+constexpr int64_t kNoMax = std::numeric_limits<int64_t>::max();
+constexpr int64_t kTiB = int64_t(1) << 40;
+constexpr int64_t kBillion = 1000000000;
+
+std::string int_range(int64_t min, int64_t max) {
+  if (max == kNoMax) return "integer >= " + std::to_string(min);
+  return "integer " + std::to_string(min) + " to " + std::to_string(max);
+}
+
+ConfigEntry base_entry(const char* name, ConfigKind kind, const char* dflt, const char* meaning) {
+  ConfigEntry e{};
+  e.name = name;
+  e.kind = kind;
+  e.default_text = dflt;
+  e.meaning = meaning;
+  return e;
+}
+
+ConfigEntry int_entry(const char* name, const char* dflt, int64_t min, int64_t max, int64_t Config::*field,
+                      const char* meaning) {
+  ConfigEntry e = base_entry(name, ConfigKind::kInt, dflt, meaning);
+  e.min = min;
+  e.max = max;
+  e.int_field = field;
+  e.accepted = int_range(min, max);
+  return e;
+}
+
+ConfigEntry double_entry(const char* name, const char* dflt, double min, double max, double Config::*field,
+                         const char* meaning) {
+  ConfigEntry e = base_entry(name, ConfigKind::kDouble, dflt, meaning);
+  e.dmin = min;
+  e.dmax = max;
+  e.double_field = field;
+  e.accepted = "number " + std::to_string(int64_t(min)) + " to " + std::to_string(int64_t(max));
+  return e;
+}
+
+ConfigEntry bool_entry(const char* name, const char* dflt, bool Config::*field, const char* meaning) {
+  ConfigEntry e = base_entry(name, ConfigKind::kBool, dflt, meaning);
+  e.bool_field = field;
+  e.accepted = "0 or 1";
+  return e;
+}
+
+ConfigEntry choice_entry(const char* name, const char* dflt, const char* choices, std::string Config::*field,
+                         const char* meaning) {
+  ConfigEntry e = base_entry(name, ConfigKind::kChoice, dflt, meaning);
+  e.choices = choices;
+  e.text_field = field;
+  e.accepted = list_choices(choices);
+  return e;
+}
+
+std::vector<ConfigEntry> make_table() {
+  using C = Config;
+  return {
+      int_entry("COMMLIB_FUSION_THRESHOLD", "67108864", 0, kNoMax, &C::fusion_threshold,
+                "bytes of small allreduces fused into one buffer"),
+      double_entry("COMMLIB_CYCLE_TIME", "1", 0, 1e9, &C::cycle_time_ms,
+                   "ms: longest time new requests are held back to be batched "
+                   "(never while a thread waits in synchronize)"),
+      int_entry("COMMLIB_BATCH_GAP_US", "20", 0, kBillion, &C::batch_gap_us,
+                "us: requests are held while new ones keep arriving within this gap"),
+      choice_entry("COMMLIB_ALLREDUCE_ALGO", "auto", "auto|shm|ring|tree|mpi", &C::allreduce_algo,
+                   "allreduce algorithm: auto (shared memory within a host, hierarchical across hosts; "
+                   "tree below 16 KiB and ring above without shared memory), or always shm, ring, tree, "
+                   "or mpi (the MPI library's collective)"),
+      choice_entry("COMMLIB_SHM_COLLECTIVES", "auto", "auto|always|never", &C::shm_collectives,
+                   "shared-memory broadcast/allgather/reducescatter: auto (broadcast and reducescatter "
+                   "always, allgather up to a 4 MiB result), always, never"),
+      bool_entry("COMMLIB_SHM", "1", &C::shm, "0 disables the shared-memory segment"),
+      int_entry("COMMLIB_SHM_PIECE_BYTES", "262144", 1, kTiB, &C::shm_piece_bytes,
+                "pipeline piece size of the shared-memory all-reduce"),
+      int_entry("COMMLIB_SHM_FUSION_BYTES", "4194304", 0, kTiB, &C::shm_fusion_bytes,
+                "bytes of each rank's fusion region in the shared segment"),
+      int_entry("COMMLIB_CACHE_CAPACITY", "1024", 0, kNoMax, &C::cache_capacity,
+                "response cache bits (requests that skip negotiation; at most 65535 are used); "
+                "0 disables the cache"),
+      int_entry("COMMLIB_STALL_CHECK_TIME", "60", 0, kBillion, &C::stall_check_time_s,
+                "seconds before rank 0 warns about a tensor some ranks never submitted (a cached "
+                "request that waits half as long goes to rank 0, so that the warning names the "
+                "missing ranks)"),
+      int_entry("COMMLIB_SPIN_US", "2000", 0, kBillion, &C::spin_us,
+                "us a waiting thread spins (with sched_yield) before it sleeps"),
+      int_entry("COMMLIB_RESULT_CACHE_BYTES", "536870912", 0, kNoMax, &C::result_cache_bytes,
+                "bytes of freed large allgather/alltoall results kept for reuse; 0 disables"),
+      int_entry("COMMLIB_P2P_EAGER_BYTES", "65536", 0, int64_t(1) << 30, &C::p2p_eager_bytes,
+                "point-to-point messages up to this size travel inside their header "
+                "(at most 4096 between ranks of one host)"),
+      int_entry("COMMLIB_P2P_SPLIT_BYTES", "262144", 0, kNoMax, &C::p2p_split_bytes,
+                "point-to-point messages from this size on (and at least 65536) between ranks of "
+                "one host are copied by both ranks at once"),
+      bool_entry("COMMLIB_P2P_SINGLE_COPY", "1", &C::p2p_single_copy,
+                 "0 disables single-copy (process_vm_readv) point-to-point between ranks of one host"),
+      int_entry("COMMLIB_TEST_RANKS_PER_HOST", "0", 0, std::numeric_limits<int32_t>::max(),
+                &C::test_ranks_per_host,
+                "testing only: k > 0 treats every k consecutive ranks as one host"),
+  };
+}
+
+[[noreturn]] void bad_value(const ConfigEntry& e, const std::string& text, const std::string& why) {
+  throw Error(COMMLIB_ERR_VALUE, std::string(e.name) + "='" + text + "': " + why);
+}
+
+void set_int(const ConfigEntry& e, const std::string& text, Config& cfg) {
+  int64_t x = 0;
+  std::string why;
+  if (!parse_int(text, &x, &why)) bad_value(e, text, why);
+  if (x < e.min || x > e.max) bad_value(e, text, "out of range (" + e.accepted + ")");
+  cfg.*e.int_field = x;
+}
+
+void set_double(const ConfigEntry& e, const std::string& text, Config& cfg) {
+  double x = 0;
+  std::string why;
+  if (!parse_double(text, &x, &why)) bad_value(e, text, why);
+  if (x < e.dmin || x > e.dmax) bad_value(e, text, "out of range (" + e.accepted + ")");
+  cfg.*e.double_field = x;
+}
+
+}  // namespace
+
+const std::vector<ConfigEntry>& config_table() {
+  static const std::vector<ConfigEntry>* table = new std::vector<ConfigEntry>(make_table());
+  return *table;
+}
+
+const ConfigEntry* find_config_entry(const std::string& name) {
+  for (const ConfigEntry& e : config_table()) {
+    if (name == e.name) return &e;
+  }
+  return nullptr;
+}
+
+void set_config_value(const ConfigEntry& e, const std::string& text, Config& cfg) {
+  std::string why;
+  switch (e.kind) {
+    case ConfigKind::kInt:
+      set_int(e, text, cfg);
+      break;
+    case ConfigKind::kDouble:
+      set_double(e, text, cfg);
+      break;
+    case ConfigKind::kBool:
+      if (!parse_bool(text, &(cfg.*e.bool_field), &why)) bad_value(e, text, why);
+      break;
+    case ConfigKind::kChoice:
+      if (!parse_choice(text, e.choices, &why)) bad_value(e, text, why);
+      cfg.*e.text_field = text;
+      break;
+  }
+}
+
+Config Config::defaults() {
+  Config cfg;
+  for (const ConfigEntry& e : config_table()) set_config_value(e, e.default_text, cfg);
+  return cfg;
+}
+
+Config Config::from_env() {
+  Config cfg = defaults();
+  for (const ConfigEntry& e : config_table()) {
+    const char* v = std::getenv(e.name);
+    if (v && *v) set_config_value(e, v, cfg);
+  }
+  return cfg;
+}
+
+}  // namespace commlib
