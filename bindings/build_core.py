@@ -54,7 +54,8 @@ def _mpi_wrapper() -> str:
 
 
 def mpi_flags() -> dict:
-    """Include dirs, library dirs, libraries and extra link args of the MPI wrapper."""
+    """Include dirs, library dirs, libraries and extra link args of the MPI
+    wrapper, and the compiler it wraps ("compiler")."""
     wrapper = _mpi_wrapper()
     out = None
     for flag in ("-show", "--showme"):
@@ -68,7 +69,9 @@ def mpi_flags() -> dict:
     if out is None:
         raise RuntimeError(f"could not read compile flags from {wrapper} (-show / --showme)")
     flags = {"include_dirs": [], "library_dirs": [], "libraries": [], "extra_link_args": []}
-    tokens = shlex.split(out)[1:]  # first token is the underlying compiler
+    tokens = shlex.split(out)
+    flags["compiler"] = tokens[0] if tokens else ""
+    tokens = tokens[1:]  # first token is the underlying compiler
     skip_next = False
     for tok in tokens:
         # The wrapper's own rpath may point into a temporary build
@@ -135,6 +138,37 @@ def rpaths(library_dirs: list[str]) -> list[str]:
     return [f"-Wl,-rpath,{p}" for p in dict.fromkeys(paths)]
 
 
+# Compile flags of every C++ source of the core (the C++ unit tests in
+# tests/cpp use the same ones, through compile_flags()).
+CXX_FLAGS = [
+    "-std=c++17", "-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function",
+    "-DOMPI_SKIP_MPICXX", "-DMPICH_SKIP_MPICXX",
+]
+
+
+def compile_flags() -> list[str]:
+    """The compile flags the core is built with (besides include directories)."""
+    return list(CXX_FLAGS)
+
+
+def include_dirs(flags: dict | None = None) -> list[str]:
+    """The include directories of the core's sources: csrc/include, csrc/ and
+    MPI's (from mpi_flags(), or the given result of it)."""
+    flags = flags if flags is not None else mpi_flags()
+    return [str(CSRC / "include"), str(CSRC)] + flags["include_dirs"]
+
+
+def cxx_compiler(flags: dict | None = None) -> str:
+    """A C++ compiler for code built like the core: the one the MPI wrapper
+    wraps (e.g. ``c++``), else $CXX, c++, g++ or clang++; "" if none exists."""
+    flags = flags if flags is not None else mpi_flags()
+    for name in (flags.get("compiler"), os.environ.get("CXX"), "c++", "g++", "clang++"):
+        found = shutil.which(name) if name else None
+        if found:
+            return found
+    return ""
+
+
 def make_ffi() -> FFI:
     flags = mpi_flags()
     library_paths, library_names = split_libraries(flags["libraries"] or ["mpi"], flags["library_dirs"])
@@ -146,14 +180,11 @@ def make_ffi() -> FFI:
         '#include "commlib/c_api.h"\n',
         source_extension=".cpp",
         sources=sources,
-        include_dirs=[str(CSRC / "include"), str(CSRC)] + flags["include_dirs"],
+        include_dirs=include_dirs(flags),
         library_dirs=flags["library_dirs"],
         libraries=library_names,
         extra_objects=library_paths,
-        extra_compile_args=[
-            "-std=c++17", "-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function",
-            "-DOMPI_SKIP_MPICXX", "-DMPICH_SKIP_MPICXX",
-        ],
+        extra_compile_args=compile_flags(),
         extra_link_args=flags["extra_link_args"] + rpaths(flags["library_dirs"]) + ["-lstdc++"],
     )
     return ffi

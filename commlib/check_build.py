@@ -12,14 +12,14 @@ import os
 import subprocess
 import sys
 
-from . import launcher
+from . import mpi_discovery
 
 NCCL_LIBRARY = "libnccl.so.2"
 FRAMEWORKS = ("torch", "tensorflow")
 
 # Run in a separate interpreter: importing mpi4py.MPI would otherwise
 # initialise MPI in (or crash) the calling process.
-_MPI4PY_PROBE = launcher.MPI4PY_LIBRARY_PROBE
+_MPI4PY_PROBE = mpi_discovery.MPI4PY_LIBRARY_PROBE
 
 
 def _error(e):
@@ -29,9 +29,10 @@ def _error(e):
 def mpi_launcher_status():
     """Flavour and version of the MPI launcher commlibrun would use."""
     try:
-        mpiexec = launcher.find_mpiexec(python=sys.executable)
-        return f"{launcher.detect_flavour(launcher.mpiexec_version_text(mpiexec))} ({mpiexec})"
-    except launcher.LauncherError as e:
+        mpiexec = mpi_discovery.find_mpiexec(python=sys.executable)
+        flavour = mpi_discovery.detect_flavour(mpi_discovery.mpiexec_version_text(mpiexec))
+        return f"{flavour} ({mpiexec})"
+    except mpi_discovery.LauncherError as e:
         return f"not usable ({e})"
 
 

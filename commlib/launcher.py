@@ -34,18 +34,18 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 
 from . import _rankwrap
+from .mpi_discovery import (MPI4PY_LIBRARY_PROBE, MPICH, MPIEXEC_ENV,  # noqa: F401 - re-exported
+                            OPENMPI, LauncherError, MPIFlavour, detect_flavour, find_mpiexec,
+                            library_flavour, mpi4py_library_flavour, mpiexec_candidates,
+                            mpiexec_version_text)
 
 ENV_PREFIX = "COMMLIB_"
-MPIEXEC_ENV = "COMMLIB_MPIEXEC"
 STATUS_DIR_ENV = _rankwrap.STATUS_DIR_ENV
 OUTPUT_SOCKET_ENV = _rankwrap.OUTPUT_SOCKET_ENV
 # Seconds to wait, after mpiexec exited, for the wrappers' output connections to close.
 OUTPUT_DRAIN_SECONDS = 5.0
-MPICH = "mpich"
-OPENMPI = "openmpi"
 # Exit code for --timeout, as used by coreutils' timeout(1).
 TIMEOUT_EXIT_CODE = 124
 # Seconds between forwarding SIGTERM/SIGINT to the job and SIGKILLing it.
@@ -55,130 +55,6 @@ KILL_GRACE_SECONDS = 5.0
 FAILURE_TEARDOWN_SLACK = 10.0
 # Interval at which the supervision loop re-checks deadlines.
 _POLL_SECONDS = 0.2
-
-
-class LauncherError(Exception):
-    """A problem with the command line or the MPI installation."""
-
-
-@dataclass(frozen=True)
-class MPIFlavour:
-    """The MPI implementation behind ``mpiexec``."""
-
-    name: str  # MPICH (hydra) or OPENMPI
-    version: str  # e.g. "4.1.5"; "" if the text did not say
-
-    @property
-    def major(self):
-        m = re.match(r"\d+", self.version)
-        return int(m.group()) if m else 0
-
-    def __str__(self):
-        label = "MPICH (hydra)" if self.name == MPICH else "Open MPI"
-        return f"{label} {self.version}".rstrip()
-
-
-def detect_flavour(version_text):
-    """Identify the MPI from the output of ``mpiexec --version``.
-
-    Raises :class:`LauncherError` for an unrecognised launcher.
-    """
-    if "HYDRA" in version_text:
-        m = re.search(r"^\s*Version:\s*(\S+)", version_text, re.MULTILINE)
-        return MPIFlavour(MPICH, m.group(1) if m else "")
-    m = re.search(r"\((?:Open MPI|OpenRTE)\)\s*(\S+)", version_text)
-    if m:
-        return MPIFlavour(OPENMPI, m.group(1))
-    if re.search(r"\bprte|\bPRRTE", version_text, re.IGNORECASE):
-        # A bare PRRTE launcher reports the PRRTE version, not Open MPI's;
-        # PRRTE-based launching means Open MPI 5 command-line semantics.
-        return MPIFlavour(OPENMPI, "5")
-    first = version_text.strip().splitlines()[:1]
-    raise LauncherError(
-        f"unrecognised MPI launcher (expected MPICH hydra or Open MPI): {first[0] if first else 'no output'!r}"
-    )
-
-
-# Run in a separate interpreter: importing mpi4py.MPI would otherwise load
-# (and, by default, initialise) MPI in the launcher.
-MPI4PY_LIBRARY_PROBE = (
-    "import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False\n"
-    "from mpi4py import MPI\n"
-    "print(MPI.Get_library_version().strip().splitlines()[0])\n"
-)
-
-
-def library_flavour(version_line):
-    """MPICH or OPENMPI from the first line of ``MPI_Get_library_version``, else None."""
-    if version_line.startswith("Open MPI"):
-        return OPENMPI
-    if version_line.startswith("MPICH"):
-        return MPICH
-    return None
-
-
-def mpi4py_library_flavour(python=sys.executable):
-    """Flavour of the MPI library that ``python``'s mpi4py (and so commlib) loads, or None."""
-    try:
-        out = subprocess.run([python, "-c", MPI4PY_LIBRARY_PROBE], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=60,
-                             check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    return library_flavour(out.stdout.decode(errors="replace").strip())
-
-
-def mpiexec_candidates(environ=os.environ):
-    """Every mpiexec, then every mpirun, on PATH, in PATH order, each file once."""
-    found, seen = [], set()
-    for name in ("mpiexec", "mpirun"):
-        for directory in (environ.get("PATH") or "").split(os.pathsep):
-            path = shutil.which(name, path=directory) if directory else None
-            if path and os.path.realpath(path) not in seen:
-                seen.add(os.path.realpath(path))
-                found.append(path)
-    return found
-
-
-def find_mpiexec(environ=os.environ, python=None):
-    """Path of the MPI launcher: ``$COMMLIB_MPIEXEC``, else mpiexec/mpirun on PATH.
-
-    With ``python`` (an interpreter whose mpi4py commlib uses) and more than one
-    launcher on PATH, the first one of the same MPI as that mpi4py's library
-    is chosen: another MPI's mpiexec earlier on PATH (e.g. the PyPI MPICH
-    wheel's, next to a system Open MPI) would start every rank as a singleton
-    or, through a wrapper script, in another environment.
-    """
-    override = environ.get(MPIEXEC_ENV)
-    if override:
-        return override
-    candidates = mpiexec_candidates(environ)
-    if not candidates:
-        raise LauncherError(f"no mpiexec or mpirun found on PATH (set {MPIEXEC_ENV} to its path)")
-    if python is None or len(candidates) == 1:
-        return candidates[0]
-    wanted = mpi4py_library_flavour(python)
-    if wanted is None:
-        return candidates[0]
-    for candidate in candidates:
-        try:
-            if detect_flavour(mpiexec_version_text(candidate)).name == wanted:
-                return candidate
-        except LauncherError:
-            continue
-    return candidates[0]
-
-
-def mpiexec_version_text(mpiexec):
-    """Output (stdout and stderr) of ``<mpiexec> --version``."""
-    try:
-        out = subprocess.run([mpiexec, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise LauncherError(f"cannot run {mpiexec} --version: {e}") from e
-    return out.stdout.decode(errors="replace")
 
 
 def parse_env_assignments(items, environ=os.environ):
@@ -239,6 +115,27 @@ def rank_wrapper_command(python=sys.executable):
     ``PYTHONPATH`` or working directory.
     """
     return [python, "-I", os.path.abspath(_rankwrap.__file__), "--"]
+
+
+def resolve_program(command, environ=os.environ):
+    """``command`` with its program found as the caller's shell would find it:
+    a name without a slash is looked up on the caller's ``PATH`` and replaced
+    by its absolute path (symlinks kept: a virtualenv's ``python3`` is a link
+    whose own path selects the environment). A program not found, or given
+    with a slash, is left as it is.
+
+    The ranks must not look the name up on their own ``PATH``: Open MPI's
+    mpirun, started by its absolute path, acts as if ``--prefix`` were given
+    and puts its own ``bin/`` first there, so ``commlibrun -np 2 python3 x.py``
+    inside a virtualenv ran ``/usr/bin/python3``.
+    """
+    command = list(command)
+    if not command or not command[0] or "/" in command[0]:
+        return command
+    found = shutil.which(command[0], path=environ.get("PATH", os.defpath))
+    if found is None:
+        return command
+    return [os.path.abspath(found)] + command[1:]
 
 
 def _has_option(args, names):
@@ -615,6 +512,7 @@ def main(argv=None):
 
     try:
         environ = dict(os.environ)
+        command = resolve_program(command, environ)
         mpiexec = find_mpiexec(environ, python=sys.executable)
         flavour = detect_flavour(mpiexec_version_text(mpiexec))
         extra = default_thread_env(environ, args.np, args.hosts, args.hostfile)

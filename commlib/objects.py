@@ -23,13 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from . import basics, ops
-from .frontend_utils import auto_name, check_process_set, check_root
+from . import ops, runtime
+from .ops import auto_name, check_root
+from .process_sets import check_process_set
 
 try:  # cloudpickle output is readable by pickle.loads
     import cloudpickle as _pickler
 except ImportError:  # pragma: no cover - cloudpickle is optional
     _pickler = pickle
+
 
 def dumps(obj: Any) -> np.ndarray:
     """``obj`` pickled into a 1-D uint8 array."""
@@ -47,7 +49,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     process_set = check_process_set(process_set)
     check_root(root_rank, process_set)
     base = auto_name("broadcast_object", name, process_set)
-    is_root = basics.rank() == root_rank
+    is_root = runtime.rank() == root_rank
     payload = dumps(obj) if is_root else None
     size = np.array([payload.size if is_root else 0], dtype=np.int64)
     size = ops.broadcast(size, root_rank, name=f"{base}.size", process_set=process_set)

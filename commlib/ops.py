@@ -6,19 +6,18 @@ unsupported dtypes raise TypeError, bad shapes/roots/outputs ValueError.
 """
 from __future__ import annotations
 
-import collections
-import itertools
 from typing import Sequence
 
 import numpy as np
 
-from . import basics
+from . import runtime
 from ._lib import check, ffi, lib
 from .dtypes import dtype_code
 from .errors import ScalarTensorError
 from .handle import Handle, core_result, core_splits, synchronize
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
+from .process_sets import set_size
 
 # Reduction operators (Horovod's names).
 Sum = lib.COMMLIB_SUM
@@ -40,17 +39,19 @@ Adasum = _AdasumOp()
 
 _OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product"}
 
-# Per-operation and per-process-set counters for unnamed requests: ranks that
-# call the same sequence of collectives on a set generate the same names.
-_counters = collections.defaultdict(itertools.count)
+
+def auto_name(kind: str, name=None, process_set=None) -> str:
+    """``name`` (checked), or the next ``<kind>.noname.<n>`` of ``process_set``
+    (default the global set), for collectives built from several requests
+    (the object helpers, the frontends' grouped forms): ranks that make the
+    same calls on a set in the same order generate the same names. A set is
+    checked (registered, this rank a member) before its counter moves."""
+    return runtime.auto_name(kind, name, _psid(process_set) if name is None else 0)
 
 
-def _auto_name(op: str, name: str | None, psid: int = 0) -> str:
-    if name is None:
-        return f"{op}.noname.{next(_counters[op, psid])}"
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty string, got {name!r}")
-    return name
+def op_name(op: int) -> str:
+    """Horovod's name of a reduction op ("Sum", "Average", ...)."""
+    return _OP_NAMES.get(op, repr(op))
 
 
 def _as_input(tensor) -> np.ndarray:
@@ -135,7 +136,7 @@ def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | 
              reduce_op: int = 0, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
              splits: Sequence[int] | None = None, process_set: int = 0):
     """Submits one request; returns (handle id, cffi objects to keep alive)."""
-    basics._require_init()
+    runtime.require_init()
     if splits is not None:  # (the request struct carries splits)
         req = ffi.new("commlib_request*")
         keep = [req]
@@ -183,7 +184,8 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 def _allreduce(inp, out, average, name, op, prescale, postscale, process_set) -> Handle:
     rop = resolve_op(op, average)
     psid = _psid(process_set)
-    hid, keep = _enqueue(lib.COMMLIB_OP_ALLREDUCE, _auto_name("allreduce", name, psid), inp, out,
+    hid, keep = _enqueue(lib.COMMLIB_OP_ALLREDUCE,
+                         runtime.auto_name("allreduce", name, psid), inp, out,
                          reduce_op=rop, prescale=prescale, postscale=postscale, process_set=psid)
     return Handle(hid, lambda _h: out, (keep, inp, out), "allreduce")
 
@@ -258,10 +260,10 @@ def _layout_for(arrays) -> _GroupLayout:
 
 
 def _grouped(ins, outs, average, name, op, prescale, postscale, process_set) -> Handle:
-    basics._require_init()
+    runtime.require_init()
     rop = resolve_op(op, average)
     psid = _psid(process_set)
-    base = _auto_name("allreduce", name, psid)
+    base = runtime.auto_name("allreduce", name, psid)
     src = _layout_for(ins) if outs is ins else _GroupLayout(ins)
     dst = src if outs is ins else _GroupLayout(outs)
     hid = ffi.new("int64_t*")
@@ -293,7 +295,8 @@ def allgather_async(tensor, name=None, process_set=None) -> Handle:
         raise ScalarTensorError("allgather needs a tensor with at least one dimension, "
                                 "got a 0-d tensor")
     psid = _psid(process_set)
-    hid, keep = _enqueue(lib.COMMLIB_OP_ALLGATHER, _auto_name("allgather", name, psid), inp, None,
+    hid, keep = _enqueue(lib.COMMLIB_OP_ALLGATHER,
+                         runtime.auto_name("allgather", name, psid), inp, None,
                          process_set=psid)
 
     def finish(h):
@@ -309,11 +312,14 @@ def allgather(tensor, name=None, process_set=None) -> np.ndarray:
 
 # ---------------------------------------------------------------- broadcast
 
-def _check_root(root_rank, process_set=None) -> int:
-    """root_rank checked: an int, a rank of the job in ``process_set``."""
+def check_root(root_rank, process_set=None) -> int:
+    """broadcast's root check (TypeError/ValueError), also for frontends that
+    check before tracing or sending: an int, a rank of the job, a member of
+    ``process_set`` when one is given (root_rank is a job rank, as in
+    Horovod)."""
     if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
         raise TypeError(f"root_rank must be an int, got {type(root_rank).__name__}")
-    n = basics.size()
+    n = runtime.size()
     if not 0 <= root_rank < n:
         raise ValueError(f"root_rank {root_rank} is outside the job (ranks 0..{n - 1})")
     if process_set is not None and root_rank not in _members(process_set):
@@ -336,8 +342,9 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
 
 def _broadcast(inp, out, root_rank, name, process_set) -> Handle:
     psid = _psid(process_set)
-    root = _check_root(root_rank, process_set)
-    hid, keep = _enqueue(lib.COMMLIB_OP_BROADCAST, _auto_name("broadcast", name, psid), inp, out,
+    root = check_root(root_rank, process_set)
+    hid, keep = _enqueue(lib.COMMLIB_OP_BROADCAST,
+                         runtime.auto_name("broadcast", name, psid), inp, out,
                          root=root, process_set=psid)
     return Handle(hid, lambda _h: out, (keep, inp, out), "broadcast")
 
@@ -370,7 +377,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     n = len(_members(process_set))
     if split_list is not None and len(split_list) != n:
         raise ValueError(f"alltoall splits must have one entry per rank ({n}), got {len(split_list)}")
-    hid, keep = _enqueue(lib.COMMLIB_OP_ALLTOALL, _auto_name("alltoall", name, psid), inp, None,
+    hid, keep = _enqueue(lib.COMMLIB_OP_ALLTOALL,
+                         runtime.auto_name("alltoall", name, psid), inp, None,
                          splits=split_list, process_set=psid)
 
     def finish(h):
@@ -381,6 +389,16 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
         return out, np.asarray(core_splits(h, n), dtype=np.int64)
 
     return Handle(hid, finish, (keep, inp), "alltoall")
+
+
+def even_splits(rows: int, process_set=None) -> list[int]:
+    """alltoall's splits when none are given: dimension 0 in equal parts,
+    one per rank (of ``process_set``)."""
+    n = set_size(process_set)
+    if rows % n:
+        raise ValueError(f"alltoall without splits needs dimension 0 ({rows}) divisible by the "
+                         f"number of ranks ({n}); pass splits for an uneven division")
+    return [rows // n] * n
 
 
 def alltoall(tensor, splits=None, name=None, process_set=None):
@@ -394,7 +412,7 @@ def reducescatter_rows(dim0: int, process_set=None) -> int:
     set's members split them in order, lower positions get the extra rows.
     ValueError when this rank is not a member."""
     ranks = _members(process_set)
-    me = basics.rank()
+    me = runtime.rank()
     if me not in ranks:
         raise ValueError(f"rank {me} is not a member of {process_set}")
     n, pos = len(ranks), ranks.index(me)
@@ -412,7 +430,8 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
                                 "got a 0-d tensor")
     psid = _psid(process_set)
     out = np.empty((reducescatter_rows(inp.shape[0], process_set),) + inp.shape[1:], dtype=inp.dtype)
-    hid, keep = _enqueue(lib.COMMLIB_OP_REDUCESCATTER, _auto_name("reducescatter", name, psid), inp,
+    hid, keep = _enqueue(lib.COMMLIB_OP_REDUCESCATTER,
+                         runtime.auto_name("reducescatter", name, psid), inp,
                          out, reduce_op=resolve_op(op), prescale=prescale_factor,
                          postscale=postscale_factor, process_set=psid)
     return Handle(hid, lambda _h: out, (keep, inp, out), "reducescatter")
@@ -429,6 +448,6 @@ def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0,
 def barrier(process_set=None) -> None:
     """Returns once every rank (of ``process_set``) has called barrier()."""
     psid = _psid(process_set)
-    hid, keep = _enqueue(lib.COMMLIB_OP_BARRIER, _auto_name("barrier", None, psid), None, None,
-                         process_set=psid)
+    hid, keep = _enqueue(lib.COMMLIB_OP_BARRIER, runtime.auto_name("barrier", None, psid), None,
+                         None, process_set=psid)
     synchronize(Handle(hid, lambda _h: None, keep, "barrier"))

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import basics
+from . import runtime
 from ._lib import check, ffi, lib
 from .dtypes import dtype_code, numpy_dtype
-from .handle import WAIT_SLICE_S as _WAIT_SLICE_S
-from .handle import Handle, core_result, synchronize
+from .handle import WAIT_SLICE_S, Handle, core_result, synchronize
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
 
@@ -33,7 +32,7 @@ _MAX_DIMS = 64
 def _check_peer(peer, what: str, process_set) -> int:
     if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
         raise TypeError(f"{what} must be an int rank, got {type(peer).__name__}")
-    n = basics.size()
+    n = runtime.size()
     if not 0 <= peer < n:
         raise ValueError(f"{what} {peer} is outside the job (ranks 0..{n - 1})")
     if process_set is not None and int(peer) not in _members(process_set):
@@ -73,7 +72,7 @@ def _submit(op_type: int, arr, out, peer: int, tag: int, psid: int) -> int:
 def _blocking(op_type: int, arr, out, peer: int, tag: int, psid: int) -> None:
     """Runs one request to completion in one core call; one still pending
     after a slice (long waits, so that Ctrl-C reaches Python) is synchronized."""
-    rc = lib.commlib_p2p_blocking(op_type, *_args(arr, out, peer, tag, psid), _WAIT_SLICE_S)
+    rc = lib.commlib_p2p_blocking(op_type, *_args(arr, out, peer, tag, psid), WAIT_SLICE_S)
     if rc < 0:
         check(-rc)
     elif rc > 0:
@@ -91,7 +90,7 @@ def _send_array(array) -> np.ndarray:
 def isend(array, dst, tag=0, process_set=None) -> Handle:
     """Starts sending ``array`` to job rank ``dst``; ``synchronize`` returns
     None once the receiver has taken it. Keep the array unchanged until then."""
-    basics._require_init()
+    runtime.require_init()
     arr = _send_array(array)
     peer = _check_peer(dst, "dst", process_set)
     hid = _submit(lib.COMMLIB_OP_SEND, arr, None, peer, _check_tag(tag), _psid(process_set))
@@ -100,7 +99,7 @@ def isend(array, dst, tag=0, process_set=None) -> Handle:
 
 def send(array, dst, tag=0, process_set=None) -> None:
     """Sends ``array`` to job rank ``dst``; returns once the receiver took it."""
-    basics._require_init()
+    runtime.require_init()
     arr = _send_array(array)
     _blocking(lib.COMMLIB_OP_SEND, arr, None, _check_peer(dst, "dst", process_set), _check_tag(tag),
               _psid(process_set))
@@ -110,7 +109,7 @@ def irecv(src, tag=0, out=None, process_set=None) -> Handle:
     """Starts receiving the next message from job rank ``src`` with ``tag``;
     ``synchronize`` returns the array: ``out`` (filled in) when given, else a
     new array of the message's dtype and shape."""
-    basics._require_init()
+    runtime.require_init()
     if out is not None:
         _check_out(out)
     peer = _check_peer(src, "src", process_set)
@@ -144,7 +143,7 @@ def recv(src, tag=0, out=None, process_set=None) -> np.ndarray:
     """Receives the next message from job rank ``src`` with ``tag``."""
     if out is None:
         return synchronize(irecv(src, tag, out, process_set))
-    basics._require_init()
+    runtime.require_init()
     _check_out(out)
     _blocking(lib.COMMLIB_OP_RECV, None, out, _check_peer(src, "src", process_set), _check_tag(tag),
               _psid(process_set))
@@ -155,7 +154,7 @@ def sendrecv(array, dst, src, send_tag=0, recv_tag=0, out=None, process_set=None
     """Sends ``array`` to ``dst`` and receives from ``src`` at once (both
     posted before either waits, so a ring of exchanges cannot deadlock);
     returns the received array."""
-    basics._require_init()
+    runtime.require_init()
     array = _send_array(array)  # (checked before the receive is posted)
     _check_peer(dst, "dst", process_set)
     _check_tag(send_tag)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from . import basics
+from . import runtime
 from ._lib import MPI, check, ffi, lib
 from .handle import Handle, synchronize
 
@@ -34,7 +34,6 @@ def _check_ranks(ranks: Iterable[int]) -> list[int]:
     if len(set(out)) != len(out):
         raise ValueError(f"process set ranks must be distinct, got {list(ranks)}")
     return out
-
 
 
 class ProcessSet:
@@ -58,7 +57,7 @@ class ProcessSet:
         if self.ranks is None:
             # The job ranks of the communicator's members (in the job's
             # communicator: init(comm) may have been given one), known to all.
-            job = basics._job_comm
+            job = runtime.job_comm()
             mine = self.mpi_comm.Get_group() if self.mpi_comm != MPI.COMM_NULL else MPI.GROUP_EMPTY
             local = MPI.Group.Translate_ranks(mine, list(range(mine.Get_size())), job.Get_group())
             if MPI.UNDEFINED in local:
@@ -69,7 +68,7 @@ class ProcessSet:
 
     def included(self) -> bool:
         """Whether this rank belongs to the set."""
-        return basics.rank() in self._members()
+        return runtime.rank() in self._members()
 
     def size(self) -> int:
         return len(self._members())
@@ -77,7 +76,7 @@ class ProcessSet:
     def rank(self) -> int | None:
         """This rank's position in the set, None when it is not a member."""
         members = self._members()
-        me = basics.rank()
+        me = runtime.rank()
         return members.index(me) if me in members else None
 
     def _members(self) -> list[int]:
@@ -105,20 +104,20 @@ class _GlobalProcessSet(ProcessSet):
         self.mpi_comm = None
 
     def _members(self) -> list[int]:
-        return list(range(basics.size()))
+        return list(range(runtime.size()))
 
     @property
     def ranks(self) -> list[int]:
-        return list(range(basics.size())) if basics.is_initialized() else []
+        return list(range(runtime.size())) if runtime.is_initialized() else []
 
     def included(self) -> bool:
         return True
 
     def size(self) -> int:
-        return basics.size()
+        return runtime.size()
 
     def rank(self) -> int:
-        return basics.rank()
+        return runtime.rank()
 
 
 global_process_set = _GlobalProcessSet()
@@ -140,9 +139,9 @@ def add_process_set(process_set) -> ProcessSet:
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if is_registered(ps):
         raise ValueError(f"{ps} is already registered")
-    basics._require_init()
+    runtime.require_init()
     ranks = ps._resolve_ranks()
-    n = basics.size()
+    n = runtime.size()
     if not ranks or ranks[0] < 0 or ranks[-1] >= n:
         raise ValueError(f"process set ranks {ranks} must be ranks of the job (0..{n - 1})")
     hid = ffi.new("int64_t*")
@@ -163,7 +162,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     job. Returns True once it is removed (False if it was not registered)."""
     if not isinstance(process_set, ProcessSet):
         raise TypeError(f"expected a ProcessSet, got {type(process_set).__name__}")
-    basics._require_init()
+    runtime.require_init()
     psid = process_set.process_set_id
     if psid == 0:
         raise ValueError("the global process set cannot be removed")
@@ -187,8 +186,8 @@ def process_set_id(process_set) -> int:
     psid = process_set.process_set_id
     if not is_registered(process_set):
         raise ValueError(f"{process_set} is not registered; call add_process_set() first")
-    if psid and basics.rank() not in process_set.ranks:
-        raise ValueError(f"rank {basics.rank()} is not a member of {process_set}; only its members "
+    if psid and runtime.rank() not in process_set.ranks:
+        raise ValueError(f"rank {runtime.rank()} is not a member of {process_set}; only its members "
                          "may call collectives on it")
     return psid
 
@@ -198,9 +197,61 @@ def members(process_set) -> list[int]:
     return (process_set or global_process_set)._members()
 
 
-def _reset() -> None:
-    """Forgets every registered set (at shutdown)."""
+def reset_process_sets() -> None:
+    """Forgets every registered set but the global one (at shutdown)."""
     for psid, ps in list(_registered.items()):
         if psid:
             ps.process_set_id = None
             del _registered[psid]
+
+
+# ------------------------------------------------ checks and queries for frontends
+
+def process_set_by_id(process_set_id: int) -> ProcessSet:
+    """The registered ProcessSet with this id (0: the global set), for
+    Horovod's ``*_op(process_set_id)`` queries."""
+    ps = _registered.get(int(process_set_id))
+    if ps is None:
+        raise ValueError(f"no process set with id {process_set_id} is registered")
+    return ps
+
+
+def check_process_set(process_set, member: bool = True) -> ProcessSet:
+    """``process_set`` checked before anything is traced or sent, and returned
+    (None: the global set). TypeError for anything but a ProcessSet,
+    ValueError for a set that is not registered (add_process_set) and, when
+    ``member``, for a set this rank does not belong to: only members may call
+    collectives on a set. ``member=False`` is for objects every rank builds
+    with the set (Horovod's DistributedOptimizer/DistributedGradientTape), which
+    only reduce on members."""
+    if process_set is None:
+        return global_process_set
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"process_set must be a ProcessSet (commlib.ProcessSet, "
+                        f"global_process_set), got {type(process_set).__name__}")
+    if not is_registered(process_set):
+        raise ValueError(f"{process_set} is not registered; call add_process_set() (or "
+                         "init(process_sets=[...])) on every rank first")
+    if member:
+        process_set_id(process_set)  # ValueError for a non-member
+    return process_set
+
+
+def set_size(process_set=None) -> int:
+    """The number of ranks of ``process_set`` (default: the job)."""
+    return len(members(process_set))
+
+
+def set_rank(process_set=None) -> int:
+    """This rank's position in ``process_set`` (its rank in the job for the
+    global set); ValueError when it is not a member."""
+    ranks = members(process_set)
+    me = runtime.rank()
+    if me not in ranks:
+        raise ValueError(f"rank {me} is not a member of {process_set}")
+    return ranks.index(me)
+
+
+def included(process_set=None) -> bool:
+    """Whether this rank belongs to ``process_set`` (default: the job)."""
+    return runtime.rank() in members(process_set)

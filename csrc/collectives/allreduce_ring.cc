@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "collectives/allreduce.h"
+#include "collectives/ring_schedule.h"
 #include "common.h"
 #include "fusion_buffer.h"
 #include "reduce.h"
@@ -66,55 +67,6 @@ namespace {
 // ranks) 256 KiB, 512 KiB and 1 MiB were within noise of each other, 64 KiB
 // was 20-30% slower at 64 MiB and 4 MiB slightly slower at 16 MiB.
 constexpr size_t kChunkBytes = size_t(256) << 10;
-
-// Balanced split of count elements into n segments.
-struct Segments {
-  size_t count;
-  int n;
-  size_t begin(int j) const {
-    const size_t base = count / size_t(n), extra = count % size_t(n);
-    return size_t(j) * base + std::min(size_t(j), extra);
-  }
-  size_t end(int j) const { return begin(j + 1); }
-};
-
-// One chunk of one step: elements [lo, hi) of the segment of that step.
-struct Item {
-  int step;
-  size_t lo, hi;
-};
-
-// The sequence of items one rank receives (or, shifted by one step, sends).
-class ItemSequence {
- public:
-  // seg0: the segment of step 0; step t covers segment (seg0 - t) mod n.
-  ItemSequence(const Segments& segs, int seg0, int steps, size_t chunk)
-      : segs_(segs), seg0_(seg0), steps_(steps), chunk_(chunk) {}
-
-  // The first item at or after step t (done() if there is none).
-  Item first(int t) const {
-    for (; t < steps_; ++t) {
-      const int j = segment(t);
-      if (segs_.begin(j) < segs_.end(j)) return make(t, segs_.begin(j));
-    }
-    return Item{steps_, 0, 0};
-  }
-  Item next(const Item& it) const {
-    if (it.hi < segs_.end(segment(it.step))) return make(it.step, it.hi);
-    return first(it.step + 1);
-  }
-  bool done(const Item& it) const { return it.step >= steps_; }
-
- private:
-  int segment(int t) const { return ((seg0_ - t) % segs_.n + segs_.n) % segs_.n; }
-  Item make(int t, size_t lo) const {
-    return Item{t, lo, std::min(lo + chunk_, segs_.end(segment(t)))};
-  }
-
-  Segments segs_;
-  int seg0_, steps_;
-  size_t chunk_;
-};
 
 // Per-thread state kept across calls so the hot path does not allocate once
 // warmed up (the engine runs every collective on its one background thread).
@@ -151,11 +103,11 @@ void allreduce_ring(Transport& t, void* buf, size_t count, int dtype, int op) {
   const int n = t.size();
   const int r = t.rank();
   if (n == 1 || count == 0) return;
-  const int right = (r + 1) % n, left = (r - 1 + n) % n;
+  const int right = ring_right(r, n), left = ring_left(r, n);
   const size_t esize = dtype_size(dtype);
   char* data = static_cast<char*>(buf);
-  const int steps = 2 * (n - 1);
-  const int last_reduce_step = n - 2;
+  const int steps = ring_steps(n);
+  const int last_reduce_step = ring_last_reduce_step(n);
 
   const size_t chunk = std::max<size_t>(1, kChunkBytes / esize);  // elements
   char* slots[2];
@@ -164,14 +116,14 @@ void allreduce_ring(Transport& t, void* buf, size_t count, int dtype, int op) {
   state.sends.clear();
   state.sends_head = 0;
 
-  const Segments segs{count, n};
-  const ItemSequence recv_items(segs, r - 1, steps, chunk);
-  const ItemSequence send_items(segs, r, steps, chunk);
+  const RingSegments segs{count, n};
+  const RingItems recv_items = ring_recv_items(segs, r, chunk);
+  const RingItems send_items = ring_send_items(segs, r, chunk);
 
-  const auto bytes = [esize](const Item& it) { return (it.hi - it.lo) * esize; };
+  const auto bytes = [esize](const RingItem& it) { return (it.hi - it.lo) * esize; };
 
   // Step 0: the local input of segment r goes to the right, all chunks at once.
-  for (Item s = send_items.first(0); !send_items.done(s) && s.step == 0; s = send_items.next(s)) {
+  for (RingItem s = send_items.first(0); !send_items.done(s) && s.step == 0; s = send_items.next(s)) {
     state.sends.push_back({0, post(t, P2POp::kSend, right, data + s.lo * esize, bytes(s))});
   }
 
@@ -179,7 +131,7 @@ void allreduce_ring(Transport& t, void* buf, size_t count, int dtype, int op) {
   // slot (i alternates the two); allgather items land in place, once the sends
   // that still read that memory are complete: the allgather receive of step t
   // overwrites the segment sent in step t-(n-1) (an intermediate value).
-  const auto post_recv = [&](const Item& it, size_t i) {
+  const auto post_recv = [&](const RingItem& it, size_t i) {
     char* dst;
     if (it.step <= last_reduce_step) {
       dst = slots[i % 2];
@@ -190,11 +142,11 @@ void allreduce_ring(Transport& t, void* buf, size_t count, int dtype, int op) {
     return post(t, P2POp::kRecv, left, dst, bytes(it));
   };
 
-  Item cur = recv_items.first(0);
+  RingItem cur = recv_items.first(0);
   int ticket = recv_items.done(cur) ? -1 : post_recv(cur, 0);
   for (size_t i = 0; !recv_items.done(cur); ++i) {
     // Keep the next transfer in flight while this chunk is reduced.
-    const Item nxt = recv_items.next(cur);
+    const RingItem nxt = recv_items.next(cur);
     const int next_ticket = recv_items.done(nxt) ? -1 : post_recv(nxt, i + 1);
     t.wait(ticket);
     char* mine = data + cur.lo * esize;

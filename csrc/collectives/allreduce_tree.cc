@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "collectives/allreduce.h"
+#include "collectives/tree_schedule.h"
 #include "common.h"
 #include "fusion_buffer.h"
 #include "reduce.h"
@@ -85,9 +86,7 @@ void allreduce_tree(Transport& t, void* buf, size_t count, int dtype, int op) {
   if (n == 1 || count == 0) return;
   const size_t bytes = count * dtype_size(dtype);
 
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  const int rem = n - p;
+  const TreeSchedule sched(n);
 
   // `cur` holds this rank's partial result, `other` receives the partner's.
   char* cur = static_cast<char*>(buf);
@@ -95,25 +94,26 @@ void allreduce_tree(Transport& t, void* buf, size_t count, int dtype, int op) {
   state.partners.clear();
 
   // 1. Fold-in: even ranks below 2*rem hand their data to r+1 and wait.
-  if (r < 2 * rem && r % 2 == 0) {
-    exchange(t, r + 1, buf, nullptr, bytes);
-    exchange(t, r + 1, nullptr, buf, bytes);  // 3. the result comes back
-    state.partners.push_back(r + 1);
+  if (sched.drops_out(r)) {
+    const int to = sched.fold_partner(r);
+    exchange(t, to, buf, nullptr, bytes);
+    exchange(t, to, nullptr, buf, bytes);  // 3. the result comes back
+    state.partners.push_back(to);
     release_partners(t);
     return;
   }
-  if (r < 2 * rem) {
-    exchange(t, r - 1, nullptr, other, bytes);
+  if (sched.folds_in(r)) {
+    exchange(t, sched.fold_partner(r), nullptr, other, bytes);
     reduce_into(dtype, op, other, cur, count);  // x[r-1] (op) x[r]
     std::swap(cur, other);
-    state.partners.push_back(r - 1);
+    state.partners.push_back(sched.fold_partner(r));
   }
-  const int vrank = r < 2 * rem ? r / 2 : r - rem;
+  const int vrank = sched.vrank(r);
 
   // 2. Recursive doubling among the p virtual ranks.
-  for (int mask = 1; mask < p; mask <<= 1) {
+  for (int mask = 1; mask < sched.p; mask <<= 1) {
     const int vpeer = vrank ^ mask;
-    const int peer = vpeer < rem ? 2 * vpeer + 1 : vpeer + rem;
+    const int peer = sched.rank_of(vpeer);
     exchange(t, peer, cur, other, bytes);
     state.partners.push_back(peer);
     if (vrank < vpeer) {
@@ -126,7 +126,7 @@ void allreduce_tree(Transport& t, void* buf, size_t count, int dtype, int op) {
   if (cur != buf) std::memcpy(buf, cur, bytes);
 
   // 3. Fold-out: return the result to the partner that dropped out.
-  if (r < 2 * rem) exchange(t, r - 1, buf, nullptr, bytes);
+  if (sched.folds_in(r)) exchange(t, sched.fold_partner(r), buf, nullptr, bytes);
   release_partners(t);
 }
 

@@ -213,7 +213,8 @@ std::string Controller::remove_set(int id) {
   if (!sets_.count(id)) return "process set " + std::to_string(id) + " does not exist";
   // Every rank gets the same answer: removal waits for no collective.
   for (const auto& [key, p] : table_) {
-    if (p.process_set != id) continue;
+    // (one answered earlier in this batch runs before the removal: not pending)
+    if (p.process_set != id || p.answered) continue;
     std::string have;
     for (size_t i = 0; i < p.ranks.size(); ++i)
       if (p.have[i]) have += (have.empty() ? "" : ", ") + std::to_string(p.ranks[i]);
@@ -264,6 +265,7 @@ std::vector<Response> Controller::take_ready() {
   for (const std::string& key : complete_) {  // (table_ stays intact until the plan is made)
     Pending& p = table_.at(key);
     resps.push_back(make_response(key, p));
+    p.answered = true;
     descs.push_back(&p.descs[0]);
     fusable.push_back(resps.back().kind == Response::kExecute && fusable_allreduce(p.descs[0]));
   }

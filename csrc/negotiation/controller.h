@@ -47,6 +47,7 @@ class Controller {
     int count = 0;
     int64_t first_seen_us = 0;
     bool warned = false;
+    bool answered = false;  // its response is made (take_ready), ahead of later ones
   };
   Response make_response(const std::string& key, Pending& p);
   // Registers or removes a process set (an error message, or empty).

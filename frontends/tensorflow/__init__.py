@@ -34,22 +34,29 @@ elastic training, timelines, XLA-compiled functions.
 """
 from commlib.basics import (cross_rank, cross_size, is_initialized, local_rank, local_size,
                             mpi_threads_supported, rank, shutdown, size)
+from commlib.basics import init, is_homogeneous
+from commlib.capabilities import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,
+                                  mpi_built, mpi_enabled, nccl_built, rocm_built, start_timeline,
+                                  stop_timeline)
+from commlib.dispatch import register_optimizer
 from commlib.errors import (CollectiveMismatchError, CommlibError, HorovodInternalError,
                             HostsUpdatedInterrupt, NotInitializedError, RankLostError,
                             ScalarTensorError)
-from commlib.frontend_utils import (ProcessSet, add_process_set, ccl_built, cuda_built,
-                                    ddl_built, gloo_built, gloo_enabled, init, is_homogeneous,
-                                    mpi_built, mpi_enabled, nccl_built, remove_process_set,
-                                    rocm_built, start_timeline, stop_timeline)
+from commlib.grouping import resolve_groups
 from commlib.ops import Average, Max, Min, Product, Sum
+from commlib.process_sets import (ProcessSet, add_process_set, check_process_set,
+                                  remove_process_set)
+from commlib.reduce_args import predivide_scales, resolve_op
 
+from ._dispatch import is_keras_optimizer, is_tf_legacy_optimizer, is_tf_optimizer
 from .compression import Compression
+from .execution import communication_stats
 from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .mpi_ops import (Adasum, allgather, allreduce, alltoall, barrier, broadcast, broadcast_,
-                      communication_stats, global_process_set, grouped_allgather,
-                      grouped_allreduce, grouped_reducescatter, join, local_rank_op,
-                      local_size_op, process_set_included_op, rank_op, reducescatter, size_op)
+                      global_process_set, grouped_allgather, grouped_allreduce,
+                      grouped_reducescatter, join, local_rank_op, local_size_op,
+                      process_set_included_op, rank_op, reducescatter, size_op)
 
 import tensorflow as tf  # noqa: E402
 
@@ -160,14 +167,10 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
     """Wraps a Keras optimizer (see commlib.tensorflow.keras.DistributedOptimizer)
     or a TF1 ``tf.compat.v1.train.Optimizer`` so that gradients are averaged
     across ranks before they are applied."""
-    from commlib import frontend_utils as fu
-
-    from ._dispatch import is_keras_optimizer, is_tf_legacy_optimizer
-
-    process_set = fu.check_process_set(process_set, member=False)
-    op = fu.resolve_op(op)
-    fu.predivide_scales(op, gradient_predivide_factor)
-    groups = fu.resolve_groups(num_groups, groups)
+    process_set = check_process_set(process_set, member=False)
+    op = resolve_op(op)
+    predivide_scales(op, gradient_predivide_factor)
+    groups = resolve_groups(num_groups, groups)
     if is_keras_optimizer(optimizer):
         from . import keras as _keras
 
@@ -188,6 +191,9 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
     raise ValueError("Provided optimizer doesn't inherit from either legacy TensorFlow or Keras "
                      f"optimizer: {optimizer}")
 
+
+# commlib.DistributedOptimizer(keras_or_tf1_optimizer, ...) comes here.
+register_optimizer(__name__, is_tf_optimizer, DistributedOptimizer)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",

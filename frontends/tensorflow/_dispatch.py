@@ -30,16 +30,8 @@ def is_tf_legacy_optimizer(obj) -> bool:
             and any(c.__name__ == "Optimizer" for c in cls.__mro__))
 
 
-def distributed_optimizer(optimizer, *args, **kwargs):
-    """commlib.tensorflow.DistributedOptimizer(optimizer, *args, **kwargs)
-    (Keras or TF1 optimizers), with commlib.tensorflow imported only now.
-
-    Wiring in commlib/__init__.py (this file imports nothing but the standard
-    library, so it can be loaded by file path without importing TensorFlow)::
-
-        if _tf_dispatch.is_keras_optimizer(opt) or _tf_dispatch.is_tf_legacy_optimizer(opt):
-            return _tf_dispatch.distributed_optimizer(opt, *args, **kwargs)
-    """
-    from commlib.tensorflow import DistributedOptimizer
-
-    return DistributedOptimizer(optimizer, *args, **kwargs)
+def is_tf_optimizer(obj) -> bool:
+    """True for the optimizers commlib.tensorflow.DistributedOptimizer wraps
+    (Keras or TF1), with which commlib.tensorflow registers itself for
+    ``commlib.DistributedOptimizer`` (see commlib.dispatch)."""
+    return is_keras_optimizer(obj) or is_tf_legacy_optimizer(obj)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import tensorflow as tf
 
 import commlib
-from commlib import frontend_utils as fu
 from commlib import objects as _objects
+from commlib.ops import auto_name, check_root
+from commlib.process_sets import check_process_set
 
-from . import mpi_ops
+from .execution import check_dtype, execute, from_bytes, needs_bytes, to_bytes
 
 
 def _broadcast_arrays(arrays, root_rank, base, process_set=None):
@@ -18,14 +19,14 @@ def _broadcast_arrays(arrays, root_rank, base, process_set=None):
     dtypes the core cannot carry travel as bytes."""
     handles = []
     for i, x in enumerate(arrays):
-        raw = mpi_ops._to_bytes(x) if mpi_ops._needs_bytes(x) else x
+        raw = to_bytes(x) if needs_bytes(x) else x
         n = None if base is None else f"{base}.{i}"
         handles.append(commlib.broadcast_async(raw, root_rank, name=n, process_set=process_set))
     outs = []
     for x, h in zip(arrays, handles):
         o = commlib.synchronize(h)
-        if mpi_ops._needs_bytes(x):
-            o = mpi_ops._from_bytes(o, x.dtype, x.shape[1:], scalar=x.ndim == 0)
+        if needs_bytes(x):
+            o = from_bytes(o, x.dtype, x.shape[1:], scalar=x.ndim == 0)
         outs.append(o.reshape(x.shape))
     return outs
 
@@ -34,16 +35,16 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=False, n
     """Assigns rank ``root_rank``'s values to ``variables`` (tf.Variable or
     Keras variables) on every rank (of ``process_set``). Eagerly it returns
     None once done; inside tf.function it returns the op that does it."""
-    process_set = fu.check_process_set(process_set)
-    fu.check_root(root_rank, process_set)
+    process_set = check_process_set(process_set)
+    check_root(root_rank, process_set)
     variables = list(variables)
     if not variables:
         return None if tf.executing_eagerly() else tf.no_op()
     values = [tf.convert_to_tensor(v) for v in variables]
     for t in values:
-        mpi_ops._check_dtype(t.dtype, "broadcast_variables", movable=True)
+        check_dtype(t.dtype, "broadcast_variables", movable=True)
     if tf.executing_eagerly():
-        base = fu.auto_name("broadcast_variables", name or None, process_set)
+        base = auto_name("broadcast_variables", name or None, process_set)
         outs = _broadcast_arrays([t.numpy() for t in values], root_rank, base, process_set)
         for v, o in zip(variables, outs):
             v.assign(o)
@@ -52,7 +53,7 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=False, n
     def fn(cname, *arrays):
         return _broadcast_arrays(list(arrays), root_rank, cname, process_set)
 
-    outs = mpi_ops._execute(fn, values, [t.dtype for t in values], "CommlibBroadcastVariables",
+    outs = execute(fn, values, [t.dtype for t in values], "CommlibBroadcastVariables",
                             name, process_set=process_set)
     assigns = []
     for v, o, t in zip(variables, outs, values):
@@ -69,7 +70,7 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=None):
     """A function ``fn(obj)`` that broadcasts ``obj`` from ``root_rank``."""
-    process_set = fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
 
     def _bcast(obj):
         return _objects.broadcast_object(obj, root_rank, name=name, process_set=process_set)

@@ -23,11 +23,14 @@ import functools
 import tensorflow as tf
 
 import commlib
-from commlib import frontend_utils as fu
+from commlib.grouping import group_indices, resolve_groups
 from commlib.ops import Average
+from commlib.process_sets import check_process_set, included, set_size
+from commlib.reduce_args import predivide_scales, resolve_op
 
 from . import mpi_ops
 from .compression import Compression
+from .execution import check_dtype
 
 
 def var_key(v):
@@ -46,11 +49,11 @@ def make_allreduce_grads(device_dense='', device_sparse='', compression=Compress
     ``process_set``; None gradients stay None). On a rank outside the set the
     gradients are returned unreduced. ``allreduce_grads.local_divisor`` is
     what local gradients are divided by when scale_local_gradients."""
-    process_set = fu.check_process_set(process_set, member=False)
-    op = fu.resolve_op(op)
-    pre, post = fu.predivide_scales(op, gradient_predivide_factor)
-    member = fu.included(process_set)
-    n = fu.set_size(process_set)
+    process_set = check_process_set(process_set, member=False)
+    op = resolve_op(op)
+    pre, post = predivide_scales(op, gradient_predivide_factor)
+    member = included(process_set)
+    n = set_size(process_set)
 
     def allreduce_grads(grads, variables=None):
         grads = list(grads)
@@ -66,12 +69,12 @@ def make_allreduce_grads(device_dense='', device_sparse='', compression=Compress
         sparse = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
         with tf.name_scope(name + "_Allreduce"):
             keys = (lambda i: var_key(variables[i])) if variables is not None else (lambda i: i)
-            for group in fu.group_indices(dense, groups, keys, var_key):
+            for group in group_indices(dense, groups, keys, var_key):
                 ts = [tf.convert_to_tensor(grads[i]) for i in group]
                 for t in ts:
-                    mpi_ops._check_dtype(t.dtype, "allreduce of gradients")
+                    check_dtype(t.dtype, "allreduce of gradients")
                 packed = [compression.compress(t) for t in ts]
-                reduced = mpi_ops._grouped_allreduce_raw([c for c, _ in packed], op, pre, post,
+                reduced = mpi_ops.grouped_allreduce_raw([c for c, _ in packed], op, pre, post,
                                                          process_set=process_set)
                 for i, r, (_, ctx) in zip(group, reduced, packed):
                     out[i] = compression.decompress(r, ctx)
@@ -79,7 +82,7 @@ def make_allreduce_grads(device_dense='', device_sparse='', compression=Compress
                 if op not in (commlib.Sum, commlib.Average):
                     raise NotImplementedError("Only Sum and Average ops are supported with "
                                               "tf.IndexedSlices")
-                out[i] = mpi_ops._allreduce_sparse(grads[i], op, pre * post, None, False,
+                out[i] = mpi_ops.allreduce_sparse(grads[i], op, pre * post, None, False,
                                                    process_set)
         return out
 
@@ -144,7 +147,7 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     the gradients into that many grouped allreduces; compression
     (Compression.fp16) halves the bytes sent for float32 gradients.
     """
-    groups = fu.resolve_groups(num_groups, groups)
+    groups = resolve_groups(num_groups, groups)
     tape = _tape_class(type(gradtape)).__new__(_tape_class(type(gradtape)))
     tape.__dict__.update(gradtape.__dict__)
     if "_recording" in tape.__dict__:

@@ -31,6 +31,9 @@ In graph mode an error raised inside a collective surfaces as a
 ValueError/TypeError) whose message names the commlib exception; bad dtypes
 are refused with TypeError at trace time, before anything is sent.
 
+How a collective runs eagerly or as a graph op (names, ordering, dtypes) is
+in ``execution``; this module builds Horovod's collectives on it.
+
 Gradients (``tf.custom_gradient``) are the adjoints of the collectives, i.e.
 gradients of the sum over ranks of each rank's loss: allreduce -> allreduce of
 the upstream gradient with the same op and scale factors (Min/Max: routed to
@@ -46,185 +49,26 @@ refused with a clear error at trace time.
 """
 from __future__ import annotations
 
-import re
-import time
-import weakref
-
 import numpy as np
 import tensorflow as tf
 
 import commlib
-import commlib.dtypes
-from commlib import frontend_utils as fu
 from commlib.errors import ScalarTensorError
-from commlib.ops import Average, Max, Min, Product, Sum
+from commlib.ops import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F401 - re-exported
+                         check_root, even_splits, reducescatter_rows)
+from commlib.process_sets import (  # noqa: F401 - re-exported
+    check_process_set, global_process_set, included, process_set_by_id, set_rank, set_size)
+from commlib.reduce_args import resolve_op
 
 from .compression import Compression
-
-Adasum = fu.Adasum
-global_process_set = fu.global_process_set
-
-# AutoGraph must not rewrite commlib's own Python (it would recurse into the
-# numpy-level calls and run converted code at every step), as it already
-# leaves tensorflow and keras alone.
-try:
-    from tensorflow.python.autograph.core import config as _ag_config
-
-    if not any(getattr(rule, "_prefix", None) == "commlib" for rule in _ag_config.CONVERSION_RULES):
-        _ag_config.CONVERSION_RULES = ((_ag_config.DoNotConvert("commlib"),) +
-                                       tuple(_ag_config.CONVERSION_RULES))
-except Exception:  # pragma: no cover - internal API moved; do_not_convert below still applies
-    pass
+from .execution import check_dtype, execute, from_bytes, needs_bytes, to_bytes
 
 # Deliberate: TF sums allgather/broadcast upstream gradients (horovod.torch averages).
 _GRAD_GATHER_OP = Sum
 
-# dtypes the core reduces and moves: commlib.dtypes' table, by name
-_SUPPORTED = tuple(tf.as_dtype(name) for name in commlib.dtypes.SUPPORTED)
-# fixed-size dtypes the core cannot reduce but data-movement collectives
-# (broadcast, allgather, alltoall) can carry as raw bytes
-_AS_BYTES = (tf.complex64, tf.complex128)
-
-
-def _check_dtype(dtype, what: str, movable: bool = False) -> None:
-    if dtype in _SUPPORTED or (movable and dtype in _AS_BYTES):
-        return
-    kinds = ", ".join(d.name for d in _SUPPORTED + (_AS_BYTES if movable else ()))
-    raise TypeError(f"commlib.tensorflow.{what}: unsupported dtype {dtype.name}; "
-                    f"supported: {kinds}")
-
 
 def _as_tensor(value):
     return tf.convert_to_tensor(value)
-
-
-# ------------------------------------------------------------ numpy helpers
-
-def _to_bytes(arr: np.ndarray) -> np.ndarray:
-    """A rows-preserving uint8 view (dimension 0 kept, the rest as bytes)."""
-    arr = np.ascontiguousarray(arr)
-    rows = arr.shape[0] if arr.ndim else 1
-    rest = int(np.prod(arr.shape[1:], dtype=np.int64)) if arr.ndim else 1
-    return arr.reshape(rows, rest).view(np.uint8)
-
-
-def _from_bytes(buf: np.ndarray, dtype, tail: tuple, scalar: bool = False) -> np.ndarray:
-    out = np.ascontiguousarray(buf).view(dtype)
-    return out.reshape(()) if scalar else out.reshape((buf.shape[0],) + tuple(tail))
-
-
-def _needs_bytes(arr: np.ndarray) -> bool:
-    return arr.dtype.name not in commlib_dtypes()
-
-
-_DTYPE_NAMES = None
-
-
-def commlib_dtypes():
-    global _DTYPE_NAMES
-    if _DTYPE_NAMES is None:
-        from commlib.dtypes import SUPPORTED
-        _DTYPE_NAMES = frozenset(SUPPORTED)
-    return _DTYPE_NAMES
-
-
-# ------------------------------------------------------------ graph state, names
-
-class _GraphState:
-    __slots__ = ("last_op", "names")
-
-    def __init__(self):
-        self.last_op = None
-        self.names: dict[tuple[str, int], int] = {}
-
-
-_graphs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_NAME_OK = re.compile(r"[^A-Za-z0-9_.\-/]")
-
-
-def _graph_label(graph) -> str:
-    # FuncGraph names are the traced Python function's name, possibly with a
-    # numeric uid suffix (branch/body graphs); drop it, it is not stable.
-    return re.sub(r"(_\d+)+$", "", getattr(graph, "name", "") or "graph") or "graph"
-
-
-def _graph_name(graph, state: _GraphState, default: str, name, ignore_name_scope: bool,
-                psid: int = 0) -> str:
-    base = _NAME_OK.sub("_", name) if name else default
-    scope = "" if ignore_name_scope else graph.get_name_scope()
-    full = f"{scope}/{base}" if scope else base
-    # Counted per process set: ops of a set that only its members trace do
-    # not shift the names of the other sets' ops (names are scoped by set in
-    # the core, so the same name on two sets does not collide).
-    n = state.names.get((full, psid), 0)
-    state.names[(full, psid)] = n + 1
-    unique = full if n == 0 else f"{full}_{n}"
-    return f"{_graph_label(graph)}/{unique}"
-
-
-def _check_not_xla(graph) -> None:
-    try:
-        from tensorflow.python.ops import control_flow_util
-        in_xla = control_flow_util.GraphOrParentsInXlaContext(graph)
-    except Exception:  # pragma: no cover - internal API moved
-        in_xla = False
-    if in_xla:
-        raise RuntimeError("commlib.tensorflow collectives cannot run inside an XLA-compiled "
-                           "function (jit_compile=True); compile the Keras model with "
-                           "jit_compile=False or drop jit_compile from tf.function")
-
-
-# Wall time spent inside collectives (waiting for other ranks included), for
-# measuring the communication share of a training step.
-_comm = {"seconds": 0.0, "calls": 0}
-
-
-def communication_stats(reset=False) -> dict:
-    """{"seconds", "calls"}: time this process spent in commlib.tensorflow
-    collectives (from submission to result, waiting for other ranks
-    included) since the start or the last reset."""
-    out = dict(_comm)
-    if reset:
-        _comm["seconds"], _comm["calls"] = 0.0, 0
-    return out
-
-
-def _timed(fn, cname, arrays):
-    t0 = time.perf_counter()
-    try:
-        return list(fn(cname, *arrays))
-    finally:
-        _comm["seconds"] += time.perf_counter() - t0
-        _comm["calls"] += 1
-
-
-def _execute(fn, inputs, touts, default_name: str, name=None, ignore_name_scope=False,
-             process_set=None):
-    """Runs ``fn(collective_name, *numpy_inputs) -> list of numpy outputs``
-    eagerly, or as one ordered numpy_function op inside a graph (named from
-    the graph, counted per ``process_set``)."""
-    if tf.executing_eagerly():
-        outs = _timed(fn, name, [x.numpy() for x in inputs])
-        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
-    graph = tf.compat.v1.get_default_graph()
-    _check_not_xla(graph)
-    state = _graphs.get(graph)
-    if state is None:
-        state = _graphs[graph] = _GraphState()
-    psid = 0 if process_set is None else process_set.process_set_id
-    cname = _graph_name(graph, state, default_name, name, ignore_name_scope, psid)
-
-    @tf.autograph.experimental.do_not_convert
-    def body(*arrays):
-        return _timed(fn, cname, arrays)
-
-    deps = [state.last_op] if state.last_op is not None else []
-    with tf.control_dependencies(deps):
-        outs = tf.numpy_function(body, list(inputs), list(touts), stateful=True,
-                                 name=default_name)
-    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-    state.last_op = outs[0].op
-    return outs
 
 
 # ------------------------------------------------------------ raw collectives (no gradient)
@@ -236,20 +80,20 @@ def _allreduce_raw(t, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False,
                                   postscale_factor=post,
                                   process_set=process_set).reshape(x.shape)]
 
-    (y,) = _execute(fn, [t], [t.dtype], "CommlibAllreduce", name, ignore_name_scope,
+    (y,) = execute(fn, [t], [t.dtype], "CommlibAllreduce", name, ignore_name_scope,
                     process_set)
     y.set_shape(t.shape)
     return y
 
 
-def _grouped_allreduce_raw(ts, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False,
+def grouped_allreduce_raw(ts, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False,
                            process_set=None):
     def fn(cname, *xs):
         outs = commlib.grouped_allreduce(list(xs), name=cname, op=op, prescale_factor=pre,
                                          postscale_factor=post, process_set=process_set)
         return [o.reshape(x.shape) for o, x in zip(outs, xs)]
 
-    ys = _execute(fn, ts, [t.dtype for t in ts], "CommlibGroupedAllreduce", name,
+    ys = execute(fn, ts, [t.dtype for t in ts], "CommlibGroupedAllreduce", name,
                   ignore_name_scope, process_set)
     for y, t in zip(ys, ts):
         y.set_shape(t.shape)
@@ -257,8 +101,8 @@ def _grouped_allreduce_raw(ts, op, pre=1.0, post=1.0, name=None, ignore_name_sco
 
 
 def _allgather_np(x, cname, process_set=None):
-    if _needs_bytes(x):
-        return _from_bytes(commlib.allgather(_to_bytes(x), name=cname, process_set=process_set),
+    if needs_bytes(x):
+        return from_bytes(commlib.allgather(to_bytes(x), name=cname, process_set=process_set),
                            x.dtype, x.shape[1:])
     return commlib.allgather(x, name=cname, process_set=process_set)
 
@@ -271,7 +115,7 @@ def _allgather_raw(t, name=None, ignore_name_scope=False, process_set=None):
     def fn(cname, x):
         return [_allgather_np(x, cname, process_set)]
 
-    (y,) = _execute(fn, [t], [t.dtype], "CommlibAllgather", name, ignore_name_scope,
+    (y,) = execute(fn, [t], [t.dtype], "CommlibAllgather", name, ignore_name_scope,
                     process_set)
     if t.shape.rank is not None:
         y.set_shape([None] + t.shape.as_list()[1:])
@@ -284,13 +128,13 @@ def _grouped_allgather_raw(ts, name=None, ignore_name_scope=False, process_set=N
         handles = []
         for i, x in enumerate(xs):
             n = None if base is None else f"{base}.{i}"
-            xb = _to_bytes(x) if _needs_bytes(x) else x
+            xb = to_bytes(x) if needs_bytes(x) else x
             handles.append(commlib.allgather_async(xb, name=n, process_set=process_set))
         outs = [commlib.synchronize(h) for h in handles]
-        return [_from_bytes(o, x.dtype, x.shape[1:]) if _needs_bytes(x) else o
+        return [from_bytes(o, x.dtype, x.shape[1:]) if needs_bytes(x) else o
                 for o, x in zip(outs, xs)]
 
-    ys = _execute(fn, ts, [t.dtype for t in ts], "CommlibGroupedAllgather", name,
+    ys = execute(fn, ts, [t.dtype for t in ts], "CommlibGroupedAllgather", name,
                   ignore_name_scope, process_set)
     for y, t in zip(ys, ts):
         if t.shape.rank is not None:
@@ -299,9 +143,9 @@ def _grouped_allgather_raw(ts, name=None, ignore_name_scope=False, process_set=N
 
 
 def _broadcast_np(x, root_rank, cname, process_set=None):
-    if _needs_bytes(x):
-        out = commlib.broadcast(_to_bytes(x), root_rank, name=cname, process_set=process_set)
-        return _from_bytes(out, x.dtype, x.shape[1:], scalar=x.ndim == 0)
+    if needs_bytes(x):
+        out = commlib.broadcast(to_bytes(x), root_rank, name=cname, process_set=process_set)
+        return from_bytes(out, x.dtype, x.shape[1:], scalar=x.ndim == 0)
     return commlib.broadcast(x, root_rank, name=cname, process_set=process_set).reshape(x.shape)
 
 
@@ -309,7 +153,7 @@ def _broadcast_raw(t, root_rank, name=None, ignore_name_scope=False, process_set
     def fn(cname, x):
         return [_broadcast_np(x, root_rank, cname, process_set)]
 
-    (y,) = _execute(fn, [t], [t.dtype], "CommlibBroadcast", name, ignore_name_scope,
+    (y,) = execute(fn, [t], [t.dtype], "CommlibBroadcast", name, ignore_name_scope,
                     process_set)
     y.set_shape(t.shape)
     return y
@@ -325,19 +169,19 @@ def _alltoall_raw(t, splits, name=None, ignore_name_scope=False, process_set=Non
         inputs.append(tf.cast(tf.convert_to_tensor(splits), tf.int64))
 
     def fn(cname, x, *maybe_splits):
-        raw = _to_bytes(x) if _needs_bytes(x) else x
+        raw = to_bytes(x) if needs_bytes(x) else x
         # without splits: equal parts, sent as explicit splits so the received ones come back
-        send = maybe_splits[0] if maybe_splits else fu.even_splits(raw.shape[0], process_set)
+        send = maybe_splits[0] if maybe_splits else even_splits(raw.shape[0], process_set)
         out, rsplits = commlib.alltoall(raw, splits=send, name=cname, process_set=process_set)
         if raw is not x:
-            out = _from_bytes(out, x.dtype, x.shape[1:])
+            out = from_bytes(out, x.dtype, x.shape[1:])
         return [out, np.asarray(rsplits, dtype=np.int32)]
 
-    out, rsplits = _execute(fn, inputs, [t.dtype, tf.int32], "CommlibAlltoall", name,
+    out, rsplits = execute(fn, inputs, [t.dtype, tf.int32], "CommlibAlltoall", name,
                             ignore_name_scope, process_set)
     if t.shape.rank is not None:
         out.set_shape([None] + t.shape.as_list()[1:])
-    rsplits.set_shape([fu.set_size(process_set)])
+    rsplits.set_shape([set_size(process_set)])
     return out, rsplits
 
 
@@ -351,12 +195,12 @@ def _reducescatter_raw(t, op, pre=1.0, post=1.0, name=None, ignore_name_scope=Fa
         return [commlib.reducescatter(x, op=op, name=cname, prescale_factor=pre,
                                       postscale_factor=post, process_set=process_set)]
 
-    (y,) = _execute(fn, [t], [t.dtype], "CommlibReducescatter", name, ignore_name_scope,
+    (y,) = execute(fn, [t], [t.dtype], "CommlibReducescatter", name, ignore_name_scope,
                     process_set)
     if t.shape.rank is not None:
         dims = t.shape.as_list()
         if dims[0] is not None:
-            dims[0] = fu.reducescatter_rows(dims[0], process_set)
+            dims[0] = reducescatter_rows(dims[0], process_set)
         y.set_shape(dims)
     return y
 
@@ -366,7 +210,7 @@ def _barrier_raw(process_set=None):
         commlib.barrier(process_set=process_set)
         return [np.zeros((), dtype=np.int32)]
 
-    (y,) = _execute(fn, [], [tf.int32], "CommlibBarrier", process_set=process_set)
+    (y,) = execute(fn, [], [tf.int32], "CommlibBarrier", process_set=process_set)
     return y
 
 
@@ -409,16 +253,16 @@ def _allreduce_op(t, op, pre, post, name, ignore_name_scope, ps):
 
 def _grouped_allreduce_op(ts, op, pre, post, name, ignore_name_scope, ps):
     if not all(_differentiable(t) for t in ts) or op not in (Sum, Average):
-        return _grouped_allreduce_raw(ts, op, pre, post, name, ignore_name_scope, ps)
+        return grouped_allreduce_raw(ts, op, pre, post, name, ignore_name_scope, ps)
 
     @tf.custom_gradient
     def f(*xs):
-        ys = _grouped_allreduce_raw(list(xs), op, pre, post, name, ignore_name_scope, ps)
+        ys = grouped_allreduce_raw(list(xs), op, pre, post, name, ignore_name_scope, ps)
 
         def grad(*dys):
             dys = [tf.zeros_like(x) if d is None else tf.cast(_dense(d), x.dtype)
                    for d, x in zip(dys, xs)]
-            return _grouped_allreduce_raw(dys, op, pre, post, ignore_name_scope=ignore_name_scope,
+            return grouped_allreduce_raw(dys, op, pre, post, ignore_name_scope=ignore_name_scope,
                                           process_set=ps)
 
         return ys, grad
@@ -431,7 +275,7 @@ def _allgather_grad(x, dy, ignore_name_scope, ps):
                            process_set=ps)
     sizes = _allgather_raw(tf.shape(x, out_type=tf.int64)[:1], ignore_name_scope=ignore_name_scope,
                            process_set=ps)
-    me = fu.set_rank(ps)
+    me = set_rank(ps)
     offset = tf.reduce_sum(sizes[:me])
     ndim = tf.rank(x)
     begin = tf.concat([[offset], tf.zeros([ndim - 1], tf.int64)], 0)
@@ -501,7 +345,7 @@ def _reducescatter_op(t, op, pre, post, name, ignore_name_scope, ps):
 
         def grad(dy):
             g = _allgather_raw(_dense(dy), ignore_name_scope=ignore_name_scope, process_set=ps)
-            scale = pre * post / (fu.set_size(ps) if op == Average else 1)
+            scale = pre * post / (set_size(ps) if op == Average else 1)
             g = g * tf.cast(scale, g.dtype) if scale != 1.0 else g
             return tf.reshape(g, tf.shape(x))
 
@@ -520,16 +364,16 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
     size), Sum, Min, Max or Product. IndexedSlices are allgathered (values and
     indices) instead, as in Horovod. The result has the input's shape and
     dtype (integer Average truncates toward zero)."""
-    process_set = fu.check_process_set(process_set)
-    op = fu.resolve_op(op, average)
+    process_set = check_process_set(process_set)
+    op = resolve_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
         if op not in (Sum, Average):
             raise NotImplementedError("Only Sum and Average ops are supported with "
                                       "tf.IndexedSlices")
-        return _allreduce_sparse(tensor, op, prescale_factor * postscale_factor, name,
+        return allreduce_sparse(tensor, op, prescale_factor * postscale_factor, name,
                                  ignore_name_scope, process_set)
     t = _as_tensor(tensor)
-    _check_dtype(t.dtype, "allreduce")
+    check_dtype(t.dtype, "allreduce")
     with tf.device(device_dense) if device_dense else _nullcontext():
         c, ctx = compression.compress(t)
         r = _allreduce_op(c, op, prescale_factor, postscale_factor, name, ignore_name_scope,
@@ -537,8 +381,8 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
         return compression.decompress(r, ctx)
 
 
-def _allreduce_sparse(s, op, scale, name, ignore_name_scope, process_set=None):
-    _check_dtype(s.values.dtype, "allreduce")
+def allreduce_sparse(s, op, scale, name, ignore_name_scope, process_set=None):
+    check_dtype(s.values.dtype, "allreduce")
     vname = None if name is None else f"{name}.values"
     iname = None if name is None else f"{name}.indices"
     values = allgather(s.values, name=vname, ignore_name_scope=ignore_name_scope,
@@ -546,7 +390,7 @@ def _allreduce_sparse(s, op, scale, name, ignore_name_scope, process_set=None):
     indices = allgather(s.indices, name=iname, ignore_name_scope=ignore_name_scope,
                         process_set=process_set)
     if op == Average:
-        scale = scale / fu.set_size(process_set)
+        scale = scale / set_size(process_set)
     if scale != 1.0:
         values = values * tf.cast(scale, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=s.dense_shape)
@@ -558,10 +402,10 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
                       name=None):
     """Reduces a list of tensors as one unit (negotiated together and fused);
     IndexedSlices in the list are allgathered. Returns the list of results."""
-    process_set = fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     if not tensors:
         return tensors
-    op = fu.resolve_op(op, average)
+    op = resolve_op(op, average)
     out = [None] * len(tensors)
     dense_idx = []
     for i, t in enumerate(tensors):
@@ -570,14 +414,14 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
                 raise NotImplementedError("Only Sum and Average ops are supported with "
                                           "tf.IndexedSlices")
             sname = None if name is None else f"{name}.sparse{i}"
-            out[i] = _allreduce_sparse(t, op, prescale_factor * postscale_factor, sname,
+            out[i] = allreduce_sparse(t, op, prescale_factor * postscale_factor, sname,
                                        ignore_name_scope, process_set)
         else:
             dense_idx.append(i)
     if dense_idx:
         ts = [_as_tensor(tensors[i]) for i in dense_idx]
         for t in ts:
-            _check_dtype(t.dtype, "grouped_allreduce")
+            check_dtype(t.dtype, "grouped_allreduce")
         packed = [compression.compress(t) for t in ts]
         reduced = _grouped_allreduce_op([c for c, _ in packed], op, prescale_factor,
                                         postscale_factor, name, ignore_name_scope, process_set)
@@ -590,20 +434,20 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     """Concatenates every rank's ``tensor`` (of ``process_set``, in the order
     of its ranks) along dimension 0 (whose size may differ across ranks; the
     other dimensions must agree)."""
-    process_set = fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     t = _as_tensor(tensor)
-    _check_dtype(t.dtype, "allgather", movable=True)
+    check_dtype(t.dtype, "allgather", movable=True)
     return _allgather_op(t, name, ignore_name_scope, process_set)
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=None):
     """Allgathers a list of tensors with one op (started together)."""
-    process_set = fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     if not tensors:
         return tensors
     ts = [_as_tensor(t) for t in tensors]
     for t in ts:
-        _check_dtype(t.dtype, "grouped_allgather", movable=True)
+        check_dtype(t.dtype, "grouped_allgather", movable=True)
         if t.shape.rank == 0:
             raise ScalarTensorError("allgather needs tensors with at least one dimension, "
                                     "got a 0-d tensor")
@@ -617,10 +461,10 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=N
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None):
     """Rank ``root_rank``'s ``tensor`` on every rank (of ``process_set``;
     root_rank is a job rank in the set)."""
-    process_set = fu.check_process_set(process_set)
-    fu.check_root(root_rank, process_set)
+    process_set = check_process_set(process_set)
+    check_root(root_rank, process_set)
     t = _as_tensor(tensor)
-    _check_dtype(t.dtype, "broadcast", movable=True)
+    check_dtype(t.dtype, "broadcast", movable=True)
     return _broadcast_op(t, root_rank, name, ignore_name_scope, process_set)
 
 
@@ -645,9 +489,9 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     its i-th member; equal parts when splits is None) and returns the rows
     received, in rank order; with ``splits``, returns ``(output,
     received_splits)`` as Horovod does."""
-    process_set = fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     t = _as_tensor(tensor)
-    _check_dtype(t.dtype, "alltoall", movable=True)
+    check_dtype(t.dtype, "alltoall", movable=True)
     out, rsplits = _alltoall_op(t, splits, name, ignore_name_scope, process_set)
     return (out, rsplits) if splits is not None else out
 
@@ -658,10 +502,10 @@ def reducescatter(tensor, device_dense='', compression=Compression.none, op=Aver
     """Reduces ``tensor`` over all ranks (of ``process_set``) and leaves on
     each rank its part of dimension 0 (part i on the set's i-th member; lower
     positions get the extra rows)."""
-    process_set = fu.check_process_set(process_set)
-    op = fu.resolve_op(op)
+    process_set = check_process_set(process_set)
+    op = resolve_op(op)
     t = _as_tensor(tensor)
-    _check_dtype(t.dtype, "reducescatter")
+    check_dtype(t.dtype, "reducescatter")
     c, ctx = compression.compress(t)
     r = _reducescatter_op(c, op, prescale_factor, postscale_factor, name, ignore_name_scope,
                           process_set)
@@ -684,7 +528,7 @@ def grouped_reducescatter(tensors, device_dense='', compression=Compression.none
 def barrier(process_set=None):
     """Returns once every rank (of ``process_set``) has reached it (eagerly:
     when called; in a graph: when the returned op runs)."""
-    process_set = fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     if tf.executing_eagerly():
         commlib.barrier(process_set=process_set)
         return None
@@ -708,7 +552,7 @@ class _nullcontext:
 
 def size_op(process_set_id=0, name=None):
     """The number of ranks of the process set with this id (0: the job)."""
-    return tf.constant(fu.set_size(fu.process_set_by_id(process_set_id)), dtype=tf.int32,
+    return tf.constant(set_size(process_set_by_id(process_set_id)), dtype=tf.int32,
                        name=name)
 
 
@@ -726,5 +570,5 @@ def local_rank_op(name=None):
 
 def process_set_included_op(process_set_id=0, name=None):
     """1 when this rank belongs to the process set with this id, else 0."""
-    ps = fu.process_set_by_id(process_set_id)
-    return tf.constant(1 if fu.included(ps) else 0, dtype=tf.int32, name=name)
+    ps = process_set_by_id(process_set_id)
+    return tf.constant(1 if included(ps) else 0, dtype=tf.int32, name=name)

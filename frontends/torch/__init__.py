@@ -45,8 +45,13 @@ from .mpi_ops import (Adasum, Average, CommlibError, Handle, Max, Min, Product, 
                       size, sparse_allreduce_async, start_timeline, stop_timeline, synchronize)
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
+from ._dispatch import is_torch_optimizer
+from commlib.dispatch import register_optimizer
 from commlib.errors import (CollectiveMismatchError, HorovodInternalError, HostsUpdatedInterrupt,
                             NotInitializedError, RankLostError, ScalarTensorError)
+
+# commlib.DistributedOptimizer(torch_optimizer, ...) comes here.
+register_optimizer(__name__, is_torch_optimizer, DistributedOptimizer)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",

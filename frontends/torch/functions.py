@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from commlib import frontend_utils as _fu
 from commlib import objects as _objects
+from commlib.ops import check_root
+from commlib.process_sets import check_process_set
 
-from .mpi_ops import _SUPPORTED, broadcast_async_, global_process_set, rank, synchronize
+from .mpi_ops import SUPPORTED_DTYPES, broadcast_async_, global_process_set, rank, synchronize
 
 
 def broadcast_parameters(params, root_rank, prefix=None, process_set=global_process_set):
@@ -25,8 +26,8 @@ def broadcast_parameters(params, root_rank, prefix=None, process_set=global_proc
     names, shapes and dtypes. ``prefix`` is prepended to the collective names
     (Horovod accepts it too). With ``process_set``, only its members call it
     and receive root's values."""
-    process_set = _fu.check_process_set(process_set)
-    _fu.check_root(root_rank, process_set)
+    process_set = check_process_set(process_set)
+    check_root(root_rank, process_set)
     if isinstance(params, dict):
         items = sorted(params.items())
     elif isinstance(params, torch.Tensor):
@@ -66,7 +67,8 @@ def _strip_tensors(obj, tensors: list):
     """obj with every movable tensor replaced by a _TensorSlot (appended to
     ``tensors``); other values are kept for pickling."""
     if isinstance(obj, torch.Tensor):
-        if obj.device.type == "cpu" and obj.layout == torch.strided and obj.dtype in _SUPPORTED:
+        if (obj.device.type == "cpu" and obj.layout == torch.strided
+                and obj.dtype in SUPPORTED_DTYPES):
             tensors.append(obj.detach().contiguous())
             return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype)
         return obj
@@ -103,8 +105,8 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="broadcast_optimizer_
     freshly created optimizer is not stepped with zero gradients to create
     its state: if root's state is empty, every rank ends with an empty state,
     which is what root has. With ``process_set``, only its members call it."""
-    process_set = _fu.check_process_set(process_set)
-    _fu.check_root(root_rank, process_set)
+    process_set = check_process_set(process_set)
+    check_root(root_rank, process_set)
     state_dict = optimizer.state_dict() if rank() == root_rank else None
     tensors: list = []
     skeleton = _strip_tensors(state_dict, tensors) if rank() == root_rank else None

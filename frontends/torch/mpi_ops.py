@@ -9,9 +9,10 @@ The out-of-place forms (``allreduce``, ``allgather``, ``broadcast``,
 ``alltoall``, ``reducescatter`` and the grouped forms) are differentiable
 (torch.autograd.Function), with Horovod's gradients.
 
-The framework-free parts (op resolution, process-set checks and sizes,
-generated names, Horovod's ``*_built`` queries) come from
-``commlib.frontend_utils``, shared with commlib.tensorflow.
+The framework-free parts, shared with commlib.tensorflow, come from commlib:
+op resolution (``reduce_args``), process-set checks and sizes
+(``process_sets``), generated names and broadcast's root check (``ops``),
+Horovod's ``*_built`` queries (``capabilities``).
 
 Process sets work as in horovod.torch: every collective takes
 ``process_set=`` (``global_process_set``, the default, or a ``ProcessSet``
@@ -41,15 +42,18 @@ import torch
 
 import commlib as _c
 from commlib import CommlibError
-from commlib import basics as _basics
 from commlib import dtypes as _dtypes
-from commlib import frontend_utils as _fu
+from commlib.basics import init, is_homogeneous  # noqa: F401 - re-exported
+from commlib.capabilities import (  # noqa: F401 - re-exported
+    ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built, mpi_enabled,
+    nccl_built, rocm_built, start_timeline, stop_timeline)
 from commlib.errors import ScalarTensorError
-from commlib.frontend_utils import (  # noqa: F401 - re-exported
-    Adasum, ProcessSet, add_process_set, ccl_built, cuda_built, ddl_built, global_process_set,
-    gloo_built, gloo_enabled, init, is_homogeneous, mpi_built, mpi_enabled, nccl_built,
-    remove_process_set, rocm_built, start_timeline, stop_timeline)
-from commlib.ops import Average, Max, Min, Product, Sum
+from commlib.ops import Adasum, Average, Max, Min, Product, Sum, auto_name, even_splits
+from commlib.process_sets import (  # noqa: F401 - re-exported
+    ProcessSet, add_process_set, check_process_set, global_process_set, remove_process_set,
+    set_rank, set_size)
+from commlib.reduce_args import resolve_op
+from commlib.runtime import require_init
 
 from .compression import Compression
 
@@ -69,8 +73,8 @@ mpi_threads_supported = _c.mpi_threads_supported
 # ---------------------------------------------------------------- tensors <-> arrays
 
 # commlib.dtypes' table, by name (torch builds without a dtype skip it)
-_SUPPORTED = tuple(getattr(torch, name) for name in _dtypes.SUPPORTED if hasattr(torch, name))
-_SUPPORTED_NAMES = ", ".join(str(d).replace("torch.", "") for d in _SUPPORTED)
+SUPPORTED_DTYPES = tuple(getattr(torch, name) for name in _dtypes.SUPPORTED if hasattr(torch, name))
+_SUPPORTED_NAMES = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
 _bf16 = None
 
 
@@ -86,7 +90,7 @@ def _bfloat16_dtype():
     return _bf16
 
 
-def _check_tensor(tensor, what: str, inplace: bool = False) -> torch.Tensor:
+def check_tensor(tensor, what: str, inplace: bool = False) -> torch.Tensor:
     """Checks that commlib can move ``tensor``: a dense CPU tensor of a
     supported dtype (and contiguous, when the result is written into it)."""
     if not isinstance(tensor, torch.Tensor):
@@ -98,7 +102,7 @@ def _check_tensor(tensor, what: str, inplace: bool = False) -> torch.Tensor:
     if tensor.layout != torch.strided:
         raise TypeError(f"{what}: {tensor.layout} tensors are not supported; "
                         "use a dense tensor (tensor.to_dense())")
-    if tensor.dtype not in _SUPPORTED:
+    if tensor.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{what}: unsupported dtype {tensor.dtype}; commlib supports "
                         f"{_SUPPORTED_NAMES}")
     if inplace and not tensor.is_contiguous():
@@ -127,7 +131,7 @@ def _as_tensor(arr: np.ndarray) -> torch.Tensor:
 
 def _input(tensor, what: str) -> np.ndarray:
     """A zero-copy array of ``tensor`` (a contiguous copy if it is not)."""
-    t = _check_tensor(tensor, what)
+    t = check_tensor(tensor, what)
     return _as_array(t if t.is_contiguous() else t.contiguous())
 
 
@@ -146,6 +150,17 @@ class Handle:
 
     def __repr__(self):
         return f"<commlib.torch.Handle {self._handles!r}>"
+
+
+class CallableHandle(Handle):
+    """A Handle that is also called to wait for its result, as the handle
+    Horovod's ``sparse_allreduce_async`` returns: ``handle()`` is
+    ``synchronize(handle)``."""
+
+    __slots__ = ()
+
+    def __call__(self):
+        return synchronize(self)
 
 
 def poll(handle) -> bool:
@@ -193,7 +208,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
                                process_set=process_set)
         shape = tensor.shape
         return Handle(h, lambda out: _as_tensor(out).view(shape), tensor)
-    _check_tensor(output, what, inplace=True)
+    check_tensor(output, what, inplace=True)
     h = _c.allreduce_async_(_as_array(output), None, name, op, prescale_factor, postscale_factor,
                             process_set=process_set)
     return Handle(h, lambda _out: output, output)
@@ -208,8 +223,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     The reduction is keyed by ``name`` (auto-generated when None): tensors of
     one name must have the same shape and dtype on every rank, or every rank
     raises commlib.CollectiveMismatchError."""
-    process_set = _fu.check_process_set(process_set)
-    op = _fu.resolve_op(op, average)
+    process_set = check_process_set(process_set)
+    op = resolve_op(op, average)
     return _allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor,
                             "allreduce_async", process_set)
 
@@ -217,8 +232,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """In-place ``allreduce_async``: the result is written into ``tensor``."""
-    process_set = _fu.check_process_set(process_set)
-    op = _fu.resolve_op(op, average)
+    process_set = check_process_set(process_set)
+    op = resolve_op(op, average)
     return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor,
                             "allreduce_async_", process_set)
 
@@ -238,7 +253,7 @@ class HorovodAllreduce(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
-        ctx.op = _fu.resolve_op(op, average)
+        ctx.op = resolve_op(op, average)
         ctx.scales = (prescale_factor, postscale_factor)
         ctx.process_set = process_set
         out = synchronize(allreduce_async(tensor, None, name, ctx.op, prescale_factor,
@@ -271,7 +286,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """The reduction (default Average) of ``tensor`` over all ranks (of
     ``process_set``), as a new tensor; differentiable. ``compression`` (e.g.
     Compression.fp16) casts the tensor for the transfer and back."""
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     compressed, cctx = compression.compress(tensor)
     out = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor,
                                  postscale_factor, process_set)
@@ -282,13 +297,13 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 
 def _grouped_allreduce_async(tensors, inplace, average, name, op, prescale_factor,
                              postscale_factor, process_set, what) -> Handle:
-    process_set = _fu.check_process_set(process_set)
-    op = _fu.resolve_op(op, average)
+    process_set = check_process_set(process_set)
+    op = resolve_op(op, average)
     tensors = list(tensors)
     if not tensors:
         raise ValueError(f"{what} needs at least one tensor")
     for t in tensors:
-        _check_tensor(t, what, inplace=inplace)
+        check_tensor(t, what, inplace=inplace)
     if inplace:
         h = _c.grouped_allreduce_async_([_as_array(t) for t in tensors], None, name, op,
                                         prescale_factor, postscale_factor, process_set)
@@ -323,7 +338,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 class HorovodGroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
-        ctx.op = _fu.resolve_op(op, average)
+        ctx.op = resolve_op(op, average)
         ctx.scales = (prescale_factor, postscale_factor)
         ctx.process_set = process_set
         return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, ctx.op,
@@ -345,7 +360,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduces a list of tensors as one fused unit; returns a list of new
     tensors. Differentiable for Sum and Average."""
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     pairs = [compression.compress(t) for t in tensors]
     outs = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
                                          process_set, *[p[0] for p in pairs])
@@ -355,10 +370,10 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> Handle:
     """Starts reducing a sparse COO tensor over all ranks (of ``process_set``)
     by gathering every rank's indices and values (as Horovod does);
-    ``synchronize`` returns the sparse sum (Sum) or average (Average, over the
-    set's size), uncoalesced."""
-    process_set = _fu.check_process_set(process_set)
-    op = _fu.resolve_op(op)
+    ``synchronize(handle)`` or, as in Horovod, ``handle()`` returns the sparse
+    sum (Sum) or average (Average, over the set's size), uncoalesced."""
+    process_set = check_process_set(process_set)
+    op = resolve_op(op)
     if op not in (Sum, Average):
         raise ValueError("sparse_allreduce_async supports op=Sum and op=Average only")
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
@@ -374,7 +389,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
     hv = allgather_async(values, name=None if name is None else f"{name}.values",
                          process_set=process_set)
     shape = tuple(tensor.shape)
-    n = _fu.set_size(process_set)
+    n = set_size(process_set)
 
     def finish(outs):
         idx, val = (_as_tensor(o) for o in outs)
@@ -382,7 +397,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
             val = val / n
         return torch.sparse_coo_tensor(idx.t(), val, shape, check_invariants=False)
 
-    return Handle([hi._handles, hv._handles], finish, (indices, values))
+    return CallableHandle([hi._handles, hv._handles], finish, (indices, values))
 
 
 # ---------------------------------------------------------------- allgather
@@ -391,8 +406,8 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
     """Starts concatenating every rank's ``tensor`` along dimension 0 (whose
     size may differ across ranks; the other dimensions must agree), in the
     order of the ranks (of ``process_set``)."""
-    process_set = _fu.check_process_set(process_set)
-    t = _check_tensor(tensor, "allgather_async")
+    process_set = check_process_set(process_set)
+    t = check_tensor(tensor, "allgather_async")
     if t.dim() == 0:
         raise ScalarTensorError("allgather needs a tensor with at least one dimension, "
                                 "got a 0-d tensor")
@@ -417,21 +432,21 @@ class HorovodAllgather(torch.autograd.Function):
         # Deliberate: horovod.torch averages the upstream gradients (commlib.tensorflow sums).
         grad = allreduce(grad_output.contiguous(), op=Average, process_set=ps)
         dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64), process_set=ps)
-        offset = int(dims[:_fu.set_rank(ps)].sum())
+        offset = int(dims[:set_rank(ps)].sum())
         return grad.narrow(0, offset, ctx.dim), None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
     """Every rank's ``tensor`` (of ``process_set``) concatenated along
     dimension 0, in rank order; differentiable."""
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     tensors = _check_group(tensors, "grouped_allgather")
-    base = _fu.auto_name("grouped_allgather", name, process_set)
+    base = auto_name("grouped_allgather", name, process_set)
     handles = [allgather_async(t, f"{base}.{i}", process_set) for i, t in enumerate(tensors)]
     return Handle([h._handles for h in handles], lambda outs: [_as_tensor(o) for o in outs],
                   tensors)
@@ -455,14 +470,14 @@ class HorovodGroupedAllgather(torch.autograd.Function):
                                                     op=Average, process_set=ps))
         dims = synchronize(allgather_async(torch.tensor([ctx.dims], dtype=torch.int64),
                                            process_set=ps))
-        offsets = dims[:_fu.set_rank(ps)].sum(0).tolist()
+        offsets = dims[:set_rank(ps)].sum(0).tolist()
         return (None, None, *[g.narrow(0, off, d) for g, off, d in zip(grads, offsets, ctx.dims)])
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """allgather of each tensor of a list, negotiated as one group;
     differentiable (Horovod's gradients, as for allgather)."""
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
@@ -472,7 +487,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     """Starts copying rank ``root_rank``'s ``tensor`` to every rank (of
     ``process_set``; root_rank is a job rank in it); the result is a new
     tensor (the input is not modified)."""
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     h = _c.broadcast_async(_input(tensor, "broadcast_async"), root_rank, name,
                            process_set=process_set)
     shape = tensor.shape
@@ -481,8 +496,8 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """In-place ``broadcast_async``: ``tensor`` receives root's value."""
-    process_set = _fu.check_process_set(process_set)
-    _check_tensor(tensor, "broadcast_async_", inplace=True)
+    process_set = check_process_set(process_set)
+    check_tensor(tensor, "broadcast_async_", inplace=True)
     h = _c.broadcast_async_(_as_array(tensor), root_rank, name, process_set=process_set)
     return Handle(h, lambda _out: tensor, tensor)
 
@@ -514,7 +529,7 @@ class HorovodBroadcast(torch.autograd.Function):
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
     """Rank ``root_rank``'s ``tensor``, on every rank (of ``process_set``), as
     a new tensor; differentiable."""
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
 
@@ -524,7 +539,7 @@ def _check_group(tensors, what: str) -> list:
     """The list of a grouped collective, checked whole before any is sent."""
     tensors = list(tensors)
     for t in tensors:
-        if _check_tensor(t, what).dim() == 0:
+        if check_tensor(t, what).dim() == 0:
             raise ScalarTensorError(f"{what} needs tensors with at least one dimension, "
                                     "got a 0-d tensor")
     return tensors
@@ -532,8 +547,8 @@ def _check_group(tensors, what: str) -> list:
 
 def _split_list(splits, dim0: int, process_set) -> list[int]:
     if splits is None:
-        return _fu.even_splits(dim0, process_set)
-    n = _fu.set_size(process_set)
+        return even_splits(dim0, process_set)
+    n = set_size(process_set)
     if isinstance(splits, torch.Tensor):
         if splits.is_floating_point() or splits.dim() != 1:
             raise ValueError("splits must be a 1-D integer tensor, one entry per rank")
@@ -551,8 +566,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     (of ``process_set``: its i-th member; an even division when splits is
     None). ``synchronize`` returns ``(output, received_splits)``, as in
     Horovod."""
-    process_set = _fu.check_process_set(process_set)
-    t = _check_tensor(tensor, "alltoall_async")
+    process_set = check_process_set(process_set)
+    t = check_tensor(tensor, "alltoall_async")
     if t.dim() == 0:
         raise ScalarTensorError("alltoall needs a tensor with at least one dimension, "
                                 "got a 0-d tensor")
@@ -590,7 +605,7 @@ class HorovodAlltoall(torch.autograd.Function):
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """All-to-all; returns the received rows (in rank order) and, when
     ``splits`` is given, also the rows received from each rank."""
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
 
@@ -601,9 +616,9 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     """Starts reducing ``tensor`` over all ranks (of ``process_set``), leaving
     on each rank its part of dimension 0 (part i on the set's i-th member;
     lower positions get the extra rows)."""
-    process_set = _fu.check_process_set(process_set)
-    op = _fu.resolve_op(op)
-    t = _check_tensor(tensor, "reducescatter_async")
+    process_set = check_process_set(process_set)
+    op = resolve_op(op)
+    t = check_tensor(tensor, "reducescatter_async")
     if t.dim() == 0:
         raise ScalarTensorError("reducescatter needs a tensor with at least one dimension, "
                                 "got a 0-d tensor")
@@ -619,7 +634,7 @@ class HorovodReducescatter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
-        ctx.op = op = _fu.resolve_op(op)
+        ctx.op = op = resolve_op(op)
         ctx.scale = prescale_factor * postscale_factor
         ctx.process_set = process_set
         return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
@@ -630,7 +645,7 @@ class HorovodReducescatter(torch.autograd.Function):
         if ctx.op not in (Sum, Average):
             raise NotImplementedError("reducescatter is differentiable for Sum and Average only")
         grad = allgather(grad_output.contiguous(), process_set=ctx.process_set)
-        scale = ctx.scale / (_fu.set_size(ctx.process_set) if ctx.op == Average else 1)
+        scale = ctx.scale / (set_size(ctx.process_set) if ctx.op == Average else 1)
         return grad * scale, None, None, None, None, None
 
 
@@ -639,7 +654,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   postscale_factor=1.0) -> torch.Tensor:
     """This rank's part of the reduction of ``tensor`` over all ranks (of
     ``process_set``); differentiable for Sum and Average."""
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     compressed, cctx = compression.compress(tensor)
     out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
                                      postscale_factor)
@@ -648,9 +663,9 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> Handle:
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     tensors = _check_group(tensors, "grouped_reducescatter")
-    base = _fu.auto_name("grouped_reducescatter", name, process_set)
+    base = auto_name("grouped_reducescatter", name, process_set)
     handles = [reducescatter_async(t, f"{base}.{i}", op, process_set, prescale_factor,
                                    postscale_factor) for i, t in enumerate(tensors)]
     return Handle([h._handles for h in handles], lambda outs: [_as_tensor(o) for o in outs],
@@ -664,7 +679,7 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
-        ctx.op = op = _fu.resolve_op(op)
+        ctx.op = op = resolve_op(op)
         ctx.scale = prescale_factor * postscale_factor
         ctx.process_set = process_set
         return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set,
@@ -677,7 +692,7 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
                                       "Average only")
         grads = synchronize(grouped_allgather_async([g.contiguous() for g in grad_outputs],
                                                     process_set=ctx.process_set))
-        scale = ctx.scale / (_fu.set_size(ctx.process_set) if ctx.op == Average else 1)
+        scale = ctx.scale / (set_size(ctx.process_set) if ctx.op == Average else 1)
         return (None, None, None, None, None, *[g * scale for g in grads])
 
 
@@ -686,7 +701,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
                           postscale_factor=1.0):
     """reducescatter of each tensor of a list, negotiated as one group;
     differentiable for Sum and Average (as reducescatter)."""
-    process_set = _fu.check_process_set(process_set)
+    process_set = check_process_set(process_set)
     pairs = [compression.compress(t) for t in tensors]
     outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
                                              postscale_factor, *[p[0] for p in pairs])
@@ -697,7 +712,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 
 def barrier(process_set=global_process_set) -> None:
     """Returns once every rank (of ``process_set``) has called barrier()."""
-    _c.barrier(process_set=_fu.check_process_set(process_set))
+    _c.barrier(process_set=check_process_set(process_set))
 
 
 def join(device=-1) -> int:
@@ -710,9 +725,9 @@ def join(device=-1) -> int:
     ranks with uneven amounts of data must agree on the number of steps
     (for example with an allreduce of their step counts) before joining.
     ``device`` is accepted for compatibility; only -1 (CPU) is meaningful."""
-    _basics._require_init()
+    require_init()
     stamp = np.array([time.time_ns()], dtype=np.int64)
-    stamps = _c.allgather(stamp, name=_fu.auto_name("join", None))
+    stamps = _c.allgather(stamp, name=auto_name("join", None))
     last = max(range(len(stamps)), key=lambda r: (int(stamps[r]), r))
     return int(last)
 

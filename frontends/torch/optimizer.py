@@ -51,7 +51,9 @@ import torch
 
 import commlib as _c
 from commlib import CollectiveMismatchError
-from commlib import frontend_utils as _fu
+from commlib.grouping import group_indices, resolve_groups
+from commlib.process_sets import check_process_set, included, set_size
+from commlib.reduce_args import predivide_scales, resolve_op
 
 from . import mpi_ops as _ops
 from .compression import Compression
@@ -90,9 +92,9 @@ class _DistributedOptimizer:
                              f"{', '.join(str(tuple(p.shape)) for p in unnamed)}")
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be >= 1")
-        op = _fu.resolve_op(op)
+        op = resolve_op(op)
         # (prescale, postscale) of every gradient allreduce
-        self._scales = _fu.predivide_scales(op, gradient_predivide_factor)
+        self._scales = predivide_scales(op, gradient_predivide_factor)
 
         in_opt = {id(p) for p in all_params}
         # Names of the parameters this optimizer updates (shared parameters
@@ -108,7 +110,7 @@ class _DistributedOptimizer:
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
         # Only members of a set of more than one rank communicate.
-        self._reduces = _fu.included(process_set) and _fu.set_size(process_set) > 1
+        self._reduces = included(process_set) and set_size(process_set) > 1
         # The parameters to reduce, in one order on every rank (by name). Frozen
         # ones (requires_grad=False) are included: they get no hook, but if
         # they are unfrozen later their gradients are still reduced (at
@@ -116,7 +118,7 @@ class _DistributedOptimizer:
         self._params = sorted(self._parameter_names, key=lambda p: self._parameter_names[p])
         for p in self._params:
             if p.requires_grad:
-                _ops._check_tensor(p, f"DistributedOptimizer (parameter "
+                _ops.check_tensor(p, f"DistributedOptimizer (parameter "
                                       f"{self._parameter_names[p]!r})")
         self._groups = self._make_groups(groups)
         # Collective names: the i-th DistributedOptimizer of every rank uses
@@ -150,7 +152,7 @@ class _DistributedOptimizer:
 
     def _make_groups(self, groups):
         """param -> tuple of the params whose allreduces start together
-        (``groups`` as resolved by frontend_utils.resolve_groups; None: every
+        (``groups`` as resolved by commlib.grouping.resolve_groups; None: every
         parameter on its own, as soon as its gradient is ready)."""
         self._group_names = {}
         if groups is None:
@@ -165,7 +167,7 @@ class _DistributedOptimizer:
                 seen.add(id(p))
         out = {}
         params = self._params  # sorted by name: groups list their members in that order
-        for indices in _fu.group_indices(range(len(params)), groups,
+        for indices in group_indices(range(len(params)), groups,
                                          key_of=lambda i: id(params[i]), group_keys=id):
             if len(indices) > 1:
                 group = tuple(params[i] for i in indices)
@@ -268,7 +270,7 @@ class _DistributedOptimizer:
         op = Average if self.op == Average else Sum
         handle = _ops.sparse_allreduce_async(grad, self._prefix + self._parameter_names[p], op,
                                              process_set=self.process_set)
-        self._handles[p] = (lambda: _ops.synchronize(handle), None)
+        self._handles[p] = (handle, None)
 
     # ------------------------------------------------------------ synchronize
 
@@ -403,7 +405,7 @@ class _DistributedOptimizer:
         for j, p in enumerate(new):
             self._parameter_names[p] = f"param_group{index}.{j}"
             if p.requires_grad:
-                _ops._check_tensor(p, f"DistributedOptimizer (parameter "
+                _ops.check_tensor(p, f"DistributedOptimizer (parameter "
                                       f"{self._parameter_names[p]!r})")
             self._delay[p] = self.backward_passes_per_step
         self._params = sorted(self._parameter_names, key=lambda p: self._parameter_names[p])
@@ -485,13 +487,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     commlib.CollectiveMismatchError naming the differences. Parameters must be
     CPU tensors of a supported dtype (ValueError/TypeError otherwise).
     """
-    process_set = _fu.check_process_set(process_set, member=False)
+    process_set = check_process_set(process_set, member=False)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("this optimizer is already a DistributedOptimizer")
-    groups = _fu.resolve_groups(num_groups, groups)
+    groups = resolve_groups(num_groups, groups)
     base = optimizer.__class__
     cls = type(base.__name__, (_DistributedOptimizer, base),
                {"__module__": __name__, "__doc__": base.__doc__})

@@ -198,3 +198,32 @@ def test_sigint_to_launcher_stops_job(tmp_path):
     assert proc.returncode == 128 + signal.SIGINT
     assert "commlibrun: interrupted by SIGINT" in err
     assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(120)
+def test_program_found_on_callers_path(tmp_path):
+    """The ranks run the program that the caller's PATH finds first, by its
+    absolute path, even when the MPI launcher puts its own directory first on
+    the ranks' PATH, as Open MPI's mpirun started by its absolute path does
+    (here a wrapper around the installed mpiexec plays that part, and a
+    ``python3`` shim in that directory comes after the caller's on PATH)."""
+    from commlib.launcher import find_mpiexec
+
+    caller_bin, mpi_bin = tmp_path / "venv" / "bin", tmp_path / "mpi" / "bin"
+    for directory, label in ((caller_bin, "caller"), (mpi_bin, "launcher")):
+        directory.mkdir(parents=True)
+        shim = directory / "python3"
+        shim.write_text(f'#!/bin/sh\necho "{label} python3 ran as $0"\nexec "{sys.executable}" "$@"\n')
+        shim.chmod(0o755)
+    real_mpiexec = find_mpiexec(dict(os.environ), python=sys.executable)
+    wrapper = tmp_path / "mpiexec"
+    wrapper.write_text(f'#!/bin/sh\nPATH="{mpi_bin}:$PATH"\nexport PATH\n'
+                       f'exec "{os.path.abspath(real_mpiexec)}" "$@"\n')
+    wrapper.chmod(0o755)
+    path = os.pathsep.join([str(caller_bin), str(mpi_bin), os.environ.get("PATH", "")])
+    out, _ = commlibrun(["-np", "2", "python3", "-c", "print('rank program done')"],
+                        PATH=path, COMMLIB_MPIEXEC=str(wrapper))
+    assert out.returncode == 0, out
+    assert out.stdout.count(f"caller python3 ran as {caller_bin / 'python3'}") == 2, out
+    assert "launcher python3" not in out.stdout, out
+    assert out.stdout.count("rank program done") == 2, out

@@ -244,7 +244,8 @@ def test_dry_run_mpich(capsys, fake_mpiexec, monkeypatch):
     assert cmd[:5] == [mpiexec, "-n", "3", "-hosts", "a:2,b:1"]
     assert ["-genv", "COMMLIB_FOO", "foo value"] == cmd[cmd.index("COMMLIB_FOO") - 1:cmd.index("COMMLIB_FOO") + 2]
     assert ["-genv", "EXTRA", "1"] == cmd[cmd.index("EXTRA") - 1:cmd.index("EXTRA") + 2]
-    tail = ["-bind-to", "core", "-v"] + launcher.rank_wrapper_command() + TRICKY_ARGS
+    tail = (["-bind-to", "core", "-v"] + launcher.rank_wrapper_command()
+            + launcher.resolve_program(TRICKY_ARGS))
     assert cmd[-len(tail):] == tail
     assert "COMMLIB_RUN_STATUS_DIR" not in cmd
 
@@ -259,7 +260,46 @@ def test_dry_run_openmpi(capsys, fake_mpiexec, monkeypatch, text, oversubscribe)
     cmd = dry_run(capsys, ["-np", "2", "--hostfile", "my hosts", "-x", "EXTRA=1", "--", "python", "t.py", "-np", "5"])
     assert cmd == [mpiexec, "-np", "2", "--hostfile", "my hosts", "--allow-run-as-root", *oversubscribe,
                    "-x", "COMMLIB_FOO", "-x", "COMMLIB_MPIEXEC", "-x", "EXTRA", "-x", "OMPI_MCA_op",
-                   *launcher.rank_wrapper_command(), "python", "t.py", "-np", "5"]
+                   *launcher.rank_wrapper_command(), *launcher.resolve_program(["python"]),
+                   "t.py", "-np", "5"]
+
+
+def _exe(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_resolve_program(tmp_path, monkeypatch):
+    first = _exe(tmp_path / "venv" / "bin" / "python3")
+    _exe(tmp_path / "mpi" / "bin" / "python3")
+    path = os.pathsep.join([str(tmp_path / "empty"), str(tmp_path / "venv" / "bin"),
+                            str(tmp_path / "mpi" / "bin")])
+    env = {"PATH": path}
+    # the first on the caller's PATH, by its absolute path, arguments unchanged
+    assert launcher.resolve_program(["python3", "x.py", "-n", "2"], env) == [first, "x.py", "-n", "2"]
+    # a program with a slash, or not found, is left alone
+    assert launcher.resolve_program(["./x.sh", "a"], env) == ["./x.sh", "a"]
+    assert launcher.resolve_program(["/bin/true"], env) == ["/bin/true"]
+    assert launcher.resolve_program(["no-such-program-123"], env) == ["no-such-program-123"]
+    assert launcher.resolve_program([""], env) == [""]
+    assert launcher.resolve_program([], env) == []
+    # a relative PATH entry gives an absolute path; symlinks are not resolved
+    # (a virtualenv's python3 is a link whose own path selects the environment)
+    link = tmp_path / "link" / "python3"
+    link.parent.mkdir()
+    link.symlink_to(first)
+    monkeypatch.chdir(tmp_path)
+    assert launcher.resolve_program(["python3"], {"PATH": "link"}) == [str(link)]
+
+
+def test_dry_run_resolves_program_on_callers_path(capsys, fake_mpiexec, tmp_path, monkeypatch):
+    fake_mpiexec(OMPI4_VERSION_TEXT)
+    prog = _exe(tmp_path / "bin" / "myprog")
+    monkeypatch.setenv("PATH", os.pathsep.join([str(tmp_path / "bin"), os.environ["PATH"]]))
+    cmd = dry_run(capsys, ["-np", "2", "myprog", "arg"])
+    assert cmd[-2:] == [prog, "arg"]
 
 
 def test_cli_errors(capsys, fake_mpiexec):

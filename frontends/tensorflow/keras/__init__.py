@@ -32,15 +32,20 @@ import functools
 import keras
 import tensorflow as tf
 
-from commlib import frontend_utils as fu
-from commlib.ops import Average
+from commlib.basics import (cross_rank, cross_size, init, is_homogeneous,  # noqa: F401
+                            is_initialized, local_rank, local_size, mpi_threads_supported, rank,
+                            shutdown, size)
+from commlib.errors import (CollectiveMismatchError, CommlibError,  # noqa: F401
+                            NotInitializedError, RankLostError)
+from commlib.grouping import resolve_groups
+from commlib.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
+from commlib.process_sets import (ProcessSet, add_process_set,  # noqa: F401
+                                  check_process_set, global_process_set, remove_process_set)
+from commlib.reduce_args import resolve_op
 
-from .. import (Adasum, CollectiveMismatchError, CommlibError, Compression, Max, Min,  # noqa: F401
-                NotInitializedError, ProcessSet, Product, RankLostError, Sum, add_process_set,
-                allgather_object, broadcast_object, broadcast_variables, communication_stats,
-                cross_rank, cross_size, global_process_set, init, is_homogeneous,
-                is_initialized, local_rank, local_size, mpi_threads_supported, rank,
-                remove_process_set, shutdown, size)
+from ..compression import Compression
+from ..execution import communication_stats  # noqa: F401
+from ..functions import allgather_object, broadcast_object, broadcast_variables  # noqa: F401
 from .. import mpi_ops as _ops
 from ..gradient_tape import make_allreduce_grads, scale_local, var_key
 from ..sync_batch_norm import SyncBatchNormalization  # noqa: F401
@@ -186,9 +191,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         raise ValueError("optimizer is already a commlib DistributedOptimizer")
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(f"expected a Keras optimizer, got {type(optimizer).__name__}")
-    process_set = fu.check_process_set(process_set, member=False)
-    op = fu.resolve_op(op)
-    groups = fu.resolve_groups(num_groups, groups)
+    process_set = check_process_set(process_set, member=False)
+    op = resolve_op(op)
+    groups = resolve_groups(num_groups, groups)
     if isinstance(backward_passes_per_step, bool) or int(backward_passes_per_step) < 1:
         raise ValueError(f"backward_passes_per_step must be a positive integer, got "
                          f"{backward_passes_per_step!r}")

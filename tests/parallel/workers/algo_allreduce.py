@@ -65,9 +65,9 @@ def make_input(q, dt, op, size, case_seed):
             return rng.uniform(0.5, 1.5, size).astype(dt)
         return rng.standard_normal(size, dtype=np.float32).astype(dt)
     if op == "Product":
-        lo, hi = (0, 3) if dt == np.uint8 else (-2, 2)
+        lo, hi = (0, 3) if dt.kind == "u" else (-2, 2)
     else:
-        lo, hi = (0, 40) if dt == np.uint8 else (-20, 20)
+        lo, hi = (0, 40) if dt.kind == "u" else (-20, 20)
     return rng.integers(lo, hi, size, endpoint=True).astype(dt)
 
 

@@ -126,6 +126,8 @@ for op, scale in ((hvd.Sum, 1.0), (hvd.Average, 1.0 / n)):
     if not got.is_sparse:
         fail("sparse_allreduce_async did not return a sparse tensor")
     close(got.to_dense(), want * scale, f"sparse_allreduce_async {op}")
+    handle = hvd.sparse_allreduce_async(dense.to_sparse(), f"sp.call.{op}", op)
+    close(handle().to_dense(), want * scale, f"sparse_allreduce_async {op}: handle() (Horovod)")
 expect_raises(NotImplementedError, lambda: hvd.start_timeline("/tmp/x.json"), "timeline")
 
 # ------------------------------------------------------------ allgather (uneven rows)

@@ -281,6 +281,33 @@ for sparse_as_dense in (False, True):
         ref_opt.step()
     check_equivalent(model, ref, f"sparse gradients (sparse_as_dense={sparse_as_dense})")
 
+# SparseAdam takes sparse gradients only: with sparse_as_dense=False they stay sparse
+class EmbOnly(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(6)
+        self.emb = nn.Embedding(20, 4, sparse=True)
+
+    def forward(self, idx):
+        return self.emb(idx).mean((1, 2))
+
+
+model, ref = EmbOnly(), EmbOnly()
+opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(model.parameters(), lr=0.05),
+                               named_parameters=model.named_parameters())
+ref_opt = torch.optim.SparseAdam(ref.parameters(), lr=0.05)
+for step in range(4):
+    g = torch.Generator().manual_seed(100 + step)
+    idx = torch.randint(0, 20, (n * B, 3), generator=g)
+    target = torch.randn(n * B, generator=g)
+    opt.zero_grad()
+    F.mse_loss(model(mine(idx)), mine(target)).backward()
+    opt.step()
+    ref_opt.zero_grad()
+    F.mse_loss(ref(idx), target).backward()
+    ref_opt.step()
+check_equivalent(model, ref, "SparseAdam on sparse gradients")
+
 # ------------------------------------------------------------ parameter lists that differ across ranks
 odd = r == n - 1
 

@@ -1,0 +1,71 @@
+"""The state of the running job that every layer shares: whether commlib is
+initialised, this rank and the job's size, the job's mpi4py communicator,
+and the one counter behind generated collective names.
+
+It sits below basics (init/shutdown), process_sets, ops and p2p, which all
+read it; only basics changes it (``set_job_comm``, ``reset_names``).
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+
+from ._lib import lib
+from .errors import NotInitializedError
+
+_job_comm = None  # the mpi4py communicator of the job's ranks (set by init)
+
+# Per-kind and per-process-set counters for unnamed requests: ranks that make
+# the same calls on a set in the same order generate the same names, and
+# calls on one set do not advance another set's counters.
+_name_counters: collections.defaultdict = collections.defaultdict(itertools.count)
+
+
+def is_initialized() -> bool:
+    """Whether commlib.init() has run (and shutdown() has not)."""
+    return bool(lib.commlib_is_initialized())
+
+
+def require_init() -> None:
+    """NotInitializedError unless commlib is initialised."""
+    if not lib.commlib_is_initialized():
+        raise NotInitializedError("commlib is not initialized: call commlib.init() first")
+
+
+def rank() -> int:
+    """This process's rank in the job."""
+    require_init()
+    return lib.commlib_rank()
+
+
+def size() -> int:
+    """The number of ranks in the job."""
+    require_init()
+    return lib.commlib_size()
+
+
+def job_comm():
+    """The mpi4py communicator of the job's ranks: MPI.COMM_WORLD, or the
+    communicator given to init(); None before init."""
+    return _job_comm
+
+
+def set_job_comm(comm) -> None:
+    global _job_comm
+    _job_comm = comm
+
+
+def auto_name(kind: str, name: str | None = None, psid: int = 0) -> str:
+    """``name`` (checked: a non-empty string), or the next
+    ``<kind>.noname.<n>`` of process set ``psid`` when it is None."""
+    if name is None:
+        return f"{kind}.noname.{next(_name_counters[kind, psid])}"
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    return name
+
+
+def reset_names() -> None:
+    """Restarts every generated-name counter (at init and shutdown), so that
+    a job initialised again generates the same names on every rank."""
+    _name_counters.clear()
