@@ -439,3 +439,13 @@ def test_single_process_zero_dim_keeps_its_shape(dt):
     _same(commlib.broadcast(x, 0), x)
     _same(commlib.grouped_allreduce([x], op=commlib.Max)[0], x)
     _same(commlib.allreduce(x[()], op=commlib.Max), x)  # numpy scalar in, 0-d array out
+
+
+@pytest.mark.parametrize("call", [lambda n: commlib.allreduce(np.ones(2), name=n),
+                                  lambda n: commlib.allgather_async(np.ones(2), name=n),
+                                  lambda n: commlib.broadcast(np.ones(2), 0, name=n),
+                                  lambda n: commlib.grouped_allreduce([np.ones(2)], name=n)])
+def test_names_with_a_nul_byte_are_refused(call):
+    # the core takes C strings: "a\x000" and "a\x001" would both become "a"
+    with pytest.raises(ValueError, match="NUL"):
+        call("a\x000")
