@@ -76,7 +76,7 @@ def _blocking(op_type: int, arr, out, peer: int, tag: int, psid: int) -> None:
     if rc < 0:
         check(-rc)
     elif rc > 0:
-        synchronize(Handle(rc, lambda _h: None, (arr, out), "send" if arr is not None else "recv"))
+        synchronize(Handle(rc, None, (arr, out), "send" if arr is not None else "recv"))
 
 
 def _send_array(array) -> np.ndarray:
@@ -94,7 +94,7 @@ def isend(array, dst, tag=0, process_set=None) -> Handle:
     arr = _send_array(array)
     peer = _check_peer(dst, "dst", process_set)
     hid = _submit(lib.COMMLIB_OP_SEND, arr, None, peer, _check_tag(tag), _psid(process_set))
-    return Handle(hid, lambda _h: None, arr, "send")
+    return Handle(hid, None, arr, "send")
 
 
 def send(array, dst, tag=0, process_set=None) -> None:
@@ -115,7 +115,7 @@ def irecv(src, tag=0, out=None, process_set=None) -> Handle:
     peer = _check_peer(src, "src", process_set)
     hid = _submit(lib.COMMLIB_OP_RECV, None, out, peer, _check_tag(tag), _psid(process_set))
     if out is not None:
-        return Handle(hid, lambda _h: out, out, "recv")
+        return Handle(hid, None, out, "recv", out)
     return Handle(hid, _new_array, None, "recv")
 
 
