@@ -55,7 +55,7 @@ def op_name(op: int) -> str:
     return _OP_NAMES.get(op, repr(op))
 
 
-def _as_input(tensor) -> np.ndarray:
+def as_input(tensor) -> np.ndarray:
     """A C-contiguous array of a supported dtype (copied only if needed)."""
     if type(tensor) is np.ndarray and tensor.flags.c_contiguous:  # the common case, cheaply
         dtype_code(tensor.dtype)
@@ -127,7 +127,7 @@ def _fill(req, keep: list, op_type: int, name: str, inp: np.ndarray | None,
 _shape_arrays: dict = {}
 
 
-def _shape_array(shape: tuple):
+def shape_array(shape: tuple):
     arr = _shape_arrays.get(shape)
     if arr is None:
         if len(_shape_arrays) >= 4096:
@@ -152,7 +152,7 @@ def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | 
     if inp is None:
         dtype, ndim, shape, in_ptr = 0, 0, ffi.NULL, ffi.NULL
     else:
-        dtype, ndim, shape = dtype_code(inp.dtype), inp.ndim, _shape_array(inp.shape)
+        dtype, ndim, shape = dtype_code(inp.dtype), inp.ndim, shape_array(inp.shape)
         in_ptr = ffi.from_buffer(inp, require_writable=False) if inp.size else ffi.NULL
     if out is None or not out.size:
         out_ptr = ffi.NULL
@@ -173,7 +173,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                     postscale_factor=1.0, process_set=None) -> Handle:
     """Starts reducing ``tensor`` across ranks (of ``process_set``, default
     every rank); the result is a new array."""
-    inp = _as_input(tensor)
+    inp = as_input(tensor)
     return _allreduce(inp, np.empty_like(inp), average, name, op, prescale_factor, postscale_factor,
                       process_set)
 
@@ -211,7 +211,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             postscale_factor=1.0, process_set=None) -> Handle:
     """Starts reducing a list of tensors as one unit: they are negotiated
     together and fused. One handle; synchronize returns the list of results."""
-    ins = [_as_input(t) for t in tensors]
+    ins = [as_input(t) for t in tensors]
     return _grouped(ins, [np.empty_like(x) for x in ins], average, name, op, prescale_factor,
                     postscale_factor, process_set)
 
@@ -268,7 +268,7 @@ def _layout_for(arrays, inplace: bool) -> _GroupLayout:
             if inplace:
                 _check_output(a, "grouped_allreduce_")
             else:
-                _as_input(a)
+                as_input(a)
         layout = _GroupLayout(arrays)
         if len(_layout_cache) >= _LAYOUT_CACHE_SIZE:
             _layout_cache.pop(next(iter(_layout_cache)))
@@ -307,7 +307,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 def allgather_async(tensor, name=None, process_set=None) -> Handle:
     """Starts concatenating every rank's ``tensor`` along dimension 0 (whose
     size may differ across ranks; the other dimensions must agree)."""
-    inp = _as_input(tensor)
+    inp = as_input(tensor)
     if inp.ndim == 0:
         raise ScalarTensorError("allgather needs a tensor with at least one dimension, "
                                 "got a 0-d tensor")
@@ -348,7 +348,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:
     """Starts copying ``tensor`` of rank ``root_rank`` to every rank (of
     ``process_set``; root_rank is a job rank in it); the result is a new
     array."""
-    inp = _as_input(tensor)
+    inp = as_input(tensor)
     return _broadcast(inp, np.empty_like(inp), root_rank, name, process_set)
 
 
@@ -380,7 +380,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     """Starts an all-to-all: rows ``splits[i]`` of dimension 0 go to rank i
     (of ``process_set``: its i-th member) (equal parts when splits is None). The result is the received rows in rank
     order, and, when splits is given, the rows received from each rank."""
-    inp = _as_input(tensor)
+    inp = as_input(tensor)
     if inp.ndim == 0:
         raise ScalarTensorError("alltoall needs a tensor with at least one dimension, "
                                 "got a 0-d tensor")
@@ -441,7 +441,7 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
     """Starts reducing ``tensor`` across ranks and leaves on each rank its part
     of dimension 0 (split as evenly as possible, lower ranks get the extra
     rows)."""
-    inp = _as_input(tensor)
+    inp = as_input(tensor)
     if inp.ndim == 0:
         raise ScalarTensorError("reducescatter needs a tensor with at least one dimension, "
                                 "got a 0-d tensor")
