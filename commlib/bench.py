@@ -247,14 +247,18 @@ def measure(impls, op, nbytes, dtype, iters, warmup, rounds, comm):
 
 def fusion_case(commlib, comm, count: int = 128, nbytes: int = 4096, iters: int = 50):
     """count tensors of nbytes submitted asynchronously and synchronized, as
-    one grouped call and as count separate async calls, vs sequential
-    MPI_Allreduce calls. Returns the three median times."""
+    one grouped call (in place, and out of place) and as count separate
+    async calls, vs sequential MPI_Allreduce calls. Returns the four median
+    times."""
     from mpi4py import MPI
 
     xs = [np.ones(nbytes // 4, np.float32) for _ in range(count)]
 
     def fused():
         commlib.synchronize(commlib.grouped_allreduce_async_(xs, op=commlib.Sum, name="fusion"))
+
+    def fused_out_of_place():
+        commlib.grouped_allreduce(xs, op=commlib.Sum, name="fusion.oop")
 
     def one_by_one():
         hs = [commlib.allreduce_async_(x, op=commlib.Sum, name=f"fusion.{i}") for i, x in enumerate(xs)]
@@ -265,14 +269,14 @@ def fusion_case(commlib, comm, count: int = 128, nbytes: int = 4096, iters: int 
         for x in xs:
             comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
 
-    for fn in (fused, one_by_one, sequential):
+    cases = (fused, fused_out_of_place, one_by_one, sequential)
+    for fn in cases:
         fn()
-    a, b, c = [], [], []
+    times = [[] for _ in cases]
     for _ in range(3):
-        a += time_calls(fused, iters // 3, comm)
-        b += time_calls(one_by_one, iters // 3, comm)
-        c += time_calls(sequential, iters // 3, comm)
-    return tuple(comm.allreduce(statistics.median(x), op=MPI.MAX) for x in (a, b, c))
+        for fn, t in zip(cases, times):
+            t += time_calls(fn, iters // 3, comm)
+    return tuple(comm.allreduce(statistics.median(x), op=MPI.MAX) for x in times)
 
 
 def plot(rows, path, n):
@@ -393,11 +397,13 @@ def main(argv=None) -> int:
         rows.append(row)
         say(line)
     if fusion is not None:
-        grouped, separate, mpi = fusion
+        grouped, grouped_oop, separate, mpi = fusion
         say("")
         say(f"fusion, 128 x 4 KiB allreduce: 128 sequential MPI_Allreduce {mpi * 1e6:.1f} us; commlib "
-            f"grouped_allreduce_async {grouped * 1e6:.1f} us (ratio {mpi / grouped:.2f}), "
-            f"128 allreduce_async + synchronize {separate * 1e6:.1f} us (ratio {mpi / separate:.2f})")
+            f"grouped_allreduce_async_ {grouped * 1e6:.1f} us (ratio {mpi / grouped:.2f}), "
+            f"grouped_allreduce (out of place) {grouped_oop * 1e6:.1f} us "
+            f"(ratio {mpi / grouped_oop:.2f}), "
+            f"128 allreduce_async_ + synchronize {separate * 1e6:.1f} us (ratio {mpi / separate:.2f})")
     if args.plot and me == 0:
         plot(rows, args.plot, n)
         say(f"# plot written to {args.plot}")

@@ -5,7 +5,6 @@ is useful precisely when something is missing or broken.
 """
 
 import ctypes
-import importlib
 import importlib.metadata
 import importlib.util
 import os
@@ -100,13 +99,23 @@ def framework_status(name):
         return "installed"
 
 
+# As commlib loads it (commlib._lib): mpi4py first, so that the core binds to
+# the MPI library mpi4py loaded; in a separate interpreter for the same reason
+# as the mpi4py probe.
+_CORE_PROBE = "import commlib._lib, commlib._core as c; print(c.__file__)"
+
+
 def core_status():
-    """Whether the compiled core ``commlib._core`` can be imported."""
+    """Whether the compiled core ``commlib._core`` loads as commlib loads it."""
     try:
-        core = importlib.import_module("commlib._core")
-    except Exception as e:  # any failure (ImportError, OSError from the loader, ...) is the answer
-        return f"not built or not loadable ({_error(e)})"
-    return f"built ({getattr(core, '__file__', 'built-in')})"
+        out = subprocess.run([sys.executable, "-c", _CORE_PROBE], capture_output=True,
+                             stdin=subprocess.DEVNULL, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown ({_error(e)})"
+    if out.returncode != 0:
+        lines = out.stderr.decode(errors="replace").strip().splitlines()
+        return f"not built or not loadable ({lines[-1] if lines else f'exit code {out.returncode}'})"
+    return f"built ({out.stdout.decode(errors='replace').strip()})"
 
 
 def report():

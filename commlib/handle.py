@@ -16,11 +16,16 @@ WAIT_SLICE_S = 0.2  # wait in slices so that Ctrl-C reaches Python
 class Handle:
     """An in-flight collective. Pass it to ``synchronize`` for the result."""
 
-    __slots__ = ("_id", "_finish", "_done", "op")
+    __slots__ = ("_id", "_finish", "_value", "_done", "op")
 
-    def __init__(self, hid: int, finish: Callable[[int], Any], keepalive: Any, op: str):
+    def __init__(self, hid: int, finish: Callable[[int], Any] | None, keepalive: Any, op: str,
+                 value: Any = None):
+        """``finish(hid)`` builds the result from what the core holds (an
+        allgather's rows, a message's shape); without it the result is
+        ``value``, known when the request was submitted (the output array)."""
         self._id = hid
         self._finish = finish
+        self._value = value
         self._done = False
         self.op = op
         _keepalive[hid] = keepalive
@@ -45,18 +50,22 @@ def synchronize(handle: Handle):
     if handle._done:
         raise ValueError("this handle has already been synchronized")
     hid = handle._id
-    while True:
-        rc = lib.commlib_wait(hid, WAIT_SLICE_S)
-        if rc == lib.COMMLIB_OK:
-            break
-        if rc != lib.COMMLIB_ERR_TIMEOUT:
-            raise error_for(rc)
+    finish = handle._finish
+    # One core call waits, reads the status and, when nothing else is needed
+    # from the core, releases the handle.
+    rc = lib.commlib_wait_status(hid, WAIT_SLICE_S, finish is None)
+    while rc == lib.COMMLIB_ERR_TIMEOUT:
+        rc = lib.commlib_wait_status(hid, WAIT_SLICE_S, finish is None)
     handle._done = True
+    if finish is None:
+        _keepalive.pop(hid, None)
+        if rc != lib.COMMLIB_OK:
+            raise error_for(rc, last_error())
+        return handle._value
     try:
-        status = lib.commlib_handle_status(hid)
-        if status != lib.COMMLIB_OK:
-            raise error_for(status, last_error())
-        return handle._finish(hid)
+        if rc != lib.COMMLIB_OK:
+            raise error_for(rc, last_error())
+        return finish(hid)
     finally:
         lib.commlib_release(hid)
         _keepalive.pop(hid, None)

@@ -142,6 +142,28 @@ def _has_option(args, names):
     return any(a in names or a.startswith(tuple(n + "=" for n in names)) for a in args)
 
 
+# A host name (RFC 1123 labels), an IPv4 address or a bracketed IPv6 one
+_HOST = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                   r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])$")
+
+
+def check_hosts(hosts: str) -> None:
+    """LauncherError naming what is wrong with a -H list ("host1:2,host2:2";
+    the slot count is optional), before any MPI launcher sees it."""
+    if not hosts.strip():
+        raise LauncherError("-H needs at least one host, e.g. -H host1:2,host2:2")
+    for item in (i.strip() for i in hosts.split(",")):
+        name, slots = item, None
+        if ":" in item and not item.endswith("]"):
+            name, _, slots = item.rpartition(":")
+        if not _HOST.match(name):
+            raise LauncherError(f"-H {hosts!r}: {item!r} is not a host name or address "
+                                "(expected HOST or HOST:SLOTS, comma-separated)")
+        if slots is not None and (not slots.isdigit() or int(slots) < 1):
+            raise LauncherError(f"-H {hosts!r}: the slot count of {item!r} must be a "
+                                "positive integer")
+
+
 def build_command(flavour, np, command, *, env=None, hosts=None, hostfile=None, mpi_args=(),
                   euid=None, mpiexec="mpiexec", wrapper=None):
     """Build the mpiexec argument list (no shell involved).
@@ -156,6 +178,8 @@ def build_command(flavour, np, command, *, env=None, hosts=None, hostfile=None, 
         raise LauncherError("-np must be at least 1")
     if hosts and hostfile:
         raise LauncherError("use either -H or --hostfile, not both")
+    if hosts is not None:
+        check_hosts(hosts)
     if not command:
         raise LauncherError("no command given")
     env = env or {}

@@ -6,6 +6,7 @@ unsupported dtypes raise TypeError, bad shapes/roots/outputs ValueError.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Sequence
 
 import numpy as np
@@ -54,8 +55,11 @@ def op_name(op: int) -> str:
     return _OP_NAMES.get(op, repr(op))
 
 
-def _as_input(tensor) -> np.ndarray:
+def as_input(tensor) -> np.ndarray:
     """A C-contiguous array of a supported dtype (copied only if needed)."""
+    if type(tensor) is np.ndarray and tensor.flags.c_contiguous:  # the common case, cheaply
+        dtype_code(tensor.dtype)
+        return tensor
     arr = np.asarray(tensor)
     dtype_code(arr.dtype)
     return np.require(arr, requirements="C")  # keeps 0-d arrays 0-d
@@ -123,7 +127,7 @@ def _fill(req, keep: list, op_type: int, name: str, inp: np.ndarray | None,
 _shape_arrays: dict = {}
 
 
-def _shape_array(shape: tuple):
+def shape_array(shape: tuple):
     arr = _shape_arrays.get(shape)
     if arr is None:
         if len(_shape_arrays) >= 4096:
@@ -148,7 +152,7 @@ def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | 
     if inp is None:
         dtype, ndim, shape, in_ptr = 0, 0, ffi.NULL, ffi.NULL
     else:
-        dtype, ndim, shape = dtype_code(inp.dtype), inp.ndim, _shape_array(inp.shape)
+        dtype, ndim, shape = dtype_code(inp.dtype), inp.ndim, shape_array(inp.shape)
         in_ptr = ffi.from_buffer(inp, require_writable=False) if inp.size else ffi.NULL
     if out is None or not out.size:
         out_ptr = ffi.NULL
@@ -169,7 +173,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                     postscale_factor=1.0, process_set=None) -> Handle:
     """Starts reducing ``tensor`` across ranks (of ``process_set``, default
     every rank); the result is a new array."""
-    inp = _as_input(tensor)
+    inp = as_input(tensor)
     return _allreduce(inp, np.empty_like(inp), average, name, op, prescale_factor, postscale_factor,
                       process_set)
 
@@ -187,7 +191,7 @@ def _allreduce(inp, out, average, name, op, prescale, postscale, process_set) ->
     hid, keep = _enqueue(lib.COMMLIB_OP_ALLREDUCE,
                          runtime.auto_name("allreduce", name, psid), inp, out,
                          reduce_op=rop, prescale=prescale, postscale=postscale, process_set=psid)
-    return Handle(hid, lambda _h: out, (keep, inp, out), "allreduce")
+    return Handle(hid, None, (keep, inp, out), "allreduce", out)
 
 
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -207,7 +211,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             postscale_factor=1.0, process_set=None) -> Handle:
     """Starts reducing a list of tensors as one unit: they are negotiated
     together and fused. One handle; synchronize returns the list of results."""
-    ins = [_as_input(t) for t in tensors]
+    ins = [as_input(t) for t in tensors]
     return _grouped(ins, [np.empty_like(x) for x in ins], average, name, op, prescale_factor,
                     postscale_factor, process_set)
 
@@ -219,39 +223,52 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     return _grouped(outs, outs, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
+def _pointers(arrays):
+    """The data pointers of ``arrays`` as one C array."""
+    return ffi.new("void*[]", [ffi.from_buffer(a) if a.size else ffi.NULL for a in arrays]
+                   or [ffi.NULL])
+
+
 class _GroupLayout:
     """The flat description of a list of arrays that the core's group call
-    takes (dtype codes, ranks, dimensions, data pointers)."""
+    takes (dtype codes, ranks, dimensions, data pointers). It refers to the
+    arrays weakly (a cached layout must not keep a model's worth of arrays
+    alive): a request keeps its arrays alive through its handle."""
 
-    __slots__ = ("arrays", "shapes", "dtypes", "ndims", "dims", "ptrs")
+    __slots__ = ("refs", "shapes", "dtypes", "ndims", "dims", "ptrs")
 
     def __init__(self, arrays):
-        self.arrays = list(arrays)  # also keeps the arrays (and their ids) alive
-        self.shapes = [a.shape for a in self.arrays]
-        self.dtypes = ffi.new("int32_t[]", [dtype_code(a.dtype) for a in self.arrays] or [0])
+        self.refs = [weakref.ref(a) for a in arrays]
+        self.shapes = [a.shape for a in arrays]
+        self.dtypes = ffi.new("int32_t[]", [dtype_code(a.dtype) for a in arrays] or [0])
         self.ndims = ffi.new("int32_t[]", [len(s) for s in self.shapes] or [0])
         self.dims = ffi.new("int64_t[]", [d for s in self.shapes for d in s] or [0])
-        self.ptrs = ffi.new("void*[]", [ffi.from_buffer(a) if a.size else ffi.NULL
-                                        for a in self.arrays] or [ffi.NULL])
+        self.ptrs = ffi.new("void*[]", [ffi.cast("void*", ffi.from_buffer(a)) if a.size
+                                        else ffi.NULL for a in arrays] or [ffi.NULL])
 
-    def still_valid(self) -> bool:
-        return all(a.shape == s for a, s in zip(self.arrays, self.shapes))
+    def still_valid(self, arrays) -> bool:
+        """The same arrays (alive: their ids were not reused), same shapes."""
+        return all(r() is a and a.shape == s for r, a, s in zip(self.refs, arrays, self.shapes))
 
 
-# Layouts of in-place groups by the identities of their arrays: training loops
-# reduce the same gradient buffers every step, and describing 100+ arrays to
-# the core costs more than reducing them.
+# Layouts of groups by the identities of their arrays: training loops reduce
+# the same gradient buffers every step, and describing 100+ arrays to the
+# core costs more than reducing them.
 _layout_cache: dict = {}
 _LAYOUT_CACHE_SIZE = 64
 
 
-def _layout_for(arrays) -> _GroupLayout:
-    """The layout of in-place outputs, checked when first seen, then cached."""
-    key = tuple(map(id, arrays))
+def _layout_for(arrays, inplace: bool) -> _GroupLayout:
+    """The layout of a group's inputs (in-place: outputs, checked writable),
+    built when first seen, then cached."""
+    key = (inplace, *map(id, arrays))
     layout = _layout_cache.get(key)
-    if layout is None or not layout.still_valid():
+    if layout is None or not layout.still_valid(arrays):
         for a in arrays:
-            _check_output(a, "grouped_allreduce_")
+            if inplace:
+                _check_output(a, "grouped_allreduce_")
+            else:
+                as_input(a)
         layout = _GroupLayout(arrays)
         if len(_layout_cache) >= _LAYOUT_CACHE_SIZE:
             _layout_cache.pop(next(iter(_layout_cache)))
@@ -264,13 +281,13 @@ def _grouped(ins, outs, average, name, op, prescale, postscale, process_set) -> 
     rop = resolve_op(op, average)
     psid = _psid(process_set)
     base = runtime.auto_name("allreduce", name, psid)
-    src = _layout_for(ins) if outs is ins else _GroupLayout(ins)
-    dst = src if outs is ins else _GroupLayout(outs)
+    src = _layout_for(ins, inplace=outs is ins)
+    dst = src.ptrs if outs is ins else _pointers(outs)  # (outputs: the inputs' dtypes and shapes)
     hid = ffi.new("int64_t*")
     check(lib.commlib_enqueue_allreduce_group(base.encode(), len(ins), src.dtypes, src.ndims,
-                                              src.dims, src.ptrs, dst.ptrs, rop, float(prescale),
+                                              src.dims, src.ptrs, dst, rop, float(prescale),
                                               float(postscale), psid, hid))
-    return Handle(hid[0], lambda _h: outs, (src, dst, ins, outs), "grouped_allreduce")
+    return Handle(hid[0], None, (src, dst, ins, outs), "grouped_allreduce", outs)
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -290,7 +307,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 def allgather_async(tensor, name=None, process_set=None) -> Handle:
     """Starts concatenating every rank's ``tensor`` along dimension 0 (whose
     size may differ across ranks; the other dimensions must agree)."""
-    inp = _as_input(tensor)
+    inp = as_input(tensor)
     if inp.ndim == 0:
         raise ScalarTensorError("allgather needs a tensor with at least one dimension, "
                                 "got a 0-d tensor")
@@ -331,7 +348,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:
     """Starts copying ``tensor`` of rank ``root_rank`` to every rank (of
     ``process_set``; root_rank is a job rank in it); the result is a new
     array."""
-    inp = _as_input(tensor)
+    inp = as_input(tensor)
     return _broadcast(inp, np.empty_like(inp), root_rank, name, process_set)
 
 
@@ -346,7 +363,7 @@ def _broadcast(inp, out, root_rank, name, process_set) -> Handle:
     hid, keep = _enqueue(lib.COMMLIB_OP_BROADCAST,
                          runtime.auto_name("broadcast", name, psid), inp, out,
                          root=root, process_set=psid)
-    return Handle(hid, lambda _h: out, (keep, inp, out), "broadcast")
+    return Handle(hid, None, (keep, inp, out), "broadcast", out)
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None) -> np.ndarray:
@@ -363,7 +380,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     """Starts an all-to-all: rows ``splits[i]`` of dimension 0 go to rank i
     (of ``process_set``: its i-th member) (equal parts when splits is None). The result is the received rows in rank
     order, and, when splits is given, the rows received from each rank."""
-    inp = _as_input(tensor)
+    inp = as_input(tensor)
     if inp.ndim == 0:
         raise ScalarTensorError("alltoall needs a tensor with at least one dimension, "
                                 "got a 0-d tensor")
@@ -424,7 +441,7 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
     """Starts reducing ``tensor`` across ranks and leaves on each rank its part
     of dimension 0 (split as evenly as possible, lower ranks get the extra
     rows)."""
-    inp = _as_input(tensor)
+    inp = as_input(tensor)
     if inp.ndim == 0:
         raise ScalarTensorError("reducescatter needs a tensor with at least one dimension, "
                                 "got a 0-d tensor")
@@ -434,7 +451,7 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
                          runtime.auto_name("reducescatter", name, psid), inp,
                          out, reduce_op=resolve_op(op), prescale=prescale_factor,
                          postscale=postscale_factor, process_set=psid)
-    return Handle(hid, lambda _h: out, (keep, inp, out), "reducescatter")
+    return Handle(hid, None, (keep, inp, out), "reducescatter", out)
 
 
 def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0,
@@ -450,4 +467,4 @@ def barrier(process_set=None) -> None:
     psid = _psid(process_set)
     hid, keep = _enqueue(lib.COMMLIB_OP_BARRIER, runtime.auto_name("barrier", None, psid), None,
                          None, process_set=psid)
-    synchronize(Handle(hid, lambda _h: None, keep, "barrier"))
+    synchronize(Handle(hid, None, keep, "barrier"))

@@ -23,6 +23,7 @@ from . import runtime
 from ._lib import check, ffi, lib
 from .dtypes import dtype_code, numpy_dtype
 from .handle import WAIT_SLICE_S, Handle, core_result, synchronize
+from .ops import as_input, shape_array
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
 
@@ -30,7 +31,7 @@ _MAX_DIMS = 64
 
 
 def _check_peer(peer, what: str, process_set) -> int:
-    if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
+    if type(peer) is not int and (isinstance(peer, bool) or not isinstance(peer, (int, np.integer))):
         raise TypeError(f"{what} must be an int rank, got {type(peer).__name__}")
     n = runtime.size()
     if not 0 <= peer < n:
@@ -41,7 +42,7 @@ def _check_peer(peer, what: str, process_set) -> int:
 
 
 def _check_tag(tag) -> int:
-    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
+    if type(tag) is not int and (isinstance(tag, bool) or not isinstance(tag, (int, np.integer))):
         raise TypeError(f"tag must be an int, got {type(tag).__name__}")
     if not 0 <= tag < 2**63:
         raise ValueError(f"tag must be between 0 and 2**63-1, got {tag}")
@@ -55,7 +56,7 @@ def _args(arr, out, peer: int, tag: int, psid: int) -> tuple:
         dtype, ndim, shape, ptr = -1, 0, ffi.NULL, ffi.NULL
     else:
         dtype, ndim = dtype_code(buf.dtype), buf.ndim
-        shape = ffi.new("int64_t[]", list(buf.shape) or [0])
+        shape = shape_array(buf.shape)
         ptr = ffi.from_buffer(buf, require_writable=out is not None) if buf.size else ffi.NULL
     data = ptr if arr is not None else ffi.NULL
     dst = ptr if out is not None else ffi.NULL
@@ -76,15 +77,14 @@ def _blocking(op_type: int, arr, out, peer: int, tag: int, psid: int) -> None:
     if rc < 0:
         check(-rc)
     elif rc > 0:
-        synchronize(Handle(rc, lambda _h: None, (arr, out), "send" if arr is not None else "recv"))
+        synchronize(Handle(rc, None, (arr, out), "send" if arr is not None else "recv"))
 
 
 def _send_array(array) -> np.ndarray:
-    arr = np.asarray(array)
-    dtype_code(arr.dtype)
+    arr = as_input(array)
     if arr.ndim > _MAX_DIMS:
         raise ValueError(f"send: at most {_MAX_DIMS} dimensions, got {arr.ndim}")
-    return np.require(arr, requirements="C")
+    return arr
 
 
 def isend(array, dst, tag=0, process_set=None) -> Handle:
@@ -94,7 +94,7 @@ def isend(array, dst, tag=0, process_set=None) -> Handle:
     arr = _send_array(array)
     peer = _check_peer(dst, "dst", process_set)
     hid = _submit(lib.COMMLIB_OP_SEND, arr, None, peer, _check_tag(tag), _psid(process_set))
-    return Handle(hid, lambda _h: None, arr, "send")
+    return Handle(hid, None, arr, "send")
 
 
 def send(array, dst, tag=0, process_set=None) -> None:
@@ -115,7 +115,7 @@ def irecv(src, tag=0, out=None, process_set=None) -> Handle:
     peer = _check_peer(src, "src", process_set)
     hid = _submit(lib.COMMLIB_OP_RECV, None, out, peer, _check_tag(tag), _psid(process_set))
     if out is not None:
-        return Handle(hid, lambda _h: out, out, "recv")
+        return Handle(hid, None, out, "recv", out)
     return Handle(hid, _new_array, None, "recv")
 
 

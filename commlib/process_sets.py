@@ -170,7 +170,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         return False
     hid = ffi.new("int64_t*")
     check(lib.commlib_remove_process_set(psid, hid))
-    synchronize(Handle(hid[0], lambda _h: None, None, "remove_process_set"))
+    synchronize(Handle(hid[0], None, None, "remove_process_set"))
     del _registered[psid]
     process_set.process_set_id = None
     return True

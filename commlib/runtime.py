@@ -62,6 +62,8 @@ def auto_name(kind: str, name: str | None = None, psid: int = 0) -> str:
         return f"{kind}.noname.{next(_name_counters[kind, psid])}"
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
+    if "\x00" in name:  # the core takes C strings: it would end the name there
+        raise ValueError(f"name must not contain a NUL character, got {name!r}")
     return name
 
 

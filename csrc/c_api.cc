@@ -252,6 +252,19 @@ int commlib_release(int64_t handle) {
   return guarded([&] { Engine::get().handles().release(handle); });
 }
 
+int commlib_wait_status(int64_t handle, double timeout_s, int release) {
+  int status = COMMLIB_OK;
+  const int rc = guarded([&] {
+    Engine& engine = Engine::get();
+    auto h = find_handle(handle);
+    if (!engine.wait(*h, timeout_s)) throw Error(COMMLIB_ERR_TIMEOUT, "timed out");
+    status = h->status;
+    g_last_error = h->message;
+    if (release) engine.handles().release(handle);
+  });
+  return rc != COMMLIB_OK ? rc : status;
+}
+
 int commlib_set_fusion_threshold(int64_t bytes) {
   return guarded([&] { Engine::get().set_fusion_threshold(bytes); });
 }

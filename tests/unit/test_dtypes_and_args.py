@@ -439,3 +439,34 @@ def test_single_process_zero_dim_keeps_its_shape(dt):
     _same(commlib.broadcast(x, 0), x)
     _same(commlib.grouped_allreduce([x], op=commlib.Max)[0], x)
     _same(commlib.allreduce(x[()], op=commlib.Max), x)  # numpy scalar in, 0-d array out
+
+
+@pytest.mark.parametrize("call", [lambda n: commlib.allreduce(np.ones(2), name=n),
+                                  lambda n: commlib.allgather_async(np.ones(2), name=n),
+                                  lambda n: commlib.broadcast(np.ones(2), 0, name=n),
+                                  lambda n: commlib.grouped_allreduce([np.ones(2)], name=n)])
+def test_names_with_a_nul_byte_are_refused(call):
+    # the core takes C strings: "a\x000" and "a\x001" would both become "a"
+    with pytest.raises(ValueError, match="NUL"):
+        call("a\x000")
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_grouped_layout_cache_does_not_keep_arrays_alive(inplace):
+    import gc
+    import weakref
+
+    arrays = [np.full(8, float(i)) for i in range(5)]
+    run = commlib.grouped_allreduce_ if inplace else commlib.grouped_allreduce
+    for _ in range(2):  # the second call is served by the cached layout
+        out = run(arrays, op=commlib.Sum)
+        assert all(np.array_equal(o, np.full(8, float(i) * commlib.size()) if inplace
+                                  else np.full(8, float(i))) for i, o in enumerate(out))
+    refs = [weakref.ref(a) for a in arrays]
+    del arrays, out
+    gc.collect()
+    assert all(r() is None for r in refs)
+    # new arrays (which may reuse the ids) get a layout of their own
+    fresh = [np.full(3, 7.0) for _ in range(5)]
+    assert all(np.array_equal(o, np.full(3, 7.0 * commlib.size())) for o in
+               commlib.grouped_allreduce(fresh, op=commlib.Sum))

@@ -392,6 +392,39 @@ def test_check_build_reports_fake_openmpi_and_failures(fake_mpiexec):
     assert check_build.framework_status("pytest").startswith("installed")
 
 
+@pytest.mark.timeout(120)
+def test_check_build_loads_the_core_as_commlib_does(monkeypatch):
+    """The core is loaded after mpi4py (which loads the MPI library it links),
+    in a child interpreter; a core that cannot load is reported with the
+    loader's last line."""
+    assert check_build.core_status().startswith("built (")
+    assert check_build._CORE_PROBE.index("commlib._lib") < check_build._CORE_PROBE.index("_core")
+    monkeypatch.setattr(check_build, "_CORE_PROBE", "raise ImportError('libmpi.so.12: nope')")
+    assert check_build.core_status() == \
+        "not built or not loadable (ImportError: libmpi.so.12: nope)"
+
+
+@pytest.mark.parametrize("hosts", ["h1:2,h2:2", "localhost", "10.0.0.1:4", "[::1]:2", "[fe80::1]",
+                                   "node-1.cluster.local:16"])
+def test_host_lists_accepted(hosts):
+    launcher.check_hosts(hosts)
+    assert "-hosts" in build(HYDRA, hosts=hosts)
+
+
+@pytest.mark.parametrize("hosts, says", [(":::,@@", "':::' is not a host name"),
+                                         ("h1:2,,h2", "'' is not a host name"),
+                                         ("h1:0", "must be a positive integer"),
+                                         ("h1:two", "must be a positive integer"),
+                                         ("-oops:2", "is not a host name"),
+                                         ("  ", "needs at least one host")])
+def test_bad_host_lists_refused_before_launch(hosts, says):
+    with pytest.raises(LauncherError, match=says):
+        build(HYDRA, hosts=hosts)
+    proc = subprocess.run([sys.executable, "-m", "commlib.launcher", "-np", "2", f"--hosts={hosts}",
+                           "python", "-c", "pass"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and says in proc.stderr, proc
+
+
 def test_check_build_missing_mpiexec(monkeypatch):
     monkeypatch.setenv("COMMLIB_MPIEXEC", "/nonexistent/mpiexec")
     assert check_build.mpi_launcher_status().startswith("not usable")

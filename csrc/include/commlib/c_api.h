@@ -182,6 +182,11 @@ void commlib_free_result(void* data);
  * (allgather); out must hold size() entries. */
 int commlib_handle_splits(int64_t handle, int64_t* out);
 int commlib_release(int64_t handle);
+/* Waits up to timeout_s: COMMLIB_ERR_TIMEOUT while the handle is pending,
+ * then its status (COMMLIB_OK or an error code whose message is
+ * commlib_last_error()); with release != 0 a completed handle is released in
+ * the same call (a synchronize that needs nothing else from the core). */
+int commlib_wait_status(int64_t handle, double timeout_s, int release);
 
 /* Configuration and introspection. */
 int commlib_set_fusion_threshold(int64_t bytes);
