@@ -35,17 +35,24 @@ def mpi_launcher_status():
         return f"not usable ({e})"
 
 
-def mpi_library_status():
-    """First line of ``MPI.Get_library_version()`` as seen by mpi4py."""
+def _probe(code: str, timeout: float):
+    """Runs ``code`` in a child interpreter: (True, its stdout) or (False,
+    what went wrong: the last line of its stderr, or why it could not run)."""
     try:
-        out = subprocess.run([sys.executable, "-c", _MPI4PY_PROBE], capture_output=True,
-                             stdin=subprocess.DEVNULL, timeout=60, check=False)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                             stdin=subprocess.DEVNULL, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
-        return f"unknown ({_error(e)})"
+        return False, _error(e)
     if out.returncode != 0:
         lines = out.stderr.decode(errors="replace").strip().splitlines()
-        return f"unknown (mpi4py: {lines[-1] if lines else f'exit code {out.returncode}'})"
-    return " ".join(out.stdout.decode(errors="replace").split())
+        return False, lines[-1] if lines else f"exit code {out.returncode}"
+    return True, out.stdout.decode(errors="replace")
+
+
+def mpi_library_status():
+    """First line of ``MPI.Get_library_version()`` as seen by mpi4py."""
+    ok, text = _probe(_MPI4PY_PROBE, 60)
+    return " ".join(text.split()) if ok else f"unknown (mpi4py: {text})"
 
 
 def _nccl_candidates():
@@ -107,15 +114,8 @@ _CORE_PROBE = "import commlib._lib, commlib._core as c; print(c.__file__)"
 
 def core_status():
     """Whether the compiled core ``commlib._core`` loads as commlib loads it."""
-    try:
-        out = subprocess.run([sys.executable, "-c", _CORE_PROBE], capture_output=True,
-                             stdin=subprocess.DEVNULL, timeout=120, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"unknown ({_error(e)})"
-    if out.returncode != 0:
-        lines = out.stderr.decode(errors="replace").strip().splitlines()
-        return f"not built or not loadable ({lines[-1] if lines else f'exit code {out.returncode}'})"
-    return f"built ({out.stdout.decode(errors='replace').strip()})"
+    ok, text = _probe(_CORE_PROBE, 120)
+    return f"built ({text.strip()})" if ok else f"not built or not loadable ({text})"
 
 
 def report():

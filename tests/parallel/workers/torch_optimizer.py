@@ -262,15 +262,10 @@ class Emb(nn.Module):
         return self.out(self.emb(idx).mean(1)).squeeze(1)
 
 
-for sparse_as_dense in (False, True):
-    model, ref = Emb(), Emb()
-    make = lambda ps: torch.optim.SGD(ps, lr=0.5)  # noqa: E731
-    opt = hvd.DistributedOptimizer(make(model.parameters()),
-                                   named_parameters=model.named_parameters(),
-                                   sparse_as_dense=sparse_as_dense)
-    ref_opt = make(ref.parameters())
+def train_embeddings(model, ref, opt, ref_opt, seed):
+    """4 steps: the distributed model on this rank's rows, the reference on all."""
     for step in range(4):
-        g = torch.Generator().manual_seed(step)
+        g = torch.Generator().manual_seed(seed + step)
         idx = torch.randint(0, 20, (n * B, 3), generator=g)
         target = torch.randn(n * B, generator=g)
         opt.zero_grad()
@@ -279,6 +274,15 @@ for sparse_as_dense in (False, True):
         ref_opt.zero_grad()
         F.mse_loss(ref(idx), target).backward()
         ref_opt.step()
+
+
+for sparse_as_dense in (False, True):
+    model, ref = Emb(), Emb()
+    make = lambda ps: torch.optim.SGD(ps, lr=0.5)  # noqa: E731
+    opt = hvd.DistributedOptimizer(make(model.parameters()),
+                                   named_parameters=model.named_parameters(),
+                                   sparse_as_dense=sparse_as_dense)
+    train_embeddings(model, ref, opt, make(ref.parameters()), seed=0)
     check_equivalent(model, ref, f"sparse gradients (sparse_as_dense={sparse_as_dense})")
 
 # SparseAdam takes sparse gradients only: with sparse_as_dense=False they stay sparse
@@ -295,17 +299,7 @@ class EmbOnly(nn.Module):
 model, ref = EmbOnly(), EmbOnly()
 opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(model.parameters(), lr=0.05),
                                named_parameters=model.named_parameters())
-ref_opt = torch.optim.SparseAdam(ref.parameters(), lr=0.05)
-for step in range(4):
-    g = torch.Generator().manual_seed(100 + step)
-    idx = torch.randint(0, 20, (n * B, 3), generator=g)
-    target = torch.randn(n * B, generator=g)
-    opt.zero_grad()
-    F.mse_loss(model(mine(idx)), mine(target)).backward()
-    opt.step()
-    ref_opt.zero_grad()
-    F.mse_loss(ref(idx), target).backward()
-    ref_opt.step()
+train_embeddings(model, ref, opt, torch.optim.SparseAdam(ref.parameters(), lr=0.05), seed=100)
 check_equivalent(model, ref, "SparseAdam on sparse gradients")
 
 # ------------------------------------------------------------ parameter lists that differ across ranks
