@@ -2,6 +2,7 @@
 // one handle, and the process-set calls (all on caller threads, under
 // queue_mu_ where they touch what the background thread reads).
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <unordered_set>
 
@@ -30,6 +31,11 @@ void validate_request(const commlib_request& q, const std::vector<int>& members)
     if (!reduction_supported(q.dtype, q.reduce_op)) {
       throw Error(COMMLIB_ERR_TYPE, std::string(what) + " with op " + reduce_op_name(q.reduce_op) +
                                         " is not supported for dtype " + dtype_name(q.dtype));
+    }
+    // (a NaN would also never compare equal across ranks: a mismatch every time)
+    if (!std::isfinite(q.prescale) || !std::isfinite(q.postscale)) {
+      throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": scale factors must be finite, got prescale " +
+                                         std::to_string(q.prescale) + ", postscale " + std::to_string(q.postscale));
     }
   }
   if (q.op_type == COMMLIB_OP_BROADCAST &&
@@ -207,6 +213,8 @@ int64_t Engine::enqueue_allreduce_group(const char* base, int n, const int32_t* 
     q.input = inputs[i];
     q.output = outputs[i];
     q.reduce_op = reduce_op;
+    q.prescale = prescale;
+    q.postscale = postscale;
     q.process_set = process_set;
     validate_request(q, members);
     d.members.push_back(dtypes[i]);

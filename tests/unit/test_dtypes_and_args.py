@@ -470,3 +470,15 @@ def test_grouped_layout_cache_does_not_keep_arrays_alive(inplace):
     fresh = [np.full(3, 7.0) for _ in range(5)]
     assert all(np.array_equal(o, np.full(3, 7.0 * commlib.size())) for o in
                commlib.grouped_allreduce(fresh, op=commlib.Sum))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("call", [
+    lambda s: commlib.allreduce(np.ones(2), prescale_factor=s),
+    lambda s: commlib.allreduce_(np.ones(2), postscale_factor=s),
+    lambda s: commlib.grouped_allreduce([np.ones(2), np.ones(3)], prescale_factor=s),
+    lambda s: commlib.reducescatter(np.ones(2), postscale_factor=s)])
+def test_non_finite_scale_factors_are_refused(call, bad):
+    # a NaN never compares equal: every rank would see a mismatch, every time
+    with pytest.raises(ValueError, match="scale factors must be finite"):
+        call(bad)
