@@ -223,10 +223,16 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     return _grouped(outs, outs, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
-def _pointers(arrays):
-    """The data pointers of ``arrays`` as one C array."""
-    return ffi.new("void*[]", [ffi.from_buffer(a) if a.size else ffi.NULL for a in arrays]
-                   or [ffi.NULL])
+def _pointers(arrays, hold: bool = True):
+    """The data pointers of ``arrays`` as one C array; with ``hold`` its
+    elements keep the arrays alive, without it they are bare addresses."""
+    def pointer(a):
+        if not a.size:
+            return ffi.NULL
+        p = ffi.from_buffer(a)
+        return p if hold else ffi.cast("void*", p)
+
+    return ffi.new("void*[]", [pointer(a) for a in arrays] or [ffi.NULL])
 
 
 class _GroupLayout:
@@ -243,8 +249,7 @@ class _GroupLayout:
         self.dtypes = ffi.new("int32_t[]", [dtype_code(a.dtype) for a in arrays] or [0])
         self.ndims = ffi.new("int32_t[]", [len(s) for s in self.shapes] or [0])
         self.dims = ffi.new("int64_t[]", [d for s in self.shapes for d in s] or [0])
-        self.ptrs = ffi.new("void*[]", [ffi.cast("void*", ffi.from_buffer(a)) if a.size
-                                        else ffi.NULL for a in arrays] or [ffi.NULL])
+        self.ptrs = _pointers(arrays, hold=False)
 
     def still_valid(self, arrays) -> bool:
         """The same arrays (alive: their ids were not reused), same shapes."""
@@ -259,16 +264,15 @@ _LAYOUT_CACHE_SIZE = 64
 
 
 def _layout_for(arrays, inplace: bool) -> _GroupLayout:
-    """The layout of a group's inputs (in-place: outputs, checked writable),
-    built when first seen, then cached."""
+    """The layout of a group's inputs (already checked by as_input; in place
+    they are the outputs too, checked writable here), built when first seen,
+    then cached."""
     key = (inplace, *map(id, arrays))
     layout = _layout_cache.get(key)
     if layout is None or not layout.still_valid(arrays):
-        for a in arrays:
-            if inplace:
+        if inplace:
+            for a in arrays:
                 _check_output(a, "grouped_allreduce_")
-            else:
-                as_input(a)
         layout = _GroupLayout(arrays)
         if len(_layout_cache) >= _LAYOUT_CACHE_SIZE:
             _layout_cache.pop(next(iter(_layout_cache)))

@@ -210,20 +210,15 @@ int commlib_poll(int64_t handle) {
   return (!h || h->done.load()) ? 1 : 0;
 }
 
-int commlib_wait(int64_t handle, double timeout_s) {
-  return guarded([&] {
-    auto h = find_handle(handle);
-    if (!Engine::get().wait(*h, timeout_s)) throw Error(COMMLIB_ERR_TIMEOUT, "timed out");
-  });
-}
-
-int commlib_handle_status(int64_t handle) {
+int commlib_wait_status(int64_t handle, double timeout_s, int release) {
   int status = COMMLIB_OK;
   const int rc = guarded([&] {
+    Engine& engine = Engine::get();
     auto h = find_handle(handle);
-    if (!h->done.load()) throw Error(COMMLIB_ERR_VALUE, "handle has not completed");
+    if (!engine.wait(*h, timeout_s)) throw Error(COMMLIB_ERR_TIMEOUT, "timed out");
     status = h->status;
     g_last_error = h->message;
+    if (release) engine.handles().release(handle);
   });
   return rc != COMMLIB_OK ? rc : status;
 }
@@ -250,19 +245,6 @@ int commlib_handle_splits(int64_t handle, int64_t* out) {
 
 int commlib_release(int64_t handle) {
   return guarded([&] { Engine::get().handles().release(handle); });
-}
-
-int commlib_wait_status(int64_t handle, double timeout_s, int release) {
-  int status = COMMLIB_OK;
-  const int rc = guarded([&] {
-    Engine& engine = Engine::get();
-    auto h = find_handle(handle);
-    if (!engine.wait(*h, timeout_s)) throw Error(COMMLIB_ERR_TIMEOUT, "timed out");
-    status = h->status;
-    g_last_error = h->message;
-    if (release) engine.handles().release(handle);
-  });
-  return rc != COMMLIB_OK ? rc : status;
 }
 
 int commlib_set_fusion_threshold(int64_t bytes) {

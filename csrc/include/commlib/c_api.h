@@ -168,11 +168,12 @@ int commlib_remove_process_set(int id, int64_t* handle);
 int commlib_handle_value(int64_t handle, int64_t* value);
 /* 1 when the handle has completed (successfully or not), 0 when pending. */
 int commlib_poll(int64_t handle);
-/* Waits up to timeout_s seconds (negative: forever). Returns COMMLIB_OK when
- * complete, COMMLIB_ERR_TIMEOUT when still pending. Releases no resources. */
-int commlib_wait(int64_t handle, double timeout_s);
-/* Status of a completed handle; the message goes to commlib_last_error(). */
-int commlib_handle_status(int64_t handle);
+/* Waits up to timeout_s seconds (negative: forever): COMMLIB_ERR_TIMEOUT
+ * while the handle is pending, then its status (COMMLIB_OK or an error code
+ * whose message is commlib_last_error()); with release != 0 a completed
+ * handle is released in the same call (a synchronize that needs nothing else
+ * from the core). */
+int commlib_wait_status(int64_t handle, double timeout_s, int release);
 /* Result of an allgather/alltoall: pointer, bytes and dim 0 rows. Ownership
  * passes to the caller, who releases it with commlib_free_result(). */
 int commlib_handle_take_result(int64_t handle, void** data, int64_t* nbytes,
@@ -182,11 +183,6 @@ void commlib_free_result(void* data);
  * (allgather); out must hold size() entries. */
 int commlib_handle_splits(int64_t handle, int64_t* out);
 int commlib_release(int64_t handle);
-/* Waits up to timeout_s: COMMLIB_ERR_TIMEOUT while the handle is pending,
- * then its status (COMMLIB_OK or an error code whose message is
- * commlib_last_error()); with release != 0 a completed handle is released in
- * the same call (a synchronize that needs nothing else from the core). */
-int commlib_wait_status(int64_t handle, double timeout_s, int release);
 
 /* Configuration and introspection. */
 int commlib_set_fusion_threshold(int64_t bytes);
