@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "backends/mpi/mpi_transport.h"
+#include "backends/mpi/session_stamp.h"
 #include "common.h"
 #include "message.h"
 #include "p2p/cma.h"
@@ -97,6 +98,7 @@ void PointToPoint::complete(P2PRequest& r, int status, const std::string& messag
 }
 
 void PointToPoint::send_ctl(int peer, std::string bytes) {
+  stamp_session(bytes);
   ctl_sends_.send(std::move(bytes), peer, kCtlTag, comm_, "MPI_Isend(p2p control)");
 }
 
@@ -146,6 +148,7 @@ bool PointToPoint::poll_ctl() {
   MPI_Get_count(&st, MPI_BYTE, &count);
   std::string msg(size_t(count), '\0');
   check_mpi(MPI_Mrecv(msg.data(), count, MPI_BYTE, &m, MPI_STATUS_IGNORE), "MPI_Mrecv(p2p)");
+  if (!unstamp_session(msg)) return true;  // left over from an earlier session
   int32_t kind = 0;
   if (msg.size() >= sizeof(kind)) std::memcpy(&kind, msg.data(), sizeof(kind));
   switch (kind) {

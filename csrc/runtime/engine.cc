@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "backends/mpi/session_stamp.h"
 #include "common.h"
 #include "reduce.h"
 #include "runtime/config_agree.h"
@@ -51,6 +52,10 @@ void Engine::init(MPI_Comm base) {
   if (running_.load()) return;
   read_config(base);
   const Config& cfg = config_;
+  // A new session number, the same on every rank (session_stamp.h).
+  uint32_t session = (g_session + 1) & 0xffffffu;
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &session, 1, MPI_UINT32_T, MPI_MAX, base), "MPI_Allreduce(session)");
+  g_session = session;
   MPI_Comm data, ctrl, local, cross;
   check_mpi(MPI_Comm_dup(base, &data), "MPI_Comm_dup");
   check_mpi(MPI_Comm_dup(base, &ctrl), "MPI_Comm_dup");
