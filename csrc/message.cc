@@ -24,6 +24,7 @@ void encode(Writer& w, const RequestDesc& d) {
   w.put<int32_t>(d.group_size);
   w.put_vec(d.members);
   w.put<int32_t>(d.process_set);
+  w.put<int64_t>(d.waited_us);
 }
 
 RequestDesc decode_request(Reader& r) {
@@ -40,6 +41,7 @@ RequestDesc decode_request(Reader& r) {
   d.group_size = r.get<int32_t>();
   d.members = r.get_vec();
   d.process_set = r.get<int32_t>();
+  d.waited_us = r.get<int64_t>();
   return d;
 }
 

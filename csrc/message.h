@@ -29,6 +29,9 @@ struct RequestDesc {
   int group_size = -1;
   std::vector<int64_t> members;
   int process_set = 0;  // 0: every rank of the job
+  // How long it waited at a response cache bit before being negotiated
+  // (rank 0's timeout counts from the first submission). Not compared.
+  int64_t waited_us = 0;
 };
 
 // Names are scoped by process set: the key that identifies a request on a

@@ -30,6 +30,7 @@ void CacheProtocol::reset(const Setup& s) {
   // A cached request that waits this long goes to the coordinator after all,
   // whose stall warnings then name the ranks that never submitted it.
   patience_us_ = std::max<int64_t>(s.stall_warning_us / 2, 1000000);
+  if (s.timeout_us > 0) patience_us_ = std::min(patience_us_, std::max<int64_t>(s.timeout_us / 2, 1000000));
   const int capacity = s.capacity;
   if (capacity <= 0) return;
   cache_ = std::make_unique<ResponseCache>(capacity);

@@ -52,6 +52,7 @@ class CacheProtocol {
     ShmSegment* shm = nullptr;
     int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_size = 1;
     int64_t stall_warning_us = 60000000;
+    int64_t timeout_us = 0;  // COMMLIB_TIMEOUT (0: none)
   };
 
   explicit CacheProtocol(CacheHost& host) : host_(host) {}

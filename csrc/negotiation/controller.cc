@@ -152,6 +152,7 @@ void Controller::add(int rank, RequestDesc desc, int64_t now_us) {
     p.have.assign(members.size(), false);
     p.first_seen_us = now_us;
   }
+  p.first_seen_us = std::min(p.first_seen_us, now_us - desc.waited_us);
   if (p.have[idx]) {  // cannot happen: enqueue rejects names in flight
     return;
   }
@@ -349,6 +350,34 @@ std::vector<Response> Controller::take_ready() {
   for (const std::string& key : complete_) table_.erase(key);
   complete_.clear();
   return out;
+}
+
+void Controller::time_out(int64_t now_us, int64_t after_us) {
+  for (auto it = table_.begin(); it != table_.end();) {
+    Pending& p = it->second;
+    const RequestDesc& d = present(p);
+    if (p.queued || p.answered || d.op_type == COMMLIB_OP_JOIN || now_us - p.first_seen_us < after_us) {
+      ++it;
+      continue;
+    }
+    std::string have, missing;
+    Response e;
+    for (size_t i = 0; i < p.ranks.size(); ++i) {
+      std::string& s = p.have[i] ? have : missing;
+      s += (s.empty() ? "" : ", ") + std::to_string(p.ranks[i]);
+      if (p.have[i]) e.to.push_back(p.ranks[i]);
+    }
+    e.kind = Response::kError;
+    e.process_set = p.process_set;
+    e.error_code = COMMLIB_ERR_TIMED_OUT;
+    e.error = std::string(op_type_name(d.op_type)) + " '" + d.name + "'" +
+              (p.process_set ? " on process set " + std::to_string(p.process_set) : std::string()) +
+              " timed out after " + std::to_string(after_us / 1000000) + " s (COMMLIB_TIMEOUT): submitted by ranks [" +
+              have + "], never by ranks [" + missing + "] (did they fail, freeze, or call other collectives?)";
+    e.names.push_back(it->first);
+    errors_.push_back(std::move(e));
+    it = table_.erase(it);
+  }
 }
 
 std::vector<std::string> Controller::stall_warnings(int64_t now_us, int64_t after_us) {

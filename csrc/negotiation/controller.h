@@ -31,6 +31,9 @@ class Controller {
   std::vector<Response> take_ready();
   // Names waiting longer than after_us, each reported once, as messages.
   std::vector<std::string> stall_warnings(int64_t now_us, int64_t after_us);
+  // Requests open longer than after_us (never a join) fail on the ranks that
+  // submitted them, naming the ranks that did not (the next take_ready()).
+  void time_out(int64_t now_us, int64_t after_us);
   void set_fusion_threshold(int64_t bytes) { fusion_threshold_ = bytes; }
   // Whether some rank has joined (join(), below) and not every rank yet.
   bool joining() const { return joined_count_ > 0; }

@@ -112,6 +112,7 @@ void Coordinator::check_stalls(int64_t now) {
   for (const std::string& w : controller_.stall_warnings(now, stall_warning_us_)) {
     std::fprintf(stderr, "commlib (rank 0): WARNING: %s\n", w.c_str());
   }
+  if (timeout_us_ > 0) controller_.time_out(now, timeout_us_);
 }
 
 void Coordinator::send_shutdown_notice() {

@@ -356,7 +356,7 @@ void PointToPoint::on_bye(int source) {
   }
 }
 
-void PointToPoint::check_stalls(int64_t now, int64_t limit_us) {
+void PointToPoint::check_stalls(int64_t now, int64_t limit_us, int64_t timeout_us) {
   if (now - last_stall_check_us_ < 1000000) return;
   last_stall_check_us_ = now;
   auto warn = [&](P2PRequest& r) {
@@ -368,8 +368,27 @@ void PointToPoint::check_stalls(int64_t now, int64_t limit_us) {
   };
   for (auto& [key, q] : posted_)
     for (P2PRequest& r : q) warn(r);
+  if (timeout_us > 0) time_out_receives(now, timeout_us);
   for (auto& [key, o] : outgoing_)
     if (o.data.empty()) warn(o.req);
+}
+
+void PointToPoint::time_out_receives(int64_t now, int64_t timeout_us) {
+  for (auto it = posted_.begin(); it != posted_.end();) {
+    auto& q = it->second;
+    for (auto r = q.begin(); r != q.end();) {
+      if (now - r->posted_us < timeout_us) {
+        ++r;
+        continue;
+      }
+      complete(*r, COMMLIB_ERR_TIMED_OUT,
+               "recv from rank " + std::to_string(r->peer) + " (" + tag_str(r->tag, r->process_set) +
+                   ") timed out after " + std::to_string(timeout_us / 1000000) +
+                   " s (COMMLIB_TIMEOUT): no matching send arrived");
+      r = q.erase(r);
+    }
+    it = q.empty() ? posted_.erase(it) : std::next(it);
+  }
 }
 
 void PointToPoint::fail_all(int code, const std::string& message) {

@@ -20,6 +20,7 @@ bool Engine::cycle() {
   if (coordinator_) worked |= coordinate();
   worked |= run_ready();
   cache_.expire_waiting(now_us());
+  if (worker_) check_coordinator_alive(now_us());
   control_->progress();
   throw_if_peer_lost();
   return worked;
@@ -87,6 +88,7 @@ void Engine::submit(std::vector<Entry>& batch) {
     std::string key = request_key(e.desc);
     Entry& p = pending_.emplace(std::move(key), std::move(e)).first->second;  // (nodes never move)
     if (p.desc.op_type == COMMLIB_OP_JOIN) ++joins_pending_;
+    p.submitted_us = now_us();
     bool completes = false;
     if (cache_.enabled() && cache_.try_arrive(p, &completes)) {
       if (completes) completed.push_back(&p);
@@ -118,6 +120,25 @@ bool Engine::execute_next_ready() {
   ready_.pop_front();
   execute(resp);
   return true;
+}
+
+void Engine::renegotiate(Entry& e) {
+  e.desc.waited_us = now_us() - e.cached_since_us;  // (rank 0's timeout counts from the arrival)
+  report({&e});
+}
+
+void Engine::check_coordinator_alive(int64_t now) {
+  constexpr int64_t kGraceUs = 10000000;  // rank 0 fails them at the timeout; this is for when it cannot
+  if (timeout_us_ <= 0 || now - last_timeout_check_us_ < 1000000 || !ready_.empty()) return;
+  last_timeout_check_us_ = now;
+  for (const auto& [key, e] : pending_) {
+    if (e.desc.op_type == COMMLIB_OP_JOIN || now - e.submitted_us < timeout_us_ + kGraceUs) continue;
+    throw Error(COMMLIB_ERR_TIMED_OUT,
+                std::string(op_type_name(e.desc.op_type)) + " '" + e.desc.name + "' has waited " +
+                    std::to_string((now - e.submitted_us) / 1000000) +
+                    " s and rank 0 (the coordinator) never answered, not even with a timeout "
+                    "(COMMLIB_TIMEOUT): rank 0 is frozen, overloaded or unreachable");
+  }
 }
 
 void Engine::drop(const std::string& key, int code, const std::string& message) {

@@ -128,7 +128,7 @@ class Engine : private CacheHost {
   // CacheHost: what the cache protocol needs from the engine.
   Entry* find_pending(const std::string& key) override;
   bool execute_next_ready() override;
-  void renegotiate(Entry& e) override { report({&e}); }
+  void renegotiate(Entry& e) override;
   void drop(const std::string& key, int code, const std::string& message) override;
   void send_to_coordinator(std::string bytes) override { control_->send(0, std::move(bytes)); }
 
@@ -144,6 +144,11 @@ class Engine : private CacheHost {
   std::atomic<int64_t> fusion_threshold_{Config::defaults().fusion_threshold};
   AllreduceAlgo algo_ = AllreduceAlgo::kAuto;
   int64_t stall_warning_us_ = 60000000;
+  int64_t timeout_us_ = 0;  // COMMLIB_TIMEOUT (0: none)
+  int64_t last_timeout_check_us_ = 0;
+  // A worker: a request open far past the timeout means rank 0 is not
+  // answering (frozen or unreachable): everything fails.
+  void check_coordinator_alive(int64_t now);
   // Batching: new requests are held while more keep arriving (gaps shorter
   // than batch_gap_us_), at most cycle_us_, and never while a thread waits.
   int64_t cycle_us_ = 1000;

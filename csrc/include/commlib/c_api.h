@@ -25,7 +25,8 @@ enum {
   COMMLIB_ERR_NOT_INIT = 4,     /* not initialised / shut down */
   COMMLIB_ERR_PEER_LOST = 5,    /* a rank of the job died  */
   COMMLIB_ERR_INTERNAL = 6,     /* MPI or internal failure */
-  COMMLIB_ERR_TIMEOUT = 7       /* wait timed out (handle still pending) */
+  COMMLIB_ERR_TIMEOUT = 7,      /* wait timed out (handle still pending) */
+  COMMLIB_ERR_TIMED_OUT = 8     /* the request failed: its peers never took part within COMMLIB_TIMEOUT */
 };
 
 /* Operation types. */
