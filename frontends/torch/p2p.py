@@ -31,7 +31,7 @@ import torch
 import commlib as _c
 from commlib.pipeline.tags import check_forward_tag, gradient_tag
 
-from .mpi_ops import Handle, _as_tensor, _bfloat16_dtype, check_tensor
+from .mpi_ops import Handle, check_tensor
 
 __all__ = ["send", "recv", "isend", "irecv", "sendrecv", "gradient_tag"]
 
@@ -42,15 +42,18 @@ def _array(tensor, what: str) -> np.ndarray:
     t = check_tensor(tensor, what).detach()
     if not t.is_contiguous():
         t = t.contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(_bfloat16_dtype())
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: ml_dtypes' (check_tensor has checked)
+        import ml_dtypes
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return t.numpy()
 
 
 def _tensor(arr: np.ndarray) -> torch.Tensor:
     if not arr.flags.writeable:  # torch.from_numpy warns on read-only memory
         arr = arr.copy()
-    return _as_tensor(arr)
+    if arr.dtype.name == "bfloat16":
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
 
 
 def _out_array(out, what: str):
