@@ -44,6 +44,8 @@ from .mpi_ops import (Adasum, Average, CommlibError, Handle, Max, Min, Product, 
                       reducescatter, reducescatter_async, remove_process_set, rocm_built, shutdown,
                       size, sparse_allreduce_async, start_timeline, stop_timeline, synchronize)
 from .optimizer import DistributedOptimizer
+from .p2p import gradient_tag, irecv, isend, recv, send, sendrecv
+from commlib.parallel_grid import ParallelGrid
 from .sync_batch_norm import SyncBatchNorm
 from ._dispatch import is_torch_optimizer
 from commlib.dispatch import register_optimizer
@@ -73,3 +75,4 @@ __all__ = [
     "CommlibError", "CollectiveMismatchError", "NotInitializedError", "RankLostError",
     "ScalarTensorError", "HorovodInternalError", "HostsUpdatedInterrupt",
 ]
+__all__ += ["send", "recv", "isend", "irecv", "sendrecv", "gradient_tag", "ParallelGrid"]
