@@ -42,8 +42,8 @@ import itertools
 
 import torch
 
-from commlib import CollectiveMismatchError
 from commlib.process_sets import check_process_set, included, set_size
+from commlib.signature import check_same_everywhere
 
 from . import mpi_ops as _ops
 from ._grad_exchange import PendingGradients, assign_grads
@@ -115,26 +115,15 @@ class LocalSGD:
                              "nesterov=True)")
 
     def _signature(self) -> list:
-        options = ("options", self.period, self.warmup_steps,
+        options = ("options: period, warmup_steps, outer optimizer", self.period, self.warmup_steps,
                    type(self.outer_optimizer).__name__ if self.outer_optimizer else None)
         return [options] + [(n, tuple(p.shape), str(p.dtype))
                             for n, p in zip(self._names, self._params)]
 
     def _check_same_everywhere(self):
-        from .functions import allgather_object
-
-        sigs = allgather_object(self._signature(), name=f"{self._prefix}:signature",
-                                process_set=self.process_set)
-        if all(s == sigs[0] for s in sigs):
-            return
-        differ = []
-        for i in range(max(len(s) for s in sigs)):
-            entries = [s[i] if i < len(s) else None for s in sigs]
-            if any(e != entries[0] for e in entries):
-                differ.append(" vs ".join(f"rank {r}: {e}" for r, e in enumerate(entries)))
-        raise CollectiveMismatchError(
-            "LocalSGD: the model's parameters (name, shape, dtype) or the options (period, "
-            "warmup_steps, outer optimizer) differ across ranks: " + " | ".join(differ[:5]))
+        check_same_everywhere(self._signature(), "LocalSGD: the model's parameters (name, shape, "
+                              "dtype) or the options (period, warmup_steps, outer optimizer)",
+                              name=f"{self._prefix}:signature", process_set=self.process_set)
 
     # ------------------------------------------------------------ optimizer API
 
