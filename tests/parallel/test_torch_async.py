@@ -27,3 +27,18 @@ def test_torch_local_sgd_and_diloco(ranks, n):
     m = re.search(r"local sgd max relative error local (\S+), DiLoCo (\S+), warm-up (\S+)",
                   run.stdout)
     assert m and all(float(m.group(i)) <= 1e-5 for i in (1, 2, 3)), run
+
+
+@pytest.mark.timeout(150)
+def test_async_curves_example_runs(ranks):
+    """The loss-curve example trains every mode (no PNG: matplotlib is not a
+    test dependency) and every mode's held-out loss falls below the initial."""
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "pytorch_async_curves.py"
+    run = ranks(2, str(example), "--steps", "48", "--eval-every", "16", timeout=120)
+    assert run.returncode == 0, run
+    start = float(re.search(r"initial (\S+),", run.stdout).group(1))
+    for mode in ("sync", "staleness1", "local-sgd", "diloco"):
+        m = re.search(rf"final {mode}: (\S+) ", run.stdout)
+        assert m and float(m.group(1)) < 0.5 * start, run
