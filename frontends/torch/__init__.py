@@ -46,6 +46,7 @@ from .mpi_ops import (Adasum, Average, CommlibError, Handle, Max, Min, Product, 
 from .optimizer import DistributedOptimizer
 from .p2p import gradient_tag, irecv, isend, recv, send, sendrecv
 from commlib.parallel_grid import ParallelGrid
+from .local_sgd import LocalSGD
 from .sync_batch_norm import SyncBatchNorm
 from ._dispatch import is_torch_optimizer
 from commlib.dispatch import register_optimizer
@@ -70,7 +71,7 @@ __all__ = [
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "barrier", "join",
     "sparse_allreduce_async", "start_timeline", "stop_timeline",
-    "Compression", "DistributedOptimizer", "SyncBatchNorm",
+    "Compression", "DistributedOptimizer", "SyncBatchNorm", "LocalSGD",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "CommlibError", "CollectiveMismatchError", "NotInitializedError", "RankLostError",
     "ScalarTensorError", "HorovodInternalError", "HostsUpdatedInterrupt",

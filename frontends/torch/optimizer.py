@@ -456,7 +456,7 @@ def _describe_difference(sigs: list) -> str:
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
-                         process_set=global_process_set):
+                         process_set=global_process_set, staleness=0):
     """Wraps a torch optimizer so that ``step()`` applies gradients averaged
     (``op=Average``) or summed (``op=Sum``) over all ranks (of ``process_set``).
 
@@ -481,6 +481,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             gradients are averaged over its members only (Average divides by
             the set's size). Every rank may build the optimizer; on ranks
             outside the set it does not communicate (local gradients).
+        staleness: 0 (default) synchronous; 1 one-step delayed averaging,
+            where ``step()`` applies the previous step's averaged gradients
+            while this step's travel (see commlib.torch.delayed).
 
     On every rank (of the set) the same parameters (names, shapes, dtypes) and
     options are required: construction checks this with one small allgather and raises
@@ -494,11 +497,19 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("this optimizer is already a DistributedOptimizer")
     groups = resolve_groups(num_groups, groups)
+    dist_args = (named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    if staleness != 0:
+        if groups is not None:
+            raise ValueError("groups cannot be combined with staleness=1 (its step() sends all "
+                             "gradients in one group)")
+        from .delayed import delayed_optimizer
+
+        return delayed_optimizer(optimizer, staleness, dist_args)
     base = optimizer.__class__
     cls = type(base.__name__, (_DistributedOptimizer, base),
                {"__module__": __name__, "__doc__": base.__doc__})
     dist = cls.__new__(cls)
     dist.__dict__.update(optimizer.__dict__)  # shares param_groups, state, defaults, hooks
-    dist._dist_init(named_parameters, compression, backward_passes_per_step, op,
-                    gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    dist._dist_init(*dist_args)
     return dist
