@@ -53,7 +53,9 @@ import re
 import zlib
 from typing import Any, Callable
 
+from . import ops, runtime
 from .errors import CommlibError
+from .objects import allgather_object, broadcast_object
 from .restarts import ELASTIC_DIR_ENV, RESTART_ENV  # noqa: F401 - RESTART_ENV re-exported
 _MAGIC = b"COMMLIB-COMMIT 1\n"
 _COMMIT_NAME = re.compile(r"commit-(\d{10})")
@@ -125,25 +127,29 @@ class CommitStore:
         write_atomic(self._file(number),
                      _MAGIC + json.dumps(header).encode() + b"\n" + payload)
 
+    def written_by(self, number: int) -> int | None:
+        """The job size recorded in commit ``number``'s header (None if unreadable)."""
+        try:
+            with open(self._file(number), "rb") as f:
+                header = _parse_header(f.readline() + f.readline())[0]
+        except OSError:
+            return None
+        return header.get("size") if header else None
+
     def load(self, number: int) -> bytes:
         """The payload of commit ``number``, checked against its header."""
         path = self._file(number)
         with open(path, "rb") as f:
-            data = f.read()
-        head, sep, rest = data[len(_MAGIC):].partition(b"\n")
-        try:
-            header = json.loads(head) if data.startswith(_MAGIC) and sep else None
-        except ValueError:
-            header = None
-        if (not isinstance(header, dict) or header.get("bytes") != len(rest)
-                or header.get("crc32") != zlib.crc32(rest) or header.get("commit") != number):
+            header, payload = _parse_header(f.read())
+        if (header is None or header.get("bytes") != len(payload)
+                or header.get("crc32") != zlib.crc32(payload) or header.get("commit") != number):
             raise ElasticStateError(f"rank {self.rank}: commit file {path} is damaged")
         if header.get("size") != self.size or header.get("rank") != self.rank:
             raise ElasticStateError(
                 f"rank {self.rank}: commit file {path} was written by rank {header.get('rank')} "
                 f"of a {header.get('size')}-rank job, this job has {self.size} ranks; "
                 f"use a fresh {ELASTIC_DIR_ENV} when the number of ranks changes")
-        return rest
+        return payload
 
     def remove_except(self, keep: int | None, older_only: bool) -> None:
         """Remove commits older than ``keep`` (``older_only``) or all but ``keep``."""
@@ -152,18 +158,23 @@ class CommitStore:
                 _remove(self._file(number))
 
 
+def _parse_header(data: bytes) -> tuple:
+    """(header dict or None, payload) of a commit file's bytes."""
+    head, sep, payload = data[len(_MAGIC):].partition(b"\n")
+    if not data.startswith(_MAGIC) or not sep:
+        return None, b""
+    try:
+        header = json.loads(head)
+    except ValueError:
+        return None, b""
+    return (header if isinstance(header, dict) else None), payload
+
+
 def _remove(path: str) -> None:
     try:
         os.remove(path)
     except FileNotFoundError:
         pass
-
-
-def _collectives():
-    # Imported on use: the store and the helpers above work without the core.
-    from . import ops, runtime
-    from .objects import allgather_object, broadcast_object
-    return ops, runtime, allgather_object, broadcast_object
 
 
 class State:
@@ -219,7 +230,6 @@ class State:
         store = self._commit_store()
         if store is None:
             return
-        ops = _collectives()[0]
         number = self._commit_number + 1
         store.write(number, self._serialize(self._saved))
         ops.barrier()
@@ -228,7 +238,6 @@ class State:
 
     def sync(self, root_rank: int = 0) -> None:
         """Every rank takes rank ``root_rank``'s state."""
-        broadcast_object = _collectives()[3]
         self._sync_objects(root_rank)
         user = broadcast_object(self._user_state(), root_rank, name="elastic.state.user")
         for key, value in user.items():
@@ -255,8 +264,16 @@ class State:
         store = self._commit_store()
         if store is None:
             return False
-        allgather_object = _collectives()[2]
-        number = newest_common(allgather_object(store.numbers(), name="elastic.commits"))
+        mine = store.numbers()
+        held = allgather_object((mine, store.written_by(mine[-1]) if mine else None),
+                                name="elastic.commits")
+        sizes = {size for _, size in held if size is not None}
+        if sizes - {store.size}:
+            raise ElasticStateError(
+                f"{ELASTIC_DIR_ENV}={os.environ.get(ELASTIC_DIR_ENV)} holds commits of a job of "
+                f"{sorted(sizes)} ranks, this job has {store.size}; use a fresh directory "
+                "when the number of ranks changes")
+        number = newest_common([numbers for numbers, _ in held])
         store.remove_except(number, older_only=False)
         if number is None:
             return False
@@ -270,7 +287,6 @@ class State:
         if not directory:
             return None
         if self._store is None:
-            runtime = _collectives()[1]
             self._store = CommitStore(directory, runtime.rank(), runtime.size())
         return self._store
 

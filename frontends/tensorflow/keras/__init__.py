@@ -50,6 +50,7 @@ from .. import mpi_ops as _ops
 from ..gradient_tape import make_allreduce_grads, scale_local, var_key
 from ..sync_batch_norm import SyncBatchNormalization  # noqa: F401
 from . import callbacks  # noqa: F401
+from . import elastic  # noqa: F401 - hvd.elastic.KerasState, hvd.elastic.run
 
 
 def _check_backend():

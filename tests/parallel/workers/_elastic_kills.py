@@ -73,15 +73,25 @@ def at_step(step: int) -> None:
     _die_if_due("step")
 
 
+def process_start_time() -> float:
+    """When this process started (time.time() scale), from /proc."""
+    with open("/proc/stat") as f:
+        boot = next(float(line.split()[1]) for line in f if line.startswith("btime "))
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 class FirstStep:
-    """Prints, on rank 0, when the first step of a restarted attempt is done
-    and where the attempt resumed."""
+    """Prints, on rank 0, where a restarted attempt resumed, when its process
+    started and when its first step was done."""
 
     def __init__(self, resumed_step: int):
         self.attempt = int(os.environ.get(core_elastic.RESTART_ENV, "0"))
         self.pending = self.attempt > 0 and commlib.rank() == 0
         if self.pending:
             print(f"attempt {self.attempt} resumed at step {resumed_step}", flush=True)
+            print(f"attempt {self.attempt} started at {process_start_time()!r}", flush=True)
 
     def done(self) -> None:
         if self.pending:
