@@ -97,3 +97,18 @@ class FirstStep:
         if self.pending:
             self.pending = False
             print(f"attempt {self.attempt} first step done at {time.time()!r}", flush=True)
+
+
+def train_steps(state, steps: int, commit_every: int, step_fn) -> None:
+    """The loop of the step-counting workers: ``step_fn(i)`` for each step
+    ``state.step`` .. ``steps - 1``, a commit every ``commit_every`` steps,
+    the planned kills on the way."""
+    first = FirstStep(state.step)
+    while state.step < steps:
+        at_step(state.step)
+        step_fn(state.step)
+        state.step += 1
+        first.done()
+        if state.step % commit_every == 0:
+            set_step(state.step)
+            state.commit()

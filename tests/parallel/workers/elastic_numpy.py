@@ -1,8 +1,8 @@
 """commlib.elastic.ObjectState (framework-free) on every rank: STEPS steps
 that each add an allreduced array to ``state.total``, committing every
 COMMIT_EVERY steps inside @elastic.run. Planned self-kills (_elastic_kills)
-or ``ELASTIC_FAIL_RANK=R`` (rank R exits with code 3 at step 3 of every
-attempt) exercise ``commlibrun --restarts``. The final total is checked
+or ``ELASTIC_FAIL_RANK=R`` (rank R dies with exit code 3 at step 3 of
+every attempt) exercise ``commlibrun --restarts``. The final total is checked
 against its closed form.
 
 usage: elastic_numpy.py [MARKER]   (MARKER: ignored, names the processes)
@@ -24,21 +24,17 @@ state = elastic.ObjectState(step=0, total=np.zeros(3))
 fail_rank = os.environ.get("ELASTIC_FAIL_RANK")
 
 
+def step_fn(step):
+    if fail_rank is not None and int(fail_rank) == r and step == 3:
+        print(f"rank {r}: failing on purpose at step 3", file=sys.stderr, flush=True)
+        os._exit(3)  # as a crash would: no shutdown() (see the note in test_elastic)
+    state.total = state.total + commlib.allreduce(np.full(3, (r + 1) * step, float),
+                                                  op=commlib.Sum, name="step")
+
+
 @elastic.run
 def train(state):
-    first = kills.FirstStep(state.step)
-    while state.step < STEPS:
-        kills.at_step(state.step)
-        if fail_rank is not None and int(fail_rank) == r and state.step == 3:
-            print(f"rank {r}: failing on purpose at step 3", file=sys.stderr, flush=True)
-            sys.exit(3)
-        state.total = state.total + commlib.allreduce(np.full(3, (r + 1) * state.step, float),
-                                                      op=commlib.Sum, name="step")
-        state.step += 1
-        first.done()
-        if state.step % COMMIT_EVERY == 0:
-            kills.set_step(state.step)
-            state.commit()
+    kills.train_steps(state, STEPS, COMMIT_EVERY, step_fn)
 
 
 train(state)

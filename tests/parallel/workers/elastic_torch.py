@@ -49,15 +49,7 @@ state = hvd.elastic.TorchState(model=model, optimizer=opt, step=0)
 
 @hvd.elastic.run
 def train(state):
-    first = kills.FirstStep(state.step)
-    while state.step < STEPS:
-        kills.at_step(state.step)
-        train_step(model, opt, state.step)
-        state.step += 1
-        first.done()
-        if state.step % COMMIT_EVERY == 0:
-            kills.set_step(state.step)
-            state.commit()
+    kills.train_steps(state, STEPS, COMMIT_EVERY, lambda step: train_step(model, opt, step))
 
 
 train(state)
