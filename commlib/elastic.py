@@ -9,6 +9,7 @@ framework state classes (``commlib.torch.elastic.TorchState``,
 ``commlib.tensorflow.keras.elastic.KerasState``); this module is
 framework-free::
 
+    import numpy as np
     import commlib
     from commlib import elastic
 

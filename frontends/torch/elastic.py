@@ -9,9 +9,10 @@ commlib's restart-from-the-last-commit mode (see :mod:`commlib.elastic`)::
     @hvd.elastic.run
     def train(state):
         for state.epoch in range(state.epoch, epochs):
-            for state.batch in range(state.batch, batches):
+            while state.batch < batches:             # state.batch: batches done
                 step(state.epoch, state.batch)
-                if state.batch % 10 == 9:
+                state.batch += 1
+                if state.batch % 10 == 0:
                     state.commit()
             state.batch = 0
 
