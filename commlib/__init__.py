@@ -38,7 +38,7 @@ _EXPORTS = {
             "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
             "grouped_allreduce_async_", "allgather", "allgather_async", "broadcast",
             "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
-            "reducescatter", "reducescatter_async", "barrier"],
+            "reducescatter", "reducescatter_async", "barrier", "join"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = list(_WHERE)

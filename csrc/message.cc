@@ -66,6 +66,8 @@ void encode(Writer& w, const Response& resp) {
   for (const auto& n : resp.names) w.put_string(n);
   w.put_vec(resp.rows);
   w.put_vec(resp.bits);
+  w.put<uint32_t>(uint32_t(resp.descs.size()));
+  for (const auto& d : resp.descs) encode(w, d);
 }
 
 Response decode_response(Reader& r) {
@@ -80,6 +82,8 @@ Response decode_response(Reader& r) {
   for (uint32_t i = 0; i < n; ++i) resp.names.push_back(r.get_string());
   resp.rows = r.get_vec();
   resp.bits = r.get_vec();
+  const uint32_t nd = r.get<uint32_t>();
+  for (uint32_t i = 0; i < nd; ++i) resp.descs.push_back(decode_request(r));
   return resp;
 }
 

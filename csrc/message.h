@@ -54,6 +54,9 @@ struct Response {
   std::vector<int64_t> rows;
   // Response cache bits given to names[i] (-1: none; empty: none at all).
   std::vector<int64_t> bits;
+  // While some ranks have joined: the request of each name (a joined rank
+  // that never submitted one runs it with buffers of its own); else empty.
+  std::vector<RequestDesc> descs;
   // Coordinator only, not sent: the ranks that receive it (empty: every rank).
   std::vector<int> to;
 };

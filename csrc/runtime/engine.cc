@@ -347,6 +347,7 @@ void Engine::fail_everything(int code, const std::string& message) {
   held_.clear();
   for (auto& [name, e] : pending_) finish(e, code, message);
   pending_.clear();
+  joins_pending_ = 0;
   ready_.clear();
   cache_.abandon();
 }

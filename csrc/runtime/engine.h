@@ -114,7 +114,10 @@ class Engine : private CacheHost {
   void execute(const Response& resp) override;
   // execute(), in steps.
   void execute_error(const Response& resp);
-  std::vector<Entry*> take_entries(const Response& resp);  // ends cached arrivals
+  // Ends cached arrivals; a joined rank's stand-ins for requests it never
+  // submitted go to joined.
+  std::vector<Entry*> take_entries(const Response& resp, std::deque<Entry>& joined);
+  void execute_join(const Response& resp);
   void execute_set_change(const Response& resp, Entry& e);
   void finish(Entry& e, int status, const std::string& message);
   void fail_everything(int code, const std::string& message) override;
@@ -176,6 +179,7 @@ class Engine : private CacheHost {
   std::unique_ptr<PointToPoint> p2p_;
   Executor executor_;  // runs collectives; owns the process sets' communicators
   std::unordered_map<std::string, Entry> pending_;
+  int joins_pending_ = 0;  // this rank's join() requests submitted and not complete
   std::vector<Entry> held_;  // taken from the queue, not yet reported
   int64_t held_since_us_ = 0, last_arrival_us_ = 0;
   int64_t leave_deadline_us_ = 0;

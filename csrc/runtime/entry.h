@@ -32,6 +32,7 @@ struct Entry {
   uint32_t cache_gen = 0;
   int64_t cached_since_us = 0;
   bool cache_expired = false;  // waited too long; its bit's invalidation is in the log
+  std::vector<char> scratch;   // a joined rank's stand-in buffers (join.h)
 };
 
 }  // namespace commlib

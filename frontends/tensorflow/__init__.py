@@ -29,7 +29,7 @@ Horovod: ``hvd.init(process_sets=[hvd.ProcessSet([0, 2]), ...])`` or
 ``hvd.add_process_set([0, 2])`` (on every rank) registers a set; the
 collectives, broadcast_variables, the object helpers,
 DistributedGradientTape and DistributedOptimizer take ``process_set=`` and
-then communicate among its members only. Not available (yet): Adasum, join,
+then communicate among its members only. Not available (yet): Adasum,
 elastic training, timelines, XLA-compiled functions.
 """
 from commlib.basics import (cross_rank, cross_size, is_initialized, local_rank, local_size,

@@ -41,7 +41,12 @@ enum {
   COMMLIB_OP_REMOVE_PROCESS_SET = 7,
   /* Point-to-point (never negotiated: matched by source, tag and set). */
   COMMLIB_OP_SEND = 8,
-  COMMLIB_OP_RECV = 9
+  COMMLIB_OP_RECV = 9,
+  /* join: this rank has no more collectives to submit; until every rank has
+     joined, it takes part in the others' collectives of the job (contributing
+     zeros to reductions, no rows to allgather/alltoall). The handle's splits
+     hold {last rank to join}. Global process set only. */
+  COMMLIB_OP_JOIN = 10
 };
 
 /* Where a request's buffers live. */
