@@ -43,5 +43,6 @@ HorovodInternalError = CommlibError
 
 class HostsUpdatedInterrupt(RuntimeError):
     """Horovod's elastic-training signal that the set of hosts changed.
-    commlib has no elastic mode yet and never raises it; the class exists so
-    that Horovod scripts whose ``except`` clauses name it run unchanged."""
+    commlib's elastic mode restarts the whole job instead and never raises
+    it; the class exists so that Horovod scripts whose ``except`` clauses
+    name it run unchanged."""

@@ -25,8 +25,8 @@ only (Average divides by the set's size)::
         hvd.allreduce(t, process_set=even)
 
 Not available (yet; the names exist and raise NotImplementedError): Adasum,
-timelines (start_timeline/stop_timeline). Not provided: elastic training
-(commlib.torch.elastic).
+timelines (start_timeline/stop_timeline). Elastic training is restart from the
+last commit (``hvd.elastic``, see commlib.torch.elastic and ``commlibrun --restarts``).
 """
 from .compression import Compression
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
@@ -48,6 +48,7 @@ from .p2p import gradient_tag, irecv, isend, recv, send, sendrecv
 from commlib.parallel_grid import ParallelGrid
 from .local_sgd import LocalSGD
 from .sync_batch_norm import SyncBatchNorm
+from . import elastic  # hvd.elastic.TorchState, hvd.elastic.run
 from ._dispatch import is_torch_optimizer
 from commlib.dispatch import register_optimizer
 from commlib.errors import (CollectiveMismatchError, HorovodInternalError, HostsUpdatedInterrupt,
@@ -71,7 +72,7 @@ __all__ = [
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "barrier", "join",
     "sparse_allreduce_async", "start_timeline", "stop_timeline",
-    "Compression", "DistributedOptimizer", "SyncBatchNorm", "LocalSGD",
+    "Compression", "DistributedOptimizer", "SyncBatchNorm", "LocalSGD", "elastic",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "CommlibError", "CollectiveMismatchError", "NotInitializedError", "RankLostError",
     "ScalarTensorError", "HorovodInternalError", "HostsUpdatedInterrupt",

@@ -51,6 +51,7 @@ from ..gradient_tape import make_allreduce_grads, scale_local, var_key
 from ..sync_batch_norm import SyncBatchNormalization  # noqa: F401
 from . import callbacks  # noqa: F401
 from .local_sgd import LocalSGD  # noqa: F401,E402
+from . import elastic  # noqa: F401 - hvd.elastic.KerasState, hvd.elastic.run
 
 
 def _check_backend():
