@@ -43,7 +43,7 @@ from .mpi_ops import (Adasum, Average, CommlibError, Handle, Max, Min, Product, 
                       mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, poll, rank,
                       reducescatter, reducescatter_async, remove_process_set, rocm_built, shutdown,
                       size, sparse_allreduce_async, start_timeline, stop_timeline, synchronize)
-from .optimizer import DistributedOptimizer
+from .distributed_optimizer import DistributedOptimizer
 from .p2p import gradient_tag, irecv, isend, recv, send, sendrecv
 from commlib.parallel_grid import ParallelGrid
 from .local_sgd import LocalSGD
