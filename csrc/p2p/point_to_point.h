@@ -76,6 +76,8 @@ class PointToPoint {
   void post(P2PRequest req);
   // Moves everything forward that can move without blocking; true when it did work.
   bool progress();
+  // Only the control messages this rank sends (see progress.h's wait hook).
+  void progress_sends() { ctl_sends_.progress(); }
   // Warns (stderr) once about each request unmatched for longer than limit_us;
   // fails receives unmatched for longer than timeout_us (> 0). (A send is
   // never failed so: its receiver may be reading its buffer at that moment.)

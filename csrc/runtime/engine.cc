@@ -169,6 +169,12 @@ void Engine::start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mo
     for (int r = 0; r < t.size; ++r) sets_[0].push_back(r);
     set_calls_ = 0;
   }
+  g_wait_hook_arg = this;
+  g_wait_hook = [](void* engine) {
+    Engine& e = *static_cast<Engine*>(engine);
+    e.control_->progress();
+    e.p2p_->progress_sends();
+  };
   stop_.store(false);
   running_.store(true);
   thread_ = std::thread(&Engine::loop, this);
@@ -188,6 +194,7 @@ void Engine::shutdown() {
     executor_.abandon();
     p2p_->abandon();
   }
+  g_wait_hook = nullptr;
   executor_.clear();
   cache_.reset(CacheProtocol::Setup{});
   coordinator_.reset();

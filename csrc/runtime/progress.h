@@ -29,6 +29,14 @@ inline int64_t now_us() {
       .count();
 }
 
+// Called while a shared-memory wait spins or naps (set by the engine for its
+// lifetime): it moves the engine's own pending control sends along. A
+// control message above MPI's eager size completes only while its sender
+// calls into MPI, and the ranks this wait waits for may be waiting for that
+// very message (rank 0's responses) before they can take part.
+inline void (*g_wait_hook)(void*) = nullptr;
+inline void* g_wait_hook_arg = nullptr;
+
 inline void nap_us(int64_t us) {
   timespec ts{static_cast<time_t>(us / 1000000), static_cast<long>((us % 1000000) * 1000)};
   nanosleep(&ts, nullptr);
@@ -48,6 +56,7 @@ void poll_until(Done done, bool may_sleep = true) {
   for (;;) {
     if (done()) return;
     throw_if_peer_lost();
+    if (may_sleep && g_wait_hook) g_wait_hook(g_wait_hook_arg);
     if (!may_sleep || now_us() - start < budget) {
       sched_yield();
     } else {
