@@ -44,6 +44,7 @@ from .mpi_ops import (Adasum, Average, CommlibError, Handle, Max, Min, Product, 
                       reducescatter, reducescatter_async, remove_process_set, rocm_built, shutdown,
                       size, sparse_allreduce_async, start_timeline, stop_timeline, synchronize)
 from .optimizer import DistributedOptimizer
+from .memory import memory_report
 from .sync_batch_norm import SyncBatchNorm
 from ._dispatch import is_torch_optimizer
 from commlib.dispatch import register_optimizer
@@ -68,7 +69,7 @@ __all__ = [
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "barrier", "join",
     "sparse_allreduce_async", "start_timeline", "stop_timeline",
-    "Compression", "DistributedOptimizer", "SyncBatchNorm",
+    "Compression", "DistributedOptimizer", "SyncBatchNorm", "memory_report",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "CommlibError", "CollectiveMismatchError", "NotInitializedError", "RankLostError",
     "ScalarTensorError", "HorovodInternalError", "HostsUpdatedInterrupt",

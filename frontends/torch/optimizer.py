@@ -205,13 +205,17 @@ class _DistributedOptimizer:
 
     # ------------------------------------------------------------ hooks
 
-    def _hook(self, p):
+    def _final_pass(self, p) -> bool:
+        """Counts a backward pass for p: True when its gradient is final."""
         if self._delay[p] <= 0:
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before call "
                 "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
         self._delay[p] -= 1
-        if self._delay[p] > 0:
+        return self._delay[p] == 0
+
+    def _hook(self, p):
+        if not self._final_pass(p):
             return
         if p.grad.is_sparse:
             if not self.sparse_as_dense:
@@ -456,7 +460,8 @@ def _describe_difference(sigs: list) -> str:
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
-                         process_set=global_process_set):
+                         process_set=global_process_set, zero_stage=0,
+                         bucket_elements=None):
     """Wraps a torch optimizer so that ``step()`` applies gradients averaged
     (``op=Average``) or summed (``op=Sum``) over all ranks (of ``process_set``).
 
@@ -481,6 +486,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             gradients are averaged over its members only (Average divides by
             the set's size). Every rank may build the optimizer; on ranks
             outside the set it does not communicate (local gradients).
+        zero_stage: 0 (default: every rank keeps the whole optimizer state),
+            1 (optimizer state sharded across the set's ranks) or 2 (also
+            the gradients); see commlib.torch.zero. Non-members of the set
+            get the unsharded optimizer.
+        bucket_elements: with zero_stage > 0, the largest flat bucket of
+            parameters, in elements (default 2**23).
 
     On every rank (of the set) the same parameters (names, shapes, dtypes) and
     options are required: construction checks this with one small allgather and raises
@@ -495,10 +506,19 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError("this optimizer is already a DistributedOptimizer")
     groups = resolve_groups(num_groups, groups)
     base = optimizer.__class__
+    dist_args = (named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    if zero_stage != 0 or bucket_elements is not None:
+        from . import zero
+
+        bucket_elements = zero.check_arguments(zero_stage, bucket_elements, compression, groups)
+        if included(process_set):
+            cls = type(base.__name__, (zero._ZeroOptimizer, base),
+                       {"__module__": zero.__name__, "__doc__": base.__doc__})
+            return zero.make_zero(cls, optimizer, zero_stage, bucket_elements, dist_args)
     cls = type(base.__name__, (_DistributedOptimizer, base),
                {"__module__": __name__, "__doc__": base.__doc__})
     dist = cls.__new__(cls)
     dist.__dict__.update(optimizer.__dict__)  # shares param_groups, state, defaults, hooks
-    dist._dist_init(named_parameters, compression, backward_passes_per_step, op,
-                    gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    dist._dist_init(*dist_args)
     return dist
