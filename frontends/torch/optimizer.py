@@ -513,9 +513,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
         bucket_elements = zero.check_arguments(zero_stage, bucket_elements, compression, groups)
         if included(process_set):
-            cls = type(base.__name__, (zero._ZeroOptimizer, base),
+            cls = type(base.__name__, (zero.ZeroMixin, _DistributedOptimizer, base),
                        {"__module__": zero.__name__, "__doc__": base.__doc__})
-            return zero.make_zero(cls, optimizer, zero_stage, bucket_elements, dist_args)
+            return zero.make_zero(cls, base, optimizer, zero_stage, bucket_elements, dist_args)
     cls = type(base.__name__, (_DistributedOptimizer, base),
                {"__module__": __name__, "__doc__": base.__doc__})
     dist = cls.__new__(cls)

@@ -53,18 +53,19 @@ from commlib.sharding import DEFAULT_BUCKET_ELEMENTS, plan_buckets
 
 from . import mpi_ops as _ops
 from .compression import Compression
-from .optimizer import _DistributedOptimizer
 from .zero_buckets import FlatBucket
 from .zero_state import (group_hyperparameters, is_elementwise, shard_from_params,
                          torch_order)
 
 
-class _ZeroOptimizer(_DistributedOptimizer):
-    """Mixin placed before the wrapped optimizer's class (zero_stage 1 or 2)."""
+class ZeroMixin:
+    """Placed before DistributedOptimizer's mixin and the wrapped optimizer's
+    class (zero_stage 1 or 2); it overrides the gradient exchange, the step
+    and the state."""
 
     # ------------------------------------------------------------ set-up
 
-    def _zero_init(self, stage: int, bucket_elements: int):
+    def _zero_init(self, base, stage: int, bucket_elements: int):
         self.zero_stage = stage
         self._bucket_elements = bucket_elements
         world, pos = set_size(self.process_set), set_rank(self.process_set)
@@ -85,8 +86,6 @@ class _ZeroOptimizer(_DistributedOptimizer):
             hyper = {k: v for k, v in g.items() if k != "params"}
             inner_groups.append(dict(hyper, params=[b.shard for b in self._buckets
                                                     if b.plan.group == i]))
-        base = next(c for c in type(self).__mro__ if c not in (type(self), _ZeroOptimizer,
-                                                              _DistributedOptimizer))
         try:
             self._inner = base(inner_groups, **self.defaults)
         except TypeError as e:
@@ -128,12 +127,6 @@ class _ZeroOptimizer(_DistributedOptimizer):
         """Finishes every bucket's gradient reduction (starting those whose
         gradients were not all final: parameters unused on this rank), so
         that each shard has its averaged gradient."""
-        for p in self._unmanaged:
-            if p.grad is not None:
-                raise ValueError(
-                    f"parameter {self._parameter_names[p]!r} was frozen (requires_grad=False) "
-                    "when the ZeRO optimizer was built, so it is not sharded, but it has a "
-                    "gradient now; build the optimizer after unfreezing it")
         first_error = None
         try:
             for b in self._buckets:
@@ -152,6 +145,12 @@ class _ZeroOptimizer(_DistributedOptimizer):
             self._reset()
         if first_error is not None:
             raise first_error
+        for p in self._unmanaged:
+            if p.grad is not None:
+                raise ValueError(
+                    f"parameter {self._parameter_names[p]!r} was frozen (requires_grad=False) "
+                    "when the ZeRO optimizer was built, so it is not sharded, but it has a "
+                    "gradient now; build the optimizer after unfreezing it")
         self._synchronized = True
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -286,7 +285,7 @@ class _ZeroOptimizer(_DistributedOptimizer):
                     if torch.is_tensor(v) else v for k, v in st.items()}
 
 
-_ZeroOptimizer.step.hooked = True
+ZeroMixin.step.hooked = True
 
 
 def check_arguments(stage, bucket_elements, compression, groups) -> int:
@@ -306,9 +305,9 @@ def check_arguments(stage, bucket_elements, compression, groups) -> int:
     return bucket_elements
 
 
-def make_zero(cls, optimizer, stage: int, bucket_elements: int, dist_args: tuple):
+def make_zero(cls, base, optimizer, stage: int, bucket_elements: int, dist_args: tuple):
     """The ZeRO DistributedOptimizer: ``cls`` is the generated class
-    (_ZeroOptimizer first, the wrapped optimizer's class last)."""
+    (ZeroMixin first, the wrapped optimizer's class ``base`` last)."""
     if optimizer.state:
         raise ValueError("zero_stage > 0 must wrap an optimizer that has not stepped yet (its "
                          "state would not be sharded); load state afterwards with "
@@ -317,5 +316,5 @@ def make_zero(cls, optimizer, stage: int, bucket_elements: int, dist_args: tuple
     dist.__dict__.update(optimizer.__dict__)
     dist.zero_stage, dist._bucket_elements = stage, bucket_elements  # for the signature
     dist._dist_init(*dist_args)
-    dist._zero_init(stage, bucket_elements)
+    dist._zero_init(base, stage, bucket_elements)
     return dist
