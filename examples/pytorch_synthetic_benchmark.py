@@ -39,6 +39,9 @@ def parse_args():
     p.add_argument("--fp16-allreduce", action="store_true", help="commlib: fp16 compression")
     p.add_argument("--groups", type=int, default=0,
                    help="commlib: fuse gradients into this many groups (0: one per parameter)")
+    p.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2],
+                   help="commlib: shard optimizer state (1) and gradients (2) across ranks")
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     return p.parse_args()
 
 
@@ -60,7 +63,13 @@ def env_int(*names, default=None):
     return default
 
 
-def setup_ddp(model):
+def make_optimizer(args, params, scale):
+    if args.optimizer == "adam":
+        return torch.optim.Adam(params, lr=1e-4 * scale)
+    return torch.optim.SGD(params, lr=0.01 * scale)
+
+
+def setup_ddp(model, args):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -70,7 +79,7 @@ def setup_ddp(model):
     os.environ.setdefault("MASTER_PORT", "29500")
     dist.init_process_group("gloo", rank=rank, world_size=world)
     ddp = DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    optimizer = make_optimizer(args, ddp.parameters(), 1)
 
     def average(value):
         t = torch.tensor([value], dtype=torch.float64)
@@ -95,12 +104,14 @@ def setup_commlib(model, args):
     import commlib.torch as hvd
 
     hvd.init()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
+    optimizer = make_optimizer(args, model.parameters(), hvd.size())
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression, groups=args.groups or None)
+                                         compression=compression, groups=args.groups or None,
+                                         zero_stage=args.zero_stage)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    if not args.zero_stage:  # (a ZeRO optimizer's state is per rank; none exists yet)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     def average(value):
         return hvd.allreduce(torch.tensor([value], dtype=torch.float64)).item()
@@ -114,7 +125,7 @@ def main():
     torch.manual_seed(0)
     model = make_model(args.model)
     if args.backend == "ddp":
-        model, optimizer, rank, world, average, finish = setup_ddp(model)
+        model, optimizer, rank, world, average, finish = setup_ddp(model, args)
     else:
         model, optimizer, rank, world, average, finish = setup_commlib(model, args)
 
@@ -147,6 +158,11 @@ def main():
     mean_all = average(mean)
     log(f"Samples/s per rank: {mean_all:.1f} +-{conf:.1f}")
     log(f"Total samples/s on {world} rank(s): {world * mean_all:.1f} +-{world * conf:.1f}")
+    if args.backend == "commlib":
+        import commlib.torch as hvd
+
+        mib = {k: round(v / 2**20, 1) for k, v in hvd.memory_report(model, optimizer).items()}
+        print(f"rank {rank} memory (MiB, zero_stage {args.zero_stage}): {mib}", flush=True)
     finish()
 
 

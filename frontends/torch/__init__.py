@@ -45,6 +45,7 @@ from .mpi_ops import (Adasum, Average, CommlibError, Handle, Max, Min, Product, 
                       size, sparse_allreduce_async, start_timeline, stop_timeline, synchronize)
 from .optimizer import DistributedOptimizer
 from .memory import memory_report
+from .fully_shard import full_parameters, fully_shard
 from .zero_checkpoint import full_state_dict, load_sharded, save_sharded
 from .sync_batch_norm import SyncBatchNorm
 from ._dispatch import is_torch_optimizer
@@ -71,7 +72,7 @@ __all__ = [
     "grouped_reducescatter", "grouped_reducescatter_async", "barrier", "join",
     "sparse_allreduce_async", "start_timeline", "stop_timeline",
     "Compression", "DistributedOptimizer", "SyncBatchNorm", "memory_report",
-    "save_sharded", "load_sharded", "full_state_dict",
+    "save_sharded", "load_sharded", "full_state_dict", "fully_shard", "full_parameters",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "CommlibError", "CollectiveMismatchError", "NotInitializedError", "RankLostError",
     "ScalarTensorError", "HorovodInternalError", "HostsUpdatedInterrupt",

@@ -48,7 +48,7 @@ import warnings
 import torch
 
 import commlib as _c
-from commlib.process_sets import set_rank, set_size
+from commlib.process_sets import members, set_rank, set_size
 from commlib.sharding import DEFAULT_BUCKET_ELEMENTS, plan_buckets
 
 from . import mpi_ops as _ops
@@ -203,11 +203,25 @@ class ZeroMixin:
         return loss
 
     def _gather_parameters(self):
-        handles = [_ops.allgather_async(b.shard.detach(), name=f"{self._prefix}zero{i}.param",
-                                        process_set=self.process_set)
-                   for i, b in enumerate(self._buckets)]
-        for b, h in zip(self._buckets, handles):
-            b.flat.copy_(_ops.synchronize(h))
+        """Every rank's updated shard into every rank's flat parameters: one
+        in-place broadcast per owner (the allgather of the shards, written
+        straight into the buffer, with no result to copy)."""
+        owners = members(self.process_set)
+        handles = []
+        for i, b in enumerate(self._buckets):
+            for k, root in enumerate(owners):
+                lo, hi = b.plan.owned(k)
+                handles.append(_ops.broadcast_async_(b.flat[lo:hi], root_rank=root,
+                                                     name=f"{self._prefix}zero{i}.param{k}",
+                                                     process_set=self.process_set))
+        first_error = None
+        for h in handles:
+            try:
+                _ops.synchronize(h)
+            except Exception as e:  # noqa: BLE001 - wait for all, raise the first
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
 
     def zero_grad(self, set_to_none: bool = True):
         if any(b.handle is not None or b.ready for b in self._buckets) or any(
