@@ -39,8 +39,9 @@ def parse_args():
     p.add_argument("--fp16-allreduce", action="store_true", help="commlib: fp16 compression")
     p.add_argument("--groups", type=int, default=0,
                    help="commlib: fuse gradients into this many groups (0: one per parameter)")
-    p.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2],
-                   help="commlib: shard optimizer state (1) and gradients (2) across ranks")
+    p.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3],
+                   help="commlib: shard optimizer state (1), gradients (2), parameters "
+                        "(3: fully_shard every layer and the root)")
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     return p.parse_args()
 
@@ -104,6 +105,13 @@ def setup_commlib(model, args):
     import commlib.torch as hvd
 
     hvd.init()
+    if args.zero_stage == 3:
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                hvd.fully_shard(layer)  # (the root has no parameters of its own)
+        optimizer = make_optimizer(args, model.parameters(), hvd.size())
+        return model, optimizer, hvd.rank(), hvd.size(), average_fn(hvd), lambda: None
     optimizer = make_optimizer(args, model.parameters(), hvd.size())
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
@@ -113,10 +121,11 @@ def setup_commlib(model, args):
     if not args.zero_stage:  # (a ZeRO optimizer's state is per rank; none exists yet)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
-    def average(value):
-        return hvd.allreduce(torch.tensor([value], dtype=torch.float64)).item()
+    return model, optimizer, hvd.rank(), hvd.size(), average_fn(hvd), lambda: None
 
-    return model, optimizer, hvd.rank(), hvd.size(), average, lambda: None
+
+def average_fn(hvd):
+    return lambda value: hvd.allreduce(torch.tensor([value], dtype=torch.float64)).item()
 
 
 def main():
