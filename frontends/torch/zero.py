@@ -257,7 +257,9 @@ class ZeroMixin:
                 "buckets": [b.plan.to_dict() for b in self._buckets]}
 
     def load_state_dict(self, state_dict):
-        """Loads ``state_dict()`` of the same rank and size, or an ordinary
+        """Loads ``state_dict()`` of the same rank and size (of any rank if
+        it has no state yet: broadcast_optimizer_state right after building
+        the optimizer copies the hyperparameters), or an ordinary
         per-parameter torch optimizer state dict (this rank keeps its part)."""
         self._reset()
         self._synchronized = False
@@ -265,8 +267,9 @@ class ZeroMixin:
         if "zero" in state_dict:
             info = self._layout_info()
             saved = state_dict["zero"]
-            if {k: saved.get(k) for k in ("world", "rank", "buckets")} != {
-                    k: info[k] for k in ("world", "rank", "buckets")}:
+            fresh = not any(state_dict["shard_state"])  # e.g. broadcast_optimizer_state
+            keys = ("world", "buckets") if fresh else ("world", "rank", "buckets")
+            if {k: saved.get(k) for k in keys} != {k: info[k] for k in keys}:
                 raise ValueError(
                     f"this ZeRO state dict was saved by rank {saved.get('rank')} of "
                     f"{saved.get('world')} with another layout; use commlib.torch.save_sharded/"

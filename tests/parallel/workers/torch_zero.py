@@ -163,6 +163,13 @@ def check_state_dicts():
         train(0, steps=STEPS // 2, model=plain, opt=plain_opt, start=STEPS // 2)
         if rel_err(model3, plain) > 1e-5:
             fail(f"stage {stage}: resumed from a torch state dict: {rel_err(model3, plain)}")
+        fresh_model = Net()
+        fresh = hvd.DistributedOptimizer(adam(fresh_model), zero_stage=stage,
+                                         named_parameters=fresh_model.named_parameters())
+        fresh.param_groups[1]["lr"] = 0.125 if r == 0 else 1.0
+        hvd.broadcast_optimizer_state(fresh, root_rank=0)  # a fresh ZeRO state: hyperparameters
+        if fresh.param_groups[1]["lr"] != 0.125:
+            fail(f"broadcast_optimizer_state of a fresh ZeRO optimizer: {fresh.param_groups[1]}")
         other = hvd.broadcast_object(saved, root_rank=0, name=f"sd.{stage}")
         if r != 0:
             expect_raises(ValueError, lambda: opt2.load_state_dict(other),
