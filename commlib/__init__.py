@@ -29,7 +29,8 @@ _EXPORTS = {
                "response_cache_stats"],
     "dispatch": ["DistributedOptimizer"],
     "errors": ["CommlibError", "CollectiveMismatchError", "NotInitializedError", "RankLostError",
-               "ScalarTensorError", "HorovodInternalError", "HostsUpdatedInterrupt"],
+               "ScalarTensorError", "CollectiveTimeoutError", "HorovodInternalError",
+               "HostsUpdatedInterrupt"],
     "handle": ["Handle", "poll", "synchronize"],
     "p2p": ["send", "recv", "isend", "irecv", "sendrecv"],
     "process_sets": ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"],
@@ -38,7 +39,7 @@ _EXPORTS = {
             "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
             "grouped_allreduce_async_", "allgather", "allgather_async", "broadcast",
             "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
-            "reducescatter", "reducescatter_async", "barrier"],
+            "reducescatter", "reducescatter_async", "barrier", "join"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = list(_WHERE)

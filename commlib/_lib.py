@@ -25,6 +25,7 @@ _EXCEPTIONS = {
     lib.COMMLIB_ERR_PEER_LOST: errors.RankLostError,
     lib.COMMLIB_ERR_INTERNAL: errors.CommlibError,
     lib.COMMLIB_ERR_TIMEOUT: TimeoutError,
+    lib.COMMLIB_ERR_TIMED_OUT: errors.CollectiveTimeoutError,
 }
 
 

@@ -23,6 +23,14 @@ class RankLostError(CommlibError):
     the job should end."""
 
 
+class CollectiveTimeoutError(CommlibError, TimeoutError):
+    """A collective or receive could not complete within COMMLIB_TIMEOUT
+    seconds because some ranks never took part (they failed, froze, are
+    unreachable, or called other collectives). The message names the
+    operation, the tensor, the process set and the missing ranks. On a rank
+    whose coordinator (rank 0) stopped answering, communication is over."""
+
+
 class ScalarTensorError(CommlibError, ValueError):
     """A collective that splits or concatenates along dimension 0
     (allgather, alltoall, reducescatter) got a 0-d tensor. It is a ValueError
@@ -35,5 +43,6 @@ HorovodInternalError = CommlibError
 
 class HostsUpdatedInterrupt(RuntimeError):
     """Horovod's elastic-training signal that the set of hosts changed.
-    commlib has no elastic mode yet and never raises it; the class exists so
-    that Horovod scripts whose ``except`` clauses name it run unchanged."""
+    commlib's elastic mode restarts the whole job instead and never raises
+    it; the class exists so that Horovod scripts whose ``except`` clauses
+    name it run unchanged."""

@@ -22,6 +22,7 @@ compiled core.
 """
 
 import argparse
+import functools
 import os
 import re
 import selectors
@@ -36,6 +37,7 @@ import threading
 import time
 
 from . import _rankwrap
+from .restarts import ELASTIC_DIR_ENV, RESTART_ENV, Attempt, run_with_restarts
 from .mpi_discovery import (MPI4PY_LIBRARY_PROBE, MPICH, MPIEXEC_ENV,  # noqa: F401 - re-exported
                             OPENMPI, LauncherError, MPIFlavour, detect_flavour, find_mpiexec,
                             library_flavour, mpi4py_library_flavour, mpiexec_candidates,
@@ -469,15 +471,22 @@ def job_exit_code(returncode, statuses):
     The rank that failed first decides; without status files (e.g. ranks on
     other hosts) mpiexec's own exit status is used.
     """
+    code, cause = failure_cause(returncode, statuses)
+    return code, (f"commlibrun: job failed: {cause}" if cause else None)
+
+
+def failure_cause(returncode, statuses):
+    """``(exit code, cause)`` of a finished job; the cause (None on success)
+    names the rank that failed first, or mpiexec's own status."""
     failure = first_failure(statuses)
     if failure:
         rank, code = failure
-        return code, f"commlibrun: job failed: rank {rank} {describe_exit(code)} (first failure)"
+        return code, f"rank {rank} {describe_exit(code)} (first failure)"
     if returncode < 0:
         sig = signal.Signals(-returncode).name
-        return 128 - returncode, f"commlibrun: job failed: mpiexec was killed by signal {sig}"
+        return 128 - returncode, f"mpiexec was killed by signal {sig}"
     if returncode > 0:
-        return returncode, f"commlibrun: job failed: mpiexec exited with code {returncode}"
+        return returncode, f"mpiexec exited with code {returncode}"
     return 0, None
 
 
@@ -509,6 +518,11 @@ def make_parser():
     p.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="kill the whole job after this many seconds and exit with code "
                         f"{TIMEOUT_EXIT_CODE}")
+    p.add_argument("--restarts", type=int, default=0, metavar="N",
+                   help="start the whole job again, up to N times, when a rank fails; scripts "
+                        "resume from their last commit (commlib.torch.elastic, "
+                        f"commlib.tensorflow.keras.elastic) in ${ELASTIC_DIR_ENV} (a temporary "
+                        "directory of the job's own when unset)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the mpiexec command instead of running it")
     p.add_argument("--verbose", action="store_true",
@@ -533,6 +547,8 @@ def main(argv=None):
         parser.error("-np N and a command are required")
     if args.timeout is not None and args.timeout <= 0:
         parser.error("--timeout must be positive")
+    if args.restarts < 0:
+        parser.error("--restarts must be 0 or more")
 
     try:
         environ = dict(os.environ)
@@ -555,38 +571,55 @@ def main(argv=None):
         print(shlex.join(cmd))
         return 0
 
+    elastic_dir = None
+    if args.restarts and not environ.get(ELASTIC_DIR_ENV):
+        # Commits must outlive each attempt, not the job: a directory of its own.
+        elastic_dir = tempfile.mkdtemp(prefix="commlibrun-elastic-")
+        env[ELASTIC_DIR_ENV] = elastic_dir
+    attempt = functools.partial(_run_attempt, build=build, env=env, environ=environ,
+                                verbose=args.verbose)
+    try:
+        return run_with_restarts(attempt, args.restarts, args.timeout)
+    finally:
+        if elastic_dir is not None:
+            shutil.rmtree(elastic_dir, ignore_errors=True)
+
+
+def _run_attempt(number, timeout, *, build, env, environ, verbose):
+    """Run the job once (attempt ``number``, 0 first); return an Attempt.
+    A job that failed prints its cause in run_with_restarts, not here."""
     status_dir = tempfile.mkdtemp(prefix="commlibrun-")
     relay = None
+    env = dict(env, **{STATUS_DIR_ENV: status_dir, RESTART_ENV: str(number)})
+    environ = dict(environ)
     try:
-        env[STATUS_DIR_ENV] = status_dir
         try:
             relay = OutputRelay(os.path.join(status_dir, "output"))
             env[OUTPUT_SOCKET_ENV] = relay.path
         except OSError:
             pass  # the ranks' lines then come through mpiexec
         cmd = build_command(env=env, **build)
-        if args.verbose:
-            print(f"commlibrun: {flavour}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+        if verbose:
+            print(f"commlibrun: {build['flavour']}: {shlex.join(cmd)}", file=sys.stderr,
+                  flush=True)
         environ.update(env)
-        job = _Job(args.timeout, status_dir, _rankwrap.failure_grace(environ))
+        job = _Job(timeout, status_dir, _rankwrap.failure_grace(environ))
         try:
             returncode = job.run(cmd, environ)
         except OSError as e:
-            print(f"commlibrun: error: cannot run {mpiexec}: {e}", file=sys.stderr)
-            return 2
+            print(f"commlibrun: error: cannot run {build['mpiexec']}: {e}", file=sys.stderr)
+            return Attempt(2, retryable=False)
         finally:
             if relay is not None:
                 relay.close()
         if job.timed_out:
-            return TIMEOUT_EXIT_CODE
+            return Attempt(TIMEOUT_EXIT_CODE, retryable=False)
         if job.signal_received is not None:
             print(f"commlibrun: interrupted by {signal.Signals(job.signal_received).name}",
                   file=sys.stderr)
-            return 128 + job.signal_received
-        code, summary = job_exit_code(returncode, read_statuses(status_dir))
-        if summary:
-            print(summary, file=sys.stderr)
-        return code
+            return Attempt(128 + job.signal_received, retryable=False)
+        code, cause = failure_cause(returncode, read_statuses(status_dir))
+        return Attempt(code, cause)
     finally:
         if relay is not None:
             relay.close(0)

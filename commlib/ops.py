@@ -464,7 +464,7 @@ def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0,
                                            process_set))
 
 
-# ---------------------------------------------------------------- barrier
+# ---------------------------------------------------------------- barrier, join
 
 def barrier(process_set=None) -> None:
     """Returns once every rank (of ``process_set``) has called barrier()."""
@@ -472,3 +472,18 @@ def barrier(process_set=None) -> None:
     hid, keep = _enqueue(lib.COMMLIB_OP_BARRIER, runtime.auto_name("barrier", None, psid), None,
                          None, process_set=psid)
     synchronize(Handle(hid, None, keep, "barrier"))
+
+
+def join() -> int:
+    """This rank has no more collectives to submit (for instance: it ran out
+    of data first). Until every rank has called join(), it takes part in the
+    other ranks' collectives of the job: it contributes zeros to allreduce
+    and reducescatter (an ``Average`` still divides by the number of ranks),
+    no rows to allgather and alltoall, receives broadcasts (a joined rank
+    cannot be a broadcast's root), and passes barriers. Returns, on every
+    rank, the rank that called join() last. Generated names (``name=None``)
+    start again after it, the same on every rank."""
+    hid, keep = _enqueue(lib.COMMLIB_OP_JOIN, f"commlib.join.{runtime.name_epoch()}", None, None)
+    last = synchronize(Handle(hid, lambda h: core_splits(h, 1)[0], keep, "join"))
+    runtime.names_after_join()
+    return int(last)

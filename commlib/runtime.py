@@ -19,6 +19,10 @@ _job_comm = None  # the mpi4py communicator of the job's ranks (set by init)
 # the same calls on a set in the same order generate the same names, and
 # calls on one set do not advance another set's counters.
 _name_counters: collections.defaultdict = collections.defaultdict(itertools.count)
+# Joins completed: a joined rank skips the others' calls, so the counters
+# differ between ranks after a join; every rank starts them again, with the
+# epoch in the names (the old names may still be in flight nowhere).
+_name_epoch = 0
 
 
 def is_initialized() -> bool:
@@ -59,7 +63,8 @@ def auto_name(kind: str, name: str | None = None, psid: int = 0) -> str:
     """``name`` (checked: a non-empty string), or the next
     ``<kind>.noname.<n>`` of process set ``psid`` when it is None."""
     if name is None:
-        return f"{kind}.noname.{next(_name_counters[kind, psid])}"
+        n = next(_name_counters[kind, psid])
+        return f"{kind}.noname.{n}" if not _name_epoch else f"{kind}.noname.j{_name_epoch}.{n}"
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     if "\x00" in name:  # the core takes C strings: it would end the name there
@@ -70,4 +75,20 @@ def auto_name(kind: str, name: str | None = None, psid: int = 0) -> str:
 def reset_names() -> None:
     """Restarts every generated-name counter (at init and shutdown), so that
     a job initialised again generates the same names on every rank."""
+    global _name_epoch
     _name_counters.clear()
+    _name_epoch = 0
+
+
+def name_epoch() -> int:
+    """Joins completed since init (see names_after_join)."""
+    return _name_epoch
+
+
+def names_after_join() -> int:
+    """Every rank's join() returned: generated names start again, the same
+    on every rank, in a new epoch (returned; the join's own name is its)."""
+    global _name_epoch
+    _name_counters.clear()
+    _name_epoch += 1
+    return _name_epoch

@@ -24,6 +24,7 @@ void encode(Writer& w, const RequestDesc& d) {
   w.put<int32_t>(d.group_size);
   w.put_vec(d.members);
   w.put<int32_t>(d.process_set);
+  w.put<int64_t>(d.waited_us);
 }
 
 RequestDesc decode_request(Reader& r) {
@@ -40,6 +41,7 @@ RequestDesc decode_request(Reader& r) {
   d.group_size = r.get<int32_t>();
   d.members = r.get_vec();
   d.process_set = r.get<int32_t>();
+  d.waited_us = r.get<int64_t>();
   return d;
 }
 
@@ -66,6 +68,8 @@ void encode(Writer& w, const Response& resp) {
   for (const auto& n : resp.names) w.put_string(n);
   w.put_vec(resp.rows);
   w.put_vec(resp.bits);
+  w.put<uint32_t>(uint32_t(resp.descs.size()));
+  for (const auto& d : resp.descs) encode(w, d);
 }
 
 Response decode_response(Reader& r) {
@@ -80,6 +84,8 @@ Response decode_response(Reader& r) {
   for (uint32_t i = 0; i < n; ++i) resp.names.push_back(r.get_string());
   resp.rows = r.get_vec();
   resp.bits = r.get_vec();
+  const uint32_t nd = r.get<uint32_t>();
+  for (uint32_t i = 0; i < nd; ++i) resp.descs.push_back(decode_request(r));
   return resp;
 }
 

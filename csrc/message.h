@@ -29,6 +29,9 @@ struct RequestDesc {
   int group_size = -1;
   std::vector<int64_t> members;
   int process_set = 0;  // 0: every rank of the job
+  // How long it waited at a response cache bit before being negotiated
+  // (rank 0's timeout counts from the first submission). Not compared.
+  int64_t waited_us = 0;
 };
 
 // Names are scoped by process set: the key that identifies a request on a
@@ -54,6 +57,9 @@ struct Response {
   std::vector<int64_t> rows;
   // Response cache bits given to names[i] (-1: none; empty: none at all).
   std::vector<int64_t> bits;
+  // While some ranks have joined: the request of each name (a joined rank
+  // that never submitted one runs it with buffers of its own); else empty.
+  std::vector<RequestDesc> descs;
   // Coordinator only, not sent: the ranks that receive it (empty: every rank).
   std::vector<int> to;
 };

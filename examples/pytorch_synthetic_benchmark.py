@@ -10,12 +10,32 @@ an MLP with about 12.6 million parameters (1024 -> 2048 -> 2048 -> 2048 ->
     torchrun --nproc_per_node 2 examples/pytorch_synthetic_benchmark.py --backend ddp
     python examples/pytorch_synthetic_benchmark.py --backend commlib     # 1 rank baseline
 
+Asynchronous exchange (commlib): ``--mode`` sync (default), staleness1
+(DistributedOptimizer(staleness=1)), local-sgd / diloco (LocalSGD with
+``--period`` H), local (no communication at all: the ceiling), or several
+comma-separated: then each mode gets its own copy of the model and the modes
+take turns within every iteration, so they are compared in the same run
+under the same load:
+
+    commlibrun -np 2 python examples/pytorch_synthetic_benchmark.py \
+        --mode sync,staleness1,local-sgd,local --period 8
+
+Sharded data parallelism: modes zero1 and zero2 (DistributedOptimizer with
+zero_stage 1 or 2) and zero3 (fully_shard on every layer, a plain optimizer
+over the shards); ``--zero-stage N`` is ``--mode zeroN``. Every rank prints
+its memory report for each mode. ``--optimizer adam`` gives the optimizer
+state that ZeRO shards (SGD without momentum has none):
+
+    commlibrun -np 2 python examples/pytorch_synthetic_benchmark.py \
+        --mode sync,zero1,zero2,zero3 --optimizer adam
+
 With ``--backend ddp`` the rank and world size come from torchrun's RANK /
 WORLD_SIZE, or from MPI's launcher environment (PMI_RANK/PMI_SIZE for MPICH,
 OMPI_COMM_WORLD_RANK/SIZE for Open MPI) when started by commlibrun;
 MASTER_ADDR/MASTER_PORT default to 127.0.0.1:29500.
 """
 import argparse
+import copy
 import os
 import sys
 import timeit
@@ -39,11 +59,16 @@ def parse_args():
     p.add_argument("--fp16-allreduce", action="store_true", help="commlib: fp16 compression")
     p.add_argument("--groups", type=int, default=0,
                    help="commlib: fuse gradients into this many groups (0: one per parameter)")
+    p.add_argument("--mode", default="sync",
+                   help="commlib: comma-separated of sync, staleness1, local-sgd, diloco, local")
+    p.add_argument("--period", type=int, default=8, help="local-sgd/diloco: steps per meeting")
     p.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3],
-                   help="commlib: shard optimizer state (1), gradients (2), parameters "
-                        "(3: fully_shard every layer and the root)")
+                   help="commlib: the same as --mode zero<N> (0: --mode as given)")
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.zero_stage:
+        args.mode = f"zero{args.zero_stage}"
+    return args
 
 
 def make_model(kind):
@@ -101,31 +126,59 @@ def setup_ddp(model, args):
     return ddp, optimizer, rank, world, average, finish
 
 
-def setup_commlib(model, args):
+def commlib_optimizer(model, args, mode):
+    """The optimizer of one ``--mode`` for ``model`` (commlib initialised)."""
     import commlib.torch as hvd
 
-    hvd.init()
-    if args.zero_stage == 3:
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = make_optimizer(args, model.parameters(), hvd.size())
+    if mode == "zero3":
         for layer in model:
             if isinstance(layer, nn.Linear):
                 hvd.fully_shard(layer)  # (the root has no parameters of its own)
-        optimizer = make_optimizer(args, model.parameters(), hvd.size())
-        return model, optimizer, hvd.rank(), hvd.size(), average_fn(hvd), lambda: None
-    optimizer = make_optimizer(args, model.parameters(), hvd.size())
+        return make_optimizer(args, model.parameters(), hvd.size())
+    if mode in ("local-sgd", "diloco"):
+        outer = (torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+                 if mode == "diloco" else None)
+        return hvd.LocalSGD(optimizer, model, period=args.period, outer_optimizer=outer)
+    if mode == "local":
+        return optimizer
+    if mode not in ("sync", "staleness1", "zero1", "zero2"):
+        raise SystemExit(f"unknown --mode {mode!r}")
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression, groups=args.groups or None,
-                                         zero_stage=args.zero_stage)
+                                         staleness=1 if mode == "staleness1" else 0,
+                                         zero_stage=int(mode[4]) if mode.startswith("zero") else 0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    return optimizer
+
+
+def setup_commlib(model, args, mode="sync"):
+    import commlib.torch as hvd
+
+    hvd.init()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    if not args.zero_stage:  # (a ZeRO optimizer's state is per rank; none exists yet)
-        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    optimizer = commlib_optimizer(model, args, mode)
 
-    return model, optimizer, hvd.rank(), hvd.size(), average_fn(hvd), lambda: None
+    def average(value):
+        return hvd.allreduce(torch.tensor([value], dtype=torch.float64)).item()
+
+    return model, optimizer, hvd.rank(), hvd.size(), average, lambda: None
 
 
-def average_fn(hvd):
-    return lambda value: hvd.allreduce(torch.tensor([value], dtype=torch.float64)).item()
+def measure(steps, args, log):
+    """Samples/s per rank of each named step function; with several, they
+    take turns within every iteration (same run, same load)."""
+    for step in steps.values():
+        timeit.timeit(step, number=args.num_warmup_batches)
+    rates = {name: [] for name in steps}
+    for i in range(args.num_iters):
+        for name, step in steps.items():
+            t = timeit.timeit(step, number=args.num_batches_per_iter)
+            rates[name].append(args.batch_size * args.num_batches_per_iter / t)
+        log(f"Iter #{i}: " + ", ".join(f"{name} {r[-1]:.1f}" for name, r in rates.items())
+            + " samples/s per rank")
+    return rates
 
 
 def main():
@@ -133,20 +186,29 @@ def main():
     torch.set_num_threads(args.num_threads)
     torch.manual_seed(0)
     model = make_model(args.model)
+    modes = args.mode.split(",")
     if args.backend == "ddp":
         model, optimizer, rank, world, average, finish = setup_ddp(model, args)
+        models, optimizers = {"ddp": model}, {"ddp": optimizer}
     else:
-        model, optimizer, rank, world, average, finish = setup_commlib(model, args)
+        pristine = copy.deepcopy(model)  # (ZeRO and fully_shard change the model they wrap)
+        model, optimizer, rank, world, average, finish = setup_commlib(model, args, modes[0])
+        models, optimizers = {modes[0]: model}, {modes[0]: optimizer}
+        for mode in modes[1:]:
+            models[mode] = copy.deepcopy(pristine)
+            optimizers[mode] = commlib_optimizer(models[mode], args, mode)
 
     in_features = model.module[0].in_features if hasattr(model, "module") else model[0].in_features
     out_features = (model.module if hasattr(model, "module") else model)[-1].out_features
     data = torch.randn(args.batch_size, in_features)
     target = torch.randint(0, out_features, (args.batch_size,))
 
-    def benchmark_step():
-        optimizer.zero_grad()
-        F.cross_entropy(model(data), target).backward()
-        optimizer.step()
+    def step_of(model, optimizer):
+        def benchmark_step():
+            optimizer.zero_grad()
+            F.cross_entropy(model(data), target).backward()
+            optimizer.step()
+        return benchmark_step
 
     def log(msg):
         if rank == 0:
@@ -156,22 +218,24 @@ def main():
     log(f"Model: {args.model} ({params / 1e6:.1f}M parameters), backend: {args.backend}, "
         f"batch size: {args.batch_size} per rank, ranks: {world}, threads per rank: "
         f"{args.num_threads}")
-    timeit.timeit(benchmark_step, number=args.num_warmup_batches)
-    rates = []
-    for i in range(args.num_iters):
-        t = timeit.timeit(benchmark_step, number=args.num_batches_per_iter)
-        rate = args.batch_size * args.num_batches_per_iter / t
-        log(f"Iter #{i}: {rate:.1f} samples/s per rank")
-        rates.append(rate)
-    mean, conf = float(np.mean(rates)), 1.96 * float(np.std(rates))
-    mean_all = average(mean)
-    log(f"Samples/s per rank: {mean_all:.1f} +-{conf:.1f}")
-    log(f"Total samples/s on {world} rank(s): {world * mean_all:.1f} +-{world * conf:.1f}")
+    rates = measure({name: step_of(models[name], optimizers[name]) for name in models}, args, log)
+    for name, r in rates.items():
+        mean, conf = float(np.mean(r)), 1.96 * float(np.std(r))
+        mean_all = average(mean)
+        prefix = f"[{name}] " if len(rates) > 1 else ""
+        log(f"{prefix}Samples/s per rank: {mean_all:.1f} +-{conf:.1f}")
+        log(f"{prefix}Total samples/s on {world} rank(s): {world * mean_all:.1f} "
+            f"+-{world * conf:.1f}")
+    for opt in optimizers.values():
+        if hasattr(opt, "pending") and opt.pending:
+            opt.synchronize()
     if args.backend == "commlib":
         import commlib.torch as hvd
 
-        mib = {k: round(v / 2**20, 1) for k, v in hvd.memory_report(model, optimizer).items()}
-        print(f"rank {rank} memory (MiB, zero_stage {args.zero_stage}): {mib}", flush=True)
+        for name in models:
+            mib = {k: round(v / 2**20, 1)
+                   for k, v in hvd.memory_report(models[name], optimizers[name]).items()}
+            print(f"rank {rank} memory (MiB, {name}): {mib}", flush=True)
     finish()
 
 

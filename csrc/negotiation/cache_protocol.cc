@@ -24,11 +24,13 @@ void CacheProtocol::reset(const Setup& s) {
   cache_off_ = false;
   log_done_ = false;
   leaving_ = false;
+  paused_ = false;
   last_expiry_check_us_ = 0;
   for (auto& c : counts_stat_) c.store(0);
   // A cached request that waits this long goes to the coordinator after all,
   // whose stall warnings then name the ranks that never submitted it.
   patience_us_ = std::max<int64_t>(s.stall_warning_us / 2, 1000000);
+  if (s.timeout_us > 0) patience_us_ = std::min(patience_us_, std::max<int64_t>(s.timeout_us / 2, 1000000));
   const int capacity = s.capacity;
   if (capacity <= 0) return;
   cache_ = std::make_unique<ResponseCache>(capacity);
@@ -65,7 +67,7 @@ void CacheProtocol::stats(int64_t out[4]) const {
 bool CacheProtocol::try_arrive(Entry& e, bool* completes) {
   const int op = e.desc.op_type;
   if (cache_off_ || e.desc.process_set != 0 || op == COMMLIB_OP_ADD_PROCESS_SET ||
-      op == COMMLIB_OP_REMOVE_PROCESS_SET) {
+      op == COMMLIB_OP_REMOVE_PROCESS_SET || op == COMMLIB_OP_JOIN) {
     return false;
   }
   int bit = -1;
@@ -138,6 +140,21 @@ bool CacheProtocol::start_leaving() {
   if (leaving_) return false;
   leaving_ = true;
   return true;
+}
+
+void CacheProtocol::pause() {
+  if (paused_) return;
+  paused_ = true;
+  if (!cache_bits_ || cache_off_) return;
+  const std::vector<uint64_t> words = cache_bits_->assigned();
+  if (!log_) {
+    on_expire(words);
+    return;
+  }
+  for (size_t i = 0; i < words.size(); i += OrderLog::kMaxWords) {
+    const size_t end = std::min(words.size(), i + OrderLog::kMaxWords);
+    append_entry(LogEntry{LogEntry::kInvalidate, std::vector<uint64_t>(words.begin() + long(i), words.begin() + long(end))});
+  }
 }
 
 void CacheProtocol::append_entry(LogEntry e) {
@@ -364,7 +381,7 @@ void CacheProtocol::on_rank_left(int rank) {
 
 void CacheProtocol::prepare_responses(std::vector<Response>& resps, int64_t fusion_threshold) {
   if (hier_) add_cached_responses(resps, fusion_threshold);
-  if (!resps.empty() && cache_bits_ && !cache_off_)
+  if (!resps.empty() && cache_bits_ && !cache_off_ && !paused_)
     for (Response& r : resps) cache_bits_->assign(r);
 }
 

@@ -52,6 +52,7 @@ class CacheProtocol {
     ShmSegment* shm = nullptr;
     int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_size = 1;
     int64_t stall_warning_us = 60000000;
+    int64_t timeout_us = 0;  // COMMLIB_TIMEOUT (0: none)
   };
 
   explicit CacheProtocol(CacheHost& host) : host_(host) {}
@@ -107,6 +108,11 @@ class CacheProtocol {
   void append_left(int rank);
   // Rank 0's own departure: true the first time.
   bool start_leaving();
+  // A rank joined (join()): until every rank has, nothing is cached (a
+  // joined rank never arrives at a bit), so every assignment ends (in the
+  // log's order, or by notices) and none is given. resume(): the join is over.
+  void pause();
+  void resume() { paused_ = false; }
 
  private:
   void append_entry(LogEntry e);
@@ -136,6 +142,7 @@ class CacheProtocol {
   bool cache_off_ = false;   // a rank has left: nothing more through the cache
   bool log_done_ = false;    // this rank's departure (or rank 0's) has been read
   bool leaving_ = false;     // rank 0: its departure is in the log
+  bool paused_ = false;      // rank 0: a join is under way (pause())
   int64_t patience_us_ = 0;
   int64_t last_expiry_check_us_ = 0;
   enum Count { kHits = 0, kMisses = 1, kInvalidations = 2, kCachedRuns = 3 };

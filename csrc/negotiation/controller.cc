@@ -53,7 +53,7 @@ bool first_dim_may_differ(int op_type) {
 }  // namespace
 
 Controller::Controller(int size, int64_t fusion_threshold_bytes)
-    : size_(size), fusion_threshold_(fusion_threshold_bytes) {
+    : size_(size), fusion_threshold_(fusion_threshold_bytes), joined_(size_t(size), false) {
   for (int r = 0; r < size; ++r) sets_[0].push_back(r);
 }
 
@@ -75,7 +75,7 @@ std::string Controller::validate(const std::vector<RequestDesc>& d, const std::v
     for (const auto& x : d) vals.push_back(to_str(x));
     return std::string("Mismatched ") + field + " for " + kind + " across ranks: " + by_rank(vals, ranks);
   };
-  if (op == COMMLIB_OP_BARRIER) return "";
+  if (op == COMMLIB_OP_BARRIER || op == COMMLIB_OP_JOIN) return "";
   if (op == COMMLIB_OP_ADD_PROCESS_SET) {
     if (differs(d, [](const RequestDesc& x) { return x.splits; }))
       return fail("process set ranks", [](const RequestDesc& x) { return shape_str(x.splits); });
@@ -152,9 +152,11 @@ void Controller::add(int rank, RequestDesc desc, int64_t now_us) {
     p.have.assign(members.size(), false);
     p.first_seen_us = now_us;
   }
+  p.first_seen_us = std::min(p.first_seen_us, now_us - desc.waited_us);
   if (p.have[idx]) {  // cannot happen: enqueue rejects names in flight
     return;
   }
+  const bool join = desc.op_type == COMMLIB_OP_JOIN;
   p.have[idx] = true;
   p.descs[idx] = std::move(desc);
   ++p.count;
@@ -163,7 +165,47 @@ void Controller::add(int rank, RequestDesc desc, int64_t now_us) {
     table_.erase(key);
     return;
   }
-  if (p.count == int(p.ranks.size())) complete_.push_back(key);
+  if (join) on_join(rank);  // (what it completes runs before the join itself)
+  if (complete_now(p)) queue(key, p);
+}
+
+void Controller::on_join(int rank) {
+  if (!joined_[size_t(rank)]) ++joined_count_;
+  joined_[size_t(rank)] = true;
+  last_joined_ = rank;
+  for (auto& [key, p] : table_)
+    if (present(p).op_type != COMMLIB_OP_JOIN && complete_now(p)) queue(key, p);
+}
+
+bool Controller::complete_now(const Pending& p) const {
+  if (p.queued || p.answered) return false;
+  int n = p.count;
+  if (present(p).op_type != COMMLIB_OP_JOIN)
+    for (size_t i = 0; i < p.ranks.size(); ++i) n += !p.have[i] && joined_[size_t(p.ranks[i])] ? 1 : 0;
+  return n == int(p.ranks.size());
+}
+
+void Controller::queue(const std::string& key, Pending& p) {
+  p.queued = true;
+  complete_.push_back(key);
+}
+
+const RequestDesc& Controller::present(const Pending& p) {
+  return p.descs[size_t(std::find(p.have.begin(), p.have.end(), true) - p.have.begin())];
+}
+
+// Requests a joined rank cannot take part in.
+std::string Controller::check_joined(const Pending& p) const {
+  const RequestDesc& d = present(p);
+  for (size_t i = 0; i < p.ranks.size(); ++i) {
+    if (p.have[i]) continue;
+    const std::string who = "rank " + std::to_string(p.ranks[i]) + " has called join()";
+    if (d.op_type == COMMLIB_OP_BROADCAST && d.root == p.ranks[i])
+      return who + ", so it cannot be the root of broadcast '" + d.name + "'";
+    if (d.op_type == COMMLIB_OP_ADD_PROCESS_SET || d.op_type == COMMLIB_OP_REMOVE_PROCESS_SET)
+      return who + "; process sets cannot change until every rank has joined";
+  }
+  return "";
 }
 
 void Controller::reject(const std::string& key, int process_set, int code, const std::string& why) {
@@ -227,11 +269,21 @@ std::string Controller::remove_set(int id) {
 
 Response Controller::make_response(const std::string& key, Pending& p) {
   Response resp;
-  resp.op_type = p.descs[0].op_type;
+  resp.op_type = present(p).op_type;
   resp.process_set = p.process_set;
   resp.names.push_back(key);
-  int code = 0;
-  std::string err = validate(p.descs, p.ranks, &code);
+  int code = COMMLIB_ERR_VALUE;
+  std::string err = check_joined(p);
+  if (err.empty()) {  // (among the ranks that submitted it)
+    std::vector<RequestDesc> descs;
+    std::vector<int> ranks;
+    for (size_t i = 0; i < p.ranks.size(); ++i)
+      if (p.have[i]) {
+        descs.push_back(p.descs[i]);
+        ranks.push_back(p.ranks[i]);
+      }
+    err = validate(descs, ranks, &code);
+  }
   if (err.empty() && resp.op_type == COMMLIB_OP_ADD_PROCESS_SET) {
     int64_t id = 0;
     err = add_set(p.descs[0].splits, &id);
@@ -247,10 +299,24 @@ Response Controller::make_response(const std::string& key, Pending& p) {
     resp.error = err;
     return resp;
   }
-  if (resp.op_type == COMMLIB_OP_ALLGATHER) {
-    for (const auto& d : p.descs) resp.rows.push_back(d.shape.empty() ? 1 : d.shape[0]);
-  } else if (resp.op_type == COMMLIB_OP_ALLTOALL) {
-    for (const auto& d : p.descs) resp.rows.insert(resp.rows.end(), d.splits.begin(), d.splits.end());
+  // (a joined rank sends no rows)
+  for (size_t i = 0; i < p.ranks.size(); ++i) {
+    const RequestDesc& d = p.descs[i];
+    if (resp.op_type == COMMLIB_OP_ALLGATHER) {
+      resp.rows.push_back(!p.have[i] ? 0 : d.shape.empty() ? 1 : d.shape[0]);
+    } else if (resp.op_type == COMMLIB_OP_ALLTOALL) {
+      if (p.have[i]) {
+        resp.rows.insert(resp.rows.end(), d.splits.begin(), d.splits.end());
+      } else {
+        resp.rows.insert(resp.rows.end(), p.ranks.size(), 0);
+      }
+    }
+  }
+  if (resp.op_type == COMMLIB_OP_JOIN) {  // every rank has joined: the join is over
+    resp.rows = {last_joined_};
+    joined_.assign(size_t(size_), false);
+    joined_count_ = 0;
+    last_joined_ = -1;
   }
   resp.to = p.ranks;
   return resp;
@@ -262,21 +328,56 @@ std::vector<Response> Controller::take_ready() {
   std::vector<Response> resps;
   std::vector<const RequestDesc*> descs;
   std::vector<bool> fusable;
+  // While ranks have joined, every response says what it runs (a joined rank
+  // runs it with buffers of its own).
+  const bool with_descs = joined_count_ > 0;
   for (const std::string& key : complete_) {  // (table_ stays intact until the plan is made)
     Pending& p = table_.at(key);
     resps.push_back(make_response(key, p));
     p.answered = true;
-    descs.push_back(&p.descs[0]);
-    fusable.push_back(resps.back().kind == Response::kExecute && fusable_allreduce(p.descs[0]));
+    descs.push_back(&present(p));
+    if (with_descs && resps.back().kind == Response::kExecute) resps.back().descs = {present(p)};
+    fusable.push_back(resps.back().kind == Response::kExecute && fusable_allreduce(present(p)));
   }
   for (const auto& group : plan_fusion(descs, fusable, fusion_threshold_)) {
     Response& first = resps[group[0]];
-    for (size_t k = 1; k < group.size(); ++k) first.names.push_back(resps[group[k]].names[0]);
+    for (size_t k = 1; k < group.size(); ++k) {
+      first.names.push_back(resps[group[k]].names[0]);
+      if (with_descs) first.descs.push_back(resps[group[k]].descs.at(0));
+    }
     out.push_back(std::move(first));
   }
   for (const std::string& key : complete_) table_.erase(key);
   complete_.clear();
   return out;
+}
+
+void Controller::time_out(int64_t now_us, int64_t after_us) {
+  for (auto it = table_.begin(); it != table_.end();) {
+    Pending& p = it->second;
+    const RequestDesc& d = present(p);
+    if (p.queued || p.answered || d.op_type == COMMLIB_OP_JOIN || now_us - p.first_seen_us < after_us) {
+      ++it;
+      continue;
+    }
+    std::string have, missing;
+    Response e;
+    for (size_t i = 0; i < p.ranks.size(); ++i) {
+      std::string& s = p.have[i] ? have : missing;
+      s += (s.empty() ? "" : ", ") + std::to_string(p.ranks[i]);
+      if (p.have[i]) e.to.push_back(p.ranks[i]);
+    }
+    e.kind = Response::kError;
+    e.process_set = p.process_set;
+    e.error_code = COMMLIB_ERR_TIMED_OUT;
+    e.error = std::string(op_type_name(d.op_type)) + " '" + d.name + "'" +
+              (p.process_set ? " on process set " + std::to_string(p.process_set) : std::string()) +
+              " timed out after " + std::to_string(after_us / 1000000) + " s (COMMLIB_TIMEOUT): submitted by ranks [" +
+              have + "], never by ranks [" + missing + "] (did they fail, freeze, or call other collectives?)";
+    e.names.push_back(it->first);
+    errors_.push_back(std::move(e));
+    it = table_.erase(it);
+  }
 }
 
 std::vector<std::string> Controller::stall_warnings(int64_t now_us, int64_t after_us) {

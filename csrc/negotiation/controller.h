@@ -31,7 +31,12 @@ class Controller {
   std::vector<Response> take_ready();
   // Names waiting longer than after_us, each reported once, as messages.
   std::vector<std::string> stall_warnings(int64_t now_us, int64_t after_us);
+  // Requests open longer than after_us (never a join) fail on the ranks that
+  // submitted them, naming the ranks that did not (the next take_ready()).
+  void time_out(int64_t now_us, int64_t after_us);
   void set_fusion_threshold(int64_t bytes) { fusion_threshold_ = bytes; }
+  // Whether some rank has joined (join(), below) and not every rank yet.
+  bool joining() const { return joined_count_ > 0; }
 
   // Empty when the requests agree; otherwise the error message (*code set).
   // descs[i] came from job rank ranks[i].
@@ -48,7 +53,18 @@ class Controller {
     int64_t first_seen_us = 0;
     bool warned = false;
     bool answered = false;  // its response is made (take_ready), ahead of later ones
+    bool queued = false;    // in complete_
   };
+  // join: a rank that called join() takes part in every later request it
+  // never submits (a phantom member: zeros to reductions, no rows to
+  // gathers), so a request is complete once its other members submitted it.
+  // When every rank has joined, the join completes (after everything open).
+  void on_join(int rank);
+  bool complete_now(const Pending& p) const;
+  void queue(const std::string& key, Pending& p);
+  // The first submitted description of p (a joined rank's slot is empty).
+  static const RequestDesc& present(const Pending& p);
+  std::string check_joined(const Pending& p) const;
   Response make_response(const std::string& key, Pending& p);
   // Registers or removes a process set (an error message, or empty).
   std::string add_set(const std::vector<int64_t>& ranks, int64_t* id);
@@ -61,6 +77,9 @@ class Controller {
   int first_left_ = -1;  // a rank that called shutdown()
   std::map<int, std::vector<int>> sets_;  // process sets by id (0: every rank)
   int next_set_id_ = 1;
+  std::vector<bool> joined_;
+  int joined_count_ = 0;
+  int last_joined_ = -1;
   std::unordered_map<std::string, Pending> table_;  // by request key
   std::vector<std::string> complete_;  // names complete, in completion order
   std::vector<Response> errors_;       // immediate errors (rank left)

@@ -23,6 +23,7 @@ Coordinator::Coordinator(int size, int64_t fusion_threshold, int64_t stall_warni
 
 void Coordinator::add(int rank, RequestDesc desc, int64_t now) {
   cache_.on_full_request(desc);
+  if (desc.op_type == COMMLIB_OP_JOIN) cache_.pause();
   controller_.add(rank, std::move(desc), now);
 }
 
@@ -66,6 +67,8 @@ bool Coordinator::take_responses(int64_t fusion_threshold, std::deque<Response>&
   controller_.set_fusion_threshold(fusion_threshold);
   std::vector<Response> resps = controller_.take_ready();
   cache_.prepare_responses(resps, fusion_threshold);
+  // (a join that completed: the responses after it may be cached again)
+  if (!controller_.joining()) cache_.resume();
   if (resps.empty()) return false;
   send_responses(resps);
   // With the order log, a marker says where every rank runs its share.
@@ -109,6 +112,7 @@ void Coordinator::check_stalls(int64_t now) {
   for (const std::string& w : controller_.stall_warnings(now, stall_warning_us_)) {
     std::fprintf(stderr, "commlib (rank 0): WARNING: %s\n", w.c_str());
   }
+  if (timeout_us_ > 0) controller_.time_out(now, timeout_us_);
 }
 
 void Coordinator::send_shutdown_notice() {

@@ -29,8 +29,10 @@ class Coordinator {
   // Responses ready now: sent to the workers, rank 0's own share appended to
   // mine (in order). True when there were any.
   bool take_responses(int64_t fusion_threshold, std::deque<Response>& mine);
-  // Prints the stall warnings (at most once a second).
+  // Prints the stall warnings and fails requests open longer than the
+  // timeout (at most once a second).
   void check_stalls(int64_t now);
+  void set_timeout(int64_t us) { timeout_us_ = us; }  // 0: none
   // Rank 0 leaves (with the order log): anything still open fails.
   void leave() { controller_.rank_left(0); }
   // Tells every worker still listening that no further collectives are possible.
@@ -47,6 +49,7 @@ class Coordinator {
   Controller controller_;
   std::vector<bool> worker_left_;
   int64_t last_stall_check_us_ = 0;
+  int64_t timeout_us_ = 0;
 };
 
 // Whether a coordinator response goes to job rank r.

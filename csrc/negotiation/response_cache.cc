@@ -1,5 +1,7 @@
 #include "negotiation/response_cache.h"
 
+#include "negotiation/order_log.h"
+
 namespace commlib {
 
 bool operator==(const RequestDesc& a, const RequestDesc& b) {
@@ -60,7 +62,8 @@ CacheBits::CacheBits(int capacity, int units)
 void CacheBits::assign(Response& resp) {
   resp.bits.assign(resp.names.size(), -1);
   if (resp.kind != Response::kExecute || resp.process_set != 0 ||
-      resp.op_type == COMMLIB_OP_ADD_PROCESS_SET || resp.op_type == COMMLIB_OP_REMOVE_PROCESS_SET) {
+      resp.op_type == COMMLIB_OP_ADD_PROCESS_SET || resp.op_type == COMMLIB_OP_REMOVE_PROCESS_SET ||
+      resp.op_type == COMMLIB_OP_JOIN) {
     return;
   }
   for (size_t i = 0; i < resp.names.size() && !free_.empty(); ++i) {
@@ -97,6 +100,13 @@ int CacheBits::bit_of(const std::string& key, uint32_t* gen) const {
 
 bool CacheBits::current(int bit, uint32_t gen) const {
   return bit >= 0 && size_t(bit) < bits_.size() && !bits_[size_t(bit)].key.empty() && bits_[size_t(bit)].gen == gen;
+}
+
+std::vector<uint64_t> CacheBits::assigned() const {
+  std::vector<uint64_t> out;
+  for (size_t b = 0; b < bits_.size(); ++b)
+    if (!bits_[b].key.empty()) out.push_back(LogEntry::word(int(b), bits_[b].gen));
+  return out;
 }
 
 bool CacheBits::end(int bit, uint32_t gen) {

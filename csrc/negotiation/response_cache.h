@@ -75,6 +75,8 @@ class CacheBits {
   // Ends (bit, gen) if it is the current assignment (true), freeing the bit.
   bool end(int bit, uint32_t gen);
   bool current(int bit, uint32_t gen) const;
+  // Every current assignment, as (bit, generation) words (order_log.h).
+  std::vector<uint64_t> assigned() const;
   // A host (or rank) arrived at (bit, gen); true when it was the last one.
   // Arrivals for an assignment that has ended are ignored.
   bool arrive(int bit, uint32_t gen);

@@ -125,7 +125,7 @@ bool Engine::cycle_p2p() {
   }
   for (P2PRequest& r : batch) p2p_->post(std::move(r));
   bool worked = p2p_->progress() || !batch.empty();
-  p2p_->check_stalls(now_us(), stall_warning_us_);
+  p2p_->check_stalls(now_us(), stall_warning_us_, timeout_us_);
   return worked;
 }
 

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "backends/mpi/mpi_transport.h"
+#include "backends/mpi/session_stamp.h"
 #include "common.h"
 #include "message.h"
 #include "p2p/cma.h"
@@ -97,6 +98,7 @@ void PointToPoint::complete(P2PRequest& r, int status, const std::string& messag
 }
 
 void PointToPoint::send_ctl(int peer, std::string bytes) {
+  stamp_session(bytes);
   ctl_sends_.send(std::move(bytes), peer, kCtlTag, comm_, "MPI_Isend(p2p control)");
 }
 
@@ -146,6 +148,7 @@ bool PointToPoint::poll_ctl() {
   MPI_Get_count(&st, MPI_BYTE, &count);
   std::string msg(size_t(count), '\0');
   check_mpi(MPI_Mrecv(msg.data(), count, MPI_BYTE, &m, MPI_STATUS_IGNORE), "MPI_Mrecv(p2p)");
+  if (!unstamp_session(msg)) return true;  // left over from an earlier session
   int32_t kind = 0;
   if (msg.size() >= sizeof(kind)) std::memcpy(&kind, msg.data(), sizeof(kind));
   switch (kind) {
@@ -353,7 +356,7 @@ void PointToPoint::on_bye(int source) {
   }
 }
 
-void PointToPoint::check_stalls(int64_t now, int64_t limit_us) {
+void PointToPoint::check_stalls(int64_t now, int64_t limit_us, int64_t timeout_us) {
   if (now - last_stall_check_us_ < 1000000) return;
   last_stall_check_us_ = now;
   auto warn = [&](P2PRequest& r) {
@@ -365,8 +368,27 @@ void PointToPoint::check_stalls(int64_t now, int64_t limit_us) {
   };
   for (auto& [key, q] : posted_)
     for (P2PRequest& r : q) warn(r);
+  if (timeout_us > 0) time_out_receives(now, timeout_us);
   for (auto& [key, o] : outgoing_)
     if (o.data.empty()) warn(o.req);
+}
+
+void PointToPoint::time_out_receives(int64_t now, int64_t timeout_us) {
+  for (auto it = posted_.begin(); it != posted_.end();) {
+    auto& q = it->second;
+    for (auto r = q.begin(); r != q.end();) {
+      if (now - r->posted_us < timeout_us) {
+        ++r;
+        continue;
+      }
+      complete(*r, COMMLIB_ERR_TIMED_OUT,
+               "recv from rank " + std::to_string(r->peer) + " (" + tag_str(r->tag, r->process_set) +
+                   ") timed out after " + std::to_string(timeout_us / 1000000) +
+                   " s (COMMLIB_TIMEOUT): no matching send arrived");
+      r = q.erase(r);
+    }
+    it = q.empty() ? posted_.erase(it) : std::next(it);
+  }
 }
 
 void PointToPoint::fail_all(int code, const std::string& message) {

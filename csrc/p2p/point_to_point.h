@@ -76,8 +76,10 @@ class PointToPoint {
   void post(P2PRequest req);
   // Moves everything forward that can move without blocking; true when it did work.
   bool progress();
-  // Warns (stderr) once about each request unmatched for longer than limit_us.
-  void check_stalls(int64_t now_us, int64_t limit_us);
+  // Warns (stderr) once about each request unmatched for longer than limit_us;
+  // fails receives unmatched for longer than timeout_us (> 0). (A send is
+  // never failed so: its receiver may be reading its buffer at that moment.)
+  void check_stalls(int64_t now_us, int64_t limit_us, int64_t timeout_us);
   // Fails every pending request (communication is over).
   void fail_all(int code, const std::string& message);
   // Tells every other rank that this one stops (shutdown).
@@ -144,6 +146,7 @@ class PointToPoint {
   uint64_t next_seq_ = 1;
   uint32_t next_data_tag_ = 0;
   std::map<Key, std::deque<Incoming>> arrived_;
+  void time_out_receives(int64_t now, int64_t timeout_us);
   std::map<Key, std::deque<P2PRequest>> posted_;
   std::map<std::pair<int, uint64_t>, Outgoing> outgoing_;  // (peer, seq)
   std::list<Transfer> transfers_;

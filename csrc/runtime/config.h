@@ -26,6 +26,7 @@ struct Config {
   int64_t shm_fusion_bytes = 0;
   int64_t cache_capacity = 0;      // clamped by the engine to the order log's bits
   int64_t stall_check_time_s = 0;
+  int64_t timeout_s = 0;
   int64_t spin_us = 0;
   int64_t result_cache_bytes = 0;
   int64_t p2p_eager_bytes = 0;

@@ -7,6 +7,7 @@
 
 #include "common.h"
 #include "runtime/engine.h"
+#include "runtime/join.h"
 #include "runtime/liveness.h"
 #include "runtime/progress.h"
 
@@ -19,6 +20,7 @@ bool Engine::cycle() {
   if (coordinator_) worked |= coordinate();
   worked |= run_ready();
   cache_.expire_waiting(now_us());
+  if (worker_) check_coordinator_alive(now_us());
   control_->progress();
   throw_if_peer_lost();
   return worked;
@@ -85,6 +87,8 @@ void Engine::submit(std::vector<Entry>& batch) {
   for (Entry& e : batch) {
     std::string key = request_key(e.desc);
     Entry& p = pending_.emplace(std::move(key), std::move(e)).first->second;  // (nodes never move)
+    if (p.desc.op_type == COMMLIB_OP_JOIN) ++joins_pending_;
+    p.submitted_us = now_us();
     bool completes = false;
     if (cache_.enabled() && cache_.try_arrive(p, &completes)) {
       if (completes) completed.push_back(&p);
@@ -118,6 +122,25 @@ bool Engine::execute_next_ready() {
   return true;
 }
 
+void Engine::renegotiate(Entry& e) {
+  e.desc.waited_us = now_us() - e.cached_since_us;  // (rank 0's timeout counts from the arrival)
+  report({&e});
+}
+
+void Engine::check_coordinator_alive(int64_t now) {
+  constexpr int64_t kGraceUs = 10000000;  // rank 0 fails them at the timeout; this is for when it cannot
+  if (timeout_us_ <= 0 || now - last_timeout_check_us_ < 1000000 || !ready_.empty()) return;
+  last_timeout_check_us_ = now;
+  for (const auto& [key, e] : pending_) {
+    if (e.desc.op_type == COMMLIB_OP_JOIN || now - e.submitted_us < timeout_us_ + kGraceUs) continue;
+    throw Error(COMMLIB_ERR_TIMED_OUT,
+                std::string(op_type_name(e.desc.op_type)) + " '" + e.desc.name + "' has waited " +
+                    std::to_string((now - e.submitted_us) / 1000000) +
+                    " s and rank 0 (the coordinator) never answered, not even with a timeout "
+                    "(COMMLIB_TIMEOUT): rank 0 is frozen, overloaded or unreachable");
+  }
+}
+
 void Engine::drop(const std::string& key, int code, const std::string& message) {
   auto it = pending_.find(key);
   if (it == pending_.end()) return;
@@ -142,7 +165,12 @@ void Engine::execute(const Response& resp) {
     execute_error(resp);
     return;
   }
-  std::vector<Entry*> entries = take_entries(resp);
+  if (resp.op_type == COMMLIB_OP_JOIN) {
+    execute_join(resp);
+    return;
+  }
+  std::deque<Entry> joined;
+  std::vector<Entry*> entries = take_entries(resp, joined);
   if (resp.op_type == COMMLIB_OP_ADD_PROCESS_SET || resp.op_type == COMMLIB_OP_REMOVE_PROCESS_SET) {
     execute_set_change(resp, *entries[0]);
     return;
@@ -159,6 +187,7 @@ void Engine::execute(const Response& resp) {
   cache_.after_run(resp, status == COMMLIB_OK);
   for (const std::string& key : resp.names) {
     auto it = pending_.find(key);
+    if (it == pending_.end()) continue;  // a joined rank's stand-in
     finish(it->second, status, message);
     pending_.erase(it);
   }
@@ -174,10 +203,23 @@ void Engine::execute_error(const Response& resp) {
   }
 }
 
-std::vector<Entry*> Engine::take_entries(const Response& resp) {
+std::vector<Entry*> Engine::take_entries(const Response& resp, std::deque<Entry>& joined) {
   std::vector<Entry*> entries;
-  for (const std::string& key : resp.names) {
+  for (size_t i = 0; i < resp.names.size(); ++i) {
+    const std::string& key = resp.names[i];
     auto it = pending_.find(key);
+    if (it == pending_.end() && joins_pending_ > 0 && i < resp.descs.size()) {
+      int set_rank = topo_.rank, set_size = topo_.size;
+      if (resp.process_set != 0) {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        const std::vector<int>& m = sets_.at(resp.process_set);
+        set_rank = int(std::find(m.begin(), m.end(), topo_.rank) - m.begin());
+        set_size = int(m.size());
+      }
+      joined.push_back(joined_entry(resp.descs[i], set_rank, set_size));
+      entries.push_back(&joined.back());
+      continue;
+    }
     if (it == pending_.end()) {
       throw Error(COMMLIB_ERR_INTERNAL, "coordinator answered for unknown tensor '" + std::string(key.c_str()) + "'");
     }
@@ -185,6 +227,16 @@ std::vector<Entry*> Engine::take_entries(const Response& resp) {
     cache_.end_arrival(it->second, true);
   }
   return entries;
+}
+
+// Every rank has joined: each gets the last one to join.
+void Engine::execute_join(const Response& resp) {
+  auto it = pending_.find(resp.names.at(0));
+  if (it == pending_.end()) throw Error(COMMLIB_ERR_INTERNAL, "join completed without having been submitted here");
+  it->second.handle->splits = resp.rows;
+  --joins_pending_;
+  finish(it->second, COMMLIB_OK, "");
+  pending_.erase(it);
 }
 
 // Every rank runs these, in the coordinator's order: the new set's members

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "backends/mpi/session_stamp.h"
 #include "common.h"
 #include "reduce.h"
 #include "runtime/config_agree.h"
@@ -51,6 +52,10 @@ void Engine::init(MPI_Comm base) {
   if (running_.load()) return;
   read_config(base);
   const Config& cfg = config_;
+  // A new session number, the same on every rank (session_stamp.h).
+  uint32_t session = (g_session + 1) & 0xffffffu;
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &session, 1, MPI_UINT32_T, MPI_MAX, base), "MPI_Allreduce(session)");
+  g_session = session;
   MPI_Comm data, ctrl, local, cross;
   check_mpi(MPI_Comm_dup(base, &data), "MPI_Comm_dup");
   check_mpi(MPI_Comm_dup(base, &ctrl), "MPI_Comm_dup");
@@ -89,6 +94,8 @@ void Engine::read_config(MPI_Comm base) {
   fusion_threshold_.store(cfg.fusion_threshold);
   algo_ = parse_allreduce_algo(cfg.allreduce_algo);
   stall_warning_us_ = cfg.stall_check_time_s * 1000000;
+  timeout_us_ = cfg.timeout_s * 1000000;
+  last_timeout_check_us_ = 0;
   cycle_us_ = int64_t(cfg.cycle_time_ms * 1000);
   batch_gap_us_ = cfg.batch_gap_us;
   shm_collectives_ = cfg.shm_collectives == "always" ? kShmAlways
@@ -143,11 +150,13 @@ void Engine::start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mo
   cs.local_size = t.local_size;
   cs.cross_size = t.cross_size;
   cs.stall_warning_us = stall_warning_us_;
+  cs.timeout_us = timeout_us_;
   cache_.reset(cs);
   coordinator_.reset();
   worker_.reset();
   if (t.rank == 0) {
     coordinator_ = std::make_unique<Coordinator>(t.size, fusion_threshold_.load(), stall_warning_us_, *control_, cache_);
+    coordinator_->set_timeout(timeout_us_);
   } else {
     worker_ = std::make_unique<Worker>(*control_);
   }
@@ -347,6 +356,7 @@ void Engine::fail_everything(int code, const std::string& message) {
   held_.clear();
   for (auto& [name, e] : pending_) finish(e, code, message);
   pending_.clear();
+  joins_pending_ = 0;
   ready_.clear();
   cache_.abandon();
 }

@@ -114,7 +114,10 @@ class Engine : private CacheHost {
   void execute(const Response& resp) override;
   // execute(), in steps.
   void execute_error(const Response& resp);
-  std::vector<Entry*> take_entries(const Response& resp);  // ends cached arrivals
+  // Ends cached arrivals; a joined rank's stand-ins for requests it never
+  // submitted go to joined.
+  std::vector<Entry*> take_entries(const Response& resp, std::deque<Entry>& joined);
+  void execute_join(const Response& resp);
   void execute_set_change(const Response& resp, Entry& e);
   void finish(Entry& e, int status, const std::string& message);
   void fail_everything(int code, const std::string& message) override;
@@ -125,7 +128,7 @@ class Engine : private CacheHost {
   // CacheHost: what the cache protocol needs from the engine.
   Entry* find_pending(const std::string& key) override;
   bool execute_next_ready() override;
-  void renegotiate(Entry& e) override { report({&e}); }
+  void renegotiate(Entry& e) override;
   void drop(const std::string& key, int code, const std::string& message) override;
   void send_to_coordinator(std::string bytes) override { control_->send(0, std::move(bytes)); }
 
@@ -141,6 +144,11 @@ class Engine : private CacheHost {
   std::atomic<int64_t> fusion_threshold_{Config::defaults().fusion_threshold};
   AllreduceAlgo algo_ = AllreduceAlgo::kAuto;
   int64_t stall_warning_us_ = 60000000;
+  int64_t timeout_us_ = 0;  // COMMLIB_TIMEOUT (0: none)
+  int64_t last_timeout_check_us_ = 0;
+  // A worker: a request open far past the timeout means rank 0 is not
+  // answering (frozen or unreachable): everything fails.
+  void check_coordinator_alive(int64_t now);
   // Batching: new requests are held while more keep arriving (gaps shorter
   // than batch_gap_us_), at most cycle_us_, and never while a thread waits.
   int64_t cycle_us_ = 1000;
@@ -176,6 +184,7 @@ class Engine : private CacheHost {
   std::unique_ptr<PointToPoint> p2p_;
   Executor executor_;  // runs collectives; owns the process sets' communicators
   std::unordered_map<std::string, Entry> pending_;
+  int joins_pending_ = 0;  // this rank's join() requests submitted and not complete
   std::vector<Entry> held_;  // taken from the queue, not yet reported
   int64_t held_since_us_ = 0, last_arrival_us_ = 0;
   int64_t leave_deadline_us_ = 0;

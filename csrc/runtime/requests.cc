@@ -15,12 +15,14 @@ namespace {
 
 // members: the job ranks of the request's process set.
 void validate_request(const commlib_request& q, const std::vector<int>& members) {
-  if (q.op_type < COMMLIB_OP_ALLREDUCE || q.op_type > COMMLIB_OP_BARRIER)
+  if ((q.op_type < COMMLIB_OP_ALLREDUCE || q.op_type > COMMLIB_OP_BARRIER) && q.op_type != COMMLIB_OP_JOIN)
     throw Error(COMMLIB_ERR_VALUE, "unknown collective operation " + std::to_string(q.op_type));
   if (!q.name || !*q.name) throw Error(COMMLIB_ERR_VALUE, "a collective needs a non-empty name");
   if (q.device_type != COMMLIB_DEVICE_CPU)
     throw Error(COMMLIB_ERR_VALUE, "only host (CPU) buffers are supported by this build's collectives");
-  if (q.op_type == COMMLIB_OP_BARRIER) return;
+  if (q.op_type == COMMLIB_OP_JOIN && q.process_set != 0)
+    throw Error(COMMLIB_ERR_VALUE, "join() runs over every rank of the job, not over a process set");
+  if (q.op_type == COMMLIB_OP_BARRIER || q.op_type == COMMLIB_OP_JOIN) return;
   if (!is_valid_dtype(q.dtype))
     throw Error(COMMLIB_ERR_TYPE, "unsupported dtype code " + std::to_string(q.dtype));
   if (q.ndim < 0 || (q.ndim > 0 && !q.shape)) throw Error(COMMLIB_ERR_VALUE, "invalid shape");
@@ -116,7 +118,8 @@ Entry Engine::make_entry(const commlib_request& q) {
   e.desc.process_set = q.process_set;
   e.desc.name = q.name;
   e.desc.op_type = q.op_type;
-  e.desc.dtype = q.op_type == COMMLIB_OP_BARRIER ? COMMLIB_UINT8 : q.dtype;
+  const bool no_data = q.op_type == COMMLIB_OP_BARRIER || q.op_type == COMMLIB_OP_JOIN;
+  e.desc.dtype = no_data ? COMMLIB_UINT8 : q.dtype;
   e.desc.reduce_op = q.reduce_op;
   e.desc.root = q.root;
   e.desc.prescale = q.prescale;

@@ -29,7 +29,7 @@ Horovod: ``hvd.init(process_sets=[hvd.ProcessSet([0, 2]), ...])`` or
 ``hvd.add_process_set([0, 2])`` (on every rank) registers a set; the
 collectives, broadcast_variables, the object helpers,
 DistributedGradientTape and DistributedOptimizer take ``process_set=`` and
-then communicate among its members only. Not available (yet): Adasum, join,
+then communicate among its members only. Not available (yet): Adasum,
 elastic training, timelines, XLA-compiled functions.
 """
 from commlib.basics import (cross_rank, cross_size, is_initialized, local_rank, local_size,
@@ -53,6 +53,7 @@ from .compression import Compression
 from .execution import communication_stats
 from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
+from .p2p import gradient_tag, recv, send
 from .mpi_ops import (Adasum, allgather, allreduce, alltoall, barrier, broadcast, broadcast_,
                       global_process_set, grouped_allgather, grouped_allreduce,
                       grouped_reducescatter, join, local_rank_op, local_size_op,
@@ -212,3 +213,4 @@ __all__ = [
     "NotInitializedError", "RankLostError", "ScalarTensorError", "HorovodInternalError",
     "HostsUpdatedInterrupt",
 ]
+__all__ += ["send", "recv", "gradient_tag"]

@@ -536,8 +536,18 @@ def barrier(process_set=None):
 
 
 def join():
-    raise NotImplementedError("join() is not supported: commlib's core has no join operation "
-                              "yet; give every rank the same number of batches")
+    """This rank has no more collectives to submit; until every rank has
+    joined it takes part in the others' (zeros to reductions, no rows to
+    gathers: see ``commlib.join``). Returns the rank that joined last, as an
+    int32 tensor (eagerly: at once; in a graph: when the op runs)."""
+    if tf.executing_eagerly():
+        return tf.constant(commlib.join(), dtype=tf.int32)
+
+    def fn(_cname):
+        return [np.array(commlib.join(), dtype=np.int32)]
+
+    (y,) = execute(fn, [], [tf.int32], "CommlibJoin", process_set=None)
+    return y
 
 
 class _nullcontext:

@@ -25,8 +25,8 @@ only (Average divides by the set's size)::
         hvd.allreduce(t, process_set=even)
 
 Not available (yet; the names exist and raise NotImplementedError): Adasum,
-timelines (start_timeline/stop_timeline). Not provided: elastic training
-(commlib.torch.elastic).
+timelines (start_timeline/stop_timeline). Elastic training is restart from the
+last commit (``hvd.elastic``, see commlib.torch.elastic and ``commlibrun --restarts``).
 """
 from .compression import Compression
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
@@ -47,7 +47,11 @@ from .optimizer import DistributedOptimizer
 from .memory import memory_report
 from .fully_shard import full_parameters, fully_shard
 from .zero_checkpoint import full_state_dict, load_sharded, save_sharded
+from .p2p import gradient_tag, irecv, isend, recv, send, sendrecv
+from commlib.parallel_grid import ParallelGrid
+from .local_sgd import LocalSGD
 from .sync_batch_norm import SyncBatchNorm
+from . import elastic  # hvd.elastic.TorchState, hvd.elastic.run
 from ._dispatch import is_torch_optimizer
 from commlib.dispatch import register_optimizer
 from commlib.errors import (CollectiveMismatchError, HorovodInternalError, HostsUpdatedInterrupt,
@@ -71,9 +75,11 @@ __all__ = [
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "barrier", "join",
     "sparse_allreduce_async", "start_timeline", "stop_timeline",
-    "Compression", "DistributedOptimizer", "SyncBatchNorm", "memory_report",
-    "save_sharded", "load_sharded", "full_state_dict", "fully_shard", "full_parameters",
+    "Compression", "DistributedOptimizer", "SyncBatchNorm", "LocalSGD", "elastic",
+    "memory_report", "save_sharded", "load_sharded", "full_state_dict", "fully_shard",
+    "full_parameters",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "CommlibError", "CollectiveMismatchError", "NotInitializedError", "RankLostError",
     "ScalarTensorError", "HorovodInternalError", "HostsUpdatedInterrupt",
 ]
+__all__ += ["send", "recv", "isend", "irecv", "sendrecv", "gradient_tag", "ParallelGrid"]

@@ -35,8 +35,6 @@ Differences from horovod.torch, all deliberate:
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 
@@ -716,20 +714,13 @@ def barrier(process_set=global_process_set) -> None:
 
 
 def join(device=-1) -> int:
-    """Waits until every rank has called join() and returns the rank that
-    called it last (by wall-clock time; ties go to the highest rank). Every
-    rank gets the same answer.
-
-    Unlike Horovod's join, ranks that have joined do not take part in other
-    ranks' later allreduces with zero tensors: join is a plain collective, so
-    ranks with uneven amounts of data must agree on the number of steps
-    (for example with an allreduce of their step counts) before joining.
-    ``device`` is accepted for compatibility; only -1 (CPU) is meaningful."""
-    require_init()
-    stamp = np.array([time.time_ns()], dtype=np.int64)
-    stamps = _c.allgather(stamp, name=auto_name("join", None))
-    last = max(range(len(stamps)), key=lambda r: (int(stamps[r]), r))
-    return int(last)
+    """This rank has no more batches: until every rank has called join(), it
+    takes part in the other ranks' collectives (contributing zeros to
+    allreduce, so DistributedOptimizer's Average divides the others' sum by
+    the number of ranks; no rows to allgather; receiving broadcasts). Returns
+    the rank that called join() last, the same on every rank. ``device`` is
+    accepted for compatibility; only -1 (CPU) is meaningful."""
+    return _c.join()
 
 
 __all__ = [

@@ -460,7 +460,7 @@ def _describe_difference(sigs: list) -> str:
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
-                         process_set=global_process_set, zero_stage=0,
+                         process_set=global_process_set, staleness=0, zero_stage=0,
                          bucket_elements=None):
     """Wraps a torch optimizer so that ``step()`` applies gradients averaged
     (``op=Average``) or summed (``op=Sum``) over all ranks (of ``process_set``).
@@ -486,6 +486,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             gradients are averaged over its members only (Average divides by
             the set's size). Every rank may build the optimizer; on ranks
             outside the set it does not communicate (local gradients).
+        staleness: 0 (default) synchronous; 1 one-step delayed averaging,
+            where ``step()`` applies the previous step's averaged gradients
+            while this step's travel (see commlib.torch.delayed).
         zero_stage: 0 (default: every rank keeps the whole optimizer state),
             1 (optimizer state sharded across the set's ranks) or 2 (also
             the gradients); see commlib.torch.zero. Non-members of the set
@@ -505,9 +508,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("this optimizer is already a DistributedOptimizer")
     groups = resolve_groups(num_groups, groups)
-    base = optimizer.__class__
     dist_args = (named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    if staleness != 0 and zero_stage != 0:
+        raise ValueError("staleness=1 and zero_stage cannot be combined")
+    if staleness != 0:
+        if groups is not None:
+            raise ValueError("groups cannot be combined with staleness=1 (its step() sends all "
+                             "gradients in one group)")
+        from .delayed import delayed_optimizer
+
+        return delayed_optimizer(optimizer, staleness, dist_args)
+    base = optimizer.__class__
     if zero_stage != 0 or bucket_elements is not None:
         from . import zero
 

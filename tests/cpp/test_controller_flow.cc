@@ -214,3 +214,44 @@ TEST_CASE("controller flow: a stalled request is reported once, naming who is mi
 }
 
 CHECK_MAIN()
+
+TEST_CASE("controller flow: a joined rank completes the others' requests; the join comes last") {
+  Controller c(3, 1 << 20);
+  const RequestDesc join = request(COMMLIB_OP_JOIN, "join", COMMLIB_UINT8, {});
+  const RequestDesc a = allreduce("a", COMMLIB_FLOAT32, {4});
+  RequestDesc g = request(COMMLIB_OP_ALLGATHER, "g", COMMLIB_INT32, {3, 2});
+  add_all(c, a, {0, 1});  // open before rank 2 joins
+  CHECK(c.take_ready().empty());
+  c.add(2, join, 0);
+  CHECK(c.joining());
+  add_all(c, g, {0, 1});
+  std::vector<Response> out = c.take_ready();
+  CHECK_EQ(out.size(), size_t(2));
+  if (out.size() == 2) {
+    CHECK_EQ(out[0].names, std::vector<std::string>{"a"});
+    CHECK_EQ(out[0].descs.size(), size_t(1));  // what rank 2 runs without having submitted it
+    CHECK_EQ(out[0].to, (std::vector<int>{0, 1, 2}));
+    CHECK_EQ(out[1].names, std::vector<std::string>{"g"});
+    CHECK_EQ(out[1].rows, (std::vector<int64_t>{3, 3, 0}));  // the joined rank sends no rows
+  }
+  RequestDesc b = request(COMMLIB_OP_BROADCAST, "b", COMMLIB_FLOAT32, {2});
+  b.root = 2;
+  add_all(c, b, {0, 1});
+  out = c.take_ready();
+  CHECK_EQ(out.size(), size_t(1));
+  if (out.size() == 1) {
+    CHECK_EQ(out[0].kind, int(Response::kError));
+    CHECK(out[0].error.find("rank 2 has called join()") != std::string::npos);
+  }
+  c.add(0, join, 0);
+  c.add(1, join, 0);
+  out = c.take_ready();
+  CHECK_EQ(out.size(), size_t(1));
+  if (out.size() == 1) {
+    CHECK_EQ(out[0].op_type, int(COMMLIB_OP_JOIN));
+    CHECK_EQ(out[0].rows, std::vector<int64_t>{1});  // the last to join
+  }
+  CHECK(!c.joining());
+  add_all(c, a, {0, 1});  // the join is over: rank 2 counts again
+  CHECK(c.take_ready().empty());
+}

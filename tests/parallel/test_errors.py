@@ -67,3 +67,11 @@ def test_exit_with_unsynchronized_handles_does_not_hang(ranks):
         run = ranks(3, "exit_with_pending.py", timeout=30)
         assert run.returncode == 0, run
         assert_all_ok(run, 3)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n", [2, 3])
+def test_reinit_after_shutdown_with_a_pending_request(ranks, n):
+    run = ranks(n, "errors_reinit_pending.py", timeout=90)
+    assert run.returncode == 0, run
+    assert_all_ok(run, n)

@@ -42,4 +42,4 @@ def test_synthetic_benchmark_zero_runs(ranks, stage):
                 "--num-iters", "2", "--num-batches-per-iter", "2", timeout=60)
     assert run.returncode == 0, run
     assert "Total samples/s on 2 rank(s)" in run.stdout, run
-    assert len(re.findall(rf"memory \(MiB, zero_stage {stage}\)", run.stdout)) == 2, run
+    assert len(re.findall(rf"memory \(MiB, zero{stage}\)", run.stdout)) == 2, run

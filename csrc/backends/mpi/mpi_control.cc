@@ -1,6 +1,7 @@
 #include "backends/mpi/mpi_control.h"
 
 #include "backends/mpi/mpi_transport.h"
+#include "backends/mpi/session_stamp.h"
 #include "common.h"
 
 namespace commlib {
@@ -23,21 +24,24 @@ void ControlChannel::abandon() {
 }
 
 void ControlChannel::send(int peer, std::string bytes) {
+  stamp_session(bytes);
   sends_.send(std::move(bytes), peer, kTag, comm_, "MPI_Isend(control)");
 }
 
 bool ControlChannel::poll(int* source, std::string* out) {
-  int flag = 0;
-  MPI_Status st;
-  check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, kTag, comm_, &flag, &st), "MPI_Iprobe");
-  if (!flag) return false;
-  int count = 0;
-  MPI_Get_count(&st, MPI_BYTE, &count);
-  out->resize(size_t(count));
-  check_mpi(MPI_Recv(out->data(), count, MPI_BYTE, st.MPI_SOURCE, kTag, comm_, MPI_STATUS_IGNORE),
-            "MPI_Recv(control)");
-  *source = st.MPI_SOURCE;
-  return true;
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, kTag, comm_, &flag, &st), "MPI_Iprobe");
+    if (!flag) return false;
+    int count = 0;
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    out->resize(size_t(count));
+    check_mpi(MPI_Recv(out->data(), count, MPI_BYTE, st.MPI_SOURCE, kTag, comm_, MPI_STATUS_IGNORE),
+              "MPI_Recv(control)");
+    *source = st.MPI_SOURCE;
+    if (unstamp_session(*out)) return true;  // (else: left over from an earlier session)
+  }
 }
 
 void ControlChannel::progress() { sends_.progress(); }

@@ -25,7 +25,8 @@ enum {
   COMMLIB_ERR_NOT_INIT = 4,     /* not initialised / shut down */
   COMMLIB_ERR_PEER_LOST = 5,    /* a rank of the job died  */
   COMMLIB_ERR_INTERNAL = 6,     /* MPI or internal failure */
-  COMMLIB_ERR_TIMEOUT = 7       /* wait timed out (handle still pending) */
+  COMMLIB_ERR_TIMEOUT = 7,      /* wait timed out (handle still pending) */
+  COMMLIB_ERR_TIMED_OUT = 8     /* the request failed: its peers never took part within COMMLIB_TIMEOUT */
 };
 
 /* Operation types. */
@@ -41,7 +42,12 @@ enum {
   COMMLIB_OP_REMOVE_PROCESS_SET = 7,
   /* Point-to-point (never negotiated: matched by source, tag and set). */
   COMMLIB_OP_SEND = 8,
-  COMMLIB_OP_RECV = 9
+  COMMLIB_OP_RECV = 9,
+  /* join: this rank has no more collectives to submit; until every rank has
+     joined, it takes part in the others' collectives of the job (contributing
+     zeros to reductions, no rows to allgather/alltoall). The handle's splits
+     hold {last rank to join}. Global process set only. */
+  COMMLIB_OP_JOIN = 10
 };
 
 /* Where a request's buffers live. */

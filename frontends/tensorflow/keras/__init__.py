@@ -50,6 +50,8 @@ from .. import mpi_ops as _ops
 from ..gradient_tape import make_allreduce_grads, scale_local, var_key
 from ..sync_batch_norm import SyncBatchNormalization  # noqa: F401
 from . import callbacks  # noqa: F401
+from .local_sgd import LocalSGD  # noqa: F401,E402
+from . import elastic  # noqa: F401 - hvd.elastic.KerasState, hvd.elastic.run
 
 
 def _check_backend():
@@ -156,10 +158,14 @@ class _DistributedOptimizerMixin:
 
 
 @functools.lru_cache(maxsize=None)
-def _distributed_class(base):
+def _distributed_class(base, staleness=0):
     # Same name and module as the wrapped class: a saved model records the
     # plain optimizer (load_model below wraps it again).
-    return type(base.__name__, (_DistributedOptimizerMixin, base),
+    if staleness:
+        from .delayed import _DelayedOptimizerMixin as mixin
+    else:
+        mixin = _DistributedOptimizerMixin
+    return type(base.__name__, (mixin, base),
                 {"__module__": base.__module__, "__qualname__": base.__qualname__})
 
 
@@ -167,7 +173,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                          compression=Compression.none, sparse_as_dense=False,
                          gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=None, scale_local_gradients=True, local_layers=None):
+                         process_set=None, scale_local_gradients=True, local_layers=None,
+                         staleness=0):
     """A copy of the Keras ``optimizer`` that averages (``op``) gradients across
     ranks (of ``process_set``; on ranks outside it, gradients stay local)
     before applying them.
@@ -185,6 +192,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     groups: an int or lists of variables, to split the gradients into several
     grouped allreduces. If ``optimizer`` has been used already its state
     (slots, iterations) is copied.
+    staleness: 0 (synchronous) or 1: one-step delayed averaging, each step
+    applies the previous step's average while this one's travels (see
+    commlib.tensorflow.keras.delayed; ``synchronize()`` applies the last one).
     """
     _check_backend()
     if isinstance(optimizer, _DistributedOptimizerMixin):
@@ -207,13 +217,20 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                                            sparse_as_dense, op, gradient_predivide_factor,
                                            groups, process_set,
                                            name=name or f"Distributed{type(optimizer).__name__}")
-    cls = _distributed_class(type(optimizer))
+    if staleness != 0:
+        from .delayed import check_staleness_options
+
+        check_staleness_options(staleness, backward_passes_per_step, groups, local_layers,
+                                compression)
+    cls = _distributed_class(type(optimizer), staleness)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
     new = cls.from_config(config)
     new._commlib_setup(allreduce_grads, backward_passes_per_step, average_aggregated_gradients,
                        scale_local_gradients)
+    if staleness:
+        new._commlib_delayed_setup(op, gradient_predivide_factor, process_set)
     if getattr(optimizer, "built", False):
         _copy_state(optimizer, new)
     for layer in _as_layer_list(local_layers):

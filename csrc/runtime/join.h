@@ -1,0 +1,17 @@
+// join(): a rank that has joined takes part in collectives it never
+// submitted. For each, it builds a stand-in request from the description the
+// coordinator sends (message.h, Response::descs) with buffers of its own:
+// zeros into reductions, no rows into allgather/alltoall, a buffer to receive
+// a broadcast or its part of a reducescatter. The results are discarded.
+#pragma once
+
+#include "message.h"
+#include "runtime/entry.h"
+
+namespace commlib {
+
+// The stand-in for request d on this rank (set_rank of set_size in d's
+// process set).
+Entry joined_entry(const RequestDesc& d, int set_rank, int set_size);
+
+}  // namespace commlib

@@ -1,0 +1,103 @@
+"""Pipeline bubble and point-to-point cost of commlib.torch.pipelining.
+
+    commlibrun -np 4 python examples/pipeline_bubble.py --microbatches 4 8
+    commlibrun -np 2 python examples/pipeline_bubble.py --act-mib 1
+
+Every stage costs the same fixed time (a sleep of --forward-ms in forward
+and twice that in backward, split over the stages a rank holds), so a rank's
+idle fraction can be compared with the formula: (p-1)/(m+p-1) for GPipe and
+1F1B, (p-1)/(v*m+p-1) for interleaved 1F1B with v stages per rank. Idle =
+1 - compute/step on each rank (averaged over ranks and steps after a
+warm-up). Activations are --act-mib MiB per microbatch; "excess" is the
+step time beyond the ideal ((v*m+p-1)/v stage slots of tf+tb: what is neither compute
+nor bubble: the cost of the sends and receives and of the schedule's Python.
+"""
+import argparse
+import time
+
+import torch
+
+import commlib.torch as hvd
+from commlib.torch.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                      ScheduleInterleaved1F1B)
+
+
+class _Sleep(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, fwd_s, bwd_s):
+        ctx.bwd_s = bwd_s
+        time.sleep(fwd_s)
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        time.sleep(ctx.bwd_s)
+        return g, None, None
+
+
+class FixedCost(torch.nn.Module):
+    def __init__(self, fwd_s):
+        super().__init__()
+        self.fwd_s = fwd_s
+        self.w = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, x):
+        return _Sleep.apply(x * self.w, self.fwd_s, 2 * self.fwd_s)
+
+
+def measure(cls, v, m, args):
+    p, r = hvd.size(), hvd.rank()
+    tf = args.forward_ms / 1000 / v
+    stages = [PipelineStage(FixedCost(tf), s, p * v) for s in range(r, p * v, p)]
+    sched = cls(stages if v > 1 else stages[0], m, lambda out, y: (out - y).pow(2).mean())
+    cols = max(1, int(args.act_mib * (1 << 20) / 4 / args.rows))
+    x, y = torch.randn(m * args.rows, cols), torch.randn(m * args.rows, cols)
+    idle, excess, comm, peak = [], [], [], 0
+    for step in range(args.steps + 1):
+        sched.step(x, target=y)
+        st = sched.stats
+        if step == 0:
+            continue  # warm-up
+        idle.append(1 - st["compute_s"] / st["step_s"])
+        ideal = (m + p - 1) * 3 * args.forward_ms / 1000 if v == 1 else \
+            (v * m + p - 1) * 3 * args.forward_ms / 1000 / v
+        excess.append(max(0.0, st["step_s"] - ideal) / st["step_s"])
+        comm.append(st["comm_s"] / st["step_s"])
+        peak = max(peak, max(st["live_peak"].values()))
+    mean = torch.tensor([sum(idle) / len(idle), sum(excess) / len(excess),
+                         sum(comm) / len(comm), float(peak)], dtype=torch.float64)
+    every = hvd.allgather(mean.unsqueeze(0))
+    return every[:, 0].mean().item(), every[:, 1].max().item(), every[:, 2].mean().item(), \
+        int(every[:, 3].max().item())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--microbatches", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--forward-ms", type=float, default=10.0)
+    ap.add_argument("--act-mib", type=float, default=0.0625)
+    ap.add_argument("--rows", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=4)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    hvd.init()
+    p = hvd.size()
+    if hvd.rank() == 0:
+        print(f"p={p}, stage cost {args.forward_ms} ms forward + {2 * args.forward_ms} ms "
+              f"backward, activations {args.act_mib} MiB per microbatch")
+        print("| schedule | m | measured idle | formula | excess over ideal | in send/recv "
+              "| peak live activations |")
+        print("|---|---|---|---|---|---|---|")
+    for m in args.microbatches:
+        for cls, v in ((ScheduleGPipe, 1), (Schedule1F1B, 1), (ScheduleInterleaved1F1B, 2)):
+            if m % p and v > 1:
+                continue
+            idle, excess, comm, peak = measure(cls, v, m, args)
+            formula = (p - 1) / (v * m + p - 1)
+            if hvd.rank() == 0:
+                print(f"| {cls.__name__} | {m} | {idle:.3f} | {formula:.3f} | {excess:.3f} | "
+                      f"{comm:.3f} | {peak} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

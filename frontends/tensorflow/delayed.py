@@ -1,0 +1,98 @@
+"""One-step delayed gradient averaging for TensorFlow: the state that lives
+between steps (at most one grouped allreduce in flight) and the op that
+swaps this step's gradients for the previous step's average.
+
+``DelayedExchange.swap_op(grads)`` is one ordered commlib op (eagerly, or a
+numpy_function inside tf.function): it waits for the pending average (started
+by the previous step, so it had the whole forward and backward pass to
+travel), starts averaging copies of ``grads`` (progressed by the core's
+background thread while TensorFlow goes on), and returns ``(have, average)``:
+``have`` is False at the first step (and after ``finish()``), when there is
+no previous average and ``average`` is zeros.
+
+Used by the Keras ``DistributedOptimizer(..., staleness=1)``.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+
+import numpy as np
+import tensorflow as tf
+
+import commlib
+from commlib.process_sets import check_process_set, included, set_size
+
+from .execution import check_dtype, execute
+
+_instances = collections.defaultdict(itertools.count)
+
+
+class DelayedExchange:
+    """The pending average of one optimizer (see the module's docstring).
+    Built on every rank (of ``process_set``) in the same order: the i-th one
+    of a set names its allreduces ``delayed<i>``."""
+
+    def __init__(self, op=commlib.Average, prescale=1.0, postscale=1.0, process_set=None):
+        self.process_set = check_process_set(process_set, member=False)
+        self.op, self.scales = op, (prescale, postscale)
+        self.communicate = included(self.process_set) and set_size(self.process_set) > 1
+        self.name = f"delayed{next(_instances[self.process_set.process_set_id])}"
+        self._pending = None  # (handle or None, arrays)
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def start(self, arrays) -> None:
+        """Starts averaging copies of ``arrays`` (numpy)."""
+        if self._pending is not None:
+            raise RuntimeError("an average is already pending; finish() it first")
+        bufs = [np.array(a, copy=True, order="C") for a in arrays]
+        handle = None
+        if self.communicate and bufs:
+            pre, post = self.scales
+            handle = commlib.grouped_allreduce_async_(bufs, name=self.name, op=self.op,
+                                                      prescale_factor=pre,
+                                                      postscale_factor=post,
+                                                      process_set=self.process_set)
+        self._pending = (handle, bufs)
+
+    def finish(self):
+        """Waits for the pending average: (True, arrays), or (False, None)
+        when none is pending."""
+        if self._pending is None:
+            return False, None
+        (handle, bufs), self._pending = self._pending, None
+        if handle is not None:
+            commlib.synchronize(handle)
+        return True, bufs
+
+    def swap(self, arrays):
+        """finish() then start(arrays); the previous average must have the
+        same shapes and dtypes (ValueError otherwise)."""
+        have, prev = self.finish()
+        if have and [(a.shape, a.dtype) for a in prev] != [(a.shape, a.dtype) for a in arrays]:
+            raise ValueError("staleness=1: the gradients of this step do not match the pending "
+                             "ones (the variables with a gradient changed between steps)")
+        self.start(arrays)
+        return have, prev
+
+    def swap_op(self, tensors):
+        """The swap as one ordered commlib op: ``(have, averages)`` as tensors."""
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        for t in tensors:
+            check_dtype(t.dtype, "DistributedOptimizer(staleness=1) gradients")
+
+        def fn(_cname, *arrays):
+            have, prev = self.swap(list(arrays))
+            if not have:
+                prev = [np.zeros_like(a) for a in arrays]
+            return [np.array(have)] + prev
+
+        outs = execute(fn, tensors, [tf.bool] + [t.dtype for t in tensors],
+                       "CommlibDelayedSwap", process_set=self.process_set)
+        for o, t in zip(outs[1:], tensors):
+            o.set_shape(t.shape)
+        outs[0].set_shape(())
+        return outs[0], outs[1:]

@@ -1,0 +1,107 @@
+"""The Keras ``DistributedOptimizer(..., staleness=1)``: one-step delayed
+gradient averaging.
+
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), staleness=1)
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(x, y, ...)
+    opt.synchronize()      # applies the last pending average
+
+Step t computes g_t at the current weights, starts averaging it across ranks
+(the allreduce runs while the next step's forward and backward do) and
+applies the average of the previous step's gradients with the wrapped
+optimizer's rule (for SGD w_{t+1} = w_t - lr * avg(g_{t-1})). Step 0 applies
+nothing (the wrapped optimizer is not stepped: ``iterations`` stays 0).
+``synchronize()`` (eager) waits for the pending average and applies it; the
+step after it applies nothing again. Replicas stay identical.
+
+IndexedSlices gradients are averaged as dense tensors. The variables with a
+gradient must be the same at every step (and on every rank). Not combined
+with backward_passes_per_step > 1, groups, local_layers or compression.
+"""
+from __future__ import annotations
+
+import functools
+
+import keras
+import tensorflow as tf
+
+from commlib.reduce_args import predivide_scales
+
+from ..compression import Compression
+from ..delayed import DelayedExchange
+from . import _DistributedOptimizerMixin
+
+
+class _DelayedOptimizerMixin(_DistributedOptimizerMixin):
+    """Placed in front of the wrapped optimizer's class."""
+
+    def _commlib_delayed_setup(self, op, gradient_predivide_factor, process_set):
+        pre, post = predivide_scales(op, gradient_predivide_factor)
+        s = functools.partial(object.__setattr__, self)
+        s("_commlib_exchange", DelayedExchange(op, pre, post, process_set))
+        s("_commlib_pending_vars", None)  # (variables, positions) of the pending average
+        s("staleness", 1)
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        parent_apply = super(_DistributedOptimizerMixin, self).apply
+        if not grads:
+            return parent_apply(grads, trainable_variables)
+        if trainable_variables is None:
+            if not self.built:
+                return parent_apply(grads, None)  # raises Keras' own error
+            variables = list(self._trainable_variables)
+        else:
+            variables = list(trainable_variables)
+        if not self.built:  # before tf.cond: no variables created in a branch
+            with keras.name_scope(self.name, caller=self):
+                self.build(variables)
+            self.built = True
+        present = [i for i, g in enumerate(grads) if g is not None]
+        have, prev = self._commlib_exchange.swap_op(
+            [tf.convert_to_tensor(grads[i]) for i in present])
+        object.__setattr__(self, "_commlib_pending_vars", (variables, present))
+        full = [None] * len(grads)
+        for i, g in zip(present, prev):
+            full[i] = g
+
+        def update():
+            parent_apply(full, variables)
+            return tf.constant(True)
+
+        if tf.executing_eagerly():
+            if bool(have):
+                update()
+        else:
+            tf.cond(have, update, lambda: tf.constant(False))
+
+    def synchronize(self):
+        """Waits for the pending average and applies it (eagerly: call it
+        after fit(), before evaluating or saving)."""
+        have, arrays = self._commlib_exchange.finish()
+        if not have:
+            return
+        variables, present = self._commlib_pending_vars
+        full = [None] * len(variables)
+        for i, a in zip(present, arrays):
+            full[i] = tf.convert_to_tensor(a)
+        super(_DistributedOptimizerMixin, self).apply(full, variables)
+
+    @property
+    def pending(self) -> bool:
+        """Whether an average is in flight (started, not applied yet)."""
+        return self._commlib_exchange.pending
+
+
+def check_staleness_options(staleness, backward_passes_per_step, groups, local_layers,
+                            compression):
+    """ValueError for options DistributedOptimizer(staleness=1) does not take."""
+    if isinstance(staleness, bool) or staleness != 1:
+        raise ValueError(f"staleness must be 0 (synchronous) or 1 (one-step delayed "
+                         f"averaging), got {staleness!r}")
+    refused = {"backward_passes_per_step > 1": int(backward_passes_per_step) > 1,
+               "groups": groups is not None, "local_layers": bool(local_layers),
+               "compression": compression is not Compression.none}
+    bad = [k for k, v in refused.items() if v]
+    if bad:
+        raise ValueError(f"staleness=1 cannot be combined with {', '.join(bad)}")

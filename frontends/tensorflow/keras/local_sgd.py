@@ -1,0 +1,206 @@
+"""Local SGD and DiLoCo for Keras: an optimizer wrapper.
+
+    inner = keras.optimizers.AdamW(1e-3)
+    outer = keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
+    opt = hvd.LocalSGD(inner, model, period=8, outer_optimizer=outer)   # DiLoCo
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(x, y, ...)
+    opt.synchronize()     # a last meeting if steps were taken since the previous one
+
+The rule is commlib.torch.LocalSGD's, with steps counted t = 0, 1, ... from
+the end of the warm-up: the inner optimizer steps on this rank's gradients
+(no gradient is averaged); after the steps with (t + 1) mod period = 0 the
+ranks meet: one grouped allreduce of ``model.trainable_variables``, then
+every rank takes the average (local SGD) or, with ``outer_optimizer``
+(DiLoCo), sets its weights to the anchor (the weights after the last meeting;
+at first those the local phase started from), applies the outer optimizer
+with gradient ``anchor - average``, and the result is the new anchor. The
+first ``warmup_steps`` steps are synchronous data parallelism (gradients
+averaged before the inner step). Replicas are identical after every meeting.
+
+The wrapper is a copy of the inner optimizer (an instance of a subclass of
+its class); the schedule runs inside the compiled train step (tf.cond on a
+step counter). The meeting is synchronous (no streaming overlap).
+"""
+from __future__ import annotations
+
+import functools
+
+import keras
+import tensorflow as tf
+
+from commlib.ops import Average
+from commlib.process_sets import check_process_set, included, set_size
+from commlib.signature import check_same_everywhere
+
+from .. import mpi_ops as _ops
+from ..gradient_tape import make_allreduce_grads
+
+
+def _run_if(pred, fn):
+    """``fn()`` when ``pred`` holds: in Python eagerly, as tf.cond in a graph."""
+    if tf.executing_eagerly():
+        if bool(pred):
+            fn()
+        return
+
+    def yes():
+        fn()
+        return tf.constant(True)
+
+    tf.cond(pred, yes, lambda: tf.constant(False))
+
+
+class _LocalSGDMixin:
+    """Placed in front of the inner optimizer's class."""
+
+    def _commlib_local_setup(self, model_vars, period, outer, warmup, process_set):
+        s = functools.partial(object.__setattr__, self)
+        s("_commlib_model_vars", list(model_vars))
+        s("period", period)
+        s("warmup_steps", warmup)
+        s("outer_optimizer", outer)
+        s("process_set", process_set)
+        s("_commlib_communicate", included(process_set) and set_size(process_set) > 1)
+        s("_commlib_allreduce", make_allreduce_grads(op=Average, process_set=process_set,
+                                                     name="LocalSGDWarmup"))
+        s("_commlib_anchor", None)
+        s("_commlib_step", None)
+        s("_commlib_local", None)
+
+    def build(self, variables):
+        super().build(variables)
+        if getattr(self, "_commlib_step", 1) is not None:
+            return
+        s = functools.partial(object.__setattr__, self)
+        s("_commlib_step", self.add_variable((), dtype="int64", initializer="zeros",
+                                             name="commlib_step"))
+        s("_commlib_local", self.add_variable((), dtype="int64", initializer="zeros",
+                                              name="commlib_local_steps"))
+        if self.outer_optimizer is not None:
+            s("_commlib_anchor", [self.add_variable_from_reference(v, name="commlib_anchor")
+                                  for v in self._commlib_model_vars])
+            self.outer_optimizer.build(self._commlib_model_vars)
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        variables = (list(trainable_variables) if trainable_variables is not None
+                     else list(self._trainable_variables))
+        if not self.built:  # before any tf.cond: no variables created in a branch
+            with keras.name_scope(self.name, caller=self):
+                self.build(variables)
+            self.built = True
+        step = tf.convert_to_tensor(self._commlib_step)
+        if self.warmup_steps:
+            grads = self._warmup_grads(grads, variables, step < self.warmup_steps)
+        if self._commlib_anchor is not None:
+            _run_if(tf.equal(step, self.warmup_steps), self._set_anchor)
+        super().apply(grads, variables)
+        self._commlib_step.assign_add(1)
+        local = step >= self.warmup_steps
+        self._commlib_local.assign_add(tf.cast(local, tf.int64))
+        _run_if(tf.logical_and(local, tf.equal(tf.math.floormod(
+            step - self.warmup_steps + 1, self.period), 0)), self._meet)
+
+    def _warmup_grads(self, grads, variables, in_warmup):
+        present = [i for i, g in enumerate(grads) if g is not None]
+        dense = [tf.convert_to_tensor(grads[i]) for i in present]
+        if tf.executing_eagerly():
+            if bool(in_warmup):
+                dense = self._commlib_allreduce(dense, [variables[i] for i in present])
+        else:
+            dense = tf.cond(in_warmup, lambda: self._commlib_allreduce(
+                dense, [variables[i] for i in present]), lambda: dense)
+        out = list(grads)
+        for i, g in zip(present, dense):
+            out[i] = g
+        return out
+
+    def _set_anchor(self):
+        for a, v in zip(self._commlib_anchor, self._commlib_model_vars):
+            a.assign(v)
+
+    def _meet(self):
+        """Averages the model's weights across ranks and, with an outer
+        optimizer, takes its step from the anchor."""
+        model_vars = self._commlib_model_vars
+        values = [tf.convert_to_tensor(v) for v in model_vars]
+        if self._commlib_communicate:
+            values = _ops.grouped_allreduce_raw(values, Average, name="LocalSGDMeet",
+                                                process_set=self.process_set)
+        if self.outer_optimizer is None:
+            for v, a in zip(model_vars, values):
+                v.assign(a)
+        else:
+            anchors = self._commlib_anchor
+            pseudo = [tf.convert_to_tensor(a) - avg for a, avg in zip(anchors, values)]
+            for v, a in zip(model_vars, anchors):
+                v.assign(a)
+            self.outer_optimizer.apply(pseudo, model_vars)
+            for a, v in zip(anchors, model_vars):
+                a.assign(v)
+        self._commlib_local.assign(0)
+
+    def synchronize(self):
+        """A meeting now, if steps were taken since the last one (eager:
+        call it after fit(), before evaluating or saving)."""
+        if self._commlib_local is not None and int(self._commlib_local) > 0:
+            self._meet()
+
+
+@functools.lru_cache(maxsize=None)
+def _local_sgd_class(base):
+    return type(base.__name__, (_LocalSGDMixin, base),
+                {"__module__": base.__module__, "__qualname__": base.__qualname__})
+
+
+def _check_int(value, what, minimum):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
+
+
+def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, process_set=None):
+    """A copy of the Keras ``optimizer`` that trains locally and meets every
+    ``period`` steps (see the module's docstring); pass it to
+    ``model.compile`` or call its ``apply`` in a custom loop. ``model``'s
+    trainable variables are the ones averaged. Build it on every rank (of
+    ``process_set``) alike."""
+    from . import _DistributedOptimizerMixin, _check_backend
+
+    _check_backend()
+    process_set = check_process_set(process_set, member=False)
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"expected a Keras optimizer, got {type(optimizer).__name__}")
+    if isinstance(optimizer, (_DistributedOptimizerMixin, _LocalSGDMixin)):
+        raise ValueError("LocalSGD wraps a plain Keras optimizer: a DistributedOptimizer would "
+                         "average every step's gradients")
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"model must be a keras.Model, got {type(model).__name__}")
+    if not model.trainable_variables:
+        raise ValueError("the model has no trainable variables (build it first)")
+    _check_int(period, "period", 1)
+    _check_int(warmup_steps, "warmup_steps", 0)
+    if outer_optimizer is not None:
+        if not isinstance(outer_optimizer, keras.optimizers.Optimizer):
+            raise ValueError(f"outer_optimizer must be a Keras optimizer, got "
+                             f"{type(outer_optimizer).__name__}")
+        if outer_optimizer is optimizer:
+            raise ValueError("outer_optimizer must be a separate optimizer from the inner one")
+    if included(process_set) and set_size(process_set) > 1:
+        _check_same_everywhere(model, period, outer_optimizer, warmup_steps, process_set)
+    new = _local_sgd_class(type(optimizer)).from_config(optimizer.get_config())
+    new._commlib_local_setup(model.trainable_variables, period, outer_optimizer, warmup_steps,
+                             process_set)
+    return new
+
+
+def _check_same_everywhere(model, period, outer, warmup, process_set):
+    """CollectiveMismatchError on every rank if the options or the model's
+    variables (shapes, dtypes) differ across ranks (a meeting on some ranks
+    only would otherwise stall)."""
+    sig = [("options: period, warmup_steps, outer optimizer", period, warmup,
+            type(outer).__name__ if outer is not None else None)]
+    sig += [(f"variable {i}", tuple(v.shape), str(v.dtype))
+            for i, v in enumerate(model.trainable_variables)]
+    check_same_everywhere(sig, "LocalSGD: the options or the model's variables",
+                          name="LocalSGD:signature", process_set=process_set)

@@ -1,0 +1,77 @@
+"""commlib.torch.elastic: Horovod's ``horovod.torch.elastic`` names on
+commlib's restart-from-the-last-commit mode (see :mod:`commlib.elastic`)::
+
+    import commlib.torch as hvd
+
+    hvd.init()
+    state = hvd.elastic.TorchState(model=model, optimizer=opt, epoch=0, batch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            while state.batch < batches:             # state.batch: batches done
+                step(state.epoch, state.batch)
+                state.batch += 1
+                if state.batch % 10 == 0:
+                    state.commit()
+            state.batch = 0
+
+    train(state)
+
+launched as ``COMMLIB_ELASTIC_DIR=/shared/ckpt commlibrun -np 4 --restarts 3
+python train.py``. When a rank fails, commlibrun starts the job again and
+``train`` resumes from the newest commit that every rank finished.
+"""
+from __future__ import annotations
+
+import copy
+import io
+
+import torch
+
+from commlib.elastic import ELASTIC_DIR_ENV, ElasticStateError, ObjectState, State, run  # noqa: F401
+
+from .functions import broadcast_optimizer_state, broadcast_parameters
+
+__all__ = ["TorchState", "ObjectState", "State", "run", "ElasticStateError", "ELASTIC_DIR_ENV"]
+
+
+class TorchState(State):
+    """A model's ``state_dict``, an optimizer's ``state_dict`` and any user
+    values given as keywords (``state.epoch``...). Either object may be None."""
+
+    def __init__(self, model=None, optimizer=None, **user_state):
+        self.model = model
+        self.optimizer = optimizer
+        super().__init__(**user_state)
+
+    def _snapshot(self) -> dict:
+        snap = {}
+        if self.model is not None:
+            snap["model"] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        if self.optimizer is not None:
+            snap["optimizer"] = copy.deepcopy(self.optimizer.state_dict())
+        return snap
+
+    def _apply(self, snapshot: dict) -> None:
+        if self.model is not None:
+            self.model.load_state_dict(snapshot["model"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(copy.deepcopy(snapshot["optimizer"]))
+
+    def _sync_objects(self, root_rank: int) -> None:
+        if self.model is not None:
+            broadcast_parameters(self.model.state_dict(), root_rank=root_rank,
+                                 prefix="elastic.model")
+        if self.optimizer is not None:
+            broadcast_optimizer_state(self.optimizer, root_rank=root_rank,
+                                      prefix="elastic.optimizer")
+
+    def _serialize(self, snapshot: dict) -> bytes:
+        buf = io.BytesIO()
+        torch.save(snapshot, buf)
+        return buf.getvalue()
+
+    def _deserialize(self, data: bytes) -> dict:
+        # Commits are this job's own files (as trusted as any checkpoint).
+        return torch.load(io.BytesIO(data), weights_only=False)

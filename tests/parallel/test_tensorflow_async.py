@@ -1,0 +1,19 @@
+"""Asynchronous gradient exchange in commlib.tensorflow.keras on 2 and 3
+ranks (workers/tf_async.py): DistributedOptimizer(staleness=1) and LocalSGD
+(local SGD, DiLoCo with warm-up) in model.fit match a single-process
+simulation of their rule within 1e-5 after every one of 20 steps, with
+bitwise identical replicas; error cases."""
+import re
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+def test_keras_delayed_averaging_and_local_sgd(ranks, n):
+    run = ranks(n, "tf_async.py", timeout=170)
+    run.assert_ok(n)
+    m = re.search(r"keras async max relative error (\S+)", run.stdout)
+    assert m and float(m.group(1)) <= 1e-5, run

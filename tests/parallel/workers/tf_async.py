@@ -1,0 +1,212 @@
+"""Asynchronous gradient exchange in commlib.tensorflow.keras on every rank:
+DistributedOptimizer(staleness=1) in model.fit (compiled and run_eagerly)
+and LocalSGD (local SGD, DiLoCo with warm-up) in model.fit, each checked
+after every step against a single-process simulation of its rule computed
+from all ranks' data (within 1e-5) and bitwise identical across ranks (every
+step for delayed averaging, after every meeting for LocalSGD); synchronize();
+error cases."""
+import keras
+import numpy as np
+import tensorflow as tf
+from tf_common import done, expect_raises, fail, max_rel_err, same_on_all_ranks
+
+import commlib.keras as hvd
+
+r, n = hvd.rank(), hvd.size()
+B, STEPS, D_IN = 8, 20, 6
+worst = {}
+
+
+def data(k):
+    """Rank k's STEPS batches, from rank k's seed."""
+    rng = np.random.default_rng(100 + k)
+    x = rng.normal(size=(STEPS * B, D_IN)).astype(np.float32)
+    y = (np.sin(x[:, :2]) + 0.1 * rng.normal(size=(len(x), 2))).astype(np.float32)
+    return x, y
+
+
+DATA = [data(k) for k in range(n)]
+
+
+def make_model():
+    keras.utils.set_random_seed(7)
+    return keras.Sequential([keras.layers.Input((D_IN,)), keras.layers.Dense(12, activation="tanh"),
+                             keras.layers.Dense(2)])
+
+
+def grads_of(model, k, t):
+    x, y = DATA[k]
+    xb, yb = x[t * B:(t + 1) * B], y[t * B:(t + 1) * B]
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(xb) - yb))
+    return tape.gradient(loss, model.trainable_variables)
+
+
+def average(lists):
+    return [tf.add_n(list(gs)) / len(gs) for gs in zip(*lists)]
+
+
+def weights(model):
+    return [v.numpy().copy() for v in model.trainable_variables]
+
+
+class Check(keras.callbacks.Callback):
+    """After every step: the weights equal the simulation's and (where
+    ``same_at`` says) are bitwise equal across ranks."""
+
+    def __init__(self, what, expected, same_at):
+        super().__init__()
+        self.what, self.expected, self.same_at = what, expected, same_at
+
+    def on_train_batch_end(self, batch, logs=None):
+        err = max_rel_err(weights(self.model), self.expected[batch])
+        worst[self.what] = max(worst.get(self.what, 0.0), err)
+        if not err <= 1e-5:
+            fail(f"{self.what}: step {batch}: max relative error {err:.3g} against the simulation")
+        if self.same_at(batch):
+            same_on_all_ranks(weights(self.model), f"{self.what} step {batch}")
+
+
+def fit(model, opt, what, expected, same_at, run_eagerly=False):
+    model.compile(optimizer=opt, loss="mse", run_eagerly=run_eagerly)
+    x, y = DATA[r]
+    model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0,
+              callbacks=[Check(what, expected, same_at)])
+
+
+# ---------------------------------------------------------------- delayed averaging
+
+def simulate_delayed(make_opt):
+    """Weights after each step and after the final synchronize()."""
+    ref = make_model()
+    opt = make_opt()
+    out, pending = [], None
+    for t in range(STEPS):
+        avg = average([grads_of(ref, k, t) for k in range(n)])
+        if pending is not None:
+            opt.apply(pending, ref.trainable_variables)
+        pending = avg
+        out.append(weights(ref))
+    opt.apply(pending, ref.trainable_variables)
+    return out, weights(ref)
+
+
+def delayed(make_opt, what, run_eagerly=False):
+    expected, final = simulate_delayed(make_opt)
+    model = make_model()
+    opt = hvd.DistributedOptimizer(make_opt(), staleness=1)
+    start = weights(model)
+
+    class StepZero(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 0 and (int(opt.iterations) != 0 or max_rel_err(weights(model), start)):
+                fail(f"{what}: step 0 applied something")
+
+    model.compile(optimizer=opt, loss="mse", run_eagerly=run_eagerly)
+    x, y = DATA[r]
+    model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0,
+              callbacks=[StepZero(), Check(what, expected, lambda t: True)])
+    if not opt.pending or int(opt.iterations) != STEPS - 1:
+        fail(f"{what}: after fit, expected a pending average and {STEPS - 1} iterations")
+    opt.synchronize()
+    err = max_rel_err(weights(model), final)
+    if opt.pending or not err <= 1e-5:
+        fail(f"{what}: after synchronize(): pending {opt.pending}, error {err:.3g}")
+    same_on_all_ranks(weights(model), f"{what} synchronize")
+
+
+delayed(lambda: keras.optimizers.SGD(0.1, momentum=0.9), "delayed SGD")
+delayed(lambda: keras.optimizers.Adam(0.01), "delayed Adam eager", run_eagerly=True)
+
+
+# ---------------------------------------------------------------- local SGD and DiLoCo
+
+def simulate_local(make_inner, make_outer, period, warmup):
+    """One replica per rank; weights of this rank's replica after each step,
+    and after the final meeting of synchronize()."""
+    replicas = [make_model() for _ in range(n)]
+    inner = [make_inner() for _ in range(n)]
+    anchor = make_model()
+    outer = make_outer() if make_outer else None
+
+    def meet():
+        avg = average([m.trainable_variables for m in replicas])
+        if outer is None:
+            new = avg
+        else:
+            pseudo = [a - v for a, v in zip(anchor.trainable_variables, avg)]
+            outer.apply(pseudo, anchor.trainable_variables)
+            new = anchor.trainable_variables
+        for m in replicas:
+            for v, w in zip(m.trainable_variables, new):
+                v.assign(w)
+
+    out = []
+    for t in range(STEPS):
+        if t < warmup:
+            avg = average([grads_of(m, k, t) for k, m in enumerate(replicas)])
+            for m, o in zip(replicas, inner):
+                o.apply(avg, m.trainable_variables)
+            for a, v in zip(anchor.trainable_variables, replicas[0].trainable_variables):
+                a.assign(v)
+        else:
+            for k, (m, o) in enumerate(zip(replicas, inner)):
+                o.apply(grads_of(m, k, t), m.trainable_variables)
+            if (t - warmup + 1) % period == 0:
+                meet()
+        out.append(weights(replicas[r]))
+    if (STEPS - warmup) % period:
+        meet()
+    return out, weights(replicas[r])
+
+
+def local_sgd(make_inner, make_outer, period, warmup, what):
+    expected, final = simulate_local(make_inner, make_outer, period, warmup)
+    model = make_model()
+    opt = hvd.LocalSGD(make_inner(), model, period=period,
+                       outer_optimizer=make_outer() if make_outer else None, warmup_steps=warmup)
+    fit(model, opt, what, expected,
+        lambda t: t < warmup or (t - warmup + 1) % period == 0)
+    opt.synchronize()
+    err = max_rel_err(weights(model), final)
+    if not err <= 1e-5:
+        fail(f"{what}: after synchronize(): error {err:.3g}")
+    same_on_all_ranks(weights(model), f"{what} synchronize")
+    opt.synchronize()  # nothing since the last meeting: no-op (a collective would stall)
+    return opt
+
+
+local_sgd(lambda: keras.optimizers.SGD(0.1, momentum=0.9), None, 4, 0, "local SGD")
+local_sgd(lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01),
+          lambda: keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True), 6, 3, "DiLoCo warm-up")
+
+# ---------------------------------------------------------------- errors
+
+sgd = keras.optimizers.SGD(0.1)
+expect_raises(ValueError, lambda: hvd.DistributedOptimizer(sgd, staleness=2), "staleness=2",
+              "staleness must be 0")
+expect_raises(ValueError, lambda: hvd.DistributedOptimizer(
+    sgd, staleness=1, backward_passes_per_step=2), "staleness with accumulation",
+    "backward_passes_per_step")
+expect_raises(ValueError, lambda: hvd.DistributedOptimizer(
+    sgd, staleness=1, compression=hvd.Compression.fp16), "staleness with fp16", "compression")
+m = make_model()
+for bad in (0, -2, 1.5, True):
+    expect_raises(ValueError, lambda: hvd.LocalSGD(sgd, m, period=bad), f"period={bad!r}",
+                  "period")
+expect_raises(ValueError, lambda: hvd.LocalSGD(sgd, m, period=2, warmup_steps=-1),
+              "warmup_steps=-1", "warmup_steps")
+expect_raises(ValueError, lambda: hvd.LocalSGD(hvd.DistributedOptimizer(sgd), m, period=2),
+              "DistributedOptimizer inner", "plain Keras optimizer")
+expect_raises(ValueError, lambda: hvd.LocalSGD(sgd, m, period=2, outer_optimizer=sgd),
+              "outer is inner", "separate")
+expect_raises(ValueError, lambda: hvd.LocalSGD(sgd, "model", period=2), "not a model",
+              "keras.Model")
+err = expect_raises(hvd.CollectiveMismatchError, lambda: hvd.LocalSGD(sgd, m, period=2 + r),
+                    "period differs across ranks")
+if "period" not in str(err):
+    fail(f"the mismatch error does not name the options: {err}")
+if r == 0:
+    print(f"keras async max relative error {max(worst.values()):.3g} "
+          f"({', '.join(f'{k} {v:.2g}' for k, v in worst.items())})", flush=True)
+done()
