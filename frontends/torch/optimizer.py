@@ -448,6 +448,7 @@ def _describe_difference(sigs: list) -> str:
             by_value.setdefault(repr(v) if v is not None else "missing", []).append(r)
         what = ("options (backward_passes_per_step, op, gradient_predivide_factor, compression, "
                 "sparse_as_dense, name prefix, groups)" if k == "options"
+                else "ZeRO options (zero_stage, bucket_elements)" if k == "zero"
                 else f"parameter {k!r} (shape, dtype)")
         detail = "; ".join(f"ranks {rs}: {v}" for v, rs in by_value.items())
         parts.append(f"{what}: {detail}")

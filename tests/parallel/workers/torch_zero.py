@@ -260,6 +260,11 @@ def check_errors():
         model.out = nn.Linear(17, 5)
     expect_raises(hvd.CollectiveMismatchError, lambda: make(zero_stage=2), "shape mismatch",
                   match="out.weight")
+    model = Net()
+    expect_raises(hvd.CollectiveMismatchError, lambda: make(zero_stage=1 if r == 0 else 2),
+                  "zero_stage differs", match="ZeRO options")
+    expect_raises(hvd.CollectiveMismatchError, lambda: make(zero_stage=1 if r == 0 else 0),
+                  "ZeRO on one rank only", match="ZeRO options")
 
 
 check_training()
