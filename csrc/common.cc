@@ -42,6 +42,7 @@ const char* op_type_name(int op_type) {
     case COMMLIB_OP_ADD_PROCESS_SET: return "add_process_set";
     case COMMLIB_OP_REMOVE_PROCESS_SET: return "remove_process_set";
     case COMMLIB_OP_JOIN: return "join";
+    case COMMLIB_OP_ABORT: return "abort";
     default: return "unknown";
   }
 }

@@ -25,6 +25,7 @@ void encode(Writer& w, const RequestDesc& d) {
   w.put_vec(d.members);
   w.put<int32_t>(d.process_set);
   w.put<int64_t>(d.waited_us);
+  w.put_string(d.note);
 }
 
 RequestDesc decode_request(Reader& r) {
@@ -42,6 +43,7 @@ RequestDesc decode_request(Reader& r) {
   d.members = r.get_vec();
   d.process_set = r.get<int32_t>();
   d.waited_us = r.get<int64_t>();
+  d.note = r.get_string();
   return d;
 }
 

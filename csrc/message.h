@@ -32,6 +32,7 @@ struct RequestDesc {
   // How long it waited at a response cache bit before being negotiated
   // (rank 0's timeout counts from the first submission). Not compared.
   int64_t waited_us = 0;
+  std::string note;  // abort: why this rank could not submit the request
 };
 
 // Names are scoped by process set: the key that identifies a request on a

@@ -144,6 +144,18 @@ void Controller::add(int rank, RequestDesc desc, int64_t now_us) {
     return;
   }
   const size_t idx = size_t(at - members.begin());
+  if (desc.op_type == COMMLIB_OP_ABORT) {
+    abort_request(rank, desc, key, members);
+    return;
+  }
+  auto ab = aborted_.find(key);
+  if (ab != aborted_.end()) {  // (its abort came first)
+    reject(key, ps, COMMLIB_ERR_MISMATCH, ab->second.why, {rank});
+    auto& rem = ab->second.remaining;
+    rem.erase(std::remove(rem.begin(), rem.end(), rank), rem.end());
+    if (rem.empty()) aborted_.erase(ab);
+    return;
+  }
   Pending& p = table_[key];
   if (p.have.empty()) {
     p.process_set = ps;
@@ -208,8 +220,24 @@ std::string Controller::check_joined(const Pending& p) const {
   return "";
 }
 
-void Controller::reject(const std::string& key, int process_set, int code, const std::string& why) {
+void Controller::abort_request(int rank, const RequestDesc& d, const std::string& key,
+                               const std::vector<int>& members) {
+  std::vector<int> remaining;
+  auto it = table_.find(key);
+  for (size_t i = 0; i < members.size(); ++i) {
+    const bool submitted = it != table_.end() && it->second.have[i];
+    if (members[i] != rank && !submitted) remaining.push_back(members[i]);
+  }
+  if (it != table_.end() && (it->second.queued || it->second.answered)) return;  // (complete without it: joined)
+  if (it != table_.end()) table_.erase(it);
+  reject(key, d.process_set, COMMLIB_ERR_MISMATCH, d.note);  // (every rank: the aborting one finishes its notice)
+  if (!remaining.empty()) aborted_[key] = Aborted{d.note, std::move(remaining)};
+}
+
+void Controller::reject(const std::string& key, int process_set, int code, const std::string& why,
+                        std::vector<int> to) {
   Response e;
+  e.to = std::move(to);
   e.kind = Response::kError;
   e.process_set = process_set;
   e.error_code = code;

@@ -70,7 +70,16 @@ class Controller {
   std::string add_set(const std::vector<int64_t>& ranks, int64_t* id);
   std::string remove_set(int id);
   void fail(const std::string& key, int left_rank);
-  void reject(const std::string& key, int process_set, int code, const std::string& why);
+  void reject(const std::string& key, int process_set, int code, const std::string& why,
+              std::vector<int> to = {});
+  // A rank could not submit key (abort): whoever submitted it fails now, and
+  // whoever submits it later fails at once.
+  void abort_request(int rank, const RequestDesc& d, const std::string& key, const std::vector<int>& members);
+  struct Aborted {
+    std::string why;
+    std::vector<int> remaining;  // members yet to submit it (and fail)
+  };
+  std::unordered_map<std::string, Aborted> aborted_;
 
   int size_;
   int64_t fusion_threshold_;

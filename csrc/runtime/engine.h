@@ -118,6 +118,7 @@ class Engine : private CacheHost {
   // submitted go to joined.
   std::vector<Entry*> take_entries(const Response& resp, std::deque<Entry>& joined);
   void execute_join(const Response& resp);
+  void abort_others(const commlib_request& q, const std::string& why);
   void execute_set_change(const Response& resp, Entry& e);
   void finish(Entry& e, int status, const std::string& message);
   void fail_everything(int code, const std::string& message) override;

@@ -177,8 +177,38 @@ int64_t Engine::enqueue(const commlib_request& q) {
     throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
   }
   std::vector<Entry> one;
-  one.push_back(make_entry(q));
+  try {
+    one.push_back(make_entry(q));
+  } catch (const Error& e) {
+    if (e.code() == COMMLIB_ERR_VALUE || e.code() == COMMLIB_ERR_TYPE) abort_others(q, e.what());
+    throw;
+  }
   return push(one);
+}
+
+// The other ranks would wait for this request until the timeout: its name
+// goes to the coordinator as an abort, which fails theirs at once.
+void Engine::abort_others(const commlib_request& q, const std::string& why) {
+  if (!q.name || !*q.name || q.op_type < COMMLIB_OP_ALLREDUCE || q.op_type > COMMLIB_OP_BARRIER) return;
+  Entry e;
+  e.handle = std::make_shared<HandleState>();  // (nobody waits on it)
+  e.desc.name = q.name;
+  e.desc.op_type = COMMLIB_OP_ABORT;
+  e.desc.dtype = COMMLIB_UINT8;
+  e.desc.process_set = q.process_set;
+  e.desc.note = "rank " + std::to_string(topo_.rank) + " could not submit " + op_type_name(q.op_type) + " '" +
+                q.name + "': " + why;
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  try {
+    members_of(q.process_set);
+  } catch (const Error&) {
+    return;  // (not a set this rank is in: nobody waits for it here)
+  }
+  const std::string key = request_key(e.desc);
+  if (stop_.load() || dead_code_ != 0 || !in_flight_.insert(key).second) return;
+  queue_.push_back(std::move(e));
+  outstanding_.fetch_add(1);
+  if (bg_sleeping_.load()) queue_cv_.notify_one();
 }
 
 int64_t Engine::enqueue_allreduce_group(const char* base, int n, const int32_t* dtypes,

@@ -43,7 +43,7 @@ from .mpi_ops import (Adasum, Average, CommlibError, Handle, Max, Min, Product, 
                       mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, poll, rank,
                       reducescatter, reducescatter_async, remove_process_set, rocm_built, shutdown,
                       size, sparse_allreduce_async, start_timeline, stop_timeline, synchronize)
-from .optimizer import DistributedOptimizer
+from .distributed_optimizer import DistributedOptimizer
 from .memory import memory_report
 from .fully_shard import full_parameters, fully_shard
 from .zero_checkpoint import full_state_dict, load_sharded, save_sharded

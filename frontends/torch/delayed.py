@@ -37,12 +37,12 @@ from contextlib import contextmanager
 
 from ._grad_exchange import PendingGradients, assign_grads
 from .mpi_ops import Average, Sum
-from .optimizer import _DistributedOptimizer
+from .optimizer import DistributedOptimizerBase
 
 
-class _DelayedOptimizer(_DistributedOptimizer):
+class _DelayedOptimizer(DistributedOptimizerBase):
     """Mixin placed before the wrapped optimizer's class (after set-up by
-    ``_DistributedOptimizer._dist_init``, which checks the parameters and
+    ``DistributedOptimizerBase._dist_init``, which checks the parameters and
     options across ranks)."""
 
     def _delayed_init(self, staleness, *dist_args):
@@ -72,7 +72,7 @@ class _DelayedOptimizer(_DistributedOptimizer):
         """Applies the averaged gradients of ``pending`` with the wrapped
         optimizer's rule."""
         assign_grads(pending.params, pending.wait())
-        return super(_DistributedOptimizer, self).step()
+        return super(DistributedOptimizerBase, self).step()
 
     def step(self, closure=None):
         """Starts averaging this step's gradients and applies the previous
@@ -112,7 +112,7 @@ class _DelayedOptimizer(_DistributedOptimizer):
         yield  # pragma: no cover
 
     def zero_grad(self, set_to_none: bool = True):
-        return super(_DistributedOptimizer, self).zero_grad(set_to_none=set_to_none)
+        return super(DistributedOptimizerBase, self).zero_grad(set_to_none=set_to_none)
 
     def load_state_dict(self, state_dict):
         """Loads the state; a pending average (of the state before) is waited
@@ -128,13 +128,13 @@ _DelayedOptimizer.step.hooked = True
 
 def delayed_optimizer(optimizer, staleness, dist_args):
     """The ``staleness=1`` form of DistributedOptimizer (see the module's
-    docstring); ``dist_args`` are _DistributedOptimizer._dist_init's."""
+    docstring); ``dist_args`` are DistributedOptimizerBase._dist_init's."""
     if staleness != 1:
         raise ValueError(f"staleness must be 0 (synchronous) or 1 (one-step delayed averaging), "
                          f"got {staleness!r}")
     base = optimizer.__class__
     cls = type(base.__name__, (_DelayedOptimizer, base),
-               {"__module__": _DistributedOptimizer.__module__, "__doc__": base.__doc__})
+               {"__module__": DistributedOptimizerBase.__module__, "__doc__": base.__doc__})
     dist = cls.__new__(cls)
     dist.__dict__.update(optimizer.__dict__)
     dist._delayed_init(staleness, *dist_args)

@@ -70,9 +70,9 @@ class LocalSGD:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"LocalSGD wraps a torch.optim.Optimizer, got "
                             f"{type(optimizer).__name__}")
-        from .optimizer import _DistributedOptimizer
+        from .optimizer import DistributedOptimizerBase
 
-        if isinstance(optimizer, _DistributedOptimizer):
+        if isinstance(optimizer, DistributedOptimizerBase):
             raise ValueError("LocalSGD wraps a plain optimizer: a DistributedOptimizer would "
                              "average every step's gradients")
         if not isinstance(model, torch.nn.Module):

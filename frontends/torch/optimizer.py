@@ -51,20 +51,19 @@ import torch
 
 import commlib as _c
 from commlib import CollectiveMismatchError
-from commlib.grouping import group_indices, resolve_groups
-from commlib.process_sets import check_process_set, included, set_size
+from commlib.grouping import group_indices
+from commlib.process_sets import included, set_size
 from commlib.reduce_args import predivide_scales, resolve_op
 
 from . import mpi_ops as _ops
-from .compression import Compression
-from .mpi_ops import Average, Sum, global_process_set
+from .mpi_ops import Average, Sum
 
 # Names of the i-th DistributedOptimizer of a process set agree across the
 # set's members (counted per set, so optimizers on other sets do not shift them).
 _instances = collections.defaultdict(itertools.count)
 
 
-class _DistributedOptimizer:
+class DistributedOptimizerBase:
     """Mixin placed before the wrapped optimizer's class."""
 
     # ------------------------------------------------------------ set-up
@@ -428,7 +427,7 @@ class _DistributedOptimizer:
 # The hooked step of torch.optim.Optimizer runs the optimizer's step hooks;
 # the wrapped class's step (called through super()) already does that, so
 # keep torch from wrapping this one too.
-_DistributedOptimizer.step.hooked = True
+DistributedOptimizerBase.step.hooked = True
 
 
 def _describe_difference(sigs: list) -> str:
@@ -456,82 +455,3 @@ def _describe_difference(sigs: list) -> str:
             parts.append("...")
             break
     return " | ".join(parts)
-
-
-def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         num_groups=0, groups=None, sparse_as_dense=False,
-                         process_set=global_process_set, staleness=0, zero_stage=0,
-                         bucket_elements=None):
-    """Wraps a torch optimizer so that ``step()`` applies gradients averaged
-    (``op=Average``) or summed (``op=Sum``) over all ranks (of ``process_set``).
-
-    Arguments (as in horovod.torch):
-        optimizer: the torch.optim.Optimizer to wrap.
-        named_parameters: (name, parameter) pairs, usually
-            ``model.named_parameters()``; names identify the allreduces (and
-            appear in error messages). Default: generated names.
-        compression: Compression.none, Compression.fp16 or Compression.bf16.
-        backward_passes_per_step: backward passes accumulated locally before
-            the gradients are exchanged (gradient accumulation).
-        op: Average (default) or Sum.
-        gradient_predivide_factor: with Average, gradients are divided by this
-            factor before the sum and by size/factor after it.
-        num_groups: deprecated alias of an integer ``groups``.
-        groups: an int (split the parameters into that many groups) or a list
-            of lists of parameters; a group's allreduces start together, when
-            all of its gradients are ready, so they are fused.
-        sparse_as_dense: reduce sparse gradients as dense tensors (otherwise
-            they are gathered as indices and values).
-        process_set: a registered ProcessSet (default global_process_set):
-            gradients are averaged over its members only (Average divides by
-            the set's size). Every rank may build the optimizer; on ranks
-            outside the set it does not communicate (local gradients).
-        staleness: 0 (default) synchronous; 1 one-step delayed averaging,
-            where ``step()`` applies the previous step's averaged gradients
-            while this step's travel (see commlib.torch.delayed).
-        zero_stage: 0 (default: every rank keeps the whole optimizer state),
-            1 (optimizer state sharded across the set's ranks) or 2 (also
-            the gradients); see commlib.torch.zero. Non-members of the set
-            get the unsharded optimizer.
-        bucket_elements: with zero_stage > 0, the largest flat bucket of
-            parameters, in elements (default 2**23).
-
-    On every rank (of the set) the same parameters (names, shapes, dtypes) and
-    options are required: construction checks this with one small allgather and raises
-    commlib.CollectiveMismatchError naming the differences. Parameters must be
-    CPU tensors of a supported dtype (ValueError/TypeError otherwise).
-    """
-    process_set = check_process_set(process_set, member=False)
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
-                        f"{type(optimizer).__name__}")
-    if isinstance(optimizer, _DistributedOptimizer):
-        raise ValueError("this optimizer is already a DistributedOptimizer")
-    groups = resolve_groups(num_groups, groups)
-    dist_args = (named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, groups, sparse_as_dense, process_set)
-    if staleness != 0 and zero_stage != 0:
-        raise ValueError("staleness=1 and zero_stage cannot be combined")
-    if staleness != 0:
-        if groups is not None:
-            raise ValueError("groups cannot be combined with staleness=1 (its step() sends all "
-                             "gradients in one group)")
-        from .delayed import delayed_optimizer
-
-        return delayed_optimizer(optimizer, staleness, dist_args)
-    base = optimizer.__class__
-    if zero_stage != 0 or bucket_elements is not None:
-        from . import zero
-
-        bucket_elements = zero.check_arguments(zero_stage, bucket_elements, compression, groups)
-        if included(process_set):
-            cls = type(base.__name__, (zero.ZeroMixin, _DistributedOptimizer, base),
-                       {"__module__": zero.__name__, "__doc__": base.__doc__})
-            return zero.make_zero(cls, base, optimizer, zero_stage, bucket_elements, dist_args)
-    cls = type(base.__name__, (_DistributedOptimizer, base),
-               {"__module__": __name__, "__doc__": base.__doc__})
-    dist = cls.__new__(cls)
-    dist.__dict__.update(optimizer.__dict__)  # shares param_groups, state, defaults, hooks
-    dist._dist_init(*dist_args)
-    return dist

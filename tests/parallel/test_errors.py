@@ -75,3 +75,22 @@ def test_reinit_after_shutdown_with_a_pending_request(ranks, n):
     run = ranks(n, "errors_reinit_pending.py", timeout=90)
     assert run.returncode == 0, run
     assert_all_ok(run, n)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n,layout", [(2, {}), (3, {}), (3, {"COMMLIB_TEST_RANKS_PER_HOST": "1"})])
+def test_timeout_fails_waiting_ranks_naming_the_missing(ranks, n, layout):
+    """COMMLIB_TIMEOUT=3: a tensor never submitted by one rank, unnamed
+    collectives of different kinds, a skipped cached request, an unmatched
+    receive, a rank frozen (SIGSTOP) shorter and longer than the timeout
+    (see workers/errors_timeout.py)."""
+    ranks(n, "errors_timeout.py", timeout=120, env={"COMMLIB_TIMEOUT": "3", **layout}).assert_ok(n)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n,layout", [(2, {}), (3, {}), (3, {"COMMLIB_TEST_RANKS_PER_HOST": "1"})])
+def test_local_error_on_one_rank_fails_the_others_at_once(ranks, n, layout):
+    """Bad alltoall splits on rank 1 (named, unnamed, a cached name): the
+    others raise CollectiveMismatchError naming rank 1 and its reason at
+    once (see workers/errors_abort.py)."""
+    ranks(n, "errors_abort.py", timeout=100, env=layout).assert_ok(n)

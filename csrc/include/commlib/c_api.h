@@ -47,7 +47,10 @@ enum {
      joined, it takes part in the others' collectives of the job (contributing
      zeros to reductions, no rows to allgather/alltoall). The handle's splits
      hold {last rank to join}. Global process set only. */
-  COMMLIB_OP_JOIN = 10
+  COMMLIB_OP_JOIN = 10,
+  /* Internal: a rank's request failed its local checks; the other ranks'
+     requests of that name fail at once instead of waiting for it. */
+  COMMLIB_OP_ABORT = 11
 };
 
 /* Where a request's buffers live. */

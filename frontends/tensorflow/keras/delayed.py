@@ -29,10 +29,10 @@ from commlib.reduce_args import predivide_scales
 
 from ..compression import Compression
 from ..delayed import DelayedExchange
-from . import _DistributedOptimizerMixin
+from .optimizer_base import DistributedOptimizerMixin
 
 
-class _DelayedOptimizerMixin(_DistributedOptimizerMixin):
+class DelayedOptimizerMixin(DistributedOptimizerMixin):
     """Placed in front of the wrapped optimizer's class."""
 
     def _commlib_delayed_setup(self, op, gradient_predivide_factor, process_set):
@@ -44,7 +44,7 @@ class _DelayedOptimizerMixin(_DistributedOptimizerMixin):
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
-        parent_apply = super(_DistributedOptimizerMixin, self).apply
+        parent_apply = super(DistributedOptimizerMixin, self).apply
         if not grads:
             return parent_apply(grads, trainable_variables)
         if trainable_variables is None:
@@ -85,7 +85,7 @@ class _DelayedOptimizerMixin(_DistributedOptimizerMixin):
         full = [None] * len(variables)
         for i, a in zip(present, arrays):
             full[i] = tf.convert_to_tensor(a)
-        super(_DistributedOptimizerMixin, self).apply(full, variables)
+        super(DistributedOptimizerMixin, self).apply(full, variables)
 
     @property
     def pending(self) -> bool:

@@ -165,13 +165,13 @@ def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, pro
     ``model.compile`` or call its ``apply`` in a custom loop. ``model``'s
     trainable variables are the ones averaged. Build it on every rank (of
     ``process_set``) alike."""
-    from . import _DistributedOptimizerMixin, _check_backend
+    from .optimizer_base import DistributedOptimizerMixin, check_backend
 
-    _check_backend()
+    check_backend()
     process_set = check_process_set(process_set, member=False)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(f"expected a Keras optimizer, got {type(optimizer).__name__}")
-    if isinstance(optimizer, (_DistributedOptimizerMixin, _LocalSGDMixin)):
+    if isinstance(optimizer, (DistributedOptimizerMixin, _LocalSGDMixin)):
         raise ValueError("LocalSGD wraps a plain Keras optimizer: a DistributedOptimizer would "
                          "average every step's gradients")
     if not isinstance(model, keras.Model):

@@ -1,0 +1,52 @@
+"""A request that fails its checks on one rank (alltoall splits that do not
+add up to the rows) fails on the other ranks at once, naming the rank and
+its reason, instead of leaving them waiting: named, unnamed, and a name the
+response cache holds. The job goes on working afterwards."""
+import time
+
+import numpy as np
+
+import commlib
+from _common import check_equal, done, expect_raises, fail
+
+commlib.init()
+r, n = commlib.rank(), commlib.size()
+BAD = 1  # the rank whose arguments are wrong
+
+
+def case(name, what):
+    x = np.arange(2 * n, dtype=np.float32).reshape(2 * n, 1)
+    splits = [2] * n
+    if r == BAD:
+        splits[0] += 1  # one row too many
+        expect_raises(ValueError, lambda: commlib.alltoall(x, splits=splits, name=name),
+                      f"{what}: the rank with bad splits", match="splits sum to")
+        return
+    start = time.monotonic()
+    e = expect_raises(commlib.CollectiveMismatchError, lambda: commlib.alltoall(x, splits=splits, name=name),
+                      f"{what}: a rank with good splits", match=f"rank {BAD} could not submit alltoall")
+    if "splits sum to" not in str(e):
+        fail(f"{what}: the error does not give rank {BAD}'s reason: {e}")
+    if time.monotonic() - start > 5:
+        fail(f"{what}: took {time.monotonic() - start:.1f} s (COMMLIB_TIMEOUT is 300 s: it should be at once)")
+
+
+def still_works(tag):
+    got = commlib.allreduce(np.full(3, float(r)), name=f"works.{tag}", op=commlib.Sum)
+    check_equal(got, np.full(3, float(sum(range(n)))), f"allreduce after {tag}")
+
+
+case("a2a.named", "named")
+still_works("named")
+case(None, "unnamed")
+still_works("unnamed")
+for i in range(4):  # "a2a.cached" in the response cache, then bad on one rank
+    got, _ = commlib.alltoall(np.full((n, 1), float(r)), splits=[1] * n, name="a2a.cached")
+    check_equal(got, np.arange(n, dtype=np.float64).reshape(n, 1), f"cached alltoall {i}")
+case("a2a.cached", "cached")
+still_works("cached")
+for i in range(3):  # and the name works again
+    got, _ = commlib.alltoall(np.full((n, 1), float(r)), splits=[1] * n, name="a2a.cached")
+    check_equal(got, np.arange(n, dtype=np.float64).reshape(n, 1), f"cached alltoall again {i}")
+done()
+commlib.shutdown()
