@@ -139,8 +139,8 @@ def shape_array(shape: tuple):
 def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | None,
              reduce_op: int = 0, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
              splits: Sequence[int] | None = None, process_set: int = 0):
-    """Submits one request; returns (handle id, cffi objects to keep alive)."""
-    runtime.require_init()
+    """Submits one request; returns (handle id, cffi objects to keep alive).
+    (Before init() the core refuses it with NotInitializedError.)"""
     if splits is not None:  # (the request struct carries splits)
         req = ffi.new("commlib_request*")
         keep = [req]
@@ -210,10 +210,10 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None) -> Handle:
     """Starts reducing a list of tensors as one unit: they are negotiated
-    together and fused. One handle; synchronize returns the list of results."""
+    together and fused. One handle; synchronize returns the list of results
+    (views of one new buffer)."""
     ins = [as_input(t) for t in tensors]
-    return _grouped(ins, [np.empty_like(x) for x in ins], average, name, op, prescale_factor,
-                    postscale_factor, process_set)
+    return _grouped(ins, None, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -223,16 +223,11 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     return _grouped(outs, outs, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
-def _pointers(arrays, hold: bool = True):
-    """The data pointers of ``arrays`` as one C array; with ``hold`` its
-    elements keep the arrays alive, without it they are bare addresses."""
-    def pointer(a):
-        if not a.size:
-            return ffi.NULL
-        p = ffi.from_buffer(a)
-        return p if hold else ffi.cast("void*", p)
-
-    return ffi.new("void*[]", [pointer(a) for a in arrays] or [ffi.NULL])
+def _pointers(arrays):
+    """The data pointers of ``arrays`` as one C array of bare addresses (the
+    caller keeps the arrays alive)."""
+    return ffi.new("void*[]", [ffi.cast("void*", ffi.from_buffer(a)) if a.size else ffi.NULL
+                               for a in arrays] or [ffi.NULL])
 
 
 class _GroupLayout:
@@ -241,7 +236,7 @@ class _GroupLayout:
     arrays weakly (a cached layout must not keep a model's worth of arrays
     alive): a request keeps its arrays alive through its handle."""
 
-    __slots__ = ("refs", "shapes", "dtypes", "ndims", "dims", "ptrs")
+    __slots__ = ("refs", "shapes", "dtypes", "ndims", "dims", "ptrs", "out_offsets", "out_bytes")
 
     def __init__(self, arrays):
         self.refs = [weakref.ref(a) for a in arrays]
@@ -249,7 +244,20 @@ class _GroupLayout:
         self.dtypes = ffi.new("int32_t[]", [dtype_code(a.dtype) for a in arrays] or [0])
         self.ndims = ffi.new("int32_t[]", [len(s) for s in self.shapes] or [0])
         self.dims = ffi.new("int64_t[]", [d for s in self.shapes for d in s] or [0])
-        self.ptrs = _pointers(arrays, hold=False)
+        self.ptrs = _pointers(arrays)
+        # Out of place: every result in one buffer, at 64-byte aligned offsets.
+        sizes = [(a.nbytes + 63) // 64 * 64 for a in arrays]
+        self.out_offsets = np.cumsum([0] + sizes[:-1], dtype=np.int64) if sizes else np.zeros(0, np.int64)
+        self.out_bytes = max(1, sum(sizes))
+
+    def outputs(self, arrays):
+        """New result arrays for ``arrays`` (views of one buffer) and the C
+        array of their addresses."""
+        buf = np.empty(self.out_bytes + 64, dtype=np.uint8)
+        base = -buf.ctypes.data % 64  # (aligned like the inputs)
+        outs = [np.ndarray(a.shape, a.dtype, buf, base + int(o)) for a, o in zip(arrays, self.out_offsets)]
+        addresses = self.out_offsets + (buf.ctypes.data + base)
+        return outs, (ffi.cast("void**", ffi.from_buffer(addresses)), addresses, buf)
 
     def still_valid(self, arrays) -> bool:
         """The same arrays (alive: their ids were not reused), same shapes."""
@@ -286,12 +294,16 @@ def _grouped(ins, outs, average, name, op, prescale, postscale, process_set) -> 
     psid = _psid(process_set)
     base = runtime.auto_name("allreduce", name, psid)
     src = _layout_for(ins, inplace=outs is ins)
-    dst = src.ptrs if outs is ins else _pointers(outs)  # (outputs: the inputs' dtypes and shapes)
+    if outs is ins:
+        dst = keep = src.ptrs
+    else:  # (outputs: the inputs' dtypes and shapes)
+        outs, keep = src.outputs(ins)
+        dst = keep[0]
     hid = ffi.new("int64_t*")
     check(lib.commlib_enqueue_allreduce_group(base.encode(), len(ins), src.dtypes, src.ndims,
                                               src.dims, src.ptrs, dst, rop, float(prescale),
                                               float(postscale), psid, hid))
-    return Handle(hid[0], None, (src, dst, ins, outs), "grouped_allreduce", outs)
+    return Handle(hid[0], None, (src, keep, ins, outs), "grouped_allreduce", outs)
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
