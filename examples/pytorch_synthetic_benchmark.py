@@ -20,6 +20,15 @@ under the same load:
     commlibrun -np 2 python examples/pytorch_synthetic_benchmark.py \
         --mode sync,staleness1,local-sgd,local --period 8
 
+Sharded data parallelism: modes zero1 and zero2 (DistributedOptimizer with
+zero_stage 1 or 2) and zero3 (fully_shard on every layer, a plain optimizer
+over the shards); ``--zero-stage N`` is ``--mode zeroN``. Every rank prints
+its memory report for each mode. ``--optimizer adam`` gives the optimizer
+state that ZeRO shards (SGD without momentum has none):
+
+    commlibrun -np 2 python examples/pytorch_synthetic_benchmark.py \
+        --mode sync,zero1,zero2,zero3 --optimizer adam
+
 With ``--backend ddp`` the rank and world size come from torchrun's RANK /
 WORLD_SIZE, or from MPI's launcher environment (PMI_RANK/PMI_SIZE for MPICH,
 OMPI_COMM_WORLD_RANK/SIZE for Open MPI) when started by commlibrun;
@@ -53,7 +62,13 @@ def parse_args():
     p.add_argument("--mode", default="sync",
                    help="commlib: comma-separated of sync, staleness1, local-sgd, diloco, local")
     p.add_argument("--period", type=int, default=8, help="local-sgd/diloco: steps per meeting")
-    return p.parse_args()
+    p.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3],
+                   help="commlib: the same as --mode zero<N> (0: --mode as given)")
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    args = p.parse_args()
+    if args.zero_stage:
+        args.mode = f"zero{args.zero_stage}"
+    return args
 
 
 def make_model(kind):
@@ -74,7 +89,13 @@ def env_int(*names, default=None):
     return default
 
 
-def setup_ddp(model):
+def make_optimizer(args, params, scale):
+    if args.optimizer == "adam":
+        return torch.optim.Adam(params, lr=1e-4 * scale)
+    return torch.optim.SGD(params, lr=0.01 * scale)
+
+
+def setup_ddp(model, args):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -84,7 +105,7 @@ def setup_ddp(model):
     os.environ.setdefault("MASTER_PORT", "29500")
     dist.init_process_group("gloo", rank=rank, world_size=world)
     ddp = DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    optimizer = make_optimizer(args, ddp.parameters(), 1)
 
     def average(value):
         t = torch.tensor([value], dtype=torch.float64)
@@ -109,19 +130,25 @@ def commlib_optimizer(model, args, mode):
     """The optimizer of one ``--mode`` for ``model`` (commlib initialised)."""
     import commlib.torch as hvd
 
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
+    optimizer = make_optimizer(args, model.parameters(), hvd.size())
+    if mode == "zero3":
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                hvd.fully_shard(layer)  # (the root has no parameters of its own)
+        return make_optimizer(args, model.parameters(), hvd.size())
     if mode in ("local-sgd", "diloco"):
         outer = (torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
                  if mode == "diloco" else None)
         return hvd.LocalSGD(optimizer, model, period=args.period, outer_optimizer=outer)
     if mode == "local":
         return optimizer
-    if mode not in ("sync", "staleness1"):
+    if mode not in ("sync", "staleness1", "zero1", "zero2"):
         raise SystemExit(f"unknown --mode {mode!r}")
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression, groups=args.groups or None,
-                                         staleness=1 if mode == "staleness1" else 0)
+                                         staleness=1 if mode == "staleness1" else 0,
+                                         zero_stage=int(mode[4]) if mode.startswith("zero") else 0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     return optimizer
 
@@ -161,13 +188,14 @@ def main():
     model = make_model(args.model)
     modes = args.mode.split(",")
     if args.backend == "ddp":
-        model, optimizer, rank, world, average, finish = setup_ddp(model)
+        model, optimizer, rank, world, average, finish = setup_ddp(model, args)
         models, optimizers = {"ddp": model}, {"ddp": optimizer}
     else:
+        pristine = copy.deepcopy(model)  # (ZeRO and fully_shard change the model they wrap)
         model, optimizer, rank, world, average, finish = setup_commlib(model, args, modes[0])
         models, optimizers = {modes[0]: model}, {modes[0]: optimizer}
         for mode in modes[1:]:
-            models[mode] = copy.deepcopy(model)
+            models[mode] = copy.deepcopy(pristine)
             optimizers[mode] = commlib_optimizer(models[mode], args, mode)
 
     in_features = model.module[0].in_features if hasattr(model, "module") else model[0].in_features
@@ -201,6 +229,13 @@ def main():
     for opt in optimizers.values():
         if hasattr(opt, "pending") and opt.pending:
             opt.synchronize()
+    if args.backend == "commlib":
+        import commlib.torch as hvd
+
+        for name in models:
+            mib = {k: round(v / 2**20, 1)
+                   for k, v in hvd.memory_report(models[name], optimizers[name]).items()}
+            print(f"rank {rank} memory (MiB, {name}): {mib}", flush=True)
     finish()
 
 

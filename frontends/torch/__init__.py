@@ -44,6 +44,9 @@ from .mpi_ops import (Adasum, Average, CommlibError, Handle, Max, Min, Product, 
                       reducescatter, reducescatter_async, remove_process_set, rocm_built, shutdown,
                       size, sparse_allreduce_async, start_timeline, stop_timeline, synchronize)
 from .distributed_optimizer import DistributedOptimizer
+from .memory import memory_report
+from .fully_shard import full_parameters, fully_shard
+from .zero_checkpoint import full_state_dict, load_sharded, save_sharded
 from .p2p import gradient_tag, irecv, isend, recv, send, sendrecv
 from commlib.parallel_grid import ParallelGrid
 from .local_sgd import LocalSGD
@@ -73,6 +76,8 @@ __all__ = [
     "grouped_reducescatter", "grouped_reducescatter_async", "barrier", "join",
     "sparse_allreduce_async", "start_timeline", "stop_timeline",
     "Compression", "DistributedOptimizer", "SyncBatchNorm", "LocalSGD", "elastic",
+    "memory_report", "save_sharded", "load_sharded", "full_state_dict", "fully_shard",
+    "full_parameters",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "CommlibError", "CollectiveMismatchError", "NotInitializedError", "RankLostError",
     "ScalarTensorError", "HorovodInternalError", "HostsUpdatedInterrupt",

@@ -1,23 +1,26 @@
 """``commlib.torch.DistributedOptimizer``: wraps a torch optimizer in the
 synchronous DistributedOptimizerBase (optimizer.py) or, with staleness=1, in
-the delayed-averaging one (delayed.py)."""
+the delayed-averaging one (delayed.py) or, with zero_stage=1|2, in the
+sharded one (zero.py: ZeroMixin before DistributedOptimizerBase)."""
 from __future__ import annotations
 
 import torch
 
 from commlib.grouping import resolve_groups
-from commlib.process_sets import check_process_set
+from commlib.process_sets import check_process_set, included
 
 from .compression import Compression
 from .delayed import delayed_optimizer
 from .mpi_ops import Average, global_process_set
 from .optimizer import DistributedOptimizerBase
+from . import zero
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
-                         process_set=global_process_set, staleness=0):
+                         process_set=global_process_set, staleness=0, zero_stage=0,
+                         bucket_elements=None):
     """Wraps a torch optimizer so that ``step()`` applies gradients averaged
     (``op=Average``) or summed (``op=Sum``) over all ranks (of ``process_set``).
 
@@ -45,6 +48,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         staleness: 0 (default) synchronous; 1 one-step delayed averaging,
             where ``step()`` applies the previous step's averaged gradients
             while this step's travel (see commlib.torch.delayed).
+        zero_stage: 0 (default: every rank keeps the whole optimizer state),
+            1 (optimizer state sharded across the set's ranks) or 2 (also
+            the gradients); see commlib.torch.zero. Non-members of the set
+            get the unsharded optimizer.
+        bucket_elements: with zero_stage > 0, the largest flat bucket of
+            parameters, in elements (default 2**23).
 
     On every rank (of the set) the same parameters (names, shapes, dtypes) and
     options are required: construction checks this with one small allgather and raises
@@ -60,12 +69,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     groups = resolve_groups(num_groups, groups)
     dist_args = (named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    if staleness != 0 and zero_stage != 0:
+        raise ValueError("staleness=1 and zero_stage cannot be combined")
     if staleness != 0:
         if groups is not None:
             raise ValueError("groups cannot be combined with staleness=1 (its step() sends all "
                              "gradients in one group)")
         return delayed_optimizer(optimizer, staleness, dist_args)
     base = optimizer.__class__
+    if zero_stage != 0 or bucket_elements is not None:
+        bucket_elements = zero.check_arguments(zero_stage, bucket_elements, compression, groups)
+        if included(process_set):
+            cls = type(base.__name__, (zero.ZeroMixin, DistributedOptimizerBase, base),
+                       {"__module__": zero.__name__, "__doc__": base.__doc__})
+            return zero.make_zero(cls, base, optimizer, zero_stage, bucket_elements, dist_args)
     cls = type(base.__name__, (DistributedOptimizerBase, base),
                {"__module__": __name__, "__doc__": base.__doc__})
     dist = cls.__new__(cls)

@@ -204,13 +204,17 @@ class DistributedOptimizerBase:
 
     # ------------------------------------------------------------ hooks
 
-    def _hook(self, p):
+    def _final_pass(self, p) -> bool:
+        """Counts a backward pass for p: True when its gradient is final."""
         if self._delay[p] <= 0:
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before call "
                 "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
         self._delay[p] -= 1
-        if self._delay[p] > 0:
+        return self._delay[p] == 0
+
+    def _hook(self, p):
+        if not self._final_pass(p):
             return
         if p.grad.is_sparse:
             if not self.sparse_as_dense:
@@ -443,6 +447,7 @@ def _describe_difference(sigs: list) -> str:
             by_value.setdefault(repr(v) if v is not None else "missing", []).append(r)
         what = ("options (backward_passes_per_step, op, gradient_predivide_factor, compression, "
                 "sparse_as_dense, name prefix, groups)" if k == "options"
+                else "ZeRO options (zero_stage, bucket_elements)" if k == "zero"
                 else f"parameter {k!r} (shape, dtype)")
         detail = "; ".join(f"ranks {rs}: {v}" for v, rs in by_value.items())
         parts.append(f"{what}: {detail}")

@@ -1,0 +1,217 @@
+"""ZeRO stage 3: ``fully_shard`` shards a module's parameters across ranks.
+
+    for block in model.blocks:
+        hvd.fully_shard(block)
+    hvd.fully_shard(model)                      # the root takes the remaining parameters
+    opt = torch.optim.Adam(model.parameters())  # a plain optimizer: it steps the shards
+    for x, y in loader:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()         # gradients arrive averaged, in shards
+        opt.step()
+    with hvd.full_parameters(model):            # the whole parameters, to read or change
+        print(model.blocks[0].weight)
+
+Each ``fully_shard`` call takes the parameters of ``module`` that no earlier
+call took, lays them end to end (one dtype per call), pads them to
+``size * shard`` elements and keeps only this rank's shard, registered on
+``module`` as one parameter (``model.parameters()`` yields the shards). Just
+before the module's forward the shards are allgathered and the original
+parameter names point at views of the whole; after it the whole is freed
+(``reshard_after_forward=True``) and gathered again in backward, when
+autograd needs the saved parameters. The gradient of the gathered whole is
+reduce-scattered (averaged over the set) into the shard's ``grad``.
+
+Outside forward and backward the original parameters do not exist: reading
+one raises AttributeError naming ``full_parameters``, never an empty tensor.
+Not done (yet): prefetching the next module's parameters, checkpoints of
+fully_shard models (save the shards per rank with ``model.state_dict()``,
+or gather with ``full_parameters``).
+"""
+from __future__ import annotations
+
+import itertools
+from contextlib import contextmanager
+
+import torch
+
+from commlib.process_sets import check_process_set, set_rank, set_size
+from commlib.sharding import plan_buckets
+
+from . import mpi_ops as _ops
+
+_count = itertools.count()
+_live: dict = {}  # storage address of a gathered whole -> its _Group (for saved tensors)
+
+
+class _Gather(torch.autograd.Function):
+    """shard -> the whole (allgather); backward: reduce-scatter (Average)."""
+
+    @staticmethod
+    def forward(ctx, shard, group):
+        ctx.group = group
+        return group.gather()
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = ctx.group
+        out = _ops.synchronize(_ops.reducescatter_async(
+            grad.contiguous().view(g.plan.world, g.plan.shard), name=f"{g.name}.grad",
+            op=_ops.Average, process_set=g.process_set))
+        g.release()  # the whole gathered again for backward is not needed any more
+        return out.view(-1), None
+
+
+def _pack(t):
+    try:
+        g = _live.get(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # tensors without a plain storage
+        return t
+    if g is None or not g.reshard_after_forward:
+        return t
+    return (g, t.storage_offset(), tuple(t.shape), t.stride())
+
+
+def _unpack(packed):
+    if isinstance(packed, torch.Tensor):
+        return packed
+    g, offset, shape, stride = packed
+    return g.regathered().as_strided(shape, stride, offset)
+
+
+class _Group:
+    """The parameters one fully_shard call took, as one padded flat shard."""
+
+    def __init__(self, module, process_set, reshard_after_forward):
+        self.process_set = process_set
+        self.reshard_after_forward = reshard_after_forward
+        self.name = f"fsdp{next(_count)}"
+        owners = [(m, n, p) for m in _own_modules(module) for n, p in m._parameters.items()
+                  if p is not None]
+        if not owners:
+            raise ValueError("fully_shard: the module has no parameters left to shard")
+        seen = {}
+        for m, n, p in owners:
+            if id(p) in seen:
+                raise ValueError(f"fully_shard: parameter {n!r} is shared between modules; "
+                                 "shard their common parent instead")
+            seen[id(p)] = p
+            _ops.check_tensor(p, f"fully_shard (parameter {n!r})")
+        dtypes = {p.dtype for _, _, p in owners}
+        if len(dtypes) > 1:
+            raise TypeError(f"fully_shard: one dtype per call, got {sorted(map(str, dtypes))}; "
+                            "shard the submodules of each dtype separately")
+        entries = [(f"{i}", tuple(p.shape), str(p.dtype), 0) for i, (_, _, p) in
+                   enumerate(owners)]
+        self.plan = plan_buckets(entries, set_size(process_set), max_elements=1 << 62)[0]
+        flat = torch.cat([p.detach().reshape(-1) for _, _, p in owners]
+                         + [torch.zeros(self.plan.padded - self.plan.numel, dtype=p.dtype)])
+        a, b = self.plan.owned(set_rank(process_set))
+        self.shard = torch.nn.Parameter(flat[a:b].clone(), requires_grad=any(
+            p.requires_grad for _, _, p in owners))
+        self.places = [(m, n, s) for (m, n, _), s in zip(owners, self.plan.slots)]
+        for m, n, _ in owners:
+            del m._parameters[n]
+            _mark_sharded(m, n)
+        self.whole = None  # the gathered parameters, while in use
+        self.again = None  # gathered again in backward for the saved tensors
+
+    def gather(self) -> torch.Tensor:
+        return _ops.synchronize(_ops.allgather_async(self.shard.detach(), name=self.name,
+                                                     process_set=self.process_set))
+
+    def regathered(self) -> torch.Tensor:
+        if self.again is None:
+            self.again = self.gather()
+        return self.again
+
+    def release(self):
+        self.again = None
+
+    def unshard(self, grad: bool):
+        self.reshard()
+        whole = _Gather.apply(self.shard, self) if grad else self.gather()
+        self.whole = whole
+        _live[whole.untyped_storage().data_ptr()] = self
+        for m, n, s in self.places:
+            m.__dict__[n] = whole[s.offset:s.offset + s.numel].view(s.shape)
+
+    def reshard(self):
+        if self.whole is not None:
+            _live.pop(self.whole.untyped_storage().data_ptr(), None)
+        for m, n, _ in self.places:
+            m.__dict__.pop(n, None)
+        self.whole = None
+
+
+def _own_modules(module):
+    """``module`` and its descendants, except those under an earlier fully_shard."""
+    yield module
+    for child in module.children():
+        if getattr(child, "_commlib_fsdp", None) is None:
+            yield from _own_modules(child)
+
+
+def _mark_sharded(module, name):
+    """Reading ``name`` outside forward raises a clear AttributeError."""
+    cls = type(module)
+    if not getattr(cls, "_commlib_sharded_class", False):
+        def __getattr__(self, attr, _base=cls):
+            if attr in self.__dict__.get("_commlib_sharded", ()):
+                raise AttributeError(
+                    f"{attr!r} of {_base.__name__} is sharded by commlib.torch.fully_shard: it "
+                    "exists only during forward and backward; read it inside "
+                    "`with commlib.torch.full_parameters(model):`")
+            return _base.__getattr__(self, attr)
+
+        cls = type(cls.__name__, (cls,), {"__getattr__": __getattr__,
+                                          "_commlib_sharded_class": True})
+        module.__class__ = cls
+    module.__dict__.setdefault("_commlib_sharded", set()).add(name)
+
+
+def fully_shard(module, process_set=_ops.global_process_set, reshard_after_forward=True):
+    """Shards the parameters of ``module`` not taken by an earlier call
+    across the ranks of ``process_set`` (see the module docstring). Apply it
+    to submodules first, then to the root. Returns ``module``."""
+    process_set = check_process_set(process_set)
+    if getattr(module, "_commlib_fsdp", None) is not None:
+        raise ValueError("fully_shard was already applied to this module")
+    group = _Group(module, process_set, reshard_after_forward)
+    module.register_parameter("_commlib_flat_shard", group.shard)
+    module._commlib_fsdp = group
+    hooks = []
+
+    def pre(mod, args):
+        group.unshard(torch.is_grad_enabled() and group.shard.requires_grad)
+        ctx = torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
+        ctx.__enter__()
+        hooks.append(ctx)
+
+    def post(mod, args, out):
+        hooks.pop().__exit__(None, None, None)
+        if reshard_after_forward:
+            group.reshard()
+
+    module.register_forward_pre_hook(pre)
+    module.register_forward_hook(post)
+    return module
+
+
+@contextmanager
+def full_parameters(module, writeback=True):
+    """Gathers the whole parameters of every fully_shard module under
+    ``module`` (collective over their sets) for reading or changing them;
+    with ``writeback``, changes go back into the shards on exit."""
+    groups = [m._commlib_fsdp for m in module.modules()
+              if getattr(m, "_commlib_fsdp", None) is not None]
+    with torch.no_grad():
+        for g in groups:
+            g.unshard(grad=False)
+        try:
+            yield module
+        finally:
+            for g in groups:
+                if writeback and g.whole is not None:
+                    a, b = g.plan.owned(set_rank(g.process_set))
+                    g.shard.copy_(g.whole[a:b])
+                g.reshard()

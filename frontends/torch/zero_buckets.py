@@ -1,0 +1,87 @@
+"""The torch side of a ZeRO bucket (commlib.sharding.Bucket): one flat,
+padded buffer holding a group of parameters end to end, the parameters
+re-pointed to views of it, and this rank's shard as a leaf tensor that a
+shard-sized optimizer updates in place."""
+from __future__ import annotations
+
+import torch
+
+from commlib.sharding import Bucket
+
+
+class FlatBucket:
+    """Parameters ``params`` (in the order of ``plan.slots``) moved into one
+    flat buffer; ``shard`` (a view of this rank's part) is what the inner
+    optimizer steps. ``grad_flat`` is stage 1's persistent flat gradient
+    (``p.grad`` are views of it); stage 2 reduce-scatters into ``shard.grad``."""
+
+    def __init__(self, plan: Bucket, params: list, pos: int, keep_flat_grad: bool):
+        self.plan = plan
+        self.params = params
+        self._index = {id(p): i for i, p in enumerate(params)}
+        self.pos = pos
+        dtype = params[0].dtype
+        self.flat = torch.zeros(plan.padded, dtype=dtype)
+        for p, s in zip(params, plan.slots):
+            view = self.flat[s.offset:s.offset + s.numel]
+            view.copy_(p.detach().reshape(-1))
+            p.data = view.view(p.shape)
+        a, b = plan.owned(pos)
+        self.shard = torch.nn.Parameter(self.flat[a:b])
+        self.grad_flat = None
+        if keep_flat_grad:
+            self.grad_flat = torch.zeros(plan.padded, dtype=dtype)
+            for p in params:
+                p.grad = self.grad_view(p)
+            self.shard.grad = self.grad_flat[a:b]
+        self.handle = None  # the gradient collective in flight
+        self.ready = 0  # parameters whose gradient is final for this step
+
+    def slot_of(self, p):
+        return self.plan.slots[self._index[id(p)]]
+
+    def grad_view(self, p) -> torch.Tensor:
+        s = self.slot_of(p)
+        return self.grad_flat[s.offset:s.offset + s.numel].view(p.shape)
+
+    def adopt_grad(self, p) -> None:
+        """Stage 1: makes ``p.grad`` the view of the flat gradient again if
+        autograd (or the user) replaced it, keeping its value (None: zero)."""
+        view = self.grad_view(p)
+        g = p.grad
+        if g is not None and g.data_ptr() == view.data_ptr():
+            return
+        if g is None:
+            view.zero_()
+        else:
+            view.copy_(g.to_dense() if g.is_sparse else g)
+        p.grad = view
+
+    def packed_grads(self) -> torch.Tensor:
+        """Stage 2: the gradients in one padded (world, shard) tensor (zeros
+        for parameters without one); the parameters' own gradients are
+        dropped."""
+        flat = torch.zeros(self.plan.padded, dtype=self.flat.dtype)
+        for p, s in zip(self.params, self.plan.slots):
+            g = p.grad
+            if g is not None:
+                flat[s.offset:s.offset + s.numel].copy_((g.to_dense() if g.is_sparse else g)
+                                                        .reshape(-1))
+                p.grad = None
+        return flat.view(self.plan.world, self.plan.shard)
+
+    def zero_grad(self, set_to_none: bool) -> None:
+        if self.grad_flat is not None:
+            self.grad_flat.zero_()
+            for p in self.params:
+                p.grad = self.grad_view(p)
+            return
+        for p in self.params:
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad.zero_()
+        if set_to_none:
+            self.shard.grad = None
+        elif self.shard.grad is not None:
+            self.shard.grad.zero_()

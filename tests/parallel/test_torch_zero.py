@@ -1,0 +1,22 @@
+"""ZeRO stages 1 and 2 of commlib.torch.DistributedOptimizer on 2 and 3 ranks
+(see workers/torch_zero.py): 20 Adam steps with param groups, an LR
+scheduler, several buckets and uneven shards within 1e-5 relative of the
+unsharded DistributedOptimizer and 1e-4 of one process (bitwise equal across
+ranks); accumulation, clipping, a parameter unused on one rank, state dict
+round trips, process sets, memory_report (optimizer state 8*params/size),
+argument errors and parameter mismatches across ranks."""
+import re
+
+import pytest
+
+pytest.importorskip("torch")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n", [2, 3])
+def test_torch_zero_optimizer(ranks, n):
+    run = ranks(n, "torch_zero.py", timeout=120)
+    run.assert_ok(n)
+    m = re.search(r"max relative error stage1 (\S+), stage2 (\S+)", run.stdout)
+    assert m and float(m.group(1)) <= 1e-5 and float(m.group(2)) <= 1e-5, run
+    assert len(re.findall(r"memory stage 2", run.stdout)) == n, run
