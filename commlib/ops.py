@@ -212,15 +212,21 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     """Starts reducing a list of tensors as one unit: they are negotiated
     together and fused. One handle; synchronize returns the list of results
     (views of one new buffer)."""
-    ins = [as_input(t) for t in tensors]
-    return _grouped(ins, None, average, name, op, prescale_factor, postscale_factor, process_set)
+    ins = tensors if isinstance(tensors, list) else list(tensors)
+    layout = _cached_layout(ins, inplace=False)  # (its arrays were checked)
+    if layout is None:
+        ins = [as_input(t) for t in ins]
+        layout = _layout_for(ins, inplace=False)
+    return _grouped(ins, False, layout, average, name, op, prescale_factor, postscale_factor,
+                    process_set)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None) -> Handle:
     """In-place grouped allreduce: results are written into the tensors."""
     outs = tensors if isinstance(tensors, list) else list(tensors)
-    return _grouped(outs, outs, average, name, op, prescale_factor, postscale_factor, process_set)
+    return _grouped(outs, True, _layout_for(outs, inplace=True), average, name, op, prescale_factor,
+                    postscale_factor, process_set)
 
 
 def _pointers(arrays):
@@ -236,7 +242,8 @@ class _GroupLayout:
     arrays weakly (a cached layout must not keep a model's worth of arrays
     alive): a request keeps its arrays alive through its handle."""
 
-    __slots__ = ("refs", "shapes", "dtypes", "ndims", "dims", "ptrs", "out_offsets", "out_bytes")
+    __slots__ = ("refs", "shapes", "dtypes", "ndims", "dims", "ptrs", "out_offsets", "out_specs",
+                 "out_bytes", "uniform")
 
     def __init__(self, arrays):
         self.refs = [weakref.ref(a) for a in arrays]
@@ -246,17 +253,29 @@ class _GroupLayout:
         self.dims = ffi.new("int64_t[]", [d for s in self.shapes for d in s] or [0])
         self.ptrs = _pointers(arrays)
         # Out of place: every result in one buffer, at 64-byte aligned offsets.
-        sizes = [(a.nbytes + 63) // 64 * 64 for a in arrays]
-        self.out_offsets = np.cumsum([0] + sizes[:-1], dtype=np.int64) if sizes else np.zeros(0, np.int64)
-        self.out_bytes = max(1, sum(sizes))
+        offsets, at = [], 0
+        for a in arrays:
+            offsets.append(at)
+            at += (a.nbytes + 63) // 64 * 64
+        self.out_offsets = np.array(offsets, dtype=np.int64)
+        self.out_specs = [(a.shape, a.dtype, o) for a, o in zip(arrays, offsets)]
+        self.out_bytes = max(1, at)
+        first = arrays[0] if arrays else None
+        self.uniform = first is not None and first.nbytes % 64 == 0 and all(
+            a.shape == first.shape and a.dtype == first.dtype for a in arrays)
 
-    def outputs(self, arrays):
-        """New result arrays for ``arrays`` (views of one buffer) and the C
-        array of their addresses."""
+    def outputs(self):
+        """New result arrays (views of one new buffer) for the arrays of this
+        layout, and the C array of their addresses (with what keeps it valid)."""
         buf = np.empty(self.out_bytes + 64, dtype=np.uint8)
-        base = -buf.ctypes.data % 64  # (aligned like the inputs)
-        outs = [np.ndarray(a.shape, a.dtype, buf, base + int(o)) for a, o in zip(arrays, self.out_offsets)]
-        addresses = self.out_offsets + (buf.ctypes.data + base)
+        address = buf.ctypes.data
+        base = -address % 64  # (aligned like the inputs)
+        if self.uniform:  # (rows of one array: much cheaper than an array each)
+            shape, dtype, _ = self.out_specs[0]
+            outs = list(np.ndarray((len(self.out_specs),) + shape, dtype, buf, base))
+        else:
+            outs = [np.ndarray(shape, dtype, buf, base + o) for shape, dtype, o in self.out_specs]
+        addresses = self.out_offsets + (address + base)
         return outs, (ffi.cast("void**", ffi.from_buffer(addresses)), addresses, buf)
 
     def still_valid(self, arrays) -> bool:
@@ -269,6 +288,11 @@ class _GroupLayout:
 # core costs more than reducing them.
 _layout_cache: dict = {}
 _LAYOUT_CACHE_SIZE = 64
+
+
+def _cached_layout(arrays, inplace: bool) -> _GroupLayout | None:
+    layout = _layout_cache.get((inplace, *map(id, arrays)))
+    return layout if layout is not None and layout.still_valid(arrays) else None
 
 
 def _layout_for(arrays, inplace: bool) -> _GroupLayout:
@@ -288,16 +312,19 @@ def _layout_for(arrays, inplace: bool) -> _GroupLayout:
     return layout
 
 
-def _grouped(ins, outs, average, name, op, prescale, postscale, process_set) -> Handle:
+def _grouped(ins, inplace: bool, src: _GroupLayout, average, name, op, prescale, postscale,
+             process_set) -> Handle:
+    """Submits a group described by ``src`` (the layout of ``ins``); in place
+    the results go into ``ins``, else into new arrays."""
     runtime.require_init()
     rop = resolve_op(op, average)
     psid = _psid(process_set)
     base = runtime.auto_name("allreduce", name, psid)
-    src = _layout_for(ins, inplace=outs is ins)
-    if outs is ins:
-        dst = keep = src.ptrs
+    if inplace:
+        outs, dst = ins, src.ptrs
+        keep = dst
     else:  # (outputs: the inputs' dtypes and shapes)
-        outs, keep = src.outputs(ins)
+        outs, keep = src.outputs()
         dst = keep[0]
     hid = ffi.new("int64_t*")
     check(lib.commlib_enqueue_allreduce_group(base.encode(), len(ins), src.dtypes, src.ndims,
