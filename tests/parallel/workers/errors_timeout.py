@@ -1,4 +1,4 @@
-"""COMMLIB_TIMEOUT (set to 3 s by the test): requests some ranks never take
+"""COMMLIB_TIMEOUT (set to 2 s by the test): requests some ranks never take
 part in fail on the ranks that wait, with CollectiveTimeoutError naming the
 operation, the tensor and the missing ranks, within the timeout + a few
 seconds; the job goes on working after each. Cases: a named tensor one rank
