@@ -302,7 +302,9 @@ Response Controller::make_response(const std::string& key, Pending& p) {
   resp.names.push_back(key);
   int code = COMMLIB_ERR_VALUE;
   std::string err = check_joined(p);
-  if (err.empty()) {  // (among the ranks that submitted it)
+  if (err.empty() && p.count == int(p.ranks.size())) {
+    err = validate(p.descs, p.ranks, &code);
+  } else if (err.empty()) {  // some members joined: among the ranks that submitted it
     std::vector<RequestDesc> descs;
     std::vector<int> ranks;
     for (size_t i = 0; i < p.ranks.size(); ++i)
