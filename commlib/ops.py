@@ -186,25 +186,13 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     return _allreduce(out, out, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
-_OP_ALLREDUCE = lib.COMMLIB_OP_ALLREDUCE
-
-
 def _allreduce(inp, out, average, name, op, prescale, postscale, process_set) -> Handle:
-    # (_enqueue's work, inlined: a training step submits hundreds of these)
     rop = resolve_op(op, average)
     psid = _psid(process_set)
-    name = runtime.auto_name("allreduce", name, psid)
-    in_ptr = ffi.from_buffer(inp) if inp.size else ffi.NULL
-    if out is inp:
-        out_ptr = in_ptr
-    else:
-        out_ptr = ffi.from_buffer(out, require_writable=True) if out.size else ffi.NULL
-    hid = lib.commlib_submit(_OP_ALLREDUCE, name.encode(), dtype_code(inp.dtype), inp.ndim,
-                             shape_array(inp.shape), in_ptr, out_ptr, rop, float(prescale),
-                             float(postscale), 0, psid)
-    if hid < 0:
-        check(-hid)
-    return Handle(hid, None, (in_ptr, out_ptr, inp, out), "allreduce", out)
+    hid, keep = _enqueue(lib.COMMLIB_OP_ALLREDUCE,
+                         runtime.auto_name("allreduce", name, psid), inp, out,
+                         reduce_op=rop, prescale=prescale, postscale=postscale, process_set=psid)
+    return Handle(hid, None, (keep, inp, out), "allreduce", out)
 
 
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
