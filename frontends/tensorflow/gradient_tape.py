@@ -91,6 +91,23 @@ def make_allreduce_grads(device_dense='', device_sparse='', compression=Compress
     return allreduce_grads
 
 
+def reduce_shared(allreduce_grads, grads, variables, local, scale_local_grads):
+    """``grads`` with those of the variables not in ``local`` (var_key()s)
+    reduced by ``allreduce_grads``; the local ones divided by its
+    local_divisor when scale_local_grads."""
+    shared = [i for i, v in enumerate(variables) if var_key(v) not in local]
+    reduced = allreduce_grads([grads[i] for i in shared], [variables[i] for i in shared])
+    out = list(grads)
+    for i, g in zip(shared, reduced):
+        out[i] = g
+    if local and scale_local_grads:
+        n = allreduce_grads.local_divisor
+        for i, v in enumerate(variables):
+            if var_key(v) in local:
+                out[i] = scale_local(out[i], n)
+    return out
+
+
 def scale_local(grad, n):
     if grad is None:
         return None
@@ -112,20 +129,8 @@ class _DistributedGradientTapeMixin:
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
         grads = super().gradient(target, sources, output_gradients=output_gradients,
                                  unconnected_gradients=unconnected_gradients)
-        flat_src = tf.nest.flatten(sources)
-        flat_grads = tf.nest.flatten(grads)
-        local = self._commlib_local
-        shared = [i for i, s in enumerate(flat_src) if var_key(s) not in local]
-        reduced = self._commlib_allreduce([flat_grads[i] for i in shared],
-                                          [flat_src[i] for i in shared])
-        out = list(flat_grads)
-        for i, g in zip(shared, reduced):
-            out[i] = g
-        if local and self._commlib_scale_local:
-            n = self._commlib_allreduce.local_divisor
-            for i, s in enumerate(flat_src):
-                if var_key(s) in local:
-                    out[i] = scale_local(out[i], n)
+        out = reduce_shared(self._commlib_allreduce, tf.nest.flatten(grads), tf.nest.flatten(sources),
+                            self._commlib_local, self._commlib_scale_local)
         return tf.nest.pack_sequence_as(grads, out)
 
 

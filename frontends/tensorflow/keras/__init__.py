@@ -47,7 +47,7 @@ from ..compression import Compression
 from ..execution import communication_stats  # noqa: F401
 from ..functions import allgather_object, broadcast_object, broadcast_variables  # noqa: F401
 from .. import mpi_ops as _ops
-from ..gradient_tape import make_allreduce_grads, scale_local, var_key
+from ..gradient_tape import make_allreduce_grads
 from ..sync_batch_norm import SyncBatchNormalization  # noqa: F401
 from . import callbacks  # noqa: F401
 from .optimizer_base import DistributedOptimizerMixin as _DistributedOptimizerMixin

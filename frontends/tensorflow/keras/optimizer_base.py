@@ -8,7 +8,7 @@ import functools
 import keras
 import tensorflow as tf
 
-from ..gradient_tape import scale_local, var_key
+from ..gradient_tape import reduce_shared, var_key
 
 
 def check_backend():
@@ -51,20 +51,8 @@ class DistributedOptimizerMixin:
             object.__setattr__(self, "_commlib_counter", counter)
 
     def _commlib_reduce(self, grads, variables):
-        grads = list(grads)
-        local = self._commlib_local
-        shared = [i for i, v in enumerate(variables) if var_key(v) not in local]
-        reduced = self._commlib_allreduce([grads[i] for i in shared],
-                                          [variables[i] for i in shared])
-        out = list(grads)
-        for i, g in zip(shared, reduced):
-            out[i] = g
-        if local and self._commlib_scale_local:
-            n = self._commlib_allreduce.local_divisor
-            for i, v in enumerate(variables):
-                if var_key(v) in local:
-                    out[i] = scale_local(out[i], n)
-        return out
+        return reduce_shared(self._commlib_allreduce, list(grads), variables, self._commlib_local,
+                             self._commlib_scale_local)
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
