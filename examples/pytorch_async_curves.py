@@ -37,6 +37,8 @@ def parse_args():
     p.add_argument("--eval-every", type=int, default=40)
     p.add_argument("--noise", type=float, default=0.05)
     p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--seed", type=int, default=0,
+                   help="shifts the student's initialisation and the training samples")
     p.add_argument("--out", default="", help="PNG path for the loss curves (rank 0)")
     return p.parse_args()
 
@@ -53,8 +55,8 @@ def teacher_data(rows, seed, noise):
     return x, y
 
 
-def student():
-    torch.manual_seed(1)
+def student(seed=0):
+    torch.manual_seed(1 + seed)
     return nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
                          nn.Linear(64, 1))
 
@@ -72,7 +74,7 @@ def optimizer_for(mode, model, args):
 
 def train(mode, args, data, held_out):
     """[(samples seen by all ranks, held-out loss)] and the final loss."""
-    model = student()
+    model = student(args.seed)
     opt, inner = optimizer_for(mode, model, args)
     x, y = data
     curve = []
@@ -123,13 +125,14 @@ def main():
     hvd.init()
     if args.eval_every % args.period:
         raise SystemExit("--eval-every must be a multiple of --period")
-    data = teacher_data(args.steps * args.batch_size, seed=100 + hvd.rank(), noise=args.noise)
+    data = teacher_data(args.steps * args.batch_size, seed=100 + hvd.rank() + 1000 * args.seed,
+                        noise=args.noise)
     held_out = teacher_data(4096, seed=99, noise=args.noise)
     curves = {mode: train(mode, args, data, held_out) for mode in args.modes.split(",")}
     if hvd.rank() != 0:
         return
     first = curves[next(iter(curves))][1]
-    start = float(F.mse_loss(copy.deepcopy(student())(held_out[0]), held_out[1]).detach())
+    start = float(F.mse_loss(copy.deepcopy(student(args.seed))(held_out[0]), held_out[1]).detach())
     print(f"held-out MSE: initial {start:.4g}, noise floor {args.noise ** 2:.4g}")
     for mode, (_, final) in curves.items():
         print(f"final {mode}: {final:.5g} ({100 * (final / first - 1):+.1f}% vs "
