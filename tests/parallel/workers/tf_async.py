@@ -94,7 +94,9 @@ def simulate_delayed(make_opt):
 
 
 def delayed(make_opt, what, run_eagerly=False):
-    expected, final = simulate_delayed(make_opt)
+    """Keras fit with DistributedOptimizer(staleness=1); returns the
+    simulation (reused by tape_delayed for the same optimizer)."""
+    expected, final = simulation = simulate_delayed(make_opt)
     model = make_model()
     opt = hvd.DistributedOptimizer(make_opt(), staleness=1)
     start = weights(model)
@@ -115,18 +117,27 @@ def delayed(make_opt, what, run_eagerly=False):
     if opt.pending or not err <= 1e-5:
         fail(f"{what}: after synchronize(): pending {opt.pending}, error {err:.3g}")
     same_on_all_ranks(weights(model), f"{what} synchronize")
+    return simulation
 
 
-delayed(lambda: keras.optimizers.SGD(0.1, momentum=0.9), "delayed SGD")
-delayed(lambda: keras.optimizers.Adam(0.01), "delayed Adam eager", run_eagerly=True)
+def SGD_M():
+    return keras.optimizers.SGD(0.1, momentum=0.9)
+
+
+def ADAM():
+    return keras.optimizers.Adam(0.01)
+
+
+SIMULATED = {"SGD": delayed(SGD_M, "delayed SGD"),
+             "Adam": delayed(ADAM, "delayed Adam eager", run_eagerly=True)}
 
 
 # ---------------------------------------------------------------- DistributedGradientTape
 
-def tape_delayed(make_opt, what, compiled):
+def tape_delayed(make_opt, simulation, what, compiled):
     """A custom loop with DistributedGradientTape(staleness=1): the same rule
-    (the simulation of the optimizer's staleness=1), step by step."""
-    expected, final = simulate_delayed(make_opt)
+    (``simulation``: of the optimizer's staleness=1), step by step."""
+    expected, final = simulation
     model, opt, delayed = make_model(), make_opt(), htf.DelayedGradients()
     start = weights(model)
     x, y = DATA[r]
@@ -162,9 +173,8 @@ def tape_delayed(make_opt, what, compiled):
     return model, delayed
 
 
-tape_delayed(lambda: keras.optimizers.SGD(0.1, momentum=0.9), "tape SGD eager", False)
-tape_model, tape_state = tape_delayed(lambda: keras.optimizers.Adam(0.01), "tape Adam tf.function",
-                                      True)
+tape_delayed(SGD_M, SIMULATED["SGD"], "tape SGD eager", False)
+tape_model, tape_state = tape_delayed(ADAM, SIMULATED["Adam"], "tape Adam tf.function", True)
 
 
 # ---------------------------------------------------------------- local SGD and DiLoCo
