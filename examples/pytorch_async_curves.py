@@ -7,9 +7,9 @@ samples from its own seed, and all modes see the same samples in the same
 order. Each mode trains a fresh copy of the same initial model for
 ``--steps`` steps of ``--batch-size`` samples per rank (inner optimizer AdamW
 for every mode, its learning rate decaying linearly to 0; DiLoCo's outer
-optimizer is SGD lr 0.7, momentum 0.9, Nesterov, as in the DiLoCo paper), and the held-out loss (mean squared
-error; the noise floor is ``--noise``**2) is measured every ``--eval-every``
-steps (a multiple of ``--period``, so local-SGD replicas have just met).
+optimizer is SGD lr 0.7, momentum 0.9, Nesterov, as in the DiLoCo paper),
+and the held-out loss (mean squared error; the noise floor is
+``--noise``**2) is measured every ``--eval-every`` steps (a multiple of ``--period``, so local-SGD replicas have just met).
 
     commlibrun -np 2 python examples/pytorch_async_curves.py --out async_curves.png
 
@@ -39,7 +39,8 @@ def parse_args():
     p.add_argument("--period", type=int, default=8, help="local SGD / DiLoCo: H")
     p.add_argument("--eval-every", type=int, default=40)
     p.add_argument("--noise", type=float, default=0.05)
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="also local-sgd-stream, diloco-stream (LocalSGD(streaming=True))")
     p.add_argument("--seed", type=int, default=0,
                    help="shifts the student's initialisation and the training samples")
     p.add_argument("--seeds", type=int, default=1,
@@ -73,9 +74,12 @@ def optimizer_for(mode, model, args):
     if mode in ("sync", "staleness1"):
         return hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters(),
                                         staleness=int(mode == "staleness1")), inner
+    if mode not in ("local-sgd", "diloco", "local-sgd-stream", "diloco-stream"):
+        raise SystemExit(f"unknown mode {mode!r}")
     outer = (torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
-             if mode == "diloco" else None)
-    return hvd.LocalSGD(inner, model, period=args.period, outer_optimizer=outer), inner
+             if mode.startswith("diloco") else None)
+    return hvd.LocalSGD(inner, model, period=args.period, outer_optimizer=outer,
+                        streaming=mode.endswith("-stream")), inner
 
 
 def train(mode, args, data, held_out):
