@@ -9,7 +9,8 @@ order. Each mode trains a fresh copy of the same initial model for
 for every mode, its learning rate decaying linearly to 0; DiLoCo's outer
 optimizer is SGD lr 0.7, momentum 0.9, Nesterov, as in the DiLoCo paper),
 and the held-out loss (mean squared error; the noise floor is
-``--noise``**2) is measured every ``--eval-every`` steps (a multiple of ``--period``, so local-SGD replicas have just met).
+``--noise``**2) is measured every ``--eval-every`` steps (a multiple of
+``--period``, so local-SGD replicas have just met).
 
     commlibrun -np 2 python examples/pytorch_async_curves.py --out async_curves.png
 
