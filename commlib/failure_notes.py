@@ -59,21 +59,24 @@ def install(rank: int) -> None:
     sys.excepthook = hook
 
 
-def consequences(status_dir: str) -> set[int]:
-    """The ranks whose noted failure followed another rank's."""
-    found = set()
+def rank_files(status_dir: str, suffix: str = ""):
+    """``(rank, text)`` of every ``rank<R><suffix>`` file in ``status_dir``
+    (the wrappers' status files, or these notes); unreadable ones are skipped."""
     try:
         names = os.listdir(status_dir)
     except OSError:
-        return found
+        return
     for name in names:
-        m = re.fullmatch(r"rank(\d+)\.failure", name)
+        m = re.fullmatch(r"rank(\d+)" + re.escape(suffix), name)
         if not m:
             continue
         try:
             with open(os.path.join(status_dir, name)) as f:
-                if f.read().split()[0] == "1":
-                    found.add(int(m.group(1)))
-        except (OSError, IndexError):
+                yield int(m.group(1)), f.read()
+        except OSError:
             continue
-    return found
+
+
+def consequences(status_dir: str) -> set[int]:
+    """The ranks whose noted failure followed another rank's."""
+    return {rank for rank, text in rank_files(status_dir, ".failure") if text.split()[:1] == ["1"]}

@@ -221,10 +221,13 @@ def build_command(flavour, np, command, *, env=None, hosts=None, hostfile=None, 
 def read_statuses(status_dir):
     """Read the wrappers' status files: ``{rank: (exit_code, time)}``."""
     statuses = {}
-    try:
-        names = os.listdir(status_dir)
-    except OSError:
-        return statuses
+    for rank, text in failure_notes.rank_files(status_dir):
+        try:
+            code, stamp = text.split()
+            statuses[rank] = (int(code), float(stamp))
+        except ValueError:
+            continue
+    return statuses
     for name in names:
         m = re.fullmatch(r"rank(\d+)", name)
         if not m:
