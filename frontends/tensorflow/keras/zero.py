@@ -53,7 +53,7 @@ import tensorflow as tf
 
 from commlib.ops import Average, Sum
 from commlib.process_sets import set_rank, set_size
-from commlib.sharding import DEFAULT_BUCKET_ELEMENTS, plan_buckets
+from commlib.sharding import check_zero_stage, plan_buckets
 from commlib.signature import check_same_everywhere
 
 from .. import mpi_ops as _ops
@@ -174,7 +174,7 @@ class ZeroOptimizerMixin(DistributedOptimizerMixin):
             return [f[b.owned(pos)[0]:b.owned(pos)[1]] for f, b in zip(full, self._zero_buckets)]
         out = []
         for f, b in zip(flats, self._zero_buckets):
-            rows = _ops._reducescatter_raw(tf.reshape(f, [b.world, b.shard]), self._zero_op,
+            rows = _ops.reducescatter_raw(tf.reshape(f, [b.world, b.shard]), self._zero_op,
                                            pre, post)
             out.append(tf.reshape(rows, [b.shard]))
         return out
@@ -190,7 +190,7 @@ class ZeroOptimizerMixin(DistributedOptimizerMixin):
         if isinstance(self._learning_rate, keras.Variable):
             inner._learning_rate.assign(self._learning_rate)
         inner.apply(shard_grads, self._zero_shards)
-        gathered = _ops._grouped_allgather_raw([tf.convert_to_tensor(s)
+        gathered = _ops.grouped_allgather_raw([tf.convert_to_tensor(s)
                                                 for s in self._zero_shards])
         for b, full in zip(self._zero_buckets, gathered):
             for s in b.slots:
@@ -227,13 +227,7 @@ def variable_names(variables) -> list:
 def check_zero_options(optimizer, stage, bucket_elements, *, op, backward_passes_per_step,
                        staleness, groups, local_layers, compression, process_set) -> int:
     """ValueError for what zero_stage does not take; returns the bucket size."""
-    if isinstance(stage, bool) or stage not in (1, 2):
-        raise ValueError(f"zero_stage must be 0, 1 or 2, got {stage!r}")
-    if bucket_elements is None:
-        bucket_elements = DEFAULT_BUCKET_ELEMENTS
-    if isinstance(bucket_elements, bool) or not isinstance(bucket_elements, int) \
-            or bucket_elements < 1:
-        raise ValueError(f"bucket_elements must be a positive int, got {bucket_elements!r}")
+    bucket_elements = check_zero_stage(stage, bucket_elements)
     if getattr(optimizer, "built", False):
         raise ValueError("zero_stage > 0 must wrap an optimizer that has not been built yet "
                          "(its state would not be sharded); load state with load_sharded")

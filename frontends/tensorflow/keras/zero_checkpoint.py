@@ -83,6 +83,12 @@ def load_sharded(directory, model, optimizer) -> None:
     opt = _zero(optimizer, model)
     old = [Bucket.from_dict(d) for d in meta["layout"]]
     saved = SavedArrays(directory, int(meta["world"]))
+    values = {}
+    for name, vi in opt._zero_index.items():
+        v = opt._zero_vars[vi]
+        flat = np.empty(int(np.prod(v.shape, dtype=np.int64)), dtype=str(v.dtype))
+        read_range(old, saved, name, 0, flat.size, "param", flat)
+        values[vi] = flat.reshape(tuple(v.shape))
     extra = _extra_variables(model, opt)
     saved_extra = set(saved.keys("extra"))
     for what, keys in (("the checkpoint has model variables this model lacks",
@@ -91,12 +97,6 @@ def load_sharded(directory, model, optimizer) -> None:
                         sorted(set(extra) - saved_extra))):
         if keys:
             raise KeyError(f"{what}: {', '.join(keys[:5])}")
-    values = {}
-    for name, vi in opt._zero_index.items():
-        v = opt._zero_vars[vi]
-        flat = np.empty(int(np.prod(v.shape, dtype=np.int64)), dtype=str(v.dtype))
-        read_range(old, saved, name, 0, flat.size, "param", flat)
-        values[vi] = flat.reshape(tuple(v.shape))
     states = [{k: read_shard(b, rank(), old, saved, k, str(var.dtype))
                for k, var in st.items()}
               for b, st in zip(opt._zero_buckets, opt.shard_states())]
