@@ -39,6 +39,7 @@ from commlib.capabilities import (ccl_built, cuda_built, ddl_built, gloo_built, 
                                   mpi_built, mpi_enabled, nccl_built, rocm_built, start_timeline,
                                   stop_timeline)
 from commlib.dispatch import register_optimizer
+from commlib.timeline import start_timeline, stop_timeline
 from commlib.errors import (CollectiveMismatchError, CommlibError, HorovodInternalError,
                             HostsUpdatedInterrupt, NotInitializedError, RankLostError,
                             ScalarTensorError)

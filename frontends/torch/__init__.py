@@ -54,6 +54,7 @@ from .sync_batch_norm import SyncBatchNorm
 from . import elastic  # hvd.elastic.TorchState, hvd.elastic.run
 from ._dispatch import is_torch_optimizer
 from commlib.dispatch import register_optimizer
+from commlib.timeline import start_timeline, stop_timeline
 from commlib.errors import (CollectiveMismatchError, HorovodInternalError, HostsUpdatedInterrupt,
                             NotInitializedError, RankLostError, ScalarTensorError)
 
