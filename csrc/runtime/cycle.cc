@@ -133,6 +133,7 @@ void Engine::check_coordinator_alive(int64_t now) {
   last_timeout_check_us_ = now;
   for (const auto& [key, e] : pending_) {
     if (e.desc.op_type == COMMLIB_OP_JOIN || now - e.submitted_us < timeout_us_ + kGraceUs) continue;
+    lost_contact_.store(true);  // (the engine ends; MPI_Finalize would wait for rank 0 forever)
     throw Error(COMMLIB_ERR_TIMED_OUT,
                 std::string(op_type_name(e.desc.op_type)) + " '" + e.desc.name + "' has waited " +
                     std::to_string((now - e.submitted_us) / 1000000) +

@@ -163,6 +163,7 @@ void Engine::start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mo
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     dead_code_ = 0;
+    lost_contact_.store(false);
     dead_message_.clear();
     in_flight_.clear();
     sets_.clear();
@@ -207,6 +208,7 @@ void Engine::shutdown() {
 }
 
 int Engine::broken() {
+  if (lost_contact_.load()) return COMMLIB_ERR_PEER_LOST;
   std::lock_guard<std::mutex> lock(queue_mu_);
   return (dead_code_ == COMMLIB_ERR_PEER_LOST || dead_code_ == COMMLIB_ERR_INTERNAL) ? dead_code_ : 0;
 }
@@ -224,7 +226,7 @@ bool Engine::leave() {
   if (broken()) return true;
   const int64_t now = now_us();
   if (coordinator_) {
-    if (!cache_.ordered_by_log()) return true;
+    if (!cache_.ordered_by_log()) return coordinator_may_leave(now);
     // With the order log, rank 0 runs everything placed before its
     // departure (cached collectives other ranks may already run with it).
     if (cache_.start_leaving()) {
@@ -243,7 +245,26 @@ bool Engine::leave() {
     leave_deadline_us_ = now + 30000000;
     worker_->send_leaving();
   }
-  return now > leave_deadline_us_;
+  if (now <= leave_deadline_us_) return false;
+  lost_contact_.store(true);  // rank 0 never acknowledged: it is frozen or unreachable
+  std::fprintf(stderr, "commlib (rank %d): ERROR: rank 0 never acknowledged this rank's shutdown within 30 s: "
+               "it is frozen or unreachable; MPI is aborted at exit\n", topo_.rank);
+  return true;
+}
+
+bool Engine::coordinator_may_leave(int64_t now) {
+  const std::vector<int> silent = coordinator_->silent_since_timeout();
+  if (silent.empty()) return true;
+  if (leave_deadline_us_ == 0) leave_deadline_us_ = now + std::max<int64_t>(timeout_us_, 1000000);
+  if (now <= leave_deadline_us_) return false;
+  std::string ranks;
+  for (int r : silent) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  lost_contact_.store(true);
+  fail_everything(COMMLIB_ERR_PEER_LOST,
+                  "ranks [" + ranks + "] sent nothing since their collectives timed out, not even their " +
+                      "shutdown, within COMMLIB_TIMEOUT: they are unreachable (a network partition?) or " +
+                      "frozen; MPI is aborted at exit");
+  return true;
 }
 
 bool Engine::step() {
