@@ -152,7 +152,7 @@ class Engine : private CacheHost {
   // answering (frozen or unreachable): everything fails.
   void check_coordinator_alive(int64_t now);
   // Rank 0 leaving without the order log: false while ranks named missing by
-  // a timeout stay silent, for at most COMMLIB_TIMEOUT; then they are lost.
+  // a timeout stay silent, for at most COMMLIB_TIMEOUT + 10 s; then they are lost.
   bool coordinator_may_leave(int64_t now);
   // Set when a peer proved unreachable (rank 0 never answered a worker, or a
   // rank named missing by a timeout never spoke again before rank 0 left):

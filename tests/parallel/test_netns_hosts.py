@@ -105,13 +105,18 @@ def test_cut_link_fails_every_rank_in_time(ranks, hosts, tmp_path, count):
         hosts.set_link(1, up=True)
     assert cut_at, run
     assert run.returncode not in (0, 124), run  # failed, and not by commlibrun's --timeout
-    assert re.search(r"commlibrun: rank \d .*(exited|killed)", run.stderr), run
+    assert "MPI_Abort" in run.stderr or "commlibrun: rank" in run.stderr, run
     assert not left, f"processes left in the namespaces: {left}\n{run}"
-    raised = {int(m[0]): m for m in RAISED.findall(run.stdout)}
-    assert sorted(raised) == [0, 1, 2, 3], run
-    for r, (_, kind, at, msg) in raised.items():
-        assert kind in ("CollectiveTimeoutError", "RankLostError"), run
-        assert float(at) - cut_at[0] <= TIMEOUT + 10, f"rank {r} raised {float(at) - cut_at[0]:.1f} s after the cut\n{run}"
-        # each side names the ranks it cannot reach
-        assert ("ranks [2, 3]" in msg) if r < 2 else ("rank 0" in msg), run
-    assert ended - cut_at[0] <= TIMEOUT + 10 + 30, f"the job ended {ended - cut_at[0]:.1f} s after the cut\n{run}"
+    lines = [(tmp_path / f"raised{r}").read_text() if (tmp_path / f"raised{r}").exists() else "" for r in range(4)]
+    for r, line in enumerate(lines):
+        m = RAISED.match(line)
+        assert m, f"rank {r} raised nothing\n{run}"
+        _, kind, at, msg = m.groups()
+        assert kind == "CollectiveTimeoutError", line
+        assert float(at) - cut_at[0] <= TIMEOUT + 10, f"{line}: {float(at) - cut_at[0]:.1f} s after the cut"
+        # it names ranks beyond the cut (rank 0 alone, for a worker whose coordinator went silent)
+        named = {int(x) for lst in re.findall(r"ranks? \[([\d, ]+)\]", msg) for x in lst.split(",")}
+        named |= {int(x) for x in re.findall(r"rank (\d) \(the coordinator\)", msg)}
+        assert named & ({2, 3} if r < 2 else {0, 1}), line
+    # rank 0 waits up to COMMLIB_TIMEOUT + 10 s for silent ranks before aborting
+    assert ended - cut_at[0] <= 2 * TIMEOUT + 30, f"the job ended {ended - cut_at[0]:.1f} s after the cut\n{run}"

@@ -9,7 +9,7 @@ mode "heal": the cut is shorter than COMMLIB_TIMEOUT; every step must
 complete right, and the longest step is printed (the test checks that the cut
 really held the collectives up). mode "cut": the link stays down; each rank
 must raise a CommlibError subclass and prints its type, the time and the
-message, then exits 3 (the job must end: the test checks how and when)."""
+message (also to <dir>/raised<rank>), then exits 3 (the job must end: the test checks how and when)."""
 import sys
 import time
 from pathlib import Path
@@ -30,7 +30,10 @@ while True:
     try:
         got = commlib.allreduce(v, op=commlib.Sum, name="step")
     except commlib.CommlibError as e:
-        print(f"rank {r}: RAISED {type(e).__name__} at {time.time():.3f} after {step} steps: {e}", flush=True)
+        line = f"rank {r}: RAISED {type(e).__name__} at {time.time():.3f} after {step} steps: {e}"
+        print(line, flush=True)
+        # (also in a file: output of the far host's ranks travels over the cut link)
+        (ctl / f"raised{r}").write_text(line)
         sys.exit(3)
     longest = max(longest, time.monotonic() - t)
     check_equal(got[:count], np.full(count, float(n * step + n * (n - 1) // 2)), f"step {step}")
