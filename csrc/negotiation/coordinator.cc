@@ -5,6 +5,7 @@
 
 #include "common.h"
 #include "runtime/progress.h"
+#include "runtime/timeline.h"
 
 namespace commlib {
 
@@ -23,6 +24,7 @@ Coordinator::Coordinator(int size, int64_t fusion_threshold, int64_t stall_warni
       silent_(size_t(size), false) {}
 
 void Coordinator::add(int rank, RequestDesc desc, int64_t now) {
+  if (timeline().on()) timeline().mark(desc.name, "RANK_READY", now, "\"rank\": " + std::to_string(rank));
   cache_.on_full_request(desc);
   if (desc.op_type == COMMLIB_OP_JOIN) cache_.pause();
   controller_.add(rank, std::move(desc), now);

@@ -14,6 +14,8 @@
 #include "runtime/liveness.h"
 #include "runtime/progress.h"
 #include "runtime/result_pool.h"
+#include "runtime/timeline.h"
+#include "runtime/trace_events.h"
 
 namespace commlib {
 namespace {
@@ -86,7 +88,20 @@ void Engine::init(MPI_Comm base) {
     MPI_Comm_free(&cross);
   }
   start_peer_monitor(exchange_peer_info(data, t.rank, t.size), shm_ ? &shm_->first_lost() : nullptr);
+  start_timeline_from_config();
   start(data, ctrl, t.size > 1 ? capacity : 0, log_mode);
+}
+
+// COMMLIB_TIMELINE: a file this rank cannot create costs a warning, not the
+// job (failing init on one rank would leave the others waiting in theirs).
+void Engine::start_timeline_from_config() {
+  if (config_.timeline.empty()) return;
+  try {
+    timeline().start(config_.timeline, topo_.rank, config_.timeline_mark_cycles);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "commlib (rank %d): WARNING: COMMLIB_TIMELINE: %s; no timeline is written\n",
+                 topo_.rank, e.what());
+  }
 }
 
 void Engine::read_config(MPI_Comm base) {
@@ -191,6 +206,7 @@ void Engine::shutdown() {
   queue_cv_.notify_all();
   thread_.join();
   running_.store(false);
+  timeline().stop();
   stop_peer_monitor();
   if (lost_contact_.load()) {
     // The ranks it could not reach time out at about the same moment: they
@@ -363,6 +379,7 @@ void Engine::loop() {
 }
 
 void Engine::finish(Entry& e, int status, const std::string& message) {
+  if (timeline().on()) trace_finish(e, status, message, now_us());
   outstanding_.fetch_sub(1);
   {
     std::lock_guard<std::mutex> lock(queue_mu_);

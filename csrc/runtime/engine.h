@@ -93,6 +93,7 @@ class Engine : private CacheHost {
   // Splits base into this host's ranks (local) and the same local rank on
   // every host (cross); *uniform: every host has as many ranks.
   Topology split_topology(MPI_Comm base, MPI_Comm data, MPI_Comm* local, MPI_Comm* cross, bool* uniform);
+  void start_timeline_from_config();  // COMMLIB_TIMELINE (runtime/timeline.h)
   // Transports, the negotiation role, the executor, the cache; then the thread.
   void start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mode);
   Entry make_entry(const commlib_request& q);

@@ -44,7 +44,7 @@ from commlib import dtypes as _dtypes
 from commlib.basics import init, is_homogeneous  # noqa: F401 - re-exported
 from commlib.capabilities import (  # noqa: F401 - re-exported
     ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built, mpi_enabled,
-    nccl_built, rocm_built, start_timeline, stop_timeline)
+    nccl_built, rocm_built)
 from commlib.errors import ScalarTensorError
 from commlib.ops import Adasum, Average, Max, Min, Product, Sum, auto_name, even_splits
 from commlib.process_sets import (  # noqa: F401 - re-exported
