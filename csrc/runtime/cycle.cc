@@ -133,7 +133,11 @@ void Engine::renegotiate(Entry& e) {
 }
 
 void Engine::check_coordinator_alive(int64_t now) {
-  constexpr int64_t kGraceUs = 10000000;  // rank 0 fails them at the timeout; this is for when it cannot
+  // Rank 0 fails them at the timeout (checked each second); this is for when it
+  // cannot. 8 s: with this check's own second and a request submitted just
+  // before its peers became unreachable, the worker still fails within the
+  // timeout + 10 s.
+  constexpr int64_t kGraceUs = 8000000;
   if (timeout_us_ <= 0 || now - last_timeout_check_us_ < 1000000 || !ready_.empty()) return;
   last_timeout_check_us_ = now;
   for (const auto& [key, e] : pending_) {
@@ -189,7 +193,14 @@ void Engine::execute(const Response& resp) {
   }
   std::string message;
   const int64_t started = timeline().on() ? now_us() : 0;
-  const int status = executor_.run(resp, entries, size_t(fusion_threshold_.load()), &message);
+  int status;
+  try {
+    status = executor_.run(resp, entries, size_t(fusion_threshold_.load()), &message);
+  } catch (const Error& e) {
+    if (e.code() != COMMLIB_ERR_TIMED_OUT) throw;
+    throw Error(e.code(), std::string(op_type_name(resp.op_type)) + " '" + resp.names.at(0) + "'" +
+                              (resp.names.size() > 1 ? " (fused with others)" : "") + " " + e.what());
+  }
   if (started > 0) trace_execution(resp, entries, started, now_us(), executor_.last_algorithm());
   cache_.after_run(resp, status == COMMLIB_OK);
   for (const std::string& key : resp.names) {
