@@ -1,5 +1,7 @@
-"""The pipeline examples run at 2 ranks and end where one process ends
-(each rank prints its largest relative difference, checked here)."""
+"""The pipeline examples run at 2 ranks, the 3D-parallel one at 4 ranks
+(2 pipeline stages x 2 data-parallel replicas; 2-way tensor x 2-way data),
+and end where one process ends (each rank prints its largest relative
+difference, checked here)."""
 import re
 from pathlib import Path
 
@@ -27,3 +29,20 @@ def test_torch_pipeline_example(ranks, schedule):
 def test_tensorflow_gpipe_example(ranks):
     pytest.importorskip("tensorflow")
     assert_matches_one_process(ranks(2, str(EXAMPLES / "pipeline_tf_gpipe.py"), timeout=120), 2)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("layout", ["pp2dp2", "tp2dp2"])
+def test_parallel_3d_example(ranks, layout):
+    pytest.importorskip("torch")
+    run = ranks(4, str(EXAMPLES / "parallel_3d.py"), "--layout", layout, "--steps", "6",
+                timeout=120)
+    assert_matches_one_process(run, 4)
+    assert run.stdout.count(f"ParallelGrid(dp=2, tp={layout.count('tp') + 1}") == 4, run
+
+
+@pytest.mark.timeout(60)
+def test_parallel_3d_example_rejects_a_layout_of_another_size(ranks):
+    pytest.importorskip("torch")
+    run = ranks(2, str(EXAMPLES / "parallel_3d.py"), "--layout", "pp2dp2", timeout=45)
+    assert run.returncode != 0 and "needs 4 ranks, the job has 2" in run.stdout + run.stderr, run
