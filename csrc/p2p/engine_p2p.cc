@@ -123,7 +123,8 @@ bool Engine::cycle_p2p() {
     std::lock_guard<std::mutex> lock(queue_mu_);
     batch.swap(p2p_queue_);
   }
-  for (P2PRequest& r : batch) p2p_->post(std::move(r));
+  const bool waiting = handles_.driving() > 0;  // (a split copy needs a sender that answers)
+  for (P2PRequest& r : batch) p2p_->post(std::move(r), waiting);
   bool worked = p2p_->progress() || !batch.empty();
   p2p_->check_stalls(now_us(), stall_warning_us_, timeout_us_);
   return worked;
