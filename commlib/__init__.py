@@ -33,6 +33,7 @@ _EXPORTS = {
                "HostsUpdatedInterrupt"],
     "handle": ["Handle", "poll", "synchronize"],
     "p2p": ["send", "recv", "isend", "irecv", "sendrecv"],
+    "timeline": ["start_timeline", "stop_timeline"],
     "process_sets": ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"],
     "ops": ["Sum", "Average", "Min", "Max", "Product", "Adasum",
             "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import atexit
 
-from . import runtime
+from . import failure_notes, runtime
 from ._lib import MPI, check, ffi, lib
 from .process_sets import ProcessSet, add_process_set, reset_process_sets
 from .runtime import is_initialized, rank, require_init, size  # noqa: F401 - commlib.rank, ...
@@ -34,6 +34,7 @@ def init(comm=None, process_sets=None) -> None:
             raise ValueError("comm is MPI.COMM_NULL: this rank is not part of the communicator")
         check(lib.commlib_init(MPI._handleof(comm), 1))
     runtime.set_job_comm(comm if comm is not None else MPI.COMM_WORLD)
+    failure_notes.install(lib.commlib_rank())
     if not _atexit_registered:
         # Before mpi4py's own MPI_Finalize, which runs after atexit handlers.
         atexit.register(shutdown)

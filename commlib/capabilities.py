@@ -1,6 +1,5 @@
 """Horovod's build queries (``mpi_built``, ``nccl_built``, ...) answered for
-commlib, and the features Horovod has that commlib does not (timelines),
-which raise NotImplementedError. Re-exported by the framework frontends."""
+commlib. Re-exported by the framework frontends."""
 
 
 def mpi_enabled() -> bool:
@@ -39,13 +38,3 @@ def cuda_built() -> bool:
 
 def rocm_built() -> bool:
     return False
-
-
-def start_timeline(file_path, mark_cycles=False):
-    """Not available yet: commlib has no timeline."""
-    raise NotImplementedError("commlib has no timeline yet (start_timeline/stop_timeline)")
-
-
-def stop_timeline():
-    """Not available yet: commlib has no timeline."""
-    raise NotImplementedError("commlib has no timeline yet (start_timeline/stop_timeline)")

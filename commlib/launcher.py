@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 
-from . import _rankwrap
+from . import _rankwrap, failure_notes
 from .restarts import ELASTIC_DIR_ENV, RESTART_ENV, Attempt, run_with_restarts
 from .mpi_discovery import (MPI4PY_LIBRARY_PROBE, MPICH, MPIEXEC_ENV,  # noqa: F401 - re-exported
                             OPENMPI, LauncherError, MPIFlavour, detect_flavour, find_mpiexec,
@@ -221,10 +221,13 @@ def build_command(flavour, np, command, *, env=None, hosts=None, hostfile=None, 
 def read_statuses(status_dir):
     """Read the wrappers' status files: ``{rank: (exit_code, time)}``."""
     statuses = {}
-    try:
-        names = os.listdir(status_dir)
-    except OSError:
-        return statuses
+    for rank, text in failure_notes.rank_files(status_dir):
+        try:
+            code, stamp = text.split()
+            statuses[rank] = (int(code), float(stamp))
+        except ValueError:
+            continue
+    return statuses
     for name in names:
         m = re.fullmatch(r"rank(\d+)", name)
         if not m:
@@ -238,12 +241,15 @@ def read_statuses(status_dir):
     return statuses
 
 
-def first_failure(statuses):
-    """``(rank, code)`` of the earliest failed rank in ``statuses``, or None."""
-    failed = [(stamp, rank, code) for rank, (code, stamp) in statuses.items() if code != 0]
+def first_failure(statuses, consequences=frozenset()):
+    """``(rank, code)`` of the earliest failed rank in ``statuses``, or None;
+    ranks in ``consequences`` (their failure followed another rank's:
+    commlib.failure_notes) only when no other rank failed."""
+    failed = [(rank in consequences, stamp, rank, code)
+              for rank, (code, stamp) in statuses.items() if code != 0]
     if not failed:
         return None
-    _, rank, code = min(failed)
+    _, _, rank, code = min(failed)
     return rank, code
 
 
@@ -475,10 +481,10 @@ def job_exit_code(returncode, statuses):
     return code, (f"commlibrun: job failed: {cause}" if cause else None)
 
 
-def failure_cause(returncode, statuses):
+def failure_cause(returncode, statuses, consequences=frozenset()):
     """``(exit code, cause)`` of a finished job; the cause (None on success)
-    names the rank that failed first, or mpiexec's own status."""
-    failure = first_failure(statuses)
+    names the rank that failed first (see first_failure), or mpiexec's own status."""
+    failure = first_failure(statuses, consequences)
     if failure:
         rank, code = failure
         return code, f"rank {rank} {describe_exit(code)} (first failure)"
@@ -618,7 +624,7 @@ def _run_attempt(number, timeout, *, build, env, environ, verbose):
             print(f"commlibrun: interrupted by {signal.Signals(job.signal_received).name}",
                   file=sys.stderr)
             return Attempt(128 + job.signal_received, retryable=False)
-        code, cause = failure_cause(returncode, read_statuses(status_dir))
+        code, cause = failure_cause(returncode, read_statuses(status_dir), failure_notes.consequences(status_dir))
         return Attempt(code, cause)
     finally:
         if relay is not None:

@@ -81,6 +81,19 @@ class Bucket:
                    [Slot(n, tuple(shape), int(off)) for n, shape, off in d["slots"]])
 
 
+def check_zero_stage(stage, bucket_elements) -> int:
+    """ValueError unless ``stage`` is 1 or 2 and ``bucket_elements`` a
+    positive int (None: the default); returns the bucket size."""
+    if isinstance(stage, bool) or stage not in (1, 2):
+        raise ValueError(f"zero_stage must be 0, 1 or 2, got {stage!r}")
+    if bucket_elements is None:
+        bucket_elements = DEFAULT_BUCKET_ELEMENTS
+    if isinstance(bucket_elements, bool) or not isinstance(bucket_elements, int) \
+            or bucket_elements < 1:
+        raise ValueError(f"bucket_elements must be a positive int, got {bucket_elements!r}")
+    return bucket_elements
+
+
 def plan_buckets(entries, world: int, max_elements: int = DEFAULT_BUCKET_ELEMENTS) -> list:
     """Buckets for ``entries`` = [(name, shape, dtype name, group index)], in
     that order: consecutive parameters of one (dtype, group) share a bucket

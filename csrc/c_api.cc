@@ -13,6 +13,7 @@
 #include "runtime/config.h"
 #include "runtime/engine.h"
 #include "runtime/result_pool.h"
+#include "runtime/timeline.h"
 
 using commlib::Engine;
 using commlib::Error;
@@ -254,6 +255,19 @@ int commlib_set_fusion_threshold(int64_t bytes) {
 int64_t commlib_fusion_threshold(void) { return Engine::get().fusion_threshold(); }
 
 void commlib_cache_stats(int64_t* out) { Engine::get().cache_stats(out); }
+
+int commlib_start_timeline(const char* path, int mark_cycles) {
+  return guarded([&] {
+    Engine& engine = Engine::get();
+    if (!engine.initialized()) throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
+    if (!path || !*path) throw Error(COMMLIB_ERR_VALUE, "start_timeline needs a file path");
+    commlib::timeline().start(path, engine.topology().rank, mark_cycles != 0);
+  });
+}
+
+int commlib_stop_timeline(void) {
+  return guarded([] { commlib::timeline().stop(); });
+}
 
 const char* commlib_mpi_library_version(void) {
   static char version[MPI_MAX_LIBRARY_VERSION_STRING];

@@ -5,8 +5,32 @@
 #include "collectives/allreduce.h"
 #include "collectives/allreduce_shm.h"
 #include "common.h"
+#include "runtime/timeline.h"
 
 namespace commlib {
+
+namespace {
+thread_local std::string t_algorithms;
+}  // namespace
+
+void note_algorithm(const char* name) {
+  if (!timeline().on()) return;
+  const std::string n(name);
+  size_t at = 0;
+  while ((at = t_algorithms.find(n, at)) != std::string::npos) {
+    const size_t end = at + n.size();
+    if ((at == 0 || t_algorithms[at - 1] == '+') && (end == t_algorithms.size() || t_algorithms[end] == '+')) return;
+    at = end;
+  }
+  if (!t_algorithms.empty()) t_algorithms += '+';
+  t_algorithms += n;
+}
+
+std::string take_algorithms() {
+  std::string out;
+  out.swap(t_algorithms);
+  return out;
+}
 
 AllreduceAlgo parse_allreduce_algo(const std::string& name) {
   if (name.empty() || name == "auto") return AllreduceAlgo::kAuto;
@@ -65,8 +89,10 @@ AllreduceAlgo choose_allreduce_algo(size_t bytes, int ranks) {
 void allreduce_across(Transport& t, void* buf, size_t count, int dtype, int op) {
   if (t.size() == 1 || count == 0) return;
   if (choose_allreduce_algo(count * dtype_size(dtype), t.size()) == AllreduceAlgo::kTree) {
+    note_algorithm("tree");
     allreduce_tree(t, buf, count, dtype, op);
   } else {
+    note_algorithm("ring");
     allreduce_ring(t, buf, count, dtype, op);
   }
 }
@@ -79,17 +105,21 @@ void allreduce(Transport& t, ShmSegment* shm, Transport* cross, void* buf, size_
   if (t.size() == 1 || count == 0) return;
   switch (algo) {
     case AllreduceAlgo::kAuto:
-      if (shm) return allreduce_shm(*shm, cross, buf, count, dtype, op);
+      if (shm) {
+        note_algorithm(cross ? "shm-hierarchical" : "shm");
+        return allreduce_shm(*shm, cross, buf, count, dtype, op);
+      }
       return allreduce_across(t, buf, count, dtype, op);
     case AllreduceAlgo::kShm:
       if (!shm) {
         throw Error(COMMLIB_ERR_VALUE,
                     "COMMLIB_ALLREDUCE_ALGO=shm needs the same number (> 1) of ranks on every host");
       }
+      note_algorithm(cross ? "shm-hierarchical" : "shm");
       return allreduce_shm(*shm, cross, buf, count, dtype, op);
-    case AllreduceAlgo::kRing: return allreduce_ring(t, buf, count, dtype, op);
-    case AllreduceAlgo::kTree: return allreduce_tree(t, buf, count, dtype, op);
-    case AllreduceAlgo::kMpi: return allreduce_mpi(t, buf, count, dtype, op);
+    case AllreduceAlgo::kRing: note_algorithm("ring"); return allreduce_ring(t, buf, count, dtype, op);
+    case AllreduceAlgo::kTree: note_algorithm("tree"); return allreduce_tree(t, buf, count, dtype, op);
+    case AllreduceAlgo::kMpi: note_algorithm("mpi"); return allreduce_mpi(t, buf, count, dtype, op);
   }
 }
 

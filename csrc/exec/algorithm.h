@@ -35,6 +35,13 @@ void allreduce(Transport& t, ShmSegment* shm, Transport* cross, void* buf, size_
 // The ring or the tree over t, chosen by size (the inter-host step).
 void allreduce_across(Transport& t, void* buf, size_t count, int dtype, int op);
 
+// What ran, for the timeline (runtime/timeline.h): the code that picks an
+// algorithm notes its name ("ring", "shm", "hierarchical", "mpi", ...) while
+// the timeline is on; the executor takes the names noted during a response
+// (joined by '+', each once).
+void note_algorithm(const char* name);
+std::string take_algorithms();
+
 // Where broadcast/allgather/reducescatter go through shared memory.
 enum { kShmAuto = 0, kShmAlways = 1, kShmNever = 2 };
 

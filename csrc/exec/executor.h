@@ -34,6 +34,10 @@ class Executor {
   int run(const Response& resp, const std::vector<Entry*>& entries, size_t fusion_threshold,
           std::string* message);
 
+  // The algorithms the last run() used (exec/algorithm.h), while the
+  // timeline is on; "" otherwise.
+  std::string last_algorithm() { return take_algorithms(); }
+
   // Process-set changes (every rank, in the coordinator's order).
   void add_set(int id, const std::vector<int>& members);
   void remove_set(int id) { sets_.erase(id); }

@@ -49,6 +49,7 @@ bool use_shm_collective(const OpContext& ctx, bool pays) {
 // and reads the results from their owners' regions (allreduce_shm_fused.h).
 void reduce_window_in_shm(OpContext& ctx, const Member* first, const Member* last, size_t total,
                           int dtype, int op, double pre, double post) {
+  note_algorithm(ctx.cross ? "shm-fused-hierarchical" : "shm-fused");
   ShmFusedAllreduce f(*ctx.shm);
   const bool half = is_half_dtype(dtype);
   const int work = half ? COMMLIB_FLOAT32 : dtype;
@@ -192,8 +193,10 @@ void run_allgather(OpContext& ctx, Entry& e, const std::vector<int64_t>& rows) {
   HandleState& h = *e.handle;
   char* out = h.alloc_result(size_t(total_rows) * rb);
   if (use_shm_collective(ctx, size_t(total_rows) * rb <= kShmAllgatherMaxBytes)) {
+    note_algorithm("shm");
     allgather_shm(*ctx.shm, e.input, out, bytes);
   } else {
+    note_algorithm("mpi");
     ctx.transport.allgatherv(e.input, out, bytes);
   }
   h.rows = total_rows;
@@ -207,8 +210,10 @@ void run_broadcast(OpContext& ctx, Entry& e) {
   }
   if (ctx.transport.size() == 1 || bytes == 0) return;
   if (use_shm_collective(ctx, true)) {
+    note_algorithm("shm");
     broadcast_shm(*ctx.shm, e.output, bytes, e.desc.root);
   } else {
+    note_algorithm("mpi");
     ctx.transport.broadcast(e.output, bytes, e.desc.root);
   }
 }
@@ -227,6 +232,7 @@ void run_alltoall(OpContext& ctx, Entry& e, const std::vector<int64_t>& matrix) 
     recv[r] = size_t(h.splits[r]) * rb;
     total_rows += h.splits[r];
   }
+  note_algorithm("mpi");
   ctx.transport.alltoallv(e.input, send, h.alloc_result(size_t(total_rows) * rb), recv);
   h.rows = total_rows;
 }
@@ -236,8 +242,10 @@ namespace {
 void reduce_scatter(OpContext& ctx, const void* in, void* out, const std::vector<size_t>& counts,
                     int dtype, int op) {
   if (use_shm_collective(ctx, true)) {
+    note_algorithm("shm");
     reducescatter_shm(*ctx.shm, in, out, counts, dtype, op);
   } else {
+    note_algorithm("mpi");
     ctx.transport.reduce_scatter(in, out, counts, dtype, op);
   }
 }

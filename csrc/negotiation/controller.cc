@@ -395,7 +395,7 @@ void Controller::time_out(int64_t now_us, int64_t after_us) {
     for (size_t i = 0; i < p.ranks.size(); ++i) {
       std::string& s = p.have[i] ? have : missing;
       s += (s.empty() ? "" : ", ") + std::to_string(p.ranks[i]);
-      if (p.have[i]) e.to.push_back(p.ranks[i]);
+      (p.have[i] ? e.to : timed_out_missing_).push_back(p.ranks[i]);
     }
     e.kind = Response::kError;
     e.process_set = p.process_set;

@@ -34,6 +34,8 @@ class Controller {
   // Requests open longer than after_us (never a join) fail on the ranks that
   // submitted them, naming the ranks that did not (the next take_ready()).
   void time_out(int64_t now_us, int64_t after_us);
+  // The ranks named missing by time_out() since the last call (repeats possible).
+  std::vector<int> take_timed_out_missing() { return std::move(timed_out_missing_); }
   void set_fusion_threshold(int64_t bytes) { fusion_threshold_ = bytes; }
   // Whether some rank has joined (join(), below) and not every rank yet.
   bool joining() const { return joined_count_ > 0; }
@@ -92,6 +94,7 @@ class Controller {
   std::unordered_map<std::string, Pending> table_;  // by request key
   std::vector<std::string> complete_;  // names complete, in completion order
   std::vector<Response> errors_;       // immediate errors (rank left)
+  std::vector<int> timed_out_missing_;  // (take_timed_out_missing)
 };
 
 }  // namespace commlib

@@ -5,6 +5,7 @@
 
 #include "common.h"
 #include "runtime/progress.h"
+#include "runtime/timeline.h"
 
 namespace commlib {
 
@@ -19,15 +20,18 @@ Coordinator::Coordinator(int size, int64_t fusion_threshold, int64_t stall_warni
       control_(control),
       cache_(cache),
       controller_(size, fusion_threshold),
-      worker_left_(size_t(size), false) {}
+      worker_left_(size_t(size), false),
+      silent_(size_t(size), false) {}
 
 void Coordinator::add(int rank, RequestDesc desc, int64_t now) {
+  if (timeline().on()) timeline().mark(desc.name, "RANK_READY", now, "\"rank\": " + std::to_string(rank));
   cache_.on_full_request(desc);
   if (desc.op_type == COMMLIB_OP_JOIN) cache_.pause();
   controller_.add(rank, std::move(desc), now);
 }
 
 bool Coordinator::on_message(int source, int kind, Reader& r) {
+  silent_[size_t(source)] = false;  // whatever it says, it can reach rank 0
   if (kind == kMsgRequests) {
     const uint32_t n = r.get<uint32_t>();
     const int64_t now = now_us();
@@ -112,7 +116,17 @@ void Coordinator::check_stalls(int64_t now) {
   for (const std::string& w : controller_.stall_warnings(now, stall_warning_us_)) {
     std::fprintf(stderr, "commlib (rank 0): WARNING: %s\n", w.c_str());
   }
-  if (timeout_us_ > 0) controller_.time_out(now, timeout_us_);
+  if (timeout_us_ <= 0) return;
+  controller_.time_out(now, timeout_us_);
+  for (int r : controller_.take_timed_out_missing())
+    if (r != 0) silent_[size_t(r)] = true;
+}
+
+std::vector<int> Coordinator::silent_since_timeout() const {
+  std::vector<int> out;
+  for (int r = 1; r < size_; ++r)
+    if (silent_[size_t(r)] && !worker_left_[size_t(r)]) out.push_back(r);
+  return out;
 }
 
 void Coordinator::send_shutdown_notice() {

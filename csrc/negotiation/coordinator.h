@@ -37,6 +37,9 @@ class Coordinator {
   void leave() { controller_.rank_left(0); }
   // Tells every worker still listening that no further collectives are possible.
   void send_shutdown_notice();
+  // Ranks named missing by a timed-out request that have sent rank 0 nothing
+  // since (cut off by a partition, or frozen) and have not left.
+  std::vector<int> silent_since_timeout() const;
 
  private:
   void on_worker_left(int source);
@@ -48,6 +51,7 @@ class Coordinator {
   CacheProtocol& cache_;
   Controller controller_;
   std::vector<bool> worker_left_;
+  std::vector<bool> silent_;  // (silent_since_timeout)
   int64_t last_stall_check_us_ = 0;
   int64_t timeout_us_ = 0;
 };

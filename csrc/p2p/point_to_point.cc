@@ -14,6 +14,7 @@
 #include "p2p/cma.h"
 #include "p2p/wire.h"
 #include "runtime/progress.h"
+#include "runtime/timeline.h"
 
 namespace commlib {
 namespace {
@@ -93,7 +94,26 @@ size_t PointToPoint::pending() const {
   return n;
 }
 
+namespace {
+
+// The timeline's record of a send or receive, from its posting to its end
+// (one row per direction, peer and tag).
+void trace_p2p(const P2PRequest& r, int status) {
+  const HandleState& h = *r.handle;
+  const int dtype = r.dtype >= 0 ? r.dtype : h.dtype;
+  const std::vector<int64_t>& shape = r.dtype >= 0 ? r.shape : h.shape;
+  std::string args = "\"peer\": " + std::to_string(r.peer) + ", \"tag\": " + std::to_string(r.tag) +
+                     ", \"process_set\": " + std::to_string(r.process_set) + ", \"status\": " + std::to_string(status);
+  if (dtype >= 0) args += ", \"bytes\": " + std::to_string(num_elements(shape) * int64_t(dtype_size(dtype)));
+  const std::string row = std::string(r.is_send ? "send to " : "recv from ") + std::to_string(r.peer) +
+                          " tag " + std::to_string(r.tag);
+  timeline().span(row, r.is_send ? "SEND" : "RECV", r.posted_us, now_us(), args);
+}
+
+}  // namespace
+
 void PointToPoint::complete(P2PRequest& r, int status, const std::string& message) {
+  if (timeline().on()) trace_p2p(r, status);
   done_(*r.handle, status, message);
 }
 

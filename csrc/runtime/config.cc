@@ -63,6 +63,13 @@ ConfigEntry choice_entry(const char* name, const char* dflt, const char* choices
   return e;
 }
 
+ConfigEntry path_entry(const char* name, const char* dflt, std::string Config::*field, const char* meaning) {
+  ConfigEntry e = base_entry(name, ConfigKind::kText, dflt, meaning);
+  e.text_field = field;
+  e.accepted = "a path";
+  return e;
+}
+
 std::vector<ConfigEntry> make_table() {
   using C = Config;
   return {
@@ -108,6 +115,11 @@ std::vector<ConfigEntry> make_table() {
                 "one host are copied by both ranks at once"),
       bool_entry("COMMLIB_P2P_SINGLE_COPY", "1", &C::p2p_single_copy,
                  "0 disables single-copy (process_vm_readv) point-to-point between ranks of one host"),
+      path_entry("COMMLIB_TIMELINE", "", &C::timeline,
+                 "path of a Chrome-trace JSON timeline written from init on (rank 0 writes the path, "
+                 "rank r <stem>.rank<r><ext>; python -m commlib.timeline merges them); empty: off"),
+      bool_entry("COMMLIB_TIMELINE_MARK_CYCLES", "0", &C::timeline_mark_cycles,
+                 "1 adds a marker to the timeline for every busy cycle of the background loop"),
       int_entry("COMMLIB_TEST_RANKS_PER_HOST", "0", 0, std::numeric_limits<int32_t>::max(),
                 &C::test_ranks_per_host,
                 "testing only: k > 0 treats every k consecutive ranks as one host"),
@@ -162,6 +174,9 @@ void set_config_value(const ConfigEntry& e, const std::string& text, Config& cfg
       break;
     case ConfigKind::kChoice:
       if (!parse_choice(text, e.choices, &why)) bad_value(e, text, why);
+      cfg.*e.text_field = text;
+      break;
+    case ConfigKind::kText:
       cfg.*e.text_field = text;
       break;
   }

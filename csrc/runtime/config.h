@@ -33,6 +33,8 @@ struct Config {
   int64_t p2p_split_bytes = 0;
   bool p2p_single_copy = false;
   int64_t test_ranks_per_host = 0;  // 0: ranks share a host as MPI says
+  std::string timeline;            // path of the Chrome-trace timeline ("": off)
+  bool timeline_mark_cycles = false;
 
   // Every field at the table's default.
   static Config defaults();
@@ -41,7 +43,7 @@ struct Config {
   static Config from_env();
 };
 
-enum class ConfigKind { kInt, kDouble, kBool, kChoice };
+enum class ConfigKind { kInt, kDouble, kBool, kChoice, kText };
 
 struct ConfigEntry {
   const char* name;
@@ -53,7 +55,7 @@ struct ConfigEntry {
   int64_t Config::*int_field;
   double Config::*double_field;
   bool Config::*bool_field;
-  std::string Config::*text_field;
+  std::string Config::*text_field;  // kChoice, kText
   const char* meaning;
   std::string accepted;  // the accepted values in words ("0 to 1048576")
 };

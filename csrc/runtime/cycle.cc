@@ -10,6 +10,8 @@
 #include "runtime/join.h"
 #include "runtime/liveness.h"
 #include "runtime/progress.h"
+#include "runtime/timeline.h"
+#include "runtime/trace_events.h"
 
 namespace commlib {
 
@@ -23,6 +25,7 @@ bool Engine::cycle() {
   if (worker_) check_coordinator_alive(now_us());
   control_->progress();
   throw_if_peer_lost();
+  if (worked && timeline().marks_cycles()) timeline().mark("", "CYCLE", now_us());
   return worked;
 }
 
@@ -89,8 +92,10 @@ void Engine::submit(std::vector<Entry>& batch) {
     Entry& p = pending_.emplace(std::move(key), std::move(e)).first->second;  // (nodes never move)
     if (p.desc.op_type == COMMLIB_OP_JOIN) ++joins_pending_;
     p.submitted_us = now_us();
+    if (p.queued_us > 0 && timeline().on()) timeline().span(p.desc.name, "QUEUE", p.queued_us, p.submitted_us);
     bool completes = false;
     if (cache_.enabled() && cache_.try_arrive(p, &completes)) {
+      if (timeline().on()) timeline().mark(p.desc.name, "CACHE_HIT", p.submitted_us);
       if (completes) completed.push_back(&p);
     } else {
       negotiate.push_back(&p);
@@ -128,7 +133,11 @@ void Engine::renegotiate(Entry& e) {
 }
 
 void Engine::check_coordinator_alive(int64_t now) {
-  constexpr int64_t kGraceUs = 10000000;  // rank 0 fails them at the timeout; this is for when it cannot
+  // Rank 0 fails them at the timeout (checked each second); this is for when it
+  // cannot. 8 s: with this check's own second and a request submitted just
+  // before its peers became unreachable, the worker still fails within the
+  // timeout + 10 s.
+  constexpr int64_t kGraceUs = 8000000;
   if (timeout_us_ <= 0 || now - last_timeout_check_us_ < 1000000 || !ready_.empty()) return;
   last_timeout_check_us_ = now;
   for (const auto& [key, e] : pending_) {
@@ -183,7 +192,16 @@ void Engine::execute(const Response& resp) {
     root = int(std::find(m.begin(), m.end(), root) - m.begin());
   }
   std::string message;
-  const int status = executor_.run(resp, entries, size_t(fusion_threshold_.load()), &message);
+  const int64_t started = timeline().on() ? now_us() : 0;
+  int status;
+  try {
+    status = executor_.run(resp, entries, size_t(fusion_threshold_.load()), &message);
+  } catch (const Error& e) {
+    if (e.code() != COMMLIB_ERR_TIMED_OUT) throw;
+    throw Error(e.code(), std::string(op_type_name(resp.op_type)) + " '" + resp.names.at(0) + "'" +
+                              (resp.names.size() > 1 ? " (fused with others)" : "") + " " + e.what());
+  }
+  if (started > 0) trace_execution(resp, entries, started, now_us(), executor_.last_algorithm());
   cache_.after_run(resp, status == COMMLIB_OK);
   for (const std::string& key : resp.names) {
     auto it = pending_.find(key);

@@ -14,12 +14,16 @@
 #include "runtime/liveness.h"
 #include "runtime/progress.h"
 #include "runtime/result_pool.h"
+#include "runtime/timeline.h"
+#include "runtime/trace_events.h"
 
 namespace commlib {
 namespace {
 
 // How often the background thread looks whether the waiters still drive.
 constexpr int64_t kYieldNapUs = 200;
+// How long a rank that lost contact with a peer waits at shutdown (Engine::shutdown).
+constexpr int64_t kLostContactLingerUs = 2000000;
 
 // pid and host name of every rank, for the peer monitor.
 std::vector<PeerInfo> exchange_peer_info(MPI_Comm comm, int rank, int size) {
@@ -84,7 +88,20 @@ void Engine::init(MPI_Comm base) {
     MPI_Comm_free(&cross);
   }
   start_peer_monitor(exchange_peer_info(data, t.rank, t.size), shm_ ? &shm_->first_lost() : nullptr);
+  start_timeline_from_config();
   start(data, ctrl, t.size > 1 ? capacity : 0, log_mode);
+}
+
+// COMMLIB_TIMELINE: a file this rank cannot create costs a warning, not the
+// job (failing init on one rank would leave the others waiting in theirs).
+void Engine::start_timeline_from_config() {
+  if (config_.timeline.empty()) return;
+  try {
+    timeline().start(config_.timeline, topo_.rank, config_.timeline_mark_cycles);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "commlib (rank %d): WARNING: COMMLIB_TIMELINE: %s; no timeline is written\n",
+                 topo_.rank, e.what());
+  }
 }
 
 void Engine::read_config(MPI_Comm base) {
@@ -95,6 +112,7 @@ void Engine::read_config(MPI_Comm base) {
   algo_ = parse_allreduce_algo(cfg.allreduce_algo);
   stall_warning_us_ = cfg.stall_check_time_s * 1000000;
   timeout_us_ = cfg.timeout_s * 1000000;
+  set_stuck_timeout_us(timeout_us_);
   last_timeout_check_us_ = 0;
   cycle_us_ = int64_t(cfg.cycle_time_ms * 1000);
   batch_gap_us_ = cfg.batch_gap_us;
@@ -138,6 +156,7 @@ Topology Engine::split_topology(MPI_Comm base, MPI_Comm data, MPI_Comm* local_ou
 void Engine::start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mode) {
   const Topology& t = topo_;
   transport_ = std::make_unique<MpiTransport>(data);
+  MpiTransport::set_job_comm(data);
   control_ = std::make_unique<ControlChannel>(ctrl);
   executor_.setup(transport_.get(), shm_.get(), cross_.get(), algo_, shm_collectives_);
   CacheProtocol::Setup cs;
@@ -163,6 +182,7 @@ void Engine::start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mo
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     dead_code_ = 0;
+    lost_contact_.store(false);
     dead_message_.clear();
     in_flight_.clear();
     sets_.clear();
@@ -186,7 +206,13 @@ void Engine::shutdown() {
   queue_cv_.notify_all();
   thread_.join();
   running_.store(false);
+  timeline().stop();
   stop_peer_monitor();
+  if (lost_contact_.load()) {
+    // The ranks it could not reach time out at about the same moment: they
+    // get to raise their own errors before this rank's MPI_Abort ends the job.
+    nap_us(kLostContactLingerUs);
+  }
   if (broken()) {  // collective MPI calls could hang on a dead peer
     transport_->abandon();
     control_->abandon();
@@ -207,6 +233,7 @@ void Engine::shutdown() {
 }
 
 int Engine::broken() {
+  if (lost_contact_.load()) return COMMLIB_ERR_PEER_LOST;
   std::lock_guard<std::mutex> lock(queue_mu_);
   return (dead_code_ == COMMLIB_ERR_PEER_LOST || dead_code_ == COMMLIB_ERR_INTERNAL) ? dead_code_ : 0;
 }
@@ -224,7 +251,7 @@ bool Engine::leave() {
   if (broken()) return true;
   const int64_t now = now_us();
   if (coordinator_) {
-    if (!cache_.ordered_by_log()) return true;
+    if (!cache_.ordered_by_log()) return coordinator_may_leave(now);
     // With the order log, rank 0 runs everything placed before its
     // departure (cached collectives other ranks may already run with it).
     if (cache_.start_leaving()) {
@@ -243,7 +270,28 @@ bool Engine::leave() {
     leave_deadline_us_ = now + 30000000;
     worker_->send_leaving();
   }
-  return now > leave_deadline_us_;
+  if (now <= leave_deadline_us_) return false;
+  lost_contact_.store(true);  // rank 0 never acknowledged: it is frozen or unreachable
+  std::fprintf(stderr, "commlib (rank %d): ERROR: rank 0 never acknowledged this rank's shutdown within 30 s: "
+               "it is frozen or unreachable; MPI is aborted at exit\n", topo_.rank);
+  return true;
+}
+
+bool Engine::coordinator_may_leave(int64_t now) {
+  const std::vector<int> silent = coordinator_->silent_since_timeout();
+  if (silent.empty()) return true;
+  // As long as they wait for rank 0 before they give up (check_coordinator_alive),
+  // and 2 s more (the timeout + 10 s): they get to raise their own errors before the abort ends the job.
+  if (leave_deadline_us_ == 0) leave_deadline_us_ = now + timeout_us_ + 10000000;
+  if (now <= leave_deadline_us_) return false;
+  std::string ranks;
+  for (int r : silent) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  lost_contact_.store(true);
+  fail_everything(COMMLIB_ERR_PEER_LOST,
+                  "ranks [" + ranks + "] sent nothing since their collectives timed out, not even their " +
+                      "shutdown, within COMMLIB_TIMEOUT + 10 s: they are unreachable (a network partition?) or " +
+                      "frozen; MPI is aborted at exit");
+  return true;
 }
 
 bool Engine::step() {
@@ -256,6 +304,9 @@ bool Engine::step() {
   try {
     return cycle();
   } catch (const Error& e) {
+    // A wait that timed out (a peer cut off or frozen mid-collective, or rank
+    // 0 never answering) ends the engine: MPI_Finalize would wait forever.
+    if (e.code() == COMMLIB_ERR_TIMED_OUT) lost_contact_.store(true);
     fail_everything(e.code(), e.what());
     return true;
   }
@@ -328,6 +379,7 @@ void Engine::loop() {
 }
 
 void Engine::finish(Entry& e, int status, const std::string& message) {
+  if (timeline().on()) trace_finish(e, status, message, now_us());
   outstanding_.fetch_sub(1);
   {
     std::lock_guard<std::mutex> lock(queue_mu_);

@@ -60,6 +60,7 @@ class Engine : private CacheHost {
   const Topology& topology() const { return topo_; }
   const Config& config() const { return config_; }
   int broken();  // COMMLIB_ERR_PEER_LOST/INTERNAL once communication is over
+                 // (PEER_LOST too once contact with a peer is lost: lost_contact_)
 
   // Validates and queues a request; returns the handle id.
   int64_t enqueue(const commlib_request& req);
@@ -92,6 +93,7 @@ class Engine : private CacheHost {
   // Splits base into this host's ranks (local) and the same local rank on
   // every host (cross); *uniform: every host has as many ranks.
   Topology split_topology(MPI_Comm base, MPI_Comm data, MPI_Comm* local, MPI_Comm* cross, bool* uniform);
+  void start_timeline_from_config();  // COMMLIB_TIMELINE (runtime/timeline.h)
   // Transports, the negotiation role, the executor, the cache; then the thread.
   void start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mode);
   Entry make_entry(const commlib_request& q);
@@ -150,6 +152,14 @@ class Engine : private CacheHost {
   // A worker: a request open far past the timeout means rank 0 is not
   // answering (frozen or unreachable): everything fails.
   void check_coordinator_alive(int64_t now);
+  // Rank 0 leaving without the order log: false while ranks named missing by
+  // a timeout stay silent, for at most COMMLIB_TIMEOUT + 10 s; then they are lost.
+  bool coordinator_may_leave(int64_t now);
+  // Set when a peer proved unreachable (rank 0 never answered a worker, or a
+  // rank named missing by a timeout never spoke again before rank 0 left):
+  // MPICH's MPI_Finalize would wait for it forever, so broken() turns true
+  // and commlib.shutdown() has MPI aborted at exit instead.
+  std::atomic<bool> lost_contact_{false};
   // Batching: new requests are held while more keep arriving (gaps shorter
   // than batch_gap_us_), at most cycle_us_, and never while a thread waits.
   int64_t cycle_us_ = 1000;

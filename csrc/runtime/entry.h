@@ -31,6 +31,7 @@ struct Entry {
   int cache_bit = -1;
   uint32_t cache_gen = 0;
   int64_t cached_since_us = 0;
+  int64_t queued_us = 0;     // enqueued by the caller (only while the timeline is on)
   int64_t submitted_us = 0;  // handed to the cache or to negotiation
   bool cache_expired = false;  // waited too long; its bit's invalidation is in the log
   std::vector<char> scratch;   // a joined rank's stand-in buffers (join.h)

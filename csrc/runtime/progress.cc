@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "common.h"
 #include "runtime/config.h"
 
 namespace commlib {
@@ -12,8 +13,19 @@ std::atomic<int64_t>& budget() {
   return us;
 }
 
+std::atomic<int64_t> g_stuck_timeout_us{0};
+
 }  // namespace
 
+int64_t stuck_timeout_us() { return g_stuck_timeout_us.load(std::memory_order_relaxed); }
+
+void set_stuck_timeout_us(int64_t us) { g_stuck_timeout_us.store(us, std::memory_order_relaxed); }
+
+void throw_stuck(int64_t waited_us, const std::string& waited_for) {
+  throw Error(COMMLIB_ERR_TIMED_OUT, "made no progress for " + std::to_string(waited_us / 1000000) +
+                                         " s (COMMLIB_TIMEOUT) waiting for " + waited_for +
+                                         " (unreachable, frozen or dead?)");
+}
 int64_t spin_budget_us() { return budget().load(std::memory_order_relaxed); }
 
 void set_spin_budget_us(int64_t us) { budget().store(us, std::memory_order_relaxed); }

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 #include "runtime/liveness.h"
 
@@ -21,6 +22,20 @@ namespace commlib {
 // the table's default before).
 int64_t spin_budget_us();
 void set_spin_budget_us(int64_t us);
+
+// COMMLIB_TIMEOUT in microseconds (0: none; set at init). Every rank of a
+// negotiated collective takes part in it at once, so a wait that lasts longer
+// means a peer froze, died on another host or was cut off in the middle of
+// it: the wait throws Error(COMMLIB_ERR_TIMED_OUT) naming what it waited for
+// (the engine cannot go on: the collective is half done).
+int64_t stuck_timeout_us();
+void set_stuck_timeout_us(int64_t us);
+[[noreturn]] void throw_stuck(int64_t waited_us, const std::string& waited_for);
+
+// What a wait waits for, in its timeout message (poll_until's `describe`).
+struct OtherRanks {
+  std::string operator()() const { return "the other ranks of this host"; }
+};
 constexpr int64_t kMaxNapUs = 1000;
 
 inline int64_t now_us() {
@@ -43,19 +58,22 @@ inline void nap_us(int64_t us) {
 }
 
 // Calls done() until it returns true. Throws Error(COMMLIB_ERR_PEER_LOST) if a
-// peer of the job is found dead meanwhile (see liveness.h). may_sleep=false
+// peer of the job is found dead meanwhile (see liveness.h), and
+// Error(COMMLIB_ERR_TIMED_OUT) after stuck_timeout_us(). may_sleep=false
 // never naps: for MPI requests, whose progress happens only inside MPI_Test
 // (a large message is many steps; a nap between steps would cost up to 1 ms
 // each, which is how a 16 MiB alltoall once took 0.8 s).
-template <typename Done>
-void poll_until(Done done, bool may_sleep = true) {
+template <typename Done, typename Describe = OtherRanks>
+void poll_until(Done done, bool may_sleep = true, Describe describe = Describe()) {
   if (done()) return;
   const int64_t start = now_us();
   const int64_t budget = spin_budget_us();
+  const int64_t limit = stuck_timeout_us();
   int64_t nap = 20;
   for (;;) {
     if (done()) return;
     throw_if_peer_lost();
+    if (limit > 0 && now_us() - start > limit) throw_stuck(now_us() - start, describe());
     if (may_sleep && g_wait_hook) g_wait_hook(g_wait_hook_arg);
     if (!may_sleep || now_us() - start < budget) {
       sched_yield();

@@ -9,6 +9,8 @@
 #include "common.h"
 #include "reduce.h"
 #include "runtime/engine.h"
+#include "runtime/progress.h"
+#include "runtime/timeline.h"
 
 namespace commlib {
 namespace {
@@ -162,8 +164,10 @@ int64_t Engine::push(std::vector<Entry>& entries) {
       handles_.release(id);
       throw Error(code, error);
     }
+    const int64_t queued = timeline().on() ? now_us() : 0;
     for (Entry& e : entries) {
       in_flight_.insert(request_key(e.desc));
+      e.queued_us = queued;
       queue_.push_back(std::move(e));
     }
   }

@@ -29,16 +29,18 @@ Horovod: ``hvd.init(process_sets=[hvd.ProcessSet([0, 2]), ...])`` or
 ``hvd.add_process_set([0, 2])`` (on every rank) registers a set; the
 collectives, broadcast_variables, the object helpers,
 DistributedGradientTape and DistributedOptimizer take ``process_set=`` and
-then communicate among its members only. Not available (yet): Adasum,
-elastic training, timelines, XLA-compiled functions.
+then communicate among its members only. Elastic training is restart from
+the last commit (commlib.tensorflow.keras.elastic); timelines:
+start_timeline/stop_timeline (commlib.timeline). Not available (yet):
+Adasum, XLA-compiled functions.
 """
 from commlib.basics import (cross_rank, cross_size, is_initialized, local_rank, local_size,
                             mpi_threads_supported, rank, shutdown, size)
 from commlib.basics import init, is_homogeneous
 from commlib.capabilities import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,
-                                  mpi_built, mpi_enabled, nccl_built, rocm_built, start_timeline,
-                                  stop_timeline)
+                                  mpi_built, mpi_enabled, nccl_built, rocm_built)
 from commlib.dispatch import register_optimizer
+from commlib.timeline import start_timeline, stop_timeline
 from commlib.errors import (CollectiveMismatchError, CommlibError, HorovodInternalError,
                             HostsUpdatedInterrupt, NotInitializedError, RankLostError,
                             ScalarTensorError)

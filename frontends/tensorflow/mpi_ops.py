@@ -214,6 +214,11 @@ def _barrier_raw(process_set=None):
     return y
 
 
+# The gradient-free forms, for exchanges the frontends build themselves (Keras ZeRO).
+reducescatter_raw = _reducescatter_raw
+grouped_allgather_raw = _grouped_allgather_raw
+
+
 # ------------------------------------------------------------ differentiable ops
 
 def _dense(g):

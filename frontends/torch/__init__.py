@@ -24,8 +24,8 @@ only (Average divides by the set's size)::
     if even.included():
         hvd.allreduce(t, process_set=even)
 
-Not available (yet; the names exist and raise NotImplementedError): Adasum,
-timelines (start_timeline/stop_timeline). Elastic training is restart from the
+Not available (yet; the name exists and raises NotImplementedError): Adasum.
+Timelines: start_timeline/stop_timeline (see commlib.timeline). Elastic training is restart from the
 last commit (``hvd.elastic``, see commlib.torch.elastic and ``commlibrun --restarts``).
 """
 from .compression import Compression
@@ -42,7 +42,7 @@ from .mpi_ops import (Adasum, Average, CommlibError, Handle, Max, Min, Product, 
                       init, is_homogeneous, is_initialized, join, local_rank, local_size,
                       mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, poll, rank,
                       reducescatter, reducescatter_async, remove_process_set, rocm_built, shutdown,
-                      size, sparse_allreduce_async, start_timeline, stop_timeline, synchronize)
+                      size, sparse_allreduce_async, synchronize)
 from .distributed_optimizer import DistributedOptimizer
 from .memory import memory_report
 from .fully_shard import full_parameters, fully_shard
@@ -54,6 +54,7 @@ from .sync_batch_norm import SyncBatchNorm
 from . import elastic  # hvd.elastic.TorchState, hvd.elastic.run
 from ._dispatch import is_torch_optimizer
 from commlib.dispatch import register_optimizer
+from commlib.timeline import start_timeline, stop_timeline
 from commlib.errors import (CollectiveMismatchError, HorovodInternalError, HostsUpdatedInterrupt,
                             NotInitializedError, RankLostError, ScalarTensorError)
 

@@ -33,6 +33,9 @@ from commlib.elastic import ELASTIC_DIR_ENV, ElasticStateError, ObjectState, Sta
 
 from .functions import broadcast_optimizer_state, broadcast_parameters
 
+# The state_dict key suffix of fully_shard's flat parameter shards.
+SHARD_KEY = "_commlib_flat_shard"
+
 __all__ = ["TorchState", "ObjectState", "State", "run", "ElasticStateError", "ELASTIC_DIR_ENV"]
 
 
@@ -60,12 +63,24 @@ class TorchState(State):
             self.optimizer.load_state_dict(copy.deepcopy(snapshot["optimizer"]))
 
     def _sync_objects(self, root_rank: int) -> None:
+        # Sharded state (fully_shard's flat shards, a ZeRO optimizer's or a
+        # sharded model's optimizer state) is each rank's own part: loaded
+        # from the same commit, or trained in step, it already agrees, and
+        # rank 0's part must not overwrite the others'. Commits write shards.
         if self.model is not None:
-            broadcast_parameters(self.model.state_dict(), root_rank=root_rank,
-                                 prefix="elastic.model")
-        if self.optimizer is not None:
+            replicated = {k: v for k, v in self.model.state_dict().items() if not k.endswith(SHARD_KEY)}
+            broadcast_parameters(replicated, root_rank=root_rank, prefix="elastic.model")
+        if self.optimizer is not None and not self._sharded_optimizer_state():
             broadcast_optimizer_state(self.optimizer, root_rank=root_rank,
                                       prefix="elastic.optimizer")
+
+    def _sharded_optimizer_state(self) -> bool:
+        """Whether the optimizer holds state that is sharded across ranks."""
+        if getattr(self.optimizer, "zero_stage", 0) > 0:
+            return any(self.optimizer.state_dict()["shard_state"])
+        sharded_model = self.model is not None and any(
+            getattr(m, "_commlib_fsdp", None) is not None for m in self.model.modules())
+        return sharded_model and len(self.optimizer.state) > 0
 
     def _serialize(self, snapshot: dict) -> bytes:
         buf = io.BytesIO()

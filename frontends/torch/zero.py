@@ -49,7 +49,7 @@ import torch
 
 import commlib as _c
 from commlib.process_sets import members, set_rank, set_size
-from commlib.sharding import DEFAULT_BUCKET_ELEMENTS, plan_buckets
+from commlib.sharding import check_zero_stage, plan_buckets
 
 from . import mpi_ops as _ops
 from .compression import Compression
@@ -307,13 +307,7 @@ ZeroMixin.step.hooked = True
 
 def check_arguments(stage, bucket_elements, compression, groups) -> int:
     """ValueError for arguments zero_stage does not take; returns the bucket size."""
-    if isinstance(stage, bool) or stage not in (1, 2):
-        raise ValueError(f"zero_stage must be 0, 1 or 2, got {stage!r}")
-    if bucket_elements is None:
-        bucket_elements = DEFAULT_BUCKET_ELEMENTS
-    if isinstance(bucket_elements, bool) or not isinstance(bucket_elements, int) \
-            or bucket_elements < 1:
-        raise ValueError(f"bucket_elements must be a positive int, got {bucket_elements!r}")
+    bucket_elements = check_zero_stage(stage, bucket_elements)
     if compression is not Compression.none:
         raise ValueError("zero_stage > 0 does not support gradient compression yet")
     if groups is not None:

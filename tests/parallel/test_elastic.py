@@ -151,3 +151,13 @@ def test_commits_of_another_job_size_are_refused(ranks, tmp_path):
     for r in range(3):
         assert re.search(rf"\[{r}\]: .*ElasticStateError: COMMLIB_ELASTIC_DIR=\S+ holds commits "
                          r"of a job of \[2\] ranks, this job has 3", run.stdout + run.stderr), run
+
+
+@needs("torch")
+@pytest.mark.timeout(120)
+def test_sharded_state_commits_and_resumes_per_rank(ranks, tmp_path):
+    # ZeRO stages 1 and 2 and a fully_shard model at 3 ranks (uneven shards):
+    # each rank commits and gets back its own shard, not rank 0's.
+    run = ranks(3, "elastic_torch_zero.py", "1", "2", "3", timeout=100,
+                env={"COMMLIB_ELASTIC_DIR": str(tmp_path)})
+    run.assert_ok(3)

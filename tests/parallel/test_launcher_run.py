@@ -139,6 +139,32 @@ def test_exit_code_of_failing_rank(tmp_path, np):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_failure_named_is_the_one_others_followed(tmp_path, how):
+    # Rank 0 fails and is slow to exit (an atexit sleep that runs after
+    # commlib's shutdown); its shutdown makes rank 1's allreduce fail at once,
+    # and rank 1 exits first. commlibrun must still name rank 0.
+    prog = write_script(tmp_path, f"""
+        import atexit, os, sys, time
+        import numpy as np
+        if os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK")) == "0":
+            atexit.register(time.sleep, 2)  # (runs after commlib's own atexit shutdown)
+        import commlib
+        commlib.init()
+        commlib.barrier()
+        if commlib.rank() == 0:
+            if "{how}" == "raise":
+                raise RuntimeError("rank 0 fails")
+            sys.exit(3)
+        commlib.allreduce(np.ones(2), name="never")
+    """)
+    out, _ = commlibrun(["-np", "2", sys.executable, prog])
+    code = 1 if how == "raise" else 3
+    assert "NotInitializedError" in out.stderr, out.stderr
+    assert f"commlibrun: job failed: rank 0 exited with code {code} (first failure)" in out.stderr, out.stderr
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("np", [2, 3])
 def test_rank_killed_by_sigkill_ends_job(tmp_path, np):
     marker = uuid.uuid4().hex

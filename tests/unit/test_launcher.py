@@ -197,6 +197,9 @@ def test_first_failure_is_earliest():
     assert launcher.first_failure({}) is None
     assert launcher.first_failure({0: (0, 1.0), 1: (0, 2.0)}) is None
     assert launcher.first_failure({0: (143, 5.0), 1: (137, 3.0), 2: (0, 1.0)}) == (1, 137)
+    # A rank whose failure followed another's (commlib.failure_notes) comes last.
+    assert launcher.first_failure({0: (1, 5.0), 1: (1, 3.0)}, consequences={1}) == (0, 1)
+    assert launcher.first_failure({0: (1, 5.0), 1: (1, 3.0)}, consequences={0, 1}) == (1, 1)
 
 
 def test_describe_exit():

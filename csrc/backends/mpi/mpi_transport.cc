@@ -33,7 +33,35 @@ MPI_Op mpi_op(int dtype, int op) {
   throw Error(COMMLIB_ERR_TYPE, "unknown reduction op");
 }
 
+MPI_Comm g_job_comm = MPI_COMM_NULL;
+
 }  // namespace
+
+void MpiTransport::set_job_comm(MPI_Comm job) { g_job_comm = job; }
+
+std::string MpiTransport::open_peers(std::vector<MPI_Request>& reqs, const std::vector<int>& peers) const {
+  std::vector<int> open;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    int flag = 0;
+    MPI_Test(&reqs[i], &flag, MPI_STATUS_IGNORE);
+    if (!flag) open.push_back(peers[i]);
+  }
+  return job_ranks(open);
+}
+
+std::string MpiTransport::job_ranks(const std::vector<int>& ranks) const {
+  std::vector<int> job(ranks.size(), MPI_UNDEFINED);
+  std::vector<int> open = ranks;
+  MPI_Group mine, theirs;
+  MPI_Comm_group(comm_, &mine);
+  MPI_Comm_group(g_job_comm == MPI_COMM_NULL ? comm_ : g_job_comm, &theirs);
+  if (!open.empty()) MPI_Group_translate_ranks(mine, int(open.size()), open.data(), theirs, job.data());
+  MPI_Group_free(&mine);
+  MPI_Group_free(&theirs);
+  std::string out;
+  for (int r : job) out += (out.empty() ? "" : ", ") + (r == MPI_UNDEFINED ? std::string("?") : std::to_string(r));
+  return "rank" + std::string(job.size() == 1 ? " [" : "s [") + out + "]";
+}
 
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
@@ -89,11 +117,17 @@ void MpiTransport::complete(MPI_Request* req) {
     int flag = 0;
     check_mpi(MPI_Test(req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
     return flag != 0;
-  }, /*may_sleep=*/false);
+  }, /*may_sleep=*/false, [&] {
+    std::vector<int> others;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) others.push_back(r);
+    return "an MPI collective with " + job_ranks(others);
+  });
 }
 
 int MpiTransport::start(const std::vector<P2POp>& ops) {
   std::vector<MPI_Request> reqs;
+  std::vector<int> peers;
   reqs.reserve(ops.size());
   for (const P2POp& op : ops) {
     // Split messages beyond the int count limit into tagged pieces.
@@ -109,6 +143,7 @@ int MpiTransport::start(const std::vector<P2POp>& ops) {
         check_mpi(MPI_Irecv(p, int(n), MPI_BYTE, op.peer, tag, comm_, &r), "MPI_Irecv");
       }
       reqs.push_back(r);
+      peers.push_back(op.peer);
       p += n;
       left -= n;
       ++tag;
@@ -116,6 +151,7 @@ int MpiTransport::start(const std::vector<P2POp>& ops) {
   }
   const int ticket = next_ticket_++;
   pending_[ticket] = std::move(reqs);
+  peers_[ticket] = std::move(peers);
   return ticket;
 }
 
@@ -124,12 +160,14 @@ void MpiTransport::wait(int ticket) {
   if (it == pending_.end()) throw Error(COMMLIB_ERR_INTERNAL, "unknown transport ticket");
   std::vector<MPI_Request> reqs = std::move(it->second);
   pending_.erase(it);
+  const std::vector<int> peers = std::move(peers_[ticket]);
+  peers_.erase(ticket);
   poll_until([&] {
     int flag = 0;
     check_mpi(MPI_Testall(int(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE),
               "MPI_Testall");
     return flag != 0;
-  }, /*may_sleep=*/false);
+  }, /*may_sleep=*/false, [&] { return open_peers(reqs, peers); });
 }
 
 void MpiTransport::allreduce(const void* in, void* out, size_t count, int dtype, int op) {

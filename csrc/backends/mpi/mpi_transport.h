@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backends/transport.h"
@@ -40,6 +41,8 @@ class MpiTransport : public Transport {
   // ascending order), or null on a rank that is not one of them. Waits for
   // every rank first without blocking, so that a dead peer raises instead.
   std::unique_ptr<MpiTransport> subset(const std::vector<int>& ranks);
+  // The communicator whose ranks timeout messages name (the job's; set at init).
+  static void set_job_comm(MPI_Comm job);
 
  private:
   void complete(MPI_Request* req);
@@ -49,6 +52,11 @@ class MpiTransport : public Transport {
   int size_ = 1;
   int next_ticket_ = 0;
   std::map<int, std::vector<MPI_Request>> pending_;
+  std::map<int, std::vector<int>> peers_;  // by ticket: the peer of each request
+  // "rank(s) [..]": the job ranks of the peers whose requests are still open.
+  std::string open_peers(std::vector<MPI_Request>& reqs, const std::vector<int>& peers) const;
+  // "rank(s) [..]": these ranks of this communicator as ranks of the job.
+  std::string job_ranks(const std::vector<int>& ranks) const;
 };
 
 // Throws Error(COMMLIB_ERR_INTERNAL) with MPI's message when rc != MPI_SUCCESS.

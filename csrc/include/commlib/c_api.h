@@ -199,6 +199,15 @@ int64_t commlib_fusion_threshold(void);
 /* Response cache counters of this rank since init: out[0] hits, out[1]
  * misses, out[2] invalidations, out[3] cached requests executed. */
 void commlib_cache_stats(int64_t* out);
+
+/* The timeline (a Chrome-trace JSON file per rank; README "Timeline"): starts
+ * writing to path (rank 0; rank r writes <stem>.rank<r><ext>), with a marker
+ * per busy background cycle when mark_cycles != 0. COMMLIB_ERR_NOT_INIT
+ * before init; COMMLIB_ERR_VALUE when the file cannot be created or a
+ * timeline is already on. Stop flushes and closes it (no-op when off);
+ * shutdown stops it too. */
+int commlib_start_timeline(const char* path, int mark_cycles);
+int commlib_stop_timeline(void);
 const char* commlib_mpi_library_version(void);
 
 /* The configuration table: the COMMLIB_* environment variables the core

@@ -41,7 +41,7 @@ from commlib.grouping import resolve_groups
 from commlib.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 from commlib.process_sets import (ProcessSet, add_process_set,  # noqa: F401
                                   check_process_set, global_process_set, remove_process_set)
-from commlib.reduce_args import resolve_op
+from commlib.reduce_args import predivide_scales, resolve_op
 
 from ..compression import Compression
 from ..execution import communication_stats  # noqa: F401
@@ -54,13 +54,17 @@ from .optimizer_base import DistributedOptimizerMixin as _DistributedOptimizerMi
 from .optimizer_base import check_backend as _check_backend
 from .local_sgd import LocalSGD  # noqa: F401,E402
 from . import elastic  # noqa: F401 - hvd.elastic.KerasState, hvd.elastic.run
+from .memory import memory_report  # noqa: F401,E402
+from .zero_checkpoint import load_sharded, save_sharded  # noqa: F401,E402
 
 
 @functools.lru_cache(maxsize=None)
-def _distributed_class(base, staleness=0):
+def _distributed_class(base, staleness=0, zero=False):
     # Same name and module as the wrapped class: a saved model records the
     # plain optimizer (load_model below wraps it again).
-    if staleness:
+    if zero:
+        from .zero import ZeroOptimizerMixin as mixin
+    elif staleness:
         from .delayed import DelayedOptimizerMixin as mixin
     else:
         mixin = _DistributedOptimizerMixin
@@ -73,7 +77,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                          gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=None, scale_local_gradients=True, local_layers=None,
-                         staleness=0):
+                         staleness=0, zero_stage=0, bucket_elements=None):
     """A copy of the Keras ``optimizer`` that averages (``op``) gradients across
     ranks (of ``process_set``; on ranks outside it, gradients stay local)
     before applying them.
@@ -94,6 +98,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     staleness: 0 (synchronous) or 1: one-step delayed averaging, each step
     applies the previous step's average while this one's travels (see
     commlib.tensorflow.keras.delayed; ``synchronize()`` applies the last one).
+    zero_stage: 0 (every rank holds the whole optimizer state), 1 or 2: ZeRO,
+    each rank keeps the state of 1/size of the elements (flat buckets of at
+    most ``bucket_elements``); stage 2 reduce-scatters the gradients (see
+    commlib.tensorflow.keras.zero).
     """
     _check_backend()
     if isinstance(optimizer, _DistributedOptimizerMixin):
@@ -121,7 +129,15 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
 
         check_staleness_options(staleness, backward_passes_per_step, groups, local_layers,
                                 compression)
-    cls = _distributed_class(type(optimizer), staleness)
+    if zero_stage != 0:
+        from .zero import check_zero_options
+
+        bucket_elements = check_zero_options(
+            optimizer, zero_stage, bucket_elements, op=op,
+            backward_passes_per_step=backward_passes_per_step, staleness=staleness,
+            groups=groups, local_layers=local_layers, compression=compression,
+            process_set=process_set)
+    cls = _distributed_class(type(optimizer), staleness, zero_stage != 0)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
@@ -130,6 +146,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                        scale_local_gradients)
     if staleness:
         new._commlib_delayed_setup(op, gradient_predivide_factor, process_set)
+    if zero_stage != 0:
+        new._commlib_zero_setup(type(optimizer), zero_stage, bucket_elements, op,
+                                *predivide_scales(op, gradient_predivide_factor))
     if getattr(optimizer, "built", False):
         _copy_state(optimizer, new)
     for layer in _as_layer_list(local_layers):

@@ -1,0 +1,82 @@
+"""Which rank's failure the others followed, for ``commlibrun``'s report.
+
+When one rank fails, the others usually fail right after it *because* of
+it: its exit shuts commlib down there (``NotInitializedError`` naming it
+elsewhere), or it dies (``RankLostError``), or it never answers
+(``CollectiveTimeoutError``). Exit times cannot tell them apart: the rank
+that failed first may take longer to exit. So each rank started by
+``commlibrun`` notes, at the moment an exception escapes its script (before
+the exit's ``shutdown()`` tells the others), whether that exception was a
+consequence of another rank's failure; ``commlibrun`` names a failed rank
+without such a note first.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+STATUS_DIR_ENV = "COMMLIB_RUN_STATUS_DIR"  # (set by commlibrun for each rank's wrapper)
+_installed = False
+
+
+def _is_consequence(exc: BaseException) -> bool:
+    from .errors import CollectiveTimeoutError, NotInitializedError, RankLostError
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:  # frameworks may wrap commlib's errors
+        if isinstance(exc, (NotInitializedError, RankLostError, CollectiveTimeoutError)):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _note(status_dir: str, rank: int, exc: BaseException) -> None:
+    path = os.path.join(status_dir, f"rank{rank}.failure")
+    try:
+        with open(f"{path}.tmp{os.getpid()}", "w") as f:
+            f.write(f"{int(_is_consequence(exc))} {type(exc).__name__}\n")
+        os.replace(f"{path}.tmp{os.getpid()}", path)
+    except OSError:
+        pass  # (a rank on another host: the launcher's directory is not there)
+
+
+def install(rank: int) -> None:
+    """Under ``commlibrun``: note an uncaught exception's kind before the
+    previous ``sys.excepthook`` runs. Once per process."""
+    global _installed
+    status_dir = os.environ.get(STATUS_DIR_ENV)
+    if _installed or not status_dir:
+        return
+    _installed = True
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        _note(status_dir, rank, value)
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
+def rank_files(status_dir: str, suffix: str = ""):
+    """``(rank, text)`` of every ``rank<R><suffix>`` file in ``status_dir``
+    (the wrappers' status files, or these notes); unreadable ones are skipped."""
+    try:
+        names = os.listdir(status_dir)
+    except OSError:
+        return
+    for name in names:
+        m = re.fullmatch(r"rank(\d+)" + re.escape(suffix), name)
+        if not m:
+            continue
+        try:
+            with open(os.path.join(status_dir, name)) as f:
+                yield int(m.group(1)), f.read()
+        except OSError:
+            continue
+
+
+def consequences(status_dir: str) -> set[int]:
+    """The ranks whose noted failure followed another rank's."""
+    return {rank for rank, text in rank_files(status_dir, ".failure") if text.split()[:1] == ["1"]}

@@ -1,0 +1,139 @@
+#include "runtime/timeline.h"
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "common.h"
+
+namespace commlib {
+namespace {
+
+// How often the writer thread appends the buffered events to the file.
+constexpr auto kWriteEvery = std::chrono::milliseconds(20);
+
+std::string metadata(const char* what, int pid, int tid, const std::string& name) {
+  return "{\"name\": \"" + std::string(what) + "\", \"ph\": \"M\", \"pid\": " + std::to_string(pid) +
+         ", \"tid\": " + std::to_string(tid) + ", \"args\": {\"name\": " + json_string(name) + "}}";
+}
+
+}  // namespace
+
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c < 0x20) {
+      char esc[8];
+      std::snprintf(esc, sizeof(esc), "\\u%04x", c);
+      out += esc;
+    } else {
+      out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
+Timeline& timeline() {
+  static Timeline* t = new Timeline();  // never destroyed: outlives atexit order issues
+  return *t;
+}
+
+std::string Timeline::path_for(const std::string& path, int rank) {
+  if (rank == 0) return path;
+  const std::string suffix = ".rank" + std::to_string(rank);
+  const size_t slash = path.rfind('/');
+  const size_t dot = path.rfind('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash) || dot == slash + 1) {
+    return path + suffix;
+  }
+  return path.substr(0, dot) + suffix + path.substr(dot);
+}
+
+void Timeline::start(const std::string& path, int rank, bool mark_cycles) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (file_) throw Error(COMMLIB_ERR_VALUE, "a timeline is already being written; stop_timeline() first");
+  const std::string mine = path_for(path, rank);
+  FILE* f = std::fopen(mine.c_str(), "w");
+  if (!f) throw Error(COMMLIB_ERR_VALUE, "cannot write the timeline '" + mine + "': " + std::strerror(errno));
+  file_ = f;
+  rank_ = rank;
+  closing_ = false;
+  rows_.clear();
+  buffer_ = "[\n" + metadata("process_name", rank, 0, "rank " + std::to_string(rank)) + ",\n" +
+            metadata("thread_name", rank, 0, "cycles") + ",\n";
+  mark_cycles_.store(mark_cycles);
+  thread_ = std::thread([this] { writer(); });
+  on_.store(true);
+}
+
+void Timeline::stop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!file_) return;
+  on_.store(false);
+  closing_ = true;
+  cv_.notify_all();
+  lock.unlock();
+  thread_.join();
+  lock.lock();
+  // The last event carries no comma: the file is a complete JSON array.
+  buffer_ += metadata("process_sort_index", rank_, 0, std::to_string(rank_)) + "\n]\n";
+  std::fwrite(buffer_.data(), 1, buffer_.size(), file_);
+  std::fclose(file_);
+  file_ = nullptr;
+  buffer_.clear();
+}
+
+void Timeline::writer() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!closing_) {
+    cv_.wait_for(lock, kWriteEvery);
+    if (buffer_.empty()) continue;
+    std::string out;
+    out.swap(buffer_);
+    FILE* f = file_;
+    lock.unlock();
+    std::fwrite(out.data(), 1, out.size(), f);
+    std::fflush(f);
+    lock.lock();
+  }
+}
+
+int Timeline::row_of(const std::string& name) {
+  if (name.empty()) return 0;
+  auto it = rows_.find(name);
+  if (it != rows_.end()) return it->second;
+  const int row = int(rows_.size()) + 1;
+  rows_.emplace(name, row);
+  append(metadata("thread_name", rank_, row, name));
+  return row;
+}
+
+void Timeline::append(const std::string& event) {
+  buffer_ += event;
+  buffer_ += ",\n";
+}
+
+void Timeline::span(const std::string& name, const char* phase, int64_t start_us, int64_t end_us,
+                    const std::string& args_json) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!file_ || closing_) return;
+  const int row = row_of(name);
+  append("{\"name\": \"" + std::string(phase) + "\", \"ph\": \"X\", \"pid\": " + std::to_string(rank_) +
+         ", \"tid\": " + std::to_string(row) + ", \"ts\": " + std::to_string(start_us) +
+         ", \"dur\": " + std::to_string(end_us > start_us ? end_us - start_us : 0) + ", \"args\": {" +
+         args_json + "}}");
+}
+
+void Timeline::mark(const std::string& name, const char* what, int64_t ts_us, const std::string& args_json) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!file_ || closing_) return;
+  const int row = row_of(name);
+  append("{\"name\": \"" + std::string(what) + "\", \"ph\": \"i\", \"s\": \"t\", \"pid\": " +
+         std::to_string(rank_) + ", \"tid\": " + std::to_string(row) + ", \"ts\": " + std::to_string(ts_us) +
+         ", \"args\": {" + args_json + "}}");
+}
+
+}  // namespace commlib

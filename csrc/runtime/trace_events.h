@@ -1,0 +1,23 @@
+// What the engine records in the timeline (runtime/timeline.h) when a
+// negotiated response has run on this rank.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "message.h"
+#include "runtime/entry.h"
+
+namespace commlib {
+
+// For each entry of resp: its negotiation (from its submission, with whether
+// it came through the response cache) and its execution from started_us to
+// ended_us (operation, algorithm, bytes, the tensors fused with it).
+void trace_execution(const Response& resp, const std::vector<Entry*>& entries, int64_t started_us,
+                     int64_t ended_us, const std::string& algorithm);
+
+// A request that ended: its completion, or its failure with the message.
+void trace_finish(const Entry& e, int status, const std::string& message, int64_t now_us);
+
+}  // namespace commlib

@@ -1,0 +1,57 @@
+"""memory_report for Keras: the bytes this rank holds for a model and its
+optimizer, with the field names of commlib.torch.memory_report.
+
+    report = hvd.memory_report(model, optimizer)
+    # {'parameters': ..., 'gradients': ..., 'optimizer_state': ..., 'total': ...}
+
+- parameters: the model's variables (trainable or not), plus a ZeRO
+  optimizer's shard copies of them;
+- gradients: TensorFlow keeps no gradient between steps, so this is the
+  averaged gradient a step materialises on this rank: every trainable
+  variable's for a plain optimizer and for zero_stage=1 (the allreduced
+  flat buffers, padding included), this rank's shards only for
+  zero_stage=2; plus gradient accumulators (backward_passes_per_step) that
+  live in the optimizer. The tape's local gradients exist transiently in
+  full in every case and are not counted;
+- optimizer_state: the optimizer's variables (slots, iteration, learning
+  rate); for ZeRO those of its shard optimizer too.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _nbytes(variables) -> int:
+    return sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(str(v.dtype)).itemsize
+               for v in variables)
+
+
+def _accumulators(optimizer) -> list:
+    return list(getattr(optimizer, "_commlib_acc", None) or [])
+
+
+def memory_report(model, optimizer=None) -> dict:
+    """Bytes this rank holds in ``model``'s variables, in averaged gradients
+    and in ``optimizer``'s state (built optimizers only), and their total."""
+    optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+    params = _nbytes(model.variables)
+    grads = _nbytes(model.trainable_variables)
+    state = 0
+    if optimizer is not None and getattr(optimizer, "built", False):
+        acc = _accumulators(optimizer)
+        acc_ids = {id(a) for a in acc}
+        state = _nbytes([v for v in optimizer.variables if id(v) not in acc_ids])
+        grads_extra = _nbytes(acc)
+        shards = getattr(optimizer, "_zero_shards", None)
+        if shards is not None:
+            params += _nbytes(shards)
+            state += _nbytes(optimizer._zero_inner.variables)
+            if optimizer.zero_stage == 1:
+                grads = sum(b.padded * np.dtype(b.dtype).itemsize
+                            for b in optimizer._zero_buckets)
+            else:
+                grads = _nbytes(shards)
+        grads += grads_extra
+    report = {"parameters": params, "gradients": grads, "optimizer_state": state}
+    report["total"] = sum(report.values())
+    return report

@@ -1,0 +1,71 @@
+"""Torch tensors to and from the numpy arrays the core moves: which tensors
+commlib.torch accepts (dense CPU tensors of commlib.dtypes' table) and the
+zero-copy views both ways (bfloat16 through ml_dtypes)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from commlib import dtypes as _dtypes
+
+# commlib.dtypes' table, by name (torch builds without a dtype skip it)
+SUPPORTED_DTYPES = tuple(getattr(torch, name) for name in _dtypes.SUPPORTED if hasattr(torch, name))
+_SUPPORTED_NAMES = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
+_bf16 = None
+
+
+def _bfloat16_dtype():
+    global _bf16
+    if _bf16 is None:
+        try:
+            import ml_dtypes
+        except ImportError as e:  # pragma: no cover - depends on the install
+            raise TypeError("bfloat16 tensors need the ml_dtypes package "
+                            "(pip install ml_dtypes)") from e
+        _bf16 = np.dtype(ml_dtypes.bfloat16)
+    return _bf16
+
+
+def check_tensor(tensor, what: str, inplace: bool = False) -> torch.Tensor:
+    """Checks that commlib can move ``tensor``: a dense CPU tensor of a
+    supported dtype (and contiguous, when the result is written into it)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what} expects a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise ValueError(
+            f"{what}: tensor is on device {tensor.device}, but commlib.torch supports CPU "
+            "tensors only (there is no GPU/NCCL path yet); move it with tensor.cpu()")
+    if tensor.layout != torch.strided:
+        raise TypeError(f"{what}: {tensor.layout} tensors are not supported; "
+                        "use a dense tensor (tensor.to_dense())")
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{what}: unsupported dtype {tensor.dtype}; commlib supports "
+                        f"{_SUPPORTED_NAMES}")
+    if inplace and not tensor.is_contiguous():
+        raise ValueError(f"{what} writes its result into the tensor, which must be "
+                         "contiguous; call tensor.contiguous() first")
+    return tensor
+
+
+def as_array(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a contiguous CPU tensor's memory (no copy). 0-d
+    tensors become 1-element 1-d views, which the core always handles."""
+    t = tensor.detach()
+    if t.dtype == torch.bfloat16:
+        arr = t.view(torch.int16).numpy().view(_bfloat16_dtype())
+    else:
+        arr = t.numpy()
+    return arr.reshape(1) if arr.ndim == 0 else arr
+
+
+def as_tensor(arr: np.ndarray) -> torch.Tensor:
+    """A tensor sharing the memory of a (writable) numpy array."""
+    if arr.dtype.name == "bfloat16":
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+def input_array(tensor, what: str) -> np.ndarray:
+    """A zero-copy array of ``tensor`` (a contiguous copy if it is not)."""
+    t = check_tensor(tensor, what)
+    return as_array(t if t.is_contiguous() else t.contiguous())

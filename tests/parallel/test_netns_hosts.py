@@ -1,0 +1,122 @@
+"""Multi-host runs for real: two hosts made of Linux network namespaces joined
+by a bridge (tests/parallel/netns_hosts.py), 2 ranks each, launched by
+MPICH's hydra over its ssh launcher (netns_exec.py stands in for ssh), MPI
+talking TCP (UCX) over the veth links. Covers the hierarchical allreduce,
+the response cache across hosts, a cut link (every rank fails within
+COMMLIB_TIMEOUT + 10 s with a CommlibError naming the unreachable ranks; the
+job ends non-zero with nothing left behind) and a short cut that heals.
+Skipped where network namespaces cannot be made (not root, no iproute2,
+not MPICH, or `ip netns add` refused)."""
+import re
+import time
+
+import pytest
+from netns_hosts import NetnsHosts, unavailable_reason
+
+_WHY = unavailable_reason()
+pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"multi-host tests need network namespaces: {_WHY}")
+
+TIMEOUT = 5  # COMMLIB_TIMEOUT for the cut tests (seconds)
+RAISED = re.compile(r"rank (\d): RAISED (\w+) at ([\d.]+) after \d+ steps: (.*)")
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    h = NetnsHosts(2, tmp_path_factory.mktemp("netns"))
+    try:
+        yield h.setup()
+    finally:
+        h.teardown()
+
+
+def run_on_hosts(ranks, hosts, script, *args, timeout=60, env=None):
+    return ranks(4, script, *args, timeout=timeout, env={**hosts.env(), **(env or {})},
+                 launcher_args=("-H", hosts.host_list(2)))
+
+
+def wait_for(path, seconds):
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(120)
+def test_hierarchical_allreduce_across_hosts(ranks, hosts):
+    sent0, _ = hosts.link_bytes(0)
+    run = run_on_hosts(ranks, hosts, "netns_hier.py", *hosts.hosts)
+    run.assert_ok(4)
+    assert "link bytes / (K*N)" in run.stdout, run
+    # (and MPI's traffic did cross the links: 4 x 8 MiB at least)
+    assert hosts.link_bytes(0)[0] - sent0 > 4 * (8 << 20), run
+
+
+@pytest.mark.timeout(120)
+def test_response_cache_across_hosts(ranks, hosts):
+    run_on_hosts(ranks, hosts, "netns_cache.py").assert_ok(4)
+
+
+@pytest.mark.timeout(150)
+def test_short_cut_heals(ranks, hosts, tmp_path):
+    import threading
+
+    def cut_briefly():
+        wait_for(tmp_path / "ready", 60)
+        hosts.set_link(1, up=False)
+        time.sleep(1.5)
+        hosts.set_link(1, up=True)
+        time.sleep(1.5)
+        (tmp_path / "stop").write_text("")
+
+    cutter = threading.Thread(target=cut_briefly, daemon=True)
+    cutter.start()
+    try:
+        run = run_on_hosts(ranks, hosts, "netns_cut.py", "heal", str(tmp_path), "1000",
+                           env={"COMMLIB_TIMEOUT": str(TIMEOUT)})
+    finally:
+        cutter.join(10)
+        hosts.set_link(1, up=True)
+    run.assert_ok(4)
+    longest = [float(x) for x in re.findall(r"the longest took ([\d.]+) s", run.stdout)]
+    assert len(longest) == 4 and min(longest) >= 1.0, run  # the cut did hold every rank up
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("count", [1000, 1 << 20], ids=["8KB", "8MB"])
+def test_cut_link_fails_every_rank_in_time(ranks, hosts, tmp_path, count):
+    import threading
+
+    cut_at = []
+
+    def cut():
+        wait_for(tmp_path / "ready", 60)
+        cut_at.append(time.time())
+        hosts.set_link(1, up=False)
+
+    cutter = threading.Thread(target=cut, daemon=True)
+    cutter.start()
+    try:
+        run = run_on_hosts(ranks, hosts, "netns_cut.py", "cut", str(tmp_path), str(count), timeout=90,
+                           env={"COMMLIB_TIMEOUT": str(TIMEOUT)})
+        ended = time.time()
+        cutter.join(10)
+        left = hosts.wait_no_leftovers(2)
+    finally:
+        hosts.set_link(1, up=True)
+    assert cut_at, run
+    assert run.returncode not in (0, 124), run  # failed, and not by commlibrun's --timeout
+    assert "MPI_Abort" in run.stderr or "commlibrun: rank" in run.stderr, run
+    assert not left, f"processes left in the namespaces: {left}\n{run}"
+    lines = [(tmp_path / f"raised{r}").read_text() if (tmp_path / f"raised{r}").exists() else "" for r in range(4)]
+    for r, line in enumerate(lines):
+        m = RAISED.match(line)
+        assert m, f"rank {r} raised nothing\n{run}"
+        _, kind, at, msg = m.groups()
+        assert kind == "CollectiveTimeoutError", line
+        assert float(at) - cut_at[0] <= TIMEOUT + 10, f"{line}: {float(at) - cut_at[0]:.1f} s after the cut"
+        # it names ranks beyond the cut (rank 0 alone, for a worker whose coordinator went silent)
+        named = {int(x) for lst in re.findall(r"ranks? \[([\d, ]+)\]", msg) for x in lst.split(",")}
+        named |= {int(x) for x in re.findall(r"rank (\d) \(the coordinator\)", msg)}
+        assert named & ({2, 3} if r < 2 else {0, 1}), line
+    # rank 0 waits up to COMMLIB_TIMEOUT + 10 s for silent ranks before aborting
+    assert ended - cut_at[0] <= 2 * TIMEOUT + 30, f"the job ended {ended - cut_at[0]:.1f} s after the cut\n{run}"
