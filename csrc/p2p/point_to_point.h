@@ -62,6 +62,7 @@ struct P2PRequest {
   void* out = nullptr;         // receive (null: the core allocates the result)
   int64_t posted_us = 0;
   bool warned = false;
+  bool caller_waits = false;  // a blocking send: its caller waits in the engine from now on
 };
 
 class PointToPoint {
@@ -77,7 +78,8 @@ class PointToPoint {
   ~PointToPoint();
 
   // sender_waits: a thread of this rank is waiting in the engine right now
-  // (a blocking send; it will answer a split request at once).
+  // (or req.caller_waits: a blocking send), so it will answer a split request
+  // at once.
   void post(P2PRequest req, bool sender_waits);
   // Moves everything forward that can move without blocking; true when it did work.
   bool progress();

@@ -31,7 +31,10 @@ time in send/recv into moving messages and waiting for the peer).
 Every receive of a step is posted when the step starts (each message has
 its own tag), so messages move while the rank computes; a RECV action waits
 for its message (``schedule.post_receives_early = False``: each receive is
-posted by its RECV action, as the lists read).
+posted by its RECV action, as the lists read). A step that raises midway
+leaves its posted receives behind, and they would take the next step's
+messages of the same tags: after such an error, end the job (or
+shutdown/init, as elastic training does) rather than stepping again.
 """
 from __future__ import annotations
 
