@@ -6,18 +6,22 @@ layers) plus noise, learned by a small MLP; every rank draws its own training
 samples from its own seed, and all modes see the same samples in the same
 order. Each mode trains a fresh copy of the same initial model for
 ``--steps`` steps of ``--batch-size`` samples per rank (inner optimizer AdamW
-for every mode, its learning rate decaying linearly to 0; DiLoCo's outer optimizer is SGD lr 0.7, momentum 0.9,
-Nesterov, as in the DiLoCo paper), and the held-out loss (mean squared
-error; the noise floor is ``--noise``**2) is measured every ``--eval-every``
-steps (a multiple of ``--period``, so local-SGD replicas have just met).
+for every mode, its learning rate decaying linearly to 0; DiLoCo's outer
+optimizer is SGD lr 0.7, momentum 0.9, Nesterov, as in the DiLoCo paper),
+and the held-out loss (mean squared error; the noise floor is
+``--noise``**2) is measured every ``--eval-every`` steps (a multiple of
+``--period``, so local-SGD replicas have just met).
 
     commlibrun -np 2 python examples/pytorch_async_curves.py --out async_curves.png
 
 Writes the PNG with matplotlib (``pip install matplotlib``; without it only
-the table is printed) and prints the final losses relative to sync.
+the table is printed) and prints the final losses relative to sync; with
+``--seeds K`` every mode is trained for K seeds (student initialisation and
+training samples) and the mean gap to sync and its spread are printed.
 """
 import argparse
 import copy
+import statistics
 
 import torch
 import torch.nn as nn
@@ -36,7 +40,13 @@ def parse_args():
     p.add_argument("--period", type=int, default=8, help="local SGD / DiLoCo: H")
     p.add_argument("--eval-every", type=int, default=40)
     p.add_argument("--noise", type=float, default=0.05)
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="also local-sgd-stream, diloco-stream (LocalSGD(streaming=True))")
+    p.add_argument("--seed", type=int, default=0,
+                   help="shifts the student's initialisation and the training samples")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="train every mode for this many seeds (from --seed) and report the "
+                        "mean gap to the first mode and its spread; the PNG shows the first")
     p.add_argument("--out", default="", help="PNG path for the loss curves (rank 0)")
     return p.parse_args()
 
@@ -53,8 +63,8 @@ def teacher_data(rows, seed, noise):
     return x, y
 
 
-def student():
-    torch.manual_seed(1)
+def student(seed=0):
+    torch.manual_seed(1 + seed)
     return nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
                          nn.Linear(64, 1))
 
@@ -65,14 +75,17 @@ def optimizer_for(mode, model, args):
     if mode in ("sync", "staleness1"):
         return hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters(),
                                         staleness=int(mode == "staleness1")), inner
+    if mode not in ("local-sgd", "diloco", "local-sgd-stream", "diloco-stream"):
+        raise SystemExit(f"unknown mode {mode!r}")
     outer = (torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
-             if mode == "diloco" else None)
-    return hvd.LocalSGD(inner, model, period=args.period, outer_optimizer=outer), inner
+             if mode.startswith("diloco") else None)
+    return hvd.LocalSGD(inner, model, period=args.period, outer_optimizer=outer,
+                        streaming=mode.endswith("-stream")), inner
 
 
 def train(mode, args, data, held_out):
     """[(samples seen by all ranks, held-out loss)] and the final loss."""
-    model = student()
+    model = student(args.seed)
     opt, inner = optimizer_for(mode, model, args)
     x, y = data
     curve = []
@@ -117,25 +130,48 @@ def plot(curves, args, path):
     print(f"wrote {path}")
 
 
+def run_seed(args, seed):
+    """{mode: (curve, final loss)} and the initial loss, for one seed."""
+    args.seed = seed
+    data = teacher_data(args.steps * args.batch_size, seed=100 + hvd.rank() + 1000 * seed,
+                        noise=args.noise)
+    held_out = teacher_data(4096, seed=99, noise=args.noise)
+    curves = {mode: train(mode, args, data, held_out) for mode in args.modes.split(",")}
+    start = float(F.mse_loss(copy.deepcopy(student(seed))(held_out[0]), held_out[1]).detach())
+    return curves, start
+
+
+def report(finals, start, args):
+    """Per mode: the mean final loss over the seeds and its gap to the first
+    mode's (mean and spread over the seeds)."""
+    ref = next(iter(finals))
+    print(f"held-out MSE: initial {start:.4g}, noise floor {args.noise ** 2:.4g}")
+    for mode, values in finals.items():
+        gaps = [100 * (v / r - 1) for v, r in zip(values, finals[ref])]
+        mean = statistics.mean(gaps)
+        spread = (f", sd {statistics.stdev(gaps):.1f}, range {min(gaps):+.1f}..{max(gaps):+.1f}"
+                  if len(gaps) > 1 else "")
+        print(f"final {mode}: {statistics.mean(values):.5g} ({mean:+.1f}% vs {ref}{spread}; "
+              f"{len(values)} seed(s))")
+
+
 def main():
     args = parse_args()
     torch.set_num_threads(1)
     hvd.init()
     if args.eval_every % args.period:
         raise SystemExit("--eval-every must be a multiple of --period")
-    data = teacher_data(args.steps * args.batch_size, seed=100 + hvd.rank(), noise=args.noise)
-    held_out = teacher_data(4096, seed=99, noise=args.noise)
-    curves = {mode: train(mode, args, data, held_out) for mode in args.modes.split(",")}
+    finals, first_curves, first_start = {}, None, None
+    for seed in range(args.seed, args.seed + args.seeds):
+        curves, start = run_seed(args, seed)
+        first_curves, first_start = first_curves or curves, first_start or start
+        for mode, (_, final) in curves.items():
+            finals.setdefault(mode, []).append(final)
     if hvd.rank() != 0:
         return
-    first = curves[next(iter(curves))][1]
-    start = float(F.mse_loss(copy.deepcopy(student())(held_out[0]), held_out[1]).detach())
-    print(f"held-out MSE: initial {start:.4g}, noise floor {args.noise ** 2:.4g}")
-    for mode, (_, final) in curves.items():
-        print(f"final {mode}: {final:.5g} ({100 * (final / first - 1):+.1f}% vs "
-              f"{next(iter(curves))})")
+    report(finals, first_start, args)
     if args.out:
-        plot(curves, args, args.out)
+        plot(first_curves, args, args.out)
 
 
 if __name__ == "__main__":

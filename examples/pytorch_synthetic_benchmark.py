@@ -12,7 +12,8 @@ an MLP with about 12.6 million parameters (1024 -> 2048 -> 2048 -> 2048 ->
 
 Asynchronous exchange (commlib): ``--mode`` sync (default), staleness1
 (DistributedOptimizer(staleness=1)), local-sgd / diloco (LocalSGD with
-``--period`` H), local (no communication at all: the ceiling), or several
+``--period`` H; local-sgd-stream / diloco-stream: streaming meetings), local
+(no communication at all: the ceiling), or several
 comma-separated: then each mode gets its own copy of the model and the modes
 take turns within every iteration, so they are compared in the same run
 under the same load:
@@ -136,10 +137,11 @@ def commlib_optimizer(model, args, mode):
             if isinstance(layer, nn.Linear):
                 hvd.fully_shard(layer)  # (the root has no parameters of its own)
         return make_optimizer(args, model.parameters(), hvd.size())
-    if mode in ("local-sgd", "diloco"):
+    if mode in ("local-sgd", "diloco", "local-sgd-stream", "diloco-stream"):
         outer = (torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
-                 if mode == "diloco" else None)
-        return hvd.LocalSGD(optimizer, model, period=args.period, outer_optimizer=outer)
+                 if mode.startswith("diloco") else None)
+        return hvd.LocalSGD(optimizer, model, period=args.period, outer_optimizer=outer,
+                            streaming=mode.endswith("-stream"))
     if mode == "local":
         return optimizer
     if mode not in ("sync", "staleness1", "zero1", "zero2"):

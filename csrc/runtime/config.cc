@@ -102,7 +102,8 @@ std::vector<ConfigEntry> make_table() {
       int_entry("COMMLIB_TIMEOUT", "300", 0, kBillion, &C::timeout_s,
                 "seconds after which a collective some ranks never submitted fails on the ranks that did, "
                 "and a receive with no matching send fails (CollectiveTimeoutError naming the missing "
-                "ranks); 0: wait forever"),
+                "ranks); a collective whose data transfer makes no progress for this long (a peer frozen "
+                "or cut off mid-collective) fails too, and ends commlib on that rank; 0: wait forever"),
       int_entry("COMMLIB_SPIN_US", "2000", 0, kBillion, &C::spin_us,
                 "us a waiting thread spins (with sched_yield) before it sleeps"),
       int_entry("COMMLIB_RESULT_CACHE_BYTES", "536870912", 0, kNoMax, &C::result_cache_bytes,

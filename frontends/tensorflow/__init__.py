@@ -54,6 +54,7 @@ from ._dispatch import is_keras_optimizer, is_tf_legacy_optimizer, is_tf_optimiz
 from .compression import Compression
 from .execution import communication_stats
 from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
+from .delayed_tape import DelayedGradients
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .p2p import gradient_tag, recv, send
 from .mpi_ops import (Adasum, allgather, allreduce, alltoall, barrier, broadcast, broadcast_,
@@ -209,7 +210,7 @@ __all__ = [
     "join", "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object",
     "broadcast_global_variables", "BroadcastGlobalVariablesHook", "DistributedOptimizer",
     "DistributedGradientTape", "PartialDistributedGradientTape", "SyncBatchNormalization",
-    "ProcessSet",
+    "ProcessSet", "DelayedGradients",
     "global_process_set", "add_process_set", "remove_process_set", "start_timeline",
     "stop_timeline", "communication_stats", "CommlibError", "CollectiveMismatchError",
     "NotInitializedError", "RankLostError", "ScalarTensorError", "HorovodInternalError",

@@ -30,6 +30,7 @@ from commlib.reduce_args import predivide_scales, resolve_op
 
 from . import mpi_ops
 from .compression import Compression
+from .delayed_tape import DelayedTapeMixin, check_tape_staleness
 from .execution import check_dtype
 
 
@@ -135,14 +136,15 @@ class _DistributedGradientTapeMixin:
 
 
 @functools.lru_cache(maxsize=None)
-def _tape_class(base):
-    return type(base.__name__, (_DistributedGradientTapeMixin, base), {"__module__": __name__})
+def _tape_class(base, mixin=_DistributedGradientTapeMixin):
+    return type(base.__name__, (mixin, base), {"__module__": __name__})
 
 
 def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
                             compression=Compression.none, sparse_as_dense=False, op=Average,
                             gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                            process_set=None, scale_local_gradients=True):
+                            process_set=None, scale_local_gradients=True, staleness=0,
+                            delayed=None):
     """A tape that shares ``gradtape``'s recording and averages (``op``) the
     gradients it returns across ranks (of ``process_set``: its members only;
     on other ranks the gradients stay local).
@@ -151,9 +153,17 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     sum and f/size after it; groups (an int, or lists of variables) splits
     the gradients into that many grouped allreduces; compression
     (Compression.fp16) halves the bytes sent for float32 gradients.
+
+    staleness=1 with ``delayed=DelayedGradients(...)`` (created once, before
+    the training loop; it takes op, predivide factor and process set):
+    gradient() starts averaging this step's gradients and returns the
+    previous step's average (see delayed_tape.py).
     """
     groups = resolve_groups(num_groups, groups)
-    tape = _tape_class(type(gradtape)).__new__(_tape_class(type(gradtape)))
+    check_tape_staleness(staleness, delayed, compression, groups)
+    mixin = DelayedTapeMixin if staleness else _DistributedGradientTapeMixin
+    cls = _tape_class(type(gradtape), mixin)
+    tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
     if "_recording" in tape.__dict__:
         tape._recording = False  # the original owns the recording context
@@ -162,6 +172,7 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
                                                    groups, process_set)
     tape._commlib_local = set()
     tape._commlib_scale_local = scale_local_gradients
+    tape._commlib_delayed = delayed
     return tape
 
 

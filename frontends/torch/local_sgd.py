@@ -32,8 +32,17 @@ evaluating or saving); the schedule of the next meetings does not move. The
 inner optimizer's state (momentum, Adam moments) stays local to each rank.
 The outer optimizer must have been built on exactly the model's parameters
 (as torchft's DiLoCo does); the outer step uses ``p.grad`` and restores the
-inner gradients afterwards. The meeting is synchronous (no streaming overlap
-of a meeting with the next round's steps).
+inner gradients afterwards.
+
+``streaming=True`` overlaps each meeting with the next round (one round
+stale): at the end of round k every rank starts averaging a snapshot s_k of
+its parameters and goes on training; at the end of round k+1 it waits for
+that average, takes the meeting step with it (the average, or DiLoCo's outer
+step from the anchor), and keeps its own progress since the snapshot:
+x <- new + (x - s_k); then it starts averaging its new snapshot. Replicas
+then differ by their last round's progress; ``synchronize()`` applies the
+pending average and holds a synchronous meeting, after which they are
+identical again. Without it every meeting is synchronous.
 """
 from __future__ import annotations
 
@@ -47,6 +56,7 @@ from commlib.signature import check_same_everywhere
 
 from . import mpi_ops as _ops
 from ._grad_exchange import PendingGradients, assign_grads
+from .streaming import PendingParameters
 from .mpi_ops import Average, global_process_set
 
 _instances = collections.defaultdict(itertools.count)
@@ -65,7 +75,7 @@ class LocalSGD:
     are checked across ranks: CollectiveMismatchError if they differ)."""
 
     def __init__(self, optimizer, model, period, outer_optimizer=None, warmup_steps=0,
-                 process_set=global_process_set):
+                 process_set=global_process_set, streaming=False):
         self.process_set = check_process_set(process_set, member=False)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"LocalSGD wraps a torch.optim.Optimizer, got "
@@ -79,6 +89,10 @@ class LocalSGD:
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.period = _positive_int(period, "period", 1)
         self.warmup_steps = _positive_int(warmup_steps, "warmup_steps", 0)
+        if not isinstance(streaming, bool):
+            raise ValueError(f"streaming must be True or False, got {streaming!r}")
+        self.streaming = streaming
+        self._stream = None  # PendingParameters of the last streaming meeting
         self.optimizer = optimizer
         self.outer_optimizer = outer_optimizer
         named = {}
@@ -115,14 +129,17 @@ class LocalSGD:
                              "nesterov=True)")
 
     def _signature(self) -> list:
-        options = ("options: period, warmup_steps, outer optimizer", self.period, self.warmup_steps,
-                   type(self.outer_optimizer).__name__ if self.outer_optimizer else None)
+        options = ("options: period, warmup_steps, outer optimizer, streaming", self.period,
+                   self.warmup_steps,
+                   type(self.outer_optimizer).__name__ if self.outer_optimizer else None,
+                   self.streaming)
         return [options] + [(n, tuple(p.shape), str(p.dtype))
                             for n, p in zip(self._names, self._params)]
 
     def _check_same_everywhere(self):
         check_same_everywhere(self._signature(), "LocalSGD: the model's parameters (name, shape, "
-                              "dtype) or the options (period, warmup_steps, outer optimizer)",
+                              "dtype) or the options (period, warmup_steps, outer optimizer, "
+                              "streaming)",
                               name=f"{self._prefix}:signature", process_set=self.process_set)
 
     # ------------------------------------------------------------ optimizer API
@@ -157,12 +174,17 @@ class LocalSGD:
             self.optimizer.step()
             self._local_steps += 1
             if (self._step - self.warmup_steps + 1) % self.period == 0:
-                self._meet()
+                if self.streaming:
+                    self._stream_meet()
+                else:
+                    self._meet()
         self._step += 1
         return loss
 
     def synchronize(self):
-        """Holds a meeting now if there were local steps since the last one."""
+        """Applies a pending streaming average, then holds a meeting now if
+        there were local steps since the last one."""
+        self._finish_stream()
         if self._local_steps:
             self._meet()
 
@@ -176,6 +198,12 @@ class LocalSGD:
         if self._reduces:
             _ops.grouped_allreduce_(self._params, name=f"{self._prefix}:params", op=Average,
                                     process_set=self.process_set)
+        self._outer_step()
+
+    @torch.no_grad()
+    def _outer_step(self):
+        """With an outer optimizer: from the average in the parameters, the
+        outer step from the anchor (the result is the new anchor)."""
         if self.outer_optimizer is None:
             return
         inner_grads = [p.grad for p in self._params]
@@ -187,11 +215,35 @@ class LocalSGD:
             a.copy_(p)
         assign_grads(self._params, inner_grads)
 
+    @torch.no_grad()
+    def _finish_stream(self):
+        """Waits for the pending streaming average and takes the meeting step
+        with it, keeping this rank's progress since the snapshot."""
+        pending, self._stream = self._stream, None
+        if pending is None:
+            return
+        progress = [p - s for p, s in zip(self._params, pending.snapshot)]
+        for p, a in zip(self._params, pending.wait()):
+            p.copy_(a)
+        self._outer_step()
+        for p, d in zip(self._params, progress):
+            p.add_(d)
+
+    def _stream_meet(self):
+        """A streaming meeting: the previous one's average is applied, this
+        one's starts (see the module's docstring)."""
+        self._finish_stream()
+        self._local_steps = 0
+        self._stream = PendingParameters(self._params, name=f"{self._prefix}:stream",
+                                         process_set=self.process_set,
+                                         communicate=self._reduces)
+
     # ------------------------------------------------------------ state
 
     def state_dict(self) -> dict:
         """The inner and outer optimizers' state, the step counters and the
-        anchor (DiLoCo)."""
+        anchor (DiLoCo); not a pending streaming average (synchronize()
+        first)."""
         return {"optimizer": self.optimizer.state_dict(),
                 "outer_optimizer": (self.outer_optimizer.state_dict()
                                     if self.outer_optimizer is not None else None),
@@ -199,6 +251,9 @@ class LocalSGD:
                 "anchor": [a.clone() for a in self._anchor] if self._anchor else None}
 
     def load_state_dict(self, state: dict) -> None:
+        pending, self._stream = self._stream, None
+        if pending is not None:
+            pending.wait()  # dropped: it belongs to the state before
         self.optimizer.load_state_dict(state["optimizer"])
         if self.outer_optimizer is not None and state.get("outer_optimizer") is not None:
             self.outer_optimizer.load_state_dict(state["outer_optimizer"])
@@ -210,4 +265,5 @@ class LocalSGD:
     def __repr__(self):
         kind = "DiLoCo" if self.outer_optimizer is not None else "LocalSGD"
         return (f"<commlib.torch.LocalSGD {kind} period={self.period} "
-                f"warmup_steps={self.warmup_steps} step={self._step}>")
+                f"warmup_steps={self.warmup_steps} streaming={self.streaming} "
+                f"step={self._step}>")

@@ -1,8 +1,9 @@
 """Asynchronous gradient exchange in commlib.tensorflow.keras on 2 and 3
 ranks (workers/tf_async.py): DistributedOptimizer(staleness=1) and LocalSGD
-(local SGD, DiLoCo with warm-up) in model.fit match a single-process
-simulation of their rule within 1e-5 after every one of 20 steps, with
-bitwise identical replicas; error cases."""
+(local SGD, DiLoCo with warm-up) in model.fit, and DistributedGradientTape(
+staleness=1) with DelayedGradients in a custom loop (eager and tf.function),
+match a single-process simulation of their rule within 1e-5 after every one
+of 20 steps, with bitwise identical replicas; error cases."""
 import re
 
 import pytest

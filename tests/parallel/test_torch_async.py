@@ -1,8 +1,9 @@
 """Asynchronous gradient exchange in commlib.torch on 2 and 3 ranks (see
 workers/torch_delayed.py and workers/torch_local_sgd.py): delayed averaging
-(staleness=1) and local SGD / DiLoCo match a single-process simulation of
-their rule within 1e-5 after 20 steps, with bitwise identical replicas (every
-step for delayed averaging, after every meeting for local SGD); error cases."""
+(staleness=1) and local SGD / DiLoCo (also streaming: one round stale) match
+a single-process simulation of their rule within 1e-5 after 20 steps, with
+bitwise identical replicas (every step for delayed averaging, after every
+meeting for local SGD, after synchronize() when streaming); error cases."""
 import re
 
 import pytest
@@ -24,9 +25,9 @@ def test_torch_delayed_averaging(ranks, n):
 def test_torch_local_sgd_and_diloco(ranks, n):
     run = ranks(n, "torch_local_sgd.py", timeout=120)
     run.assert_ok(n)
-    m = re.search(r"local sgd max relative error local (\S+), DiLoCo (\S+), warm-up (\S+)",
-                  run.stdout)
-    assert m and all(float(m.group(i)) <= 1e-5 for i in (1, 2, 3)), run
+    m = re.search(r"local sgd max relative error local (\S+), DiLoCo (\S+), warm-up (\S+), "
+                  r"streaming local (\S+), streaming DiLoCo (\S+)", run.stdout)
+    assert m and all(float(m.group(i)) <= 1e-5 for i in range(1, 6)), run
 
 
 @pytest.mark.timeout(150)

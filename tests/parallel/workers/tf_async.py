@@ -1,7 +1,8 @@
 """Asynchronous gradient exchange in commlib.tensorflow.keras on every rank:
-DistributedOptimizer(staleness=1) in model.fit (compiled and run_eagerly)
-and LocalSGD (local SGD, DiLoCo with warm-up) in model.fit, each checked
-after every step against a single-process simulation of its rule computed
+DistributedOptimizer(staleness=1) in model.fit (compiled and run_eagerly),
+DistributedGradientTape(staleness=1) in a custom loop (eager and tf.function;
+step 0 applies nothing) and LocalSGD (local SGD, DiLoCo with warm-up) in
+model.fit, each checked after every step against a single-process simulation of its rule computed
 from all ranks' data (within 1e-5) and bitwise identical across ranks (every
 step for delayed averaging, after every meeting for LocalSGD); synchronize();
 error cases."""
@@ -11,6 +12,7 @@ import tensorflow as tf
 from tf_common import done, expect_raises, fail, max_rel_err, same_on_all_ranks
 
 import commlib.keras as hvd
+import commlib.tensorflow as htf
 
 r, n = hvd.rank(), hvd.size()
 B, STEPS, D_IN = 8, 20, 6
@@ -92,7 +94,9 @@ def simulate_delayed(make_opt):
 
 
 def delayed(make_opt, what, run_eagerly=False):
-    expected, final = simulate_delayed(make_opt)
+    """Keras fit with DistributedOptimizer(staleness=1); returns the
+    simulation (reused by tape_delayed for the same optimizer)."""
+    expected, final = simulation = simulate_delayed(make_opt)
     model = make_model()
     opt = hvd.DistributedOptimizer(make_opt(), staleness=1)
     start = weights(model)
@@ -113,10 +117,64 @@ def delayed(make_opt, what, run_eagerly=False):
     if opt.pending or not err <= 1e-5:
         fail(f"{what}: after synchronize(): pending {opt.pending}, error {err:.3g}")
     same_on_all_ranks(weights(model), f"{what} synchronize")
+    return simulation
 
 
-delayed(lambda: keras.optimizers.SGD(0.1, momentum=0.9), "delayed SGD")
-delayed(lambda: keras.optimizers.Adam(0.01), "delayed Adam eager", run_eagerly=True)
+def SGD_M():
+    return keras.optimizers.SGD(0.1, momentum=0.9)
+
+
+def ADAM():
+    return keras.optimizers.Adam(0.01)
+
+
+SIMULATED = {"SGD": delayed(SGD_M, "delayed SGD"),
+             "Adam": delayed(ADAM, "delayed Adam eager", run_eagerly=True)}
+
+
+# ---------------------------------------------------------------- DistributedGradientTape
+
+def tape_delayed(make_opt, simulation, what, compiled):
+    """A custom loop with DistributedGradientTape(staleness=1): the same rule
+    (``simulation``: of the optimizer's staleness=1), step by step."""
+    expected, final = simulation
+    model, opt, delayed = make_model(), make_opt(), htf.DelayedGradients()
+    start = weights(model)
+    x, y = DATA[r]
+
+    def train_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(xb) - yb))
+        tape = htf.DistributedGradientTape(tape, staleness=1, delayed=delayed)
+        grads = tape.gradient(loss, model.trainable_variables)
+        delayed.apply_gradients(opt, zip(grads, model.trainable_variables))
+        return tape.has_average, grads
+
+    step = tf.function(train_step) if compiled else train_step
+    for t in range(STEPS):
+        have, grads = step(x[t * B:(t + 1) * B], y[t * B:(t + 1) * B])
+        if bool(have) != (t > 0) or int(opt.iterations) != t:
+            fail(f"{what}: step {t}: has_average {bool(have)}, iterations {int(opt.iterations)}")
+        if t == 0 and not compiled and any(g is not None for g in grads):  # None-list eagerly
+            fail(f"{what}: step 0 returned gradients eagerly")
+        if t == 0 and max_rel_err(weights(model), start):
+            fail(f"{what}: step 0 applied something")
+        err = max_rel_err(weights(model), expected[t])
+        worst[what] = max(worst.get(what, 0.0), err)
+        if not err <= 1e-5:
+            fail(f"{what}: step {t}: max relative error {err:.3g} against the simulation")
+        same_on_all_ranks(weights(model), f"{what} step {t}")
+    grads = delayed.synchronize()
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+    err = max_rel_err(weights(model), final)
+    if delayed.pending or delayed.synchronize() is not None or not err <= 1e-5:
+        fail(f"{what}: after synchronize(): pending {delayed.pending}, error {err:.3g}")
+    same_on_all_ranks(weights(model), f"{what} synchronize")
+    return model, delayed
+
+
+tape_delayed(SGD_M, SIMULATED["SGD"], "tape SGD eager", False)
+tape_model, tape_state = tape_delayed(ADAM, SIMULATED["Adam"], "tape Adam tf.function", True)
 
 
 # ---------------------------------------------------------------- local SGD and DiLoCo
@@ -190,6 +248,31 @@ expect_raises(ValueError, lambda: hvd.DistributedOptimizer(
     "backward_passes_per_step")
 expect_raises(ValueError, lambda: hvd.DistributedOptimizer(
     sgd, staleness=1, compression=hvd.Compression.fp16), "staleness with fp16", "compression")
+tp = tf.GradientTape()
+expect_raises(ValueError, lambda: htf.DistributedGradientTape(tp, staleness=1),
+              "tape without delayed", "DelayedGradients")
+expect_raises(ValueError, lambda: htf.DistributedGradientTape(tp, delayed=htf.DelayedGradients()),
+              "delayed without staleness", "staleness=1")
+expect_raises(ValueError, lambda: htf.DistributedGradientTape(tp, staleness=2), "tape staleness=2",
+              "staleness must be 0")
+expect_raises(ValueError, lambda: htf.DistributedGradientTape(
+    tp, staleness=1, delayed=tape_state, compression=hvd.Compression.fp16), "tape fp16",
+    "compression")
+expect_raises(ValueError, lambda: htf.DelayedGradients(op=hvd.Max), "DelayedGradients Max",
+              "Average or op=Sum")
+expect_raises(RuntimeError, lambda: tape_state.apply_gradients(sgd, []), "apply before gradient",
+              "after the tape's gradient()")
+
+
+def only_kernel():
+    """A step where the bias has no gradient: the sources changed."""
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tape_model.trainable_variables[0])
+    tape = htf.DistributedGradientTape(tape, staleness=1, delayed=tape_state)
+    tape.gradient(loss, tape_model.trainable_variables)
+
+
+expect_raises(ValueError, only_kernel, "tape sources changed", "changed between steps")
 m = make_model()
 for bad in (0, -2, 1.5, True):
     expect_raises(ValueError, lambda: hvd.LocalSGD(sgd, m, period=bad), f"period={bad!r}",

@@ -2,8 +2,10 @@
 without warm-up) against a single-process simulation that trains one replica
 per rank on that rank's data and applies the meeting rule: after every step
 this rank's model equals its simulated replica within 1e-5, and after every
-meeting the replicas are bitwise identical across ranks; synchronize(),
-state_dict round trip, error cases."""
+meeting the replicas are bitwise identical across ranks; streaming meetings
+(one round stale, local SGD and DiLoCo) against a simulation of that rule,
+identical replicas after synchronize(); synchronize(), state_dict round
+trip, error cases."""
 import copy
 
 import torch
@@ -34,12 +36,13 @@ class Simulation:
     """One replica (and inner optimizer) per rank; the meeting rule of
     local SGD (average) or DiLoCo (outer step from the anchor)."""
 
-    def __init__(self, make_inner, make_outer, period, warmup):
+    def __init__(self, make_inner, make_outer, period, warmup, streaming=False):
         self.replicas = [mlp(1) for _ in range(n)]
         self.inner = [make_inner(m.parameters()) for m in self.replicas]
         self.anchor = mlp(1)  # also the model the outer optimizer steps
         self.outer = make_outer(self.anchor.parameters()) if make_outer else None
-        self.period, self.warmup = period, warmup
+        self.period, self.warmup, self.streaming = period, warmup, streaming
+        self.snapshots = None  # streaming: every replica's parameters at the last meeting
 
     def step(self, t):
         """Returns whether a meeting followed this step."""
@@ -56,30 +59,55 @@ class Simulation:
             opt.step()
         if (t - self.warmup + 1) % self.period:
             return False
-        self.meet()
+        if self.streaming:
+            self.finish_stream()
+            self.snapshots = [[p.detach().clone() for p in m.parameters()] for m in self.replicas]
+        else:
+            self.meet()
         return True
 
     @torch.no_grad()
+    def finish_stream(self):
+        """The one-round-stale meeting: the meeting step with the average of
+        the last snapshots, plus each replica's progress since its snapshot."""
+        if self.snapshots is None:
+            return
+        progress = [[p.detach() - s for p, s in zip(m.parameters(), snap)]
+                    for m, snap in zip(self.replicas, self.snapshots)]
+        new = self.meeting_step(average(self.snapshots))
+        for m, prog in zip(self.replicas, progress):
+            for p, v, d in zip(m.parameters(), new, prog):
+                p.copy_(v + d)
+        self.snapshots = None
+
+    @torch.no_grad()
     def meet(self):
-        avg = average([[p.detach() for p in m.parameters()] for m in self.replicas])
+        new = self.meeting_step(average([[p.detach() for p in m.parameters()]
+                                         for m in self.replicas]))
+        for m in self.replicas:
+            for p, v in zip(m.parameters(), new):
+                p.copy_(v)
+
+    @torch.no_grad()
+    def meeting_step(self, avg):
+        """The parameters every replica takes from ``avg``: itself, or the
+        outer step from the anchor."""
         if self.outer is None:
             new = avg
         else:
             for a, v in zip(self.anchor.parameters(), avg):
                 a.grad = a.detach() - v
             self.outer.step()
-            new = [a.detach() for a in self.anchor.parameters()]
-        for m in self.replicas:
-            for p, v in zip(m.parameters(), new):
-                p.copy_(v)
+            new = [a.detach().clone() for a in self.anchor.parameters()]
+        return new
 
 
-def train(make_inner, make_outer, period, warmup, what):
+def train(make_inner, make_outer, period, warmup, what, streaming=False):
     model = mlp(1)
     outer = make_outer(model.parameters()) if make_outer else None
     opt = hvd.LocalSGD(make_inner(model.parameters()), model, period=period,
-                       outer_optimizer=outer, warmup_steps=warmup)
-    sim = Simulation(make_inner, make_outer, period, warmup)
+                       outer_optimizer=outer, warmup_steps=warmup, streaming=streaming)
+    sim = Simulation(make_inner, make_outer, period, warmup, streaming)
     worst, meetings = 0.0, 0
     for t in range(STEPS):
         opt.zero_grad()
@@ -87,13 +115,14 @@ def train(make_inner, make_outer, period, warmup, what):
         opt.step()
         met = sim.step(t)
         worst = max(worst, check_close(model, sim.replicas[r], f"{what}: step {t}"))
-        if met or t < warmup:
-            meetings += met
+        meetings += met
+        if (met and not streaming) or t < warmup:
             same_on_all_ranks(model, f"{what}.{t}")
     if meetings != (STEPS - warmup) // period:
         fail(f"{what}: {meetings} meetings in the simulation, expected "
              f"{(STEPS - warmup) // period}")
     opt.synchronize()
+    sim.finish_stream()
     if (STEPS - warmup) % period:
         sim.meet()
     worst = max(worst, check_close(model, sim.replicas[r], f"{what}: after synchronize"))
@@ -104,9 +133,12 @@ def train(make_inner, make_outer, period, warmup, what):
 err_local, _ = train(inner_sgd, None, 4, 0, "local SGD")
 err_diloco, _ = train(inner_adamw, outer_nesterov, 6, 0, "DiLoCo")
 err_warm, opt = train(inner_adamw, outer_nesterov, 5, 3, "DiLoCo warm-up")
+err_stream_local, _ = train(inner_sgd, None, 3, 0, "streaming local SGD", streaming=True)
+err_stream, _ = train(inner_adamw, outer_nesterov, 4, 2, "streaming DiLoCo", streaming=True)
 if r == 0:
     print(f"local sgd max relative error local {err_local:.3g}, DiLoCo {err_diloco:.3g}, "
-          f"warm-up {err_warm:.3g}", flush=True)
+          f"warm-up {err_warm:.3g}, streaming local {err_stream_local:.3g}, streaming DiLoCo "
+          f"{err_stream:.3g}", flush=True)
 
 # ---------------------------------------------------------------- state_dict round trip
 
@@ -140,6 +172,8 @@ expect_raises(ValueError, lambda: hvd.LocalSGD(inner_sgd(m.parameters()), m, per
                                                warmup_steps=-1), "warmup_steps=-1",
               "warmup_steps")
 expect_raises(TypeError, lambda: hvd.LocalSGD(object(), m, period=2), "not an optimizer")
+expect_raises(ValueError, lambda: hvd.LocalSGD(inner_sgd(m.parameters()), m, period=2,
+                                               streaming=1), "streaming=1", "streaming")
 expect_raises(TypeError, lambda: hvd.LocalSGD(inner_sgd(m.parameters()), "model", period=2),
               "not a module")
 dist = hvd.DistributedOptimizer(inner_sgd(m.parameters()), named_parameters=m.named_parameters())
@@ -156,4 +190,8 @@ err = expect_raises(hvd.CollectiveMismatchError, lambda: hvd.LocalSGD(
     inner_sgd(m.parameters()), m, period=2 + r), "period differs across ranks")
 if "period" not in str(err):
     fail(f"the mismatch error does not name the options: {err}")
+err = expect_raises(hvd.CollectiveMismatchError, lambda: hvd.LocalSGD(
+    inner_sgd(m.parameters()), m, period=2, streaming=r == 0), "streaming differs across ranks")
+if "streaming" not in str(err):
+    fail(f"the mismatch error does not name streaming: {err}")
 done()

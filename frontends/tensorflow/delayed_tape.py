@@ -1,0 +1,185 @@
+"""One-step delayed averaging with ``DistributedGradientTape(..., staleness=1)``.
+
+A tape lives for one step, but the average started at step t is applied at
+step t+1, so the pending average lives in a ``DelayedGradients`` object the
+caller creates once, before the training loop, and hands to every step's tape::
+
+    delayed = hvd.DelayedGradients()             # once; owns the average in flight
+
+    @tf.function                                  # or eagerly
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(model(x), y)
+        tape = hvd.DistributedGradientTape(tape, staleness=1, delayed=delayed)
+        grads = tape.gradient(loss, model.trainable_variables)   # avg(g_{t-1})
+        delayed.apply_gradients(opt, zip(grads, model.trainable_variables))
+
+    for x, y in data:
+        train_step(x, y)
+    grads = delayed.synchronize()                 # eagerly: the last pending average
+    if grads is not None:
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+Step t computes g_t at the current weights; ``tape.gradient()`` starts
+averaging it across ranks (one grouped allreduce that the core's background
+thread progresses while the caller goes on) and returns the average of the
+previous step's gradients, so for SGD w_{t+1} = w_t - lr * avg(g_{t-1}).
+Step 0 (and the step after ``synchronize()``) has no average: eagerly
+``gradient()`` returns a list of None and ``tape.has_average`` is False
+(Keras refuses to apply all-None gradients: skip the update); inside
+tf.function the result is zeros and ``tape.has_average`` a boolean tensor.
+``delayed.apply_gradients(optimizer, grads_and_vars)`` covers both: it applies
+the gradients of the last ``gradient()`` call only when there was an average
+(``tf.cond`` in a graph; a Keras optimizer is built first), so the wrapped
+optimizer is not stepped at step 0 (its ``iterations`` stay 0). Every rank
+applies the same average, so replicas stay identical.
+
+Supported: eager and tf.function (not XLA), Keras 3 optimizers (any
+optimizer with ``apply_gradients`` eagerly), op Average or Sum with
+gradient_predivide_factor, process sets (ranks outside the set, and a set of
+one rank, delay their local gradients the same way). IndexedSlices are
+averaged as dense tensors. The sources with a gradient must be the same at
+every step. Not with compression, groups or local sources (ValueError).
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from commlib.ops import Average, Sum
+from commlib.reduce_args import predivide_scales, resolve_op
+
+from .compression import Compression
+from .delayed import DelayedExchange
+
+
+class DelayedGradients:
+    """The average in flight between the steps of a
+    ``DistributedGradientTape(..., staleness=1, delayed=...)`` (see the
+    module's docstring). Create it once on every rank (of ``process_set``),
+    in the same order on every rank."""
+
+    def __init__(self, op=Average, gradient_predivide_factor=1.0, process_set=None):
+        op = resolve_op(op)
+        if op not in (Average, Sum):
+            raise ValueError("DelayedGradients supports op=Average or op=Sum only")
+        pre, post = predivide_scales(op, gradient_predivide_factor)
+        self._exchange = DelayedExchange(op, pre, post, process_set)
+        self.process_set = self._exchange.process_set
+        self._layout = None  # (number of gradients, positions of those not None)
+        self._has_average = None  # of the last swap: a bool, or a bool tensor in a graph
+        self._averages = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether an average is in flight (started, not applied yet)."""
+        return self._exchange.pending
+
+    def swap(self, grads):
+        """Starts averaging ``grads`` and returns ``(has_average, averages)``:
+        the previous step's average (see the module's docstring)."""
+        grads = list(grads)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        if not present:
+            raise ValueError("staleness=1: no source has a gradient")
+        layout = (len(grads), present)
+        if self._layout is not None and layout != self._layout:
+            raise ValueError("staleness=1: the sources with a gradient changed between steps "
+                             f"(gradients at {present} of {len(grads)}, before "
+                             f"{self._layout[1]} of {self._layout[0]})")
+        self._layout = layout
+        dense = [tf.convert_to_tensor(grads[i]) for i in present]
+        have, averages = self._exchange.swap_op(dense)
+        if tf.executing_eagerly():
+            have = bool(have)
+        out = [None] * len(grads)
+        if have is not False:
+            for i, a in zip(present, averages):
+                out[i] = a
+        self._has_average, self._averages = have, out
+        return have, out
+
+    def apply_gradients(self, optimizer, grads_and_vars):
+        """``optimizer.apply_gradients(grads_and_vars)`` when the last
+        ``gradient()`` returned an average; nothing at step 0 (eagerly, or
+        through tf.cond inside tf.function)."""
+        if self._has_average is None:
+            raise RuntimeError("apply_gradients() comes after the tape's gradient() in the same "
+                               "step")
+        pairs = list(grads_and_vars)
+        have, self._has_average = self._has_average, None
+        if isinstance(have, bool):
+            if have:
+                optimizer.apply_gradients(pairs)
+            return
+        _build(optimizer, [v for _, v in pairs])
+
+        def update():
+            optimizer.apply_gradients(pairs)
+            return tf.constant(True)
+
+        tf.cond(have, update, lambda: tf.constant(False))
+
+    def synchronize(self):
+        """Eagerly: waits for the pending average and returns it (a list
+        with None where the step's gradient was None), or None when none is
+        pending. The caller applies it (before evaluating or saving)."""
+        if not tf.executing_eagerly():
+            raise RuntimeError("DelayedGradients.synchronize() runs eagerly (call it outside "
+                               "tf.function, after the training loop)")
+        have, arrays = self._exchange.finish()
+        if not have:
+            return None
+        count, present = self._layout
+        out = [None] * count
+        for i, a in zip(present, arrays):
+            out[i] = tf.convert_to_tensor(a)
+        return out
+
+
+def _build(optimizer, variables):
+    """Builds a Keras optimizer's slots outside the tf.cond branch (variables
+    cannot be created inside one)."""
+    if getattr(optimizer, "built", True) or not hasattr(optimizer, "build"):
+        return
+    import keras
+
+    with keras.name_scope(optimizer.name, caller=optimizer):
+        optimizer.build(variables)
+    optimizer.built = True
+
+
+def check_tape_staleness(staleness, delayed, compression, groups):
+    """ValueError for a staleness/delayed combination DistributedGradientTape
+    does not take."""
+    if isinstance(staleness, bool) or staleness not in (0, 1):
+        raise ValueError(f"staleness must be 0 (synchronous) or 1 (one-step delayed "
+                         f"averaging), got {staleness!r}")
+    if staleness == 0:
+        if delayed is not None:
+            raise ValueError("delayed= is for staleness=1")
+        return
+    if not isinstance(delayed, DelayedGradients):
+        raise ValueError("staleness=1 needs delayed=hvd.DelayedGradients(), created once before "
+                         "the training loop (it holds the average between steps)")
+    if groups is not None or compression is not Compression.none:
+        raise ValueError("staleness=1 cannot be combined with groups or compression")
+
+
+class DelayedTapeMixin:
+    """Put in front of the wrapped tape's class by DistributedGradientTape
+    when staleness=1: gradient() swaps this step's gradients for the
+    previous step's average."""
+
+    has_average = None
+
+    def register_local_source(self, source):
+        raise ValueError("staleness=1: local sources are not supported")
+
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        grads = super(DelayedTapeMixin, self).gradient(
+            target, sources, output_gradients=output_gradients,
+            unconnected_gradients=unconnected_gradients)
+        have, out = self._commlib_delayed.swap(tf.nest.flatten(grads))
+        self.has_average = have
+        return tf.nest.pack_sequence_as(grads, out)
