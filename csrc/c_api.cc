@@ -167,7 +167,7 @@ int64_t commlib_p2p_blocking(int op_type, int dtype, int ndim, const int64_t* sh
   int64_t pending = 0;
   const int rc = guarded([&] {
     Engine& engine = Engine::get();
-    const int64_t id = engine.enqueue_p2p(req);
+    const int64_t id = engine.enqueue_p2p(req, true);
     auto h = engine.handles().find(id);
     if (!engine.wait(*h, timeout_s)) {
       pending = id;

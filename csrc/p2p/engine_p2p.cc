@@ -78,7 +78,7 @@ void Engine::init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, size_t 
                                         });
 }
 
-int64_t Engine::enqueue_p2p(const commlib_request& q) {
+int64_t Engine::enqueue_p2p(const commlib_request& q, bool caller_waits) {
   if (!running_.load()) {
     throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
   }
@@ -101,6 +101,7 @@ int64_t Engine::enqueue_p2p(const commlib_request& q) {
   }
   r.data = q.input;
   r.out = q.output;
+  r.caller_waits = caller_waits;
   auto [id, handle] = handles_.create();
   r.handle = handle;
   {
@@ -123,7 +124,11 @@ bool Engine::cycle_p2p() {
     std::lock_guard<std::mutex> lock(queue_mu_);
     batch.swap(p2p_queue_);
   }
-  for (P2PRequest& r : batch) p2p_->post(std::move(r));
+  const bool waiting = handles_.driving() > 0;  // (a split copy needs a sender that answers)
+  for (P2PRequest& r : batch) {
+    const bool sender_waits = waiting || r.caller_waits;
+    p2p_->post(std::move(r), sender_waits);
+  }
   bool worked = p2p_->progress() || !batch.empty();
   p2p_->check_stalls(now_us(), stall_warning_us_, timeout_us_);
   return worked;

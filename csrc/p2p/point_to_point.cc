@@ -122,7 +122,7 @@ void PointToPoint::send_ctl(int peer, std::string bytes) {
   ctl_sends_.send(std::move(bytes), peer, kCtlTag, comm_, "MPI_Isend(p2p control)");
 }
 
-void PointToPoint::post(P2PRequest r) {
+void PointToPoint::post(P2PRequest r, bool sender_waits) {
   r.posted_us = now_us();
   if (departed_[size_t(r.peer)]) {
     complete(r, COMMLIB_ERR_NOT_INIT, "rank " + std::to_string(r.peer) + " has called shutdown(); no " +
@@ -149,6 +149,7 @@ void PointToPoint::post(P2PRequest r) {
   w.put_vec(r.shape);
   w.put<uint64_t>(nbytes);
   w.put<uint64_t>(eager ? 0 : reinterpret_cast<uint64_t>(r.data));
+  w.put<int32_t>(sender_waits ? 1 : 0);
   std::string bytes = w.take();
   if (eager) bytes.append(static_cast<const char*>(r.data), size_t(nbytes));
   send_ctl(r.peer, std::move(bytes));
@@ -233,6 +234,7 @@ void PointToPoint::on_header(int source, std::string msg) {
   in.shape = rd.get_vec();
   in.nbytes = rd.get<uint64_t>();
   in.addr = rd.get<uint64_t>();
+  in.sender_waits = rd.get<int32_t>() != 0;
   if (in.addr == 0) {
     in.offset = msg.size() - size_t(in.nbytes);
     in.payload = std::move(msg);
@@ -284,7 +286,7 @@ void PointToPoint::deliver(P2PRequest& r, Incoming& in) {
   r.handle->shape = in.shape;
   if (in.addr != 0) {
     const size_t src = size_t(in.source);
-    if (proven_[src] && in.nbytes >= std::max<uint64_t>(split_bytes_, 1 << 16)) {
+    if (proven_[src] && in.sender_waits && in.nbytes >= std::max<uint64_t>(split_bytes_, 1 << 16)) {
       start_split(r, in, dst);
       return;
     }

@@ -14,9 +14,12 @@
 //   with one copy (process_vm_readv, cma.h) on the same host and
 //   acknowledged, or else the receiver posts an MPI receive under a fresh
 //   data tag and sends "clear to send" with that tag. Once a direct read
-//   from a peer has worked, messages of split_bytes and more are copied by
-//   both ranks at once (split_copy.cc): the receiver reads the first half
-//   while the sender writes the second into the receiver's buffer.
+//   from a peer has worked, messages of split_bytes and more whose sender
+//   was waiting when it posted them (its header says so) are copied by both
+//   ranks at once (split_copy.cc): the receiver reads the first half while
+//   the sender writes the second into the receiver's buffer. A sender that
+//   posted and went on computing (a pipeline's isend) is not asked: its
+//   engine may be asleep, and waking it costs more than the half saves.
 // - A send completes when the receiver has taken its data (acknowledgement,
 //   or its MPI data send finished): like MPI_Ssend, so that a receiver's
 //   error reaches the sender's handle.
@@ -59,6 +62,7 @@ struct P2PRequest {
   void* out = nullptr;         // receive (null: the core allocates the result)
   int64_t posted_us = 0;
   bool warned = false;
+  bool caller_waits = false;  // a blocking send: its caller waits in the engine from now on
 };
 
 class PointToPoint {
@@ -73,7 +77,10 @@ class PointToPoint {
                Completion done);
   ~PointToPoint();
 
-  void post(P2PRequest req);
+  // sender_waits: a thread of this rank is waiting in the engine right now
+  // (or req.caller_waits: a blocking send), so it will answer a split request
+  // at once.
+  void post(P2PRequest req, bool sender_waits);
   // Moves everything forward that can move without blocking; true when it did work.
   bool progress();
   // Only the control messages this rank sends (see progress.h's wait hook).
@@ -97,6 +104,7 @@ class PointToPoint {
     std::vector<int64_t> shape;
     uint64_t nbytes;
     uint64_t addr;        // rendezvous: the sender's buffer
+    bool sender_waits = false;  // the sender was waiting in its engine when it posted
     std::string payload;  // eager: the whole message; bytes start at offset
     size_t offset = 0;
   };

@@ -71,7 +71,8 @@ class Engine : private CacheHost {
                                   void* const* inputs, void* const* outputs, int reduce_op,
                                   double prescale, double postscale, int process_set);
   // Point-to-point send/recv (p2p/engine_p2p.cc; see c_api.h): never negotiated.
-  int64_t enqueue_p2p(const commlib_request& req);
+  // caller_waits: the caller waits for it right away (a blocking send/recv).
+  int64_t enqueue_p2p(const commlib_request& req, bool caller_waits = false);
   // Process sets (collective over every rank; see c_api.h).
   int64_t add_process_set(const int32_t* ranks, int n);
   int64_t remove_process_set(int id);

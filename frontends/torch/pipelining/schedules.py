@@ -23,7 +23,18 @@ action and microbatch instead of hanging. Microbatch shapes may change from
 step to step: receivers learn each message's shape.
 
 ``schedule.stats`` holds the last step's times (compute, communication,
-step) and each local stage's peak number of live activations.
+step) and each local stage's peak number of live activations; with
+``schedule.record_timeline = True`` also ``stats["timeline"]``, every
+action's start and end (see commlib.pipeline.timeline, which splits the
+time in send/recv into moving messages and waiting for the peer).
+
+Every receive of a step is posted when the step starts (each message has
+its own tag), so messages move while the rank computes; a RECV action waits
+for its message (``schedule.post_receives_early = False``: each receive is
+posted by its RECV action, as the lists read). A step that raises midway
+leaves its posted receives behind, and they would take the next step's
+messages of the same tags: after such an error, end the job (or
+shutdown/init, as elastic training does) rather than stepping again.
 """
 from __future__ import annotations
 
@@ -31,7 +42,7 @@ import time
 
 import torch
 
-from commlib.pipeline.actions import Action, tag
+from commlib.pipeline.actions import COMPUTE, RECVS, Action, peer_stage, tag
 from commlib.pipeline.checker import check
 from commlib.pipeline.schedules import build
 
@@ -81,6 +92,8 @@ class _Schedule:
         self.stages = {s.stage_index: s for s in stages}
         self.n_microbatches, self.loss_fn, self._me = n_microbatches, loss_fn, me
         self.stats: dict = {}
+        self.record_timeline = False
+        self.post_receives_early = True
 
     # ---------------------------------------------------------- one step
     def step(self, *inputs, target=None, losses=None):
@@ -118,8 +131,9 @@ class _Schedule:
 
 
 class _Run:
-    """The state of one step on one rank: what was received, the sends in
-    flight, the time spent computing and communicating."""
+    """The state of one step on one rank: the receives posted, the sends in
+    flight, the time spent computing and communicating (and, when the
+    schedule records a timeline, every action's start and end)."""
 
     def __init__(self, schedule: _Schedule, micro, targets):
         self.s, self.micro, self.targets = schedule, micro, targets
@@ -127,18 +141,43 @@ class _Run:
         self.sends: list = []
         self.outputs: dict[int, torch.Tensor] = {}
         self.compute = self.comm = 0.0
+        self.events = [] if schedule.record_timeline else None
         for st in schedule.stages.values():
             st.clear()
             st.live_peak = 0
+        self._post_receives(schedule.actions[schedule._me])
+
+    def _post_receives(self, actions) -> None:
+        """Posts every receive of the step at once (each message has its own
+        tag), so that a message moves while this rank computes; the RECV
+        actions only wait for them."""
+        self.pending: dict | None = None
+        if not self.s.post_receives_early:
+            return
+        t0 = time.perf_counter()
+        self.pending = {a: self._post(a) for a in actions if a.kind in RECVS}
+        self._spent("POST", t0, -1, -1)
+
+    def _post(self, a: Action):
+        st = self.s.stages[a.stage]
+        return irecv(st.job_rank(peer_stage(a)), tag(a), process_set=st.process_set)
+
+    def _receive(self, a: Action) -> torch.Tensor:
+        return synchronize(self.pending.pop(a) if self.pending is not None else self._post(a))
 
     def do(self, a: Action) -> None:
         t0 = time.perf_counter()
         getattr(self, "_" + a.kind)(self.s.stages[a.stage], a)
-        spent = time.perf_counter() - t0
-        if a.kind in ("F", "B"):
-            self.compute += spent
+        self._spent(a.kind, t0, a.stage, a.microbatch)
+
+    def _spent(self, kind: str, t0: float, stage: int, microbatch: int) -> None:
+        t1 = time.perf_counter()
+        if kind in COMPUTE:
+            self.compute += t1 - t0
         else:
-            self.comm += spent
+            self.comm += t1 - t0
+        if self.events is not None:
+            self.events.append((kind, stage, microbatch, t0, t1))
 
     def _F(self, st: PipelineStage, a: Action) -> None:
         i = a.microbatch
@@ -172,25 +211,27 @@ class _Run:
         self.sends.append(isend(g, st.job_rank(a.stage - 1), tag(a), st.process_set))
 
     def _RECV_F(self, st: PipelineStage, a: Action) -> None:
-        x = synchronize(irecv(st.job_rank(a.stage - 1), tag(a), process_set=st.process_set))
+        x = self._receive(a)
         if x.is_floating_point():
             x.requires_grad_(True)
         self.received[("F", a.stage, a.microbatch)] = x
 
     def _RECV_B(self, st: PipelineStage, a: Action) -> None:
-        g = synchronize(irecv(st.job_rank(a.stage + 1), tag(a), process_set=st.process_set))
-        self.received[("B", a.stage, a.microbatch)] = g
+        self.received[("B", a.stage, a.microbatch)] = self._receive(a)
 
     def finish_sends(self) -> None:
         t0 = time.perf_counter()
         for h in self.sends:
             synchronize(h)
         self.sends = []
-        self.comm += time.perf_counter() - t0
+        self._spent("FINISH", t0, -1, -1)
 
     def stats(self, total: float) -> dict:
-        return {"step_s": total, "compute_s": self.compute, "comm_s": self.comm,
-                "live_peak": {s: st.live_peak for s, st in self.s.stages.items()}}
+        out = {"step_s": total, "compute_s": self.compute, "comm_s": self.comm,
+               "live_peak": {s: st.live_peak for s, st in self.s.stages.items()}}
+        if self.events is not None:
+            out["timeline"] = self.events
+        return out
 
 
 class ScheduleGPipe(_Schedule):

@@ -4,7 +4,10 @@ stages) for 10 SGD steps whose batch size changes from step to step, and
 end where one process trained on the whole batches ends; losses and outputs
 match too; 1F1B keeps at most p-r activations live; a broken schedule of
 one's own raises ScheduleError on every rank before anything is sent; a
-one-rank pipeline (process set of one) passes tensors between its stages."""
+one-rank pipeline (process set of one) passes tensors between its stages;
+the opt-in timeline lists every action and splits the time in send/recv
+(commlib.pipeline.timeline) consistently with ``stats``; receives posted
+at their RECV actions instead of the step's start give the same gradients."""
 import sys
 
 import torch
@@ -13,6 +16,7 @@ import torch.nn.functional as F
 
 import commlib.torch as hvd
 from _common import check_equal, done, expect_raises, fail
+from commlib.pipeline import timeline
 from commlib.torch.pipelining import (Action, PipelineStage, Schedule1F1B, ScheduleError,
                                       ScheduleFromActions, ScheduleGPipe,
                                       ScheduleInterleaved1F1B)
@@ -113,6 +117,35 @@ for cls, v in ((ScheduleGPipe, 1), (Schedule1F1B, 1), (ScheduleInterleaved1F1B, 
         if r == 0:
             print(f"{cls.__name__} p={p} m={m} {DTYPE}: max relative parameter error "
                   f"{float(errs.max()):.2e}", flush=True)
+
+# ---- the opt-in timeline; receives posted by their RECV actions give the same gradients
+def one_step(early, record):
+    st = PipelineStage(stage_modules(modules(), p, r), r, p)
+    sched = Schedule1F1B(st, 4, F.mse_loss)
+    sched.record_timeline, sched.post_receives_early = record, early
+    x, y = batch(1)
+    sched.step(x, target=y)
+    return sched, [q.grad for q in st.module.parameters()]
+
+
+plain, grads = one_step(True, False)
+if "timeline" in plain.stats:
+    fail("a schedule records a timeline only when asked")
+for early in (True, False):
+    sched, g = one_step(early, True)
+    if any(not torch.equal(a, b) for a, b in zip(g, grads)):
+        fail(f"post_receives_early={early}: gradients differ from the default schedule's")
+    events = sched.stats["timeline"]
+    want = [a.kind for a in sched.actions[r]] + ["FINISH"]
+    if [e[0] for e in events] != (["POST"] if early else []) + want:
+        fail(f"timeline kinds {[e[0] for e in events]}, expected the actions in order")
+    rows = torch.tensor(timeline.encode(events), dtype=torch.float64)
+    counts = hvd.allgather(torch.tensor([rows.shape[0]])).tolist()
+    every = [timeline.decode(t.tolist()) for t in hvd.allgather(rows).split(counts)]
+    mine = timeline.p2p_seconds(every)[r]
+    if not (0 <= mine["p2p"] <= mine["calls"] and mine["compute"] + mine["calls"] <= mine["step"]
+            and abs(mine["calls"] - sched.stats["comm_s"]) < 1e-9):
+        fail(f"timeline split {mine} against stats {sched.stats}")
 
 # ---- a schedule of one's own that would hang raises on every rank, before anything is sent
 model = modules()
