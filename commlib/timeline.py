@@ -12,9 +12,10 @@ Per tensor (one row each, named by the tensor): ``QUEUE`` (held for
 batching), ``NEGOTIATE`` (until every rank submitted it; ``cache_hit``
 says whether it skipped rank 0), on rank 0 a ``RANK_READY`` mark when each
 rank's request arrived, the execution (the operation's name, with
-``algorithm``, ``bytes``, ``fused_count``/``fused_with``) and ``DONE`` or
-``ERROR``; point-to-point transfers get ``SEND``/``RECV`` rows per peer and
-tag; with ``mark_cycles`` a ``CYCLE`` mark per busy background cycle.
+``algorithm``, ``bytes``, ``fused_count``/``fused_with``), whose end is the
+request's completion, or an ``ERROR`` mark; point-to-point transfers get
+``SEND``/``RECV`` rows per peer and tag; with ``mark_cycles`` a ``CYCLE``
+mark per busy background cycle.
 """
 from __future__ import annotations
 

@@ -379,7 +379,7 @@ void Engine::loop() {
 }
 
 void Engine::finish(Entry& e, int status, const std::string& message) {
-  if (timeline().on()) trace_finish(e, status, message, now_us());
+  if (status != COMMLIB_OK && timeline().on()) trace_failure(e, status, message, now_us());
   outstanding_.fetch_sub(1);
   {
     std::lock_guard<std::mutex> lock(queue_mu_);

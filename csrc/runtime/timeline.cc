@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstring>
 
+#include <algorithm>
+
 #include "common.h"
 
 namespace commlib {
@@ -118,22 +120,32 @@ void Timeline::append(const std::string& event) {
 
 void Timeline::span(const std::string& name, const char* phase, int64_t start_us, int64_t end_us,
                     const std::string& args_json) {
+  char head[192];
   std::lock_guard<std::mutex> lock(mu_);
   if (!file_ || closing_) return;
   const int row = row_of(name);
-  append("{\"name\": \"" + std::string(phase) + "\", \"ph\": \"X\", \"pid\": " + std::to_string(rank_) +
-         ", \"tid\": " + std::to_string(row) + ", \"ts\": " + std::to_string(start_us) +
-         ", \"dur\": " + std::to_string(end_us > start_us ? end_us - start_us : 0) + ", \"args\": {" +
-         args_json + "}}");
+  const int n = std::snprintf(head, sizeof(head),
+                              "{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %lld, "
+                              "\"dur\": %lld, \"args\": {",
+                              phase, rank_, row, static_cast<long long>(start_us),
+                              static_cast<long long>(end_us > start_us ? end_us - start_us : 0));
+  buffer_.append(head, size_t(std::min<int>(n, int(sizeof(head)) - 1)));
+  buffer_ += args_json;
+  buffer_ += "}},\n";
 }
 
 void Timeline::mark(const std::string& name, const char* what, int64_t ts_us, const std::string& args_json) {
+  char head[160];
   std::lock_guard<std::mutex> lock(mu_);
   if (!file_ || closing_) return;
   const int row = row_of(name);
-  append("{\"name\": \"" + std::string(what) + "\", \"ph\": \"i\", \"s\": \"t\", \"pid\": " +
-         std::to_string(rank_) + ", \"tid\": " + std::to_string(row) + ", \"ts\": " + std::to_string(ts_us) +
-         ", \"args\": {" + args_json + "}}");
+  const int n = std::snprintf(head, sizeof(head),
+                              "{\"name\": \"%s\", \"ph\": \"i\", \"s\": \"t\", \"pid\": %d, \"tid\": %d, "
+                              "\"ts\": %lld, \"args\": {",
+                              what, rank_, row, static_cast<long long>(ts_us));
+  buffer_.append(head, size_t(std::min<int>(n, int(sizeof(head)) - 1)));
+  buffer_ += args_json;
+  buffer_ += "}},\n";
 }
 
 }  // namespace commlib

@@ -44,13 +44,9 @@ void trace_execution(const Response& resp, const std::vector<Entry*>& entries, i
   }
 }
 
-void trace_finish(const Entry& e, int status, const std::string& message, int64_t now_us) {
-  if (status == COMMLIB_OK) {
-    timeline().mark(e.desc.name, "DONE", now_us);
-  } else {
-    timeline().mark(e.desc.name, "ERROR", now_us,
-                    "\"status\": " + std::to_string(status) + ", \"message\": " + json_string(message));
-  }
+void trace_failure(const Entry& e, int status, const std::string& message, int64_t now_us) {
+  timeline().mark(e.desc.name, "ERROR", now_us,
+                  "\"status\": " + std::to_string(status) + ", \"message\": " + json_string(message));
 }
 
 }  // namespace commlib

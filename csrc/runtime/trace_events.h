@@ -17,7 +17,8 @@ namespace commlib {
 void trace_execution(const Response& resp, const std::vector<Entry*>& entries, int64_t started_us,
                      int64_t ended_us, const std::string& algorithm);
 
-// A request that ended: its completion, or its failure with the message.
-void trace_finish(const Entry& e, int status, const std::string& message, int64_t now_us);
+// A request that failed, with the message (one that succeeded completed at
+// the end of its execution span).
+void trace_failure(const Entry& e, int status, const std::string& message, int64_t now_us);
 
 }  // namespace commlib
