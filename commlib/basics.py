@@ -56,6 +56,7 @@ def shutdown() -> None:
         # abort at exit instead, which ends the job (the error was reported).
         set_abort = getattr(MPI, "_set_abort_status", None)
         if set_abort is not None:
+            failure_notes.note_abort()
             set_abort(1)
 
 

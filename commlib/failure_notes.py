@@ -18,6 +18,7 @@ import sys
 
 STATUS_DIR_ENV = "COMMLIB_RUN_STATUS_DIR"  # (set by commlibrun for each rank's wrapper)
 _installed = False
+_rank = None
 
 
 def _is_consequence(exc: BaseException) -> bool:
@@ -32,20 +33,35 @@ def _is_consequence(exc: BaseException) -> bool:
     return False
 
 
-def _note(status_dir: str, rank: int, exc: BaseException) -> None:
-    path = os.path.join(status_dir, f"rank{rank}.failure")
+def _write(status_dir: str, name: str, text: str) -> None:
+    path = os.path.join(status_dir, name)
     try:
         with open(f"{path}.tmp{os.getpid()}", "w") as f:
-            f.write(f"{int(_is_consequence(exc))} {type(exc).__name__}\n")
+            f.write(text)
         os.replace(f"{path}.tmp{os.getpid()}", path)
     except OSError:
         pass  # (a rank on another host: the launcher's directory is not there)
 
 
+def _note(status_dir: str, rank: int, exc: BaseException) -> None:
+    _write(status_dir, f"rank{rank}.failure", f"{int(_is_consequence(exc))} {type(exc).__name__}\n")
+
+
+def note_abort() -> None:
+    """Under ``commlibrun``: this rank is about to abort MPI at exit (it lost
+    contact with peers). The abort tears the job down, the ranks' wrappers
+    with it, before they record how their rank ended; this note lets
+    ``commlibrun`` name the rank anyway."""
+    status_dir = os.environ.get(STATUS_DIR_ENV)
+    if status_dir and _rank is not None:
+        _write(status_dir, f"rank{_rank}.abort", "1\n")
+
+
 def install(rank: int) -> None:
     """Under ``commlibrun``: note an uncaught exception's kind before the
     previous ``sys.excepthook`` runs. Once per process."""
-    global _installed
+    global _installed, _rank
+    _rank = rank
     status_dir = os.environ.get(STATUS_DIR_ENV)
     if _installed or not status_dir:
         return
@@ -80,3 +96,8 @@ def rank_files(status_dir: str, suffix: str = ""):
 def consequences(status_dir: str) -> set[int]:
     """The ranks whose noted failure followed another rank's."""
     return {rank for rank, text in rank_files(status_dir, ".failure") if text.split()[:1] == ["1"]}
+
+
+def aborted(status_dir: str) -> list[int]:
+    """The ranks that noted an abort of MPI (note_abort), in order."""
+    return sorted(rank for rank, _ in rank_files(status_dir, ".abort"))

@@ -228,17 +228,6 @@ def read_statuses(status_dir):
         except ValueError:
             continue
     return statuses
-    for name in names:
-        m = re.fullmatch(r"rank(\d+)", name)
-        if not m:
-            continue
-        try:
-            with open(os.path.join(status_dir, name)) as f:
-                code, stamp = f.read().split()
-            statuses[int(m.group(1))] = (int(code), float(stamp))
-        except (OSError, ValueError):
-            continue
-    return statuses
 
 
 def first_failure(statuses, consequences=frozenset()):
@@ -481,13 +470,20 @@ def job_exit_code(returncode, statuses):
     return code, (f"commlibrun: job failed: {cause}" if cause else None)
 
 
-def failure_cause(returncode, statuses, consequences=frozenset()):
+def failure_cause(returncode, statuses, consequences=frozenset(), aborted=()):
     """``(exit code, cause)`` of a finished job; the cause (None on success)
-    names the rank that failed first (see first_failure), or mpiexec's own status."""
+    names the rank that failed first (see first_failure), else the ranks that
+    aborted MPI (``aborted``: commlib.failure_notes; the abort ends the job
+    before the wrappers record a status), or mpiexec's own status."""
     failure = first_failure(statuses, consequences)
     if failure:
         rank, code = failure
         return code, f"rank {rank} {describe_exit(code)} (first failure)"
+    if aborted and returncode != 0:
+        ranks = ", ".join(map(str, aborted))
+        return (128 - returncode if returncode < 0 else returncode,
+                f"rank{'s' if len(aborted) > 1 else ''} {ranks} lost contact with other ranks and "
+                f"aborted MPI (their errors are above); mpiexec exited with status {returncode}")
     if returncode < 0:
         sig = signal.Signals(-returncode).name
         return 128 - returncode, f"mpiexec was killed by signal {sig}"
@@ -624,7 +620,8 @@ def _run_attempt(number, timeout, *, build, env, environ, verbose):
             print(f"commlibrun: interrupted by {signal.Signals(job.signal_received).name}",
                   file=sys.stderr)
             return Attempt(128 + job.signal_received, retryable=False)
-        code, cause = failure_cause(returncode, read_statuses(status_dir), failure_notes.consequences(status_dir))
+        code, cause = failure_cause(returncode, read_statuses(status_dir), failure_notes.consequences(status_dir),
+                                    failure_notes.aborted(status_dir))
         return Attempt(code, cause)
     finally:
         if relay is not None:

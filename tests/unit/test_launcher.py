@@ -202,6 +202,14 @@ def test_first_failure_is_earliest():
     assert launcher.first_failure({0: (1, 5.0), 1: (1, 3.0)}, consequences={0, 1}) == (1, 1)
 
 
+def test_failure_cause_names_ranks_that_aborted():
+    # An MPI abort ends the job before the wrappers record statuses: the ranks' notes name them.
+    code, cause = launcher.failure_cause(1, {}, aborted=[0, 2])
+    assert code == 1 and cause.startswith("ranks 0, 2 lost contact with other ranks and aborted MPI"), cause
+    assert launcher.failure_cause(0, {}, aborted=[1]) == (0, None)
+    assert launcher.failure_cause(1, {1: (3, 1.0)}, aborted=[0])[1] == "rank 1 exited with code 3 (first failure)"
+
+
 def test_describe_exit():
     assert launcher.describe_exit(3) == "exited with code 3"
     assert launcher.describe_exit(137) == "was killed by signal SIGKILL"
