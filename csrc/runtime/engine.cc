@@ -22,8 +22,12 @@ namespace {
 
 // How often the background thread looks whether the waiters still drive.
 constexpr int64_t kYieldNapUs = 200;
-// How long a rank that lost contact with a peer waits at shutdown (Engine::shutdown).
-constexpr int64_t kLostContactLingerUs = 2000000;
+// How long a rank that lost contact with a peer waits at shutdown before its
+// MPI_Abort ends the job (Engine::shutdown). The ranks beyond a cut may be
+// waiting for rank 0's answer rather than for data: they give up the timeout
+// + 8 s after their submission (check_coordinator_alive, checked each second),
+// which came no later than this rank's wait began; 10 s covers that.
+constexpr int64_t kLostContactLingerUs = 10000000;
 
 // pid and host name of every rank, for the peer monitor.
 std::vector<PeerInfo> exchange_peer_info(MPI_Comm comm, int rank, int size) {
@@ -209,8 +213,8 @@ void Engine::shutdown() {
   timeline().stop();
   stop_peer_monitor();
   if (lost_contact_.load()) {
-    // The ranks it could not reach time out at about the same moment: they
-    // get to raise their own errors before this rank's MPI_Abort ends the job.
+    // The ranks it could not reach time out too: they get to raise their own
+    // errors before this rank's MPI_Abort ends the job.
     nap_us(kLostContactLingerUs);
   }
   if (broken()) {  // collective MPI calls could hang on a dead peer
