@@ -16,7 +16,8 @@ import os
 import re
 import sys
 
-STATUS_DIR_ENV = "COMMLIB_RUN_STATUS_DIR"  # (set by commlibrun for each rank's wrapper)
+from ._rankwrap import STATUS_DIR_ENV  # (set by commlibrun for each rank's wrapper)
+
 _installed = False
 _rank = None
 
