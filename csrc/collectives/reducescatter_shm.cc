@@ -1,8 +1,12 @@
-// Shared-memory reduce-scatter: per window of elements [a, b), every rank
-// copies its input window into its region and posts; rank r then reduces the
-// part of its own slice that falls in the window, reading every rank's region
-// (in rank order), straight into its output. Each element is reduced by one
-// rank only; per rank: one copy of the input in, one pass over its slice.
+// Shared-memory reduce-scatter, in blocks that take one chunk of every rank's
+// slice: for block k each rank copies into its region the chunks the OTHER
+// ranks own (piece r of the region: rank r's chunk k, its own piece left
+// unused) and posts; then every rank reduces its own chunk k at once, from
+// the posted pieces and its own input, in rank order, straight into its
+// output. So all ranks reduce in parallel in every block (a block over a
+// contiguous window would leave all but the window's owner idle), and each
+// rank copies only the (P-1)/P of its input that others reduce, as the
+// shared-memory allreduce does. Each element is reduced by one rank only.
 #include <algorithm>
 #include <cstring>
 
@@ -17,28 +21,44 @@ void reducescatter_shm(ShmSegment& shm, const void* in, void* out, const std::ve
                        int dtype, int op) {
   const int P = shm.size(), me = shm.rank();
   const size_t esize = dtype_size(dtype);
-  size_t total = 0, lo = 0;
+  std::vector<size_t> displ(P, 0);
+  size_t largest = 0;
   for (int r = 0; r < P; ++r) {
-    if (r == me) lo = total;
-    total += counts[r];
+    if (r > 0) displ[r] = displ[r - 1] + counts[r - 1];
+    largest = std::max(largest, counts[r]);
   }
-  const size_t hi = lo + counts[me];  // my slice [lo, hi) of the reduced vector
+  // Elements per chunk: P of them fit a region; 64-byte multiples when the
+  // region allows, so pieces stay cache-line aligned.
+  size_t chunk = shm.region_bytes() / esize / size_t(P);
+  const size_t align = std::max<size_t>(1, 64 / esize);
+  if (chunk >= align) chunk = chunk / align * align;
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
-  for (size_t a = 0; a < total;) {
+  for (size_t a = 0; a < largest; a += chunk) {
     ShmBlock blk(shm);
-    const size_t b = std::min(total, a + blk.capacity() / esize);
-    std::memcpy(blk.mine(), src + a * esize, (b - a) * esize);
+    auto part = [&](int r) { return a < counts[r] ? std::min(chunk, counts[r] - a) : size_t(0); };
+    auto piece = [&](char* region, int r) { return region + size_t(r) * chunk * esize; };
+    for (int r = 0; r < P; ++r) {
+      if (r != me) std::memcpy(piece(blk.mine(), r), src + (displ[r] + a) * esize, part(r) * esize);
+    }
     blk.post();
-    blk.wait_all_posted();
-    const size_t s = std::max(a, lo), e = std::min(b, hi);
-    if (s < e) {
-      char* o = dst + (s - lo) * esize;
-      std::memcpy(o, blk.region(0) + (s - a) * esize, (e - s) * esize);
-      for (int r = 1; r < P; ++r) reduce_into(dtype, op, o, blk.region(r) + (s - a) * esize, e - s);
+    const size_t n = part(me);
+    char* o = dst + a * esize;
+    const char* own = src + (displ[me] + a) * esize;
+    for (int r = 0; r < P; ++r) {
+      const char* from = own;
+      if (r != me) {
+        blk.wait_posted(r);
+        from = piece(blk.region(r), me);
+      }
+      if (n == 0) continue;
+      if (r == 0) {
+        std::memcpy(o, from, n * esize);
+      } else {
+        reduce_into(dtype, op, o, from, n);
+      }
     }
     blk.finish();
-    a = b;
   }
 }
 

@@ -241,7 +241,8 @@ namespace {
 
 void reduce_scatter(OpContext& ctx, const void* in, void* out, const std::vector<size_t>& counts,
                     int dtype, int op) {
-  if (use_shm_collective(ctx, true)) {
+  // (the shared-memory path needs room for one element per rank and block)
+  if (use_shm_collective(ctx, true) && ctx.shm->region_bytes() >= 64 * size_t(ctx.transport.size())) {
     note_algorithm("shm");
     reducescatter_shm(*ctx.shm, in, out, counts, dtype, op);
   } else {

@@ -14,17 +14,26 @@ and every bucket is split element by element into ``size`` equal shards
 (padded; the padding is never a parameter). Rank i keeps optimizer state for
 shard i only: a shard-sized optimizer of the wrapped class, with the same
 hyperparameters (copied from ``param_groups`` at every step, so LR
-schedulers work), steps the shards in place, and the updated shards are
-allgathered into every rank's parameters.
+schedulers work), steps the shards in place bucket by bucket, and each
+bucket's updated shards are gathered into every rank's parameters (one
+in-place broadcast per owner) while the next bucket steps.
 
-- Stage 1: ``p.grad`` are views of a flat gradient per bucket, allreduced
-  (in place, overlapped with backward) when the bucket's gradients are
-  final. After ``synchronize()`` every ``p.grad`` holds the averaged
-  gradient, so ``torch.nn.utils.clip_grad_norm_`` works as without ZeRO.
+- Both stages reduce-scatter a bucket's gradients when they are all final
+  (overlapped with backward): each rank receives its shard's averaged
+  gradient. With the parameter gather after the step, that moves the bytes
+  of one allreduce.
+- Stage 1 keeps full gradients: ``p.grad`` are views of a flat gradient per
+  bucket. ``step()`` alone reduces only the shards, so after it ``p.grad``
+  holds this rank's own (local, not averaged) gradient. After an explicit
+  ``synchronize()`` the averaged shards are also gathered into the flat
+  gradient (one more gather, paid only then): every ``p.grad`` holds the
+  averaged gradient, so ``torch.nn.utils.clip_grad_norm_`` works as without
+  ZeRO (then step inside ``skip_synchronize()``), and ``p.grad`` still holds
+  it (clipped) after that step. ``zero_grad()`` (set_to_none) sets ``p.grad``
+  to None; the next backward's gradients are copied into the flat gradient.
   Memory: parameters and gradients in full, optimizer state / size.
-- Stage 2: when a bucket's gradients are final, they are reduce-scattered
-  (overlapped with backward) and ``p.grad`` is dropped: each rank keeps only
-  its shard's averaged gradient. Clip with ``optimizer.clip_grad_norm_``
+- Stage 2: the reduce-scatter drops ``p.grad``: each rank keeps only its
+  shard's averaged gradient. Clip with ``optimizer.clip_grad_norm_``
   (after ``synchronize()``); ``p.grad`` is None after ``synchronize()``.
 
 The update is element-wise per shard, so optimizers whose update of an
@@ -111,22 +120,15 @@ class ZeroMixin:
 
     def _start_bucket(self, b: FlatBucket):
         pre, post = self._scales
-        name = f"{self._prefix}zero{self._buckets.index(b)}"
-        if b.grad_flat is not None:
-            for p in b.params:
-                b.adopt_grad(p)
-            b.handle = _ops.allreduce_async_(b.grad_flat, name=name, op=self.op,
-                                             prescale_factor=pre, postscale_factor=post,
-                                             process_set=self.process_set)
-        else:
-            b.handle = _ops.reducescatter_async(b.packed_grads(), name=name, op=self.op,
-                                                process_set=self.process_set,
-                                                prescale_factor=pre, postscale_factor=post)
+        b.handle = _ops.reducescatter_async(b.packed_grads(),
+                                            name=f"{self._prefix}zero{self._buckets.index(b)}",
+                                            op=self.op, process_set=self.process_set,
+                                            prescale_factor=pre, postscale_factor=post)
 
-    def synchronize(self):
-        """Finishes every bucket's gradient reduction (starting those whose
+    def _reduce_gradients(self):
+        """Finishes every bucket's reduce-scatter (starting those whose
         gradients were not all final: parameters unused on this rank), so
-        that each shard has its averaged gradient."""
+        that each shard's ``grad`` is its averaged gradient."""
         first_error = None
         try:
             for b in self._buckets:
@@ -134,9 +136,7 @@ class ZeroMixin:
                     self._start_bucket(b)
             for b in self._buckets:
                 try:
-                    out = _ops.synchronize(b.handle)
-                    if b.grad_flat is None:
-                        b.shard.grad = out.view(-1)
+                    b.shard.grad = _ops.synchronize(b.handle).view(-1)
                 except Exception as e:  # noqa: BLE001 - wait for all, raise the first
                     first_error = first_error or e
         finally:
@@ -151,6 +151,22 @@ class ZeroMixin:
                     f"parameter {self._parameter_names[p]!r} was frozen (requires_grad=False) "
                     "when the ZeRO optimizer was built, so it is not sharded, but it has a "
                     "gradient now; build the optimizer after unfreezing it")
+
+    def synchronize(self):
+        """Finishes the gradient reduction. Stage 2: each rank holds its
+        shard's averaged gradient (``p.grad`` is None). Stage 1: the averaged
+        shards are also gathered into the flat gradient, so that every
+        ``p.grad`` holds the averaged gradient (for
+        ``torch.nn.utils.clip_grad_norm_`` or reading it); this costs one
+        more gather of the gradients, which ``step()`` alone does not pay."""
+        self._reduce_gradients()
+        if self.zero_stage == 1:
+            for b in self._buckets:
+                lo, hi = b.plan.owned(b.pos)
+                mine = b.grad_flat[lo:hi]
+                mine.copy_(b.shard.grad)
+                b.shard.grad = mine
+            self._wait(self._gather_starts(lambda b: b.grad_flat, "grad"))
         self._synchronized = True
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -192,28 +208,54 @@ class ZeroMixin:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
                               "context after optimizer.synchronize(). This can cause training "
                               "slowdown.")
-            self.synchronize()
+            self._reduce_gradients()
         self._synchronized = False
         for outer, inner in zip(self.param_groups, self._inner.param_groups):
             for k, v in outer.items():
                 if k != "params":
                     inner[k] = v
-        self._inner.step()
-        self._gather_parameters()
+        self._step_and_gather()
+        if self.zero_stage == 1:
+            for b in self._buckets:  # the averaged shard, when it is not part of the flat gradient
+                if b.shard.grad is not None and not _within(b.shard.grad, b.grad_flat):
+                    b.shard.grad = None
         return loss
 
-    def _gather_parameters(self):
-        """Every rank's updated shard into every rank's flat parameters: one
-        in-place broadcast per owner (the allgather of the shards, written
-        straight into the buffer, with no result to copy)."""
+    def _step_and_gather(self):
+        """Steps the shards bucket by bucket and gathers each bucket's
+        updated parameters while the next one steps."""
+        inner, groups, handles = self._inner, self._inner.param_groups, []
+        try:
+            for b in self._buckets:
+                group = groups[b.plan.group]
+                params = group["params"]
+                group["params"], inner.param_groups = [b.shard], [group]
+                try:
+                    inner.step()
+                finally:
+                    group["params"], inner.param_groups = params, groups
+                handles += self._gather_starts(lambda b_: b_.flat, "param", [b])
+        finally:
+            self._wait(handles)
+
+    def _gather_starts(self, flat_of, what: str, buckets=None) -> list:
+        """Starts gathering every rank's shard of ``flat_of(bucket)`` into
+        every rank's copy (of ``buckets``, default all): one in-place
+        broadcast per owner, written straight into the buffer, with no
+        result to copy. Returns the handles."""
         owners = members(self.process_set)
         handles = []
-        for i, b in enumerate(self._buckets):
+        for b in self._buckets if buckets is None else buckets:
+            i, flat = self._buckets.index(b), flat_of(b)
             for k, root in enumerate(owners):
                 lo, hi = b.plan.owned(k)
-                handles.append(_ops.broadcast_async_(b.flat[lo:hi], root_rank=root,
-                                                     name=f"{self._prefix}zero{i}.param{k}",
+                handles.append(_ops.broadcast_async_(flat[lo:hi], root_rank=root,
+                                                     name=f"{self._prefix}zero{i}.{what}{k}",
                                                      process_set=self.process_set))
+        return handles
+
+    @staticmethod
+    def _wait(handles):
         first_error = None
         for h in handles:
             try:
@@ -303,6 +345,11 @@ class ZeroMixin:
 
 
 ZeroMixin.step.hooked = True
+
+
+def _within(t: torch.Tensor, base) -> bool:
+    """Whether ``t`` shares ``base``'s storage."""
+    return base is not None and t.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
 
 
 def check_arguments(stage, bucket_elements, compression, groups) -> int:

@@ -13,7 +13,8 @@ class FlatBucket:
     """Parameters ``params`` (in the order of ``plan.slots``) moved into one
     flat buffer; ``shard`` (a view of this rank's part) is what the inner
     optimizer steps. ``grad_flat`` is stage 1's persistent flat gradient
-    (``p.grad`` are views of it); stage 2 reduce-scatters into ``shard.grad``."""
+    (``p.grad`` are views of it); both stages reduce-scatter the gradients
+    into ``shard.grad``."""
 
     def __init__(self, plan: Bucket, params: list, pos: int, keep_flat_grad: bool):
         self.plan = plan
@@ -33,7 +34,6 @@ class FlatBucket:
             self.grad_flat = torch.zeros(plan.padded, dtype=dtype)
             for p in params:
                 p.grad = self.grad_view(p)
-            self.shard.grad = self.grad_flat[a:b]
         self.handle = None  # the gradient collective in flight
         self.ready = 0  # parameters whose gradient is final for this step
 
@@ -58,20 +58,35 @@ class FlatBucket:
         p.grad = view
 
     def packed_grads(self) -> torch.Tensor:
-        """Stage 2: the gradients in one padded (world, shard) tensor (zeros
-        for parameters without one); the parameters' own gradients are
-        dropped."""
-        flat = torch.zeros(self.plan.padded, dtype=self.flat.dtype)
+        """The gradients in one padded (world, shard) tensor, zeros for
+        parameters without one. Stage 1: the flat gradient itself (``p.grad``
+        are its views, this rank's own gradients). Stage 2: a new tensor,
+        and the parameters' own gradients are dropped."""
+        if self.grad_flat is not None:
+            for p in self.params:
+                self.adopt_grad(p)
+            return self.grad_flat.view(self.plan.world, self.plan.shard)
+        flat = torch.empty(self.plan.padded, dtype=self.flat.dtype)
+        end = 0
         for p, s in zip(self.params, self.plan.slots):
-            g = p.grad
-            if g is not None:
-                flat[s.offset:s.offset + s.numel].copy_((g.to_dense() if g.is_sparse else g)
-                                                        .reshape(-1))
+            flat[end:s.offset].zero_()  # any gap before the slot
+            g, view = p.grad, flat[s.offset:s.offset + s.numel]
+            if g is None:
+                view.zero_()
+            else:
+                view.copy_((g.to_dense() if g.is_sparse else g).reshape(-1))
                 p.grad = None
+            end = s.offset + s.numel
+        flat[end:].zero_()  # the padding
         return flat.view(self.plan.world, self.plan.shard)
 
     def zero_grad(self, set_to_none: bool) -> None:
-        if self.grad_flat is not None:
+        """Stage 1 with ``set_to_none``: ``p.grad`` become None (the flat
+        gradient stays allocated; the next backward's gradients are copied
+        into it as they become final, cheaper than zeroing it and letting
+        autograd add to it)."""
+        self.shard.grad = None
+        if self.grad_flat is not None and not set_to_none:
             self.grad_flat.zero_()
             for p in self.params:
                 p.grad = self.grad_view(p)
@@ -81,7 +96,3 @@ class FlatBucket:
                 p.grad = None
             else:
                 p.grad.zero_()
-        if set_to_none:
-            self.shard.grad = None
-        elif self.shard.grad is not None:
-            self.shard.grad.zero_()

@@ -102,13 +102,16 @@ def test_allgather_and_broadcast(ranks, n, env):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("n,env", [(2, {}), (3, {}), (4, {}), (3, SHM_ALWAYS)])
+@pytest.mark.parametrize("n,env", [(2, {}), (3, {}), (4, {}), (3, SHM_ALWAYS),
+                                   (3, {"COMMLIB_SHM_FUSION_BYTES": "1024"})])
 def test_alltoall_and_reducescatter(ranks, n, env):
     """alltoall with equal splits and explicit splits (zeros, one-hot, to
     self, list/tuple/ndarray), received splits, 40 in flight, a big one, bad
     splits refused on every rank; reducescatter for every dtype and op with
     dimension 0 in {0, n, 2n+1, 3n-1, 5n+2}, trailing dims, scaling,
-    default op Average, bool Average refused, 40 in flight, 3M elements."""
+    default op Average, bool Average refused, 40 in flight, 3M elements;
+    with 1 KiB shared-memory regions, the reducescatter runs in many blocks
+    of a few elements of every rank's slice."""
     run = ranks(n, "coll_alltoall_rs.py", timeout=100, env=env)
     assert_all_ok(run, n)
 
