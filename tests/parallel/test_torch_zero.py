@@ -20,3 +20,15 @@ def test_torch_zero_optimizer(ranks, n):
     m = re.search(r"max relative error stage1 (\S+), stage2 (\S+)", run.stdout)
     assert m and float(m.group(1)) <= 1e-5 and float(m.group(2)) <= 1e-5, run
     assert len(re.findall(r"memory stage 2", run.stdout)) == n, run
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n", [2, 3])
+def test_torch_zero1_step_alone_and_synchronize(ranks, n):
+    """Stage 1 with step() alone (p.grad keeps this rank's gradient) and with
+    synchronize() first (p.grad holds the averaged gradient on every rank,
+    clipped or not), taking turns with both kinds of zero_grad: parameters
+    within 1e-5 of unsharded after every step, identical across ranks."""
+    run = ranks(n, "torch_zero1_grads.py", timeout=60)
+    run.assert_ok(n)
+    assert len(re.findall(r"stage 1 paths checked over 12 steps", run.stdout)) == n, run
