@@ -100,8 +100,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     commlib.tensorflow.keras.delayed; ``synchronize()`` applies the last one).
     zero_stage: 0 (every rank holds the whole optimizer state), 1 or 2: ZeRO,
     each rank keeps the state of 1/size of the elements (flat buckets of at
-    most ``bucket_elements``); stage 2 reduce-scatters the gradients (see
-    commlib.tensorflow.keras.zero).
+    most ``bucket_elements``); both stages reduce-scatter the gradients and
+    behave the same in Keras (see commlib.tensorflow.keras.zero).
     """
     _check_backend()
     if isinstance(optimizer, _DistributedOptimizerMixin):

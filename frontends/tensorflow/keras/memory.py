@@ -8,9 +8,8 @@ optimizer, with the field names of commlib.torch.memory_report.
   optimizer's shard copies of them;
 - gradients: TensorFlow keeps no gradient between steps, so this is the
   averaged gradient a step materialises on this rank: every trainable
-  variable's for a plain optimizer and for zero_stage=1 (the allreduced
-  flat buffers, padding included), this rank's shards only for
-  zero_stage=2; plus gradient accumulators (backward_passes_per_step) that
+  variable's for a plain optimizer, this rank's shards only for ZeRO
+  (stages 1 and 2 both reduce-scatter); plus gradient accumulators (backward_passes_per_step) that
   live in the optimizer. The tape's local gradients exist transiently in
   full in every case and are not counted;
 - optimizer_state: the optimizer's variables (slots, iteration, learning
@@ -46,11 +45,7 @@ def memory_report(model, optimizer=None) -> dict:
         if shards is not None:
             params += _nbytes(shards)
             state += _nbytes(optimizer._zero_inner.variables)
-            if optimizer.zero_stage == 1:
-                grads = sum(b.padded * np.dtype(b.dtype).itemsize
-                            for b in optimizer._zero_buckets)
-            else:
-                grads = _nbytes(shards)
+            grads = _nbytes(shards)
         grads += grads_extra
     report = {"parameters": params, "gradients": grads, "optimizer_state": state}
     report["total"] = sum(report.values())

@@ -15,9 +15,10 @@ variables, so its slots (Adam's two moments) cover 1/size of the elements.
 Each step:
 
 1. the gradients are laid out flat per bucket (a missing gradient counts as
-   zeros) and averaged: stage 1 allreduces the whole flat buffer and keeps
-   its shard, stage 2 reduce-scatters it so only the shard's average is
-   ever received;
+   zeros) and reduce-scattered: each rank receives only its shard's
+   average, so with the gather of step 3 a step moves the bytes of one
+   allreduce (allreducing the whole buffer and keeping the shard, as stage
+   1 once did, moved 1.5 times as many);
 2. the shard variables are refreshed from the model's variables (so weights
    set by the user, a broadcast callback or load_weights are respected) and
    the private optimizer steps them with the averaged shard gradients, at
@@ -25,11 +26,12 @@ Each step:
 3. the updated shards are allgathered and written back into every rank's
    model variables; ``iterations`` counts the step.
 
-Memory: in TensorFlow no gradient outlives a step, so the saving is in the
-optimizer state (8 bytes/parameter for fp32 Adam becomes 8/size); stage 2
-also avoids materialising the full averaged gradient (the allreduce result,
-4 bytes/parameter) and receives 4/size instead. The local, unreduced
-gradients the tape computes exist in full, transiently, at every stage.
+Memory: in TensorFlow no gradient outlives a step (there is no ``p.grad``
+to keep averaged), so stages 1 and 2 do the same: the saving is in the
+optimizer state (8 bytes/parameter for fp32 Adam becomes 8/size) and in
+the averaged gradient, of which each rank receives 4/size bytes per
+parameter. Stage 1 is accepted for symmetry with commlib.torch. The local,
+unreduced gradients the tape computes exist in full, transiently.
 A shard copy of the parameters (4/size bytes per parameter) is kept.
 
 Works eagerly and inside tf.function (``model.fit``, custom loops whose step
@@ -166,12 +168,9 @@ class ZeroOptimizerMixin(DistributedOptimizerMixin):
         return tf.concat(parts, 0) if len(parts) > 1 else parts[0]
 
     def _zero_reduce(self, flats):
-        """This rank's shard of each bucket's averaged gradient."""
+        """This rank's shard of each bucket's averaged gradient (both
+        stages)."""
         pre, post = self._zero_scales
-        pos = set_rank(None)
-        if self.zero_stage == 1:
-            full = _ops.grouped_allreduce_raw(flats, self._zero_op, pre, post)
-            return [f[b.owned(pos)[0]:b.owned(pos)[1]] for f, b in zip(full, self._zero_buckets)]
         out = []
         for f, b in zip(flats, self._zero_buckets):
             rows = _ops.reducescatter_raw(tf.reshape(f, [b.world, b.shard]), self._zero_op,

@@ -93,7 +93,7 @@ for stage in (0, 1, 2):
     limit = 8 * big / (n if stage else 1)
     if not limit * 0.95 <= rep["optimizer_state"] <= 1.05 * limit:
         fail(f"stage {stage}: optimizer state {rep['optimizer_state']} vs 8*{big}/{n}")
-    want_grads = 4 * big / (n if stage == 2 else 1)
+    want_grads = 4 * big / (n if stage else 1)  # (both stages reduce-scatter)
     if not want_grads <= rep["gradients"] <= 1.05 * want_grads:
         fail(f"stage {stage}: gradients {rep['gradients']} vs {want_grads}")
 
