@@ -45,7 +45,8 @@ def memory_report(model, optimizer=None) -> dict:
     if optimizer is not None:
         buckets = getattr(optimizer, "_buckets", None)
         if buckets is not None:  # ZeRO: shard gradients and the shard optimizer's state
-            grads += [b.shard.grad for b in buckets]
+            # (stage 1's flat gradient stays allocated while p.grad is None)
+            grads += [t for b in buckets for t in (b.shard.grad, b.grad_flat)]
             state = _state_tensors(optimizer._inner.state)
         else:
             grads += [p.grad for g in optimizer.param_groups for p in g["params"]]

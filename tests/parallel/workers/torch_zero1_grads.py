@@ -110,5 +110,9 @@ for step in range(STEPS):
     if err > 1e-5:
         fail(f"step {step} (kind {kind}): parameters {err:.3g} from unsharded")
     same_everywhere(params, f"param{step}")
+opt.zero_grad()  # p.grad None, the flat gradient still allocated: the report counts it
+grads = hvd.memory_report(model, opt)["gradients"]
+if grads != 4 * sum(b.plan.padded for b in opt._buckets):
+    fail(f"memory_report gradients {grads} after zero_grad(): the flat gradients are not counted")
 print(f"rank {r}: stage 1 paths checked over {STEPS} steps", flush=True)
 done()
