@@ -16,9 +16,11 @@ from ._lib import check, ffi, lib
 from .dtypes import dtype_code
 from .errors import ScalarTensorError
 from .handle import Handle, core_result, core_splits, synchronize
+from .process_sets import global_process_set
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
 from .process_sets import set_size
+from .submit import NULL, cached_facts, facts, submit
 
 # Reduction operators (Horovod's names).
 Sum = lib.COMMLIB_SUM
@@ -123,20 +125,6 @@ def _fill(req, keep: list, op_type: int, name: str, inp: np.ndarray | None,
         req.nsplits = len(splits)
 
 
-# Shapes as C arrays, by shape tuple: a training step submits the same shapes
-# again and again, and a fresh cffi array costs more than the lookup.
-_shape_arrays: dict = {}
-
-
-def shape_array(shape: tuple):
-    arr = _shape_arrays.get(shape)
-    if arr is None:
-        if len(_shape_arrays) >= 4096:
-            _shape_arrays.clear()
-        arr = _shape_arrays[shape] = ffi.new("int64_t[]", list(shape) or [0])
-    return arr
-
-
 def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | None,
              reduce_op: int = 0, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
              splits: Sequence[int] | None = None, process_set: int = 0):
@@ -151,21 +139,19 @@ def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | 
         check(lib.commlib_enqueue(req, hid))
         return hid[0], keep
     if inp is None:
-        dtype, ndim, shape, in_ptr = 0, 0, ffi.NULL, ffi.NULL
+        code, ndim, shape, in_ptr = 0, 0, NULL, NULL
     else:
-        dtype, ndim, shape = dtype_code(inp.dtype), inp.ndim, shape_array(inp.shape)
-        in_ptr = ffi.from_buffer(inp, require_writable=False) if inp.size else ffi.NULL
+        f = facts(inp)
+        code, ndim, shape, in_ptr = f.code, f.ndim, f.cshape, f.ptr
     if out is None or not out.size:
-        out_ptr = ffi.NULL
-    elif out is inp:  # in place: one pointer (from_buffer does not check writability twice)
+        out_ptr = NULL
+    elif out is inp:  # in place: one pointer (the caller checked it writable)
         out_ptr = in_ptr
     else:
         out_ptr = ffi.from_buffer(out, require_writable=True)
-    hid = lib.commlib_submit(op_type, name.encode(), dtype, ndim, shape, in_ptr, out_ptr, reduce_op,
-                             float(prescale), float(postscale), root, process_set)
-    if hid < 0:
-        check(-hid)
-    return hid, (in_ptr, out_ptr)
+    hid = submit(op_type, name, code, ndim, shape, in_ptr, out_ptr, reduce_op, float(prescale),
+                 float(postscale), root, process_set)
+    return hid, (out_ptr if out_ptr is not in_ptr else None)
 
 
 # ---------------------------------------------------------------- allreduce
@@ -182,8 +168,26 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None) -> Handle:
     """In-place allreduce: the result is written into ``tensor``."""
-    out = _check_output(tensor, "allreduce_")
-    return _allreduce(out, out, average, name, op, prescale_factor, postscale_factor, process_set)
+    f = cached_facts(tensor, writable=True)
+    if f is None:
+        return _allreduce(_check_output(tensor, "allreduce_"), tensor, average, name, op,
+                          prescale_factor, postscale_factor, process_set)
+    # the fast path of a training loop's repeated calls (the array was checked before)
+    return allreduce_async_at(f.code, f.ndim, f.cshape, f.ptr, tensor, name,
+                              resolve_op(op, average), prescale_factor, postscale_factor,
+                              process_set)
+
+
+def allreduce_async_at(code: int, ndim: int, cshape, ptr, keep, name=None, op=Average,
+                       prescale_factor=1.0, postscale_factor=1.0, process_set=None) -> Handle:
+    """In-place allreduce of memory its caller describes (a frontend's
+    checked tensor: the dtype's core code, the shape as a C array, the data
+    pointer; see commlib.submit). ``keep`` is kept alive until the handle
+    completes and is what ``synchronize`` returns."""
+    psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
+    hid = submit(lib.COMMLIB_OP_ALLREDUCE, runtime.auto_name("allreduce", name, psid), code, ndim,
+                 cshape, ptr, ptr, op, float(prescale_factor), float(postscale_factor), 0, psid)
+    return Handle(hid, None, keep, "allreduce", keep)
 
 
 def _allreduce(inp, out, average, name, op, prescale, postscale, process_set) -> Handle:

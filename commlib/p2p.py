@@ -23,7 +23,8 @@ from . import runtime
 from ._lib import check, ffi, lib
 from .dtypes import dtype_code, numpy_dtype
 from .handle import WAIT_SLICE_S, Handle, core_result, synchronize
-from .ops import as_input, shape_array
+from .ops import as_input
+from .submit import shape_array
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
 
