@@ -127,3 +127,14 @@ def test_version_texts():
     assert gpu.Library(True, 2708, "", "").version_text == "2708"  # (pre-2.9 codes: not loaded, too old)
     assert gpu.cuda_version_text(12040) == "12.4"
     assert gpu.cuda_version_text(13000) == "13.0"
+
+
+def test_bench_device_cuda_without_a_gpu_says_why():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the benchmark would run")
+    out = subprocess.run([sys.executable, "-m", "commlib.bench", "--device", "cuda"], capture_output=True,
+                         text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert out.returncode == 2, out
+    assert out.stderr.strip() == f"commlib.bench: --device cuda needs a CUDA device, and torch {torch.__version__} sees none"
+    assert "Traceback" not in out.stderr
