@@ -330,10 +330,11 @@ def main(argv=None) -> int:
         from . import bench_cuda
         why = bench_cuda.unavailable_reason()
         if why:
-            print(f"commlib.bench: {why}", file=sys.stderr, flush=True)
+            print(f"commlib.bench: --device cuda {why}", file=sys.stderr, flush=True)
             return 2
         return bench_cuda.main(args, ops, sizes(parse_size(args.min_bytes), parse_size(args.max_bytes),
-                                                args.factor), args.dtype)
+                                                args.factor), args.dtype,
+                               (time_calls, bus_factor, human, init_gloo))
     if args.plot:
         try:
             import matplotlib  # noqa: F401

@@ -24,19 +24,20 @@ CUDA_OPS = ("allreduce", "allgather", "broadcast", "reducescatter", "alltoall")
 
 
 def unavailable_reason() -> str:
-    """Why --device cuda cannot run here ("" when it can)."""
+    """Why CUDA collectives through NCCL cannot run here, with torch ("" when
+    they can; also the reason tests/gpu gives for skipping)."""
     try:
         import torch
     except ImportError:
-        return "--device cuda needs torch built with CUDA (torch is not installed)"
+        return "needs torch built with CUDA (torch is not installed)"
     if not torch.cuda.is_available():
-        return f"--device cuda needs a CUDA device, and torch {torch.__version__} sees none"
+        return f"needs a CUDA device, and torch {torch.__version__} sees none"
     from . import gpu
     status = gpu.load()
     if not status.nccl.usable:
-        return f"--device cuda needs NCCL: {status.nccl.error} (pip install nvidia-nccl-cu13)"
+        return f"needs NCCL: {status.nccl.error} (pip install nvidia-nccl-cu13)"
     if not status.cuda.usable:
-        return f"--device cuda needs the CUDA runtime: {status.cuda.error}"
+        return f"needs the CUDA runtime: {status.cuda.error}"
     return ""
 
 
@@ -104,9 +105,8 @@ class TorchNccl:
         return run
 
 
-def staging_case(commlib, torch, count, dev, iters, comm):
+def staging_case(commlib, torch, count, dev, iters, comm, time_calls):
     """Median seconds: (host-staged allreduce, CPU allreduce, the two copies alone)."""
-    from .bench import time_calls
     x = torch.ones(count, device=dev)
     host = torch.empty(count, pin_memory=True)
     arr = host.numpy()
@@ -134,12 +134,11 @@ def staging_case(commlib, torch, count, dev, iters, comm):
     return tuple(out)
 
 
-def _measure(impls, op, count, tdtype, dev, iters, warmup, comm):
+def _measure(impls, op, count, tdtype, dev, iters, warmup, comm, time_calls):
     """Median seconds per call of each implementation (slowest rank's), interleaved in 3 rounds."""
     import statistics
     from mpi4py import MPI
 
-    from .bench import time_calls
     fns = {impl.name: impl.make(op, count, tdtype, dev) for impl in impls}
     samples = {name: [] for name in fns}
     for fn in fns.values():
@@ -151,13 +150,15 @@ def _measure(impls, op, count, tdtype, dev, iters, warmup, comm):
     return {name: comm.allreduce(statistics.median(ts), op=MPI.MAX) for name, ts in samples.items()}
 
 
-def main(args, ops, byte_sizes, dtype_name) -> int:
-    """The --device cuda run (after unavailable_reason() said it can)."""
+def main(args, ops, byte_sizes, dtype_name, tools) -> int:
+    """The --device cuda run (after unavailable_reason() said it can). tools:
+    commlib.bench's time_calls, bus_factor, human and init_gloo (passed in:
+    commlib.bench imports this module)."""
     import torch
     from mpi4py import MPI
 
     import commlib
-    from .bench import bus_factor, human, init_gloo
+    time_calls, bus_factor, human, init_gloo = tools
     comm = MPI.COMM_WORLD
     _share_gpu_if_needed(comm.Get_rank(), comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size(), torch)
     commlib.init()
@@ -176,13 +177,13 @@ def main(args, ops, byte_sizes, dtype_name) -> int:
         for nbytes in byte_sizes:
             count = max(n, nbytes // esize)
             iters = max(5, min(args.iters, (1 << 30) // max(nbytes, 1)))
-            t = _measure(impls, op, count, tdtype, dev, iters, args.warmup, comm)
+            t = _measure(impls, op, count, tdtype, dev, iters, args.warmup, comm, time_calls)
             bw = [nbytes / t[i.name] / 1e9 * bus_factor(op, n) for i in impls]
             say(f"{op:<14}{human(nbytes):>10} {t['commlib'] * 1e6:11.1f} {bw[0]:7.2f} "
                 f"{t['torch-nccl'] * 1e6:11.1f} {bw[1]:7.2f} {t['torch-nccl'] / t['commlib']:6.2f}")
     if "allreduce" in ops:
         count = max(n, byte_sizes[-1] // 4)
-        staged, cpu, copies = staging_case(commlib, torch, count, dev, 10, comm)
+        staged, cpu, copies = staging_case(commlib, torch, count, dev, 10, comm, time_calls)
         say(f"\nhost staging, {human(count * 4)} float32 allreduce: staged {staged * 1e3:.2f} ms; CPU path "
             f"{cpu * 1e3:.2f} ms + the two copies {copies * 1e3:.2f} ms = {(cpu + copies) * 1e3:.2f} ms "
             f"(staged / that: {staged / (cpu + copies):.2f})")

@@ -39,11 +39,12 @@ def _is_device_tensor(x) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type != "cpu"
 
 
-def check_device_tensors(tensors, what: str) -> None:
-    """Every tensor a supported dense CUDA tensor, all on one device."""
+def check_device_tensors(tensors, what: str, inplace: bool) -> None:
+    """Every tensor a supported dense CUDA tensor (contiguous when the result
+    is written into it), all on one device."""
     group = tensors if isinstance(tensors, (list, tuple)) else [tensors]
     for t in group:
-        check_tensor(t, what)
+        check_tensor(t, what, inplace=inplace)
     devices = {t.device for t in group}
     if len(devices) > 1 or any(t.device.type == "cpu" for t in group):
         raise ValueError(f"{what}: tensors on several devices ({sorted(map(str, devices))}); "
@@ -90,7 +91,7 @@ def _route(kind, inplace, fn, sig, args, kwargs):
     a = dict(bound.arguments)
     first = next(iter(sig.parameters))
     tensors = a[first]
-    check_device_tensors(tensors, fn.__name__)
+    check_device_tensors(tensors, fn.__name__, inplace)
     if gpu.cuda_path() == "nccl":
         handle = _nccl_call(kind, a, tensors, inplace)
         if handle is not None:

@@ -1,13 +1,17 @@
 // Routing of device buffers (exec/gpu_route.h): which requests the NCCL
 // executor takes, the reasons it refuses the others, and the translation of
-// dtypes and reductions to NCCL's.
+// dtypes and reductions to NCCL's; the device type in negotiation (encoded,
+// compared across ranks, never fused with the other kind).
 //
-// csrc: exec/gpu_route.cc common.cc
+// csrc: exec/gpu_route.cc common.cc message.cc negotiation/controller.cc negotiation/fusion.cc
 #include <string>
 
 #include "check.h"
 #include "common.h"
 #include "exec/gpu_route.h"
+#include "negotiation/controller.h"
+#include "negotiation/fusion.h"
+#include "requests.h"
 
 using commlib::Error;
 using commlib::GpuBackend;
@@ -131,6 +135,34 @@ TEST_CASE("nccl_dtypes_and_reductions") {
   CHECK_EQ(commlib::nccl_reduction(COMMLIB_PRODUCT, 1.0, 1.0, 4).op, int(kNcclProd));
   CHECK(commlib::parse_gpu_backend("host") == GpuBackend::kHost);
   CHECK_THROWS(Error, commlib::parse_gpu_backend("cuda"));
+}
+
+TEST_CASE("device type: encoded, compared across ranks, kept apart by fusion") {
+  commlib::RequestDesc cpu = commlib_test::allreduce("g", COMMLIB_FLOAT16, {8});
+  commlib::RequestDesc cuda = cpu;
+  cuda.device_type = COMMLIB_DEVICE_CUDA;
+  commlib::Writer w;
+  commlib::encode(w, cuda);
+  const std::string bytes = w.take();
+  commlib::Reader rd(bytes);
+  CHECK_EQ(commlib::decode_request(rd).device_type, int(COMMLIB_DEVICE_CUDA));
+  int code = 0;
+  CHECK_EQ(commlib::Controller::validate({cuda, cuda}, {0, 1}, &code), "");
+  CHECK_EQ(commlib::Controller::validate({cpu, cuda, cuda}, {0, 1, 2}, &code),
+           "Mismatched device for allreduce 'g' across ranks: rank 0: cpu; ranks 1, 2: cuda");
+  CHECK_EQ(code, COMMLIB_ERR_MISMATCH);
+  commlib::RequestDesc cpu2 = cpu, cuda2 = cuda;
+  cpu2.name = "h";
+  cuda2.name = "i";
+  // (float16: 4 bytes an element on the host, where it is widened; 2 on the device)
+  const auto groups = commlib::plan_fusion({&cpu, &cuda, &cpu2, &cuda2}, {true, true, true, true}, 64);
+  CHECK_EQ(groups.size(), size_t(2));
+  CHECK(groups[0] == std::vector<size_t>({0, 2}));
+  CHECK(groups[1] == std::vector<size_t>({1, 3}));
+  const auto tight = commlib::plan_fusion({&cuda, &cuda2}, {true, true}, 32);  // 16 + 16 device bytes
+  CHECK_EQ(tight.size(), size_t(1));
+  const auto host_tight = commlib::plan_fusion({&cpu, &cpu2}, {true, true}, 32);  // 32 + 32 host bytes
+  CHECK_EQ(host_tight.size(), size_t(2));
 }
 
 CHECK_MAIN()

@@ -75,11 +75,15 @@ std::unique_ptr<NcclComm> NcclComm::create(const GpuLibs& libs, Transport& t, in
 }
 
 NcclComm::~NcclComm() {
-  DeviceGuard on(libs_.cuda, device_);
-  if (comm_ && !aborted_) libs_.nccl.comm_destroy(comm_);
-  for (void* p : retired_) libs_.cuda.free(p);
-  if (fusion_) libs_.cuda.free(fusion_);
-  if (stream_) libs_.cuda.stream_destroy(stream_);
+  try {
+    DeviceGuard on(libs_.cuda, device_);
+    if (comm_ && !aborted_) libs_.nccl.comm_destroy(comm_);
+    for (void* p : retired_) libs_.cuda.free(p);
+    if (fusion_) libs_.cuda.free(fusion_);
+    if (stream_) libs_.cuda.stream_destroy(stream_);
+  } catch (const Error&) {
+    // (the device is unusable: nothing more can be released)
+  }
 }
 
 void NcclComm::abort() {
