@@ -36,7 +36,7 @@ def _note_once(key: str, message: str) -> None:
 def _is_device_tensor(x) -> bool:
     if isinstance(x, (list, tuple)):
         return bool(x) and _is_device_tensor(x[0])
-    return isinstance(x, torch.Tensor) and x.device.type != "cpu"
+    return isinstance(x, torch.Tensor) and not x.is_cpu  # (is_cpu: cheaper than device.type)
 
 
 def check_device_tensors(tensors, what: str, inplace: bool) -> None:
