@@ -40,6 +40,16 @@ class WeightPrediction:
                 for p in self._params]
 
     @torch.no_grad()
+    def before_update(self) -> None:
+        """Puts the true weights back and remembers them as p_prev."""
+        restored = self.predicting
+        self.restore()
+        if self._true is None:
+            self._true = self._buffers()
+        if not restored:
+            torch._foreach_copy_(self._true, self._params)
+
+    @torch.no_grad()
     def restore(self) -> None:
         """Puts the true weights back into the parameters (if the model holds
         a prediction)."""
@@ -62,13 +72,3 @@ class WeightPrediction:
         """Forgets a prediction without restoring (the caller replaces the
         weights, e.g. loads a checkpoint)."""
         self.predicting = False
-
-    @torch.no_grad()
-    def before_update(self) -> None:
-        """Puts the true weights back and remembers them as p_prev."""
-        restored = self.predicting
-        self.restore()
-        if self._true is None:
-            self._true = self._buffers()
-        if not restored:
-            torch._foreach_copy_(self._true, self._params)
