@@ -35,10 +35,10 @@ _EXPORTS = {
     "p2p": ["send", "recv", "isend", "irecv", "sendrecv"],
     "timeline": ["start_timeline", "stop_timeline"],
     "process_sets": ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"],
+    "grouped_allreduce": ["grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+                          "grouped_allreduce_async_"],
     "ops": ["Sum", "Average", "Min", "Max", "Product", "Adasum",
-            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
-            "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-            "grouped_allreduce_async_", "allgather", "allgather_async", "broadcast",
+            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allgather", "allgather_async", "broadcast",
             "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
             "reducescatter", "reducescatter_async", "barrier", "join"],
 }

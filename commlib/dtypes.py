@@ -26,6 +26,12 @@ _CODES = {
 SUPPORTED = tuple(_CODES)
 
 
+def code_of(name: str) -> int:
+    """The core's code of a dtype by its name in SUPPORTED (frontends map
+    their own dtypes with it)."""
+    return _CODES[name]
+
+
 _BY_DTYPE: dict = {}  # np.dtype -> code, filled on first use (dtype.name is slow)
 
 

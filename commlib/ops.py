@@ -6,7 +6,6 @@ unsupported dtypes raise TypeError, bad shapes/roots/outputs ValueError.
 """
 from __future__ import annotations
 
-import weakref
 from typing import Sequence
 
 import numpy as np
@@ -16,9 +15,11 @@ from ._lib import check, ffi, lib
 from .dtypes import dtype_code
 from .errors import ScalarTensorError
 from .handle import Handle, core_result, core_splits, synchronize
+from .process_sets import global_process_set
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
 from .process_sets import set_size
+from .submit import NULL, cached_facts, facts, submit
 
 # Reduction operators (Horovod's names).
 Sum = lib.COMMLIB_SUM
@@ -65,7 +66,7 @@ def as_input(tensor) -> np.ndarray:
     return np.require(arr, requirements="C")  # keeps 0-d arrays 0-d
 
 
-def _check_output(arr, what: str) -> np.ndarray:
+def check_output(arr, what: str) -> np.ndarray:
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"{what} needs a numpy.ndarray to write into, got {type(arr).__name__}")
     dtype_code(arr.dtype)
@@ -123,20 +124,6 @@ def _fill(req, keep: list, op_type: int, name: str, inp: np.ndarray | None,
         req.nsplits = len(splits)
 
 
-# Shapes as C arrays, by shape tuple: a training step submits the same shapes
-# again and again, and a fresh cffi array costs more than the lookup.
-_shape_arrays: dict = {}
-
-
-def shape_array(shape: tuple):
-    arr = _shape_arrays.get(shape)
-    if arr is None:
-        if len(_shape_arrays) >= 4096:
-            _shape_arrays.clear()
-        arr = _shape_arrays[shape] = ffi.new("int64_t[]", list(shape) or [0])
-    return arr
-
-
 def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | None,
              reduce_op: int = 0, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
              splits: Sequence[int] | None = None, process_set: int = 0):
@@ -151,21 +138,19 @@ def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | 
         check(lib.commlib_enqueue(req, hid))
         return hid[0], keep
     if inp is None:
-        dtype, ndim, shape, in_ptr = 0, 0, ffi.NULL, ffi.NULL
+        code, ndim, shape, in_ptr = 0, 0, NULL, NULL
     else:
-        dtype, ndim, shape = dtype_code(inp.dtype), inp.ndim, shape_array(inp.shape)
-        in_ptr = ffi.from_buffer(inp, require_writable=False) if inp.size else ffi.NULL
+        f = facts(inp)
+        code, ndim, shape, in_ptr = f.code, f.ndim, f.cshape, f.ptr
     if out is None or not out.size:
-        out_ptr = ffi.NULL
-    elif out is inp:  # in place: one pointer (from_buffer does not check writability twice)
+        out_ptr = NULL
+    elif out is inp:  # in place: one pointer (the caller checked it writable)
         out_ptr = in_ptr
     else:
         out_ptr = ffi.from_buffer(out, require_writable=True)
-    hid = lib.commlib_submit(op_type, name.encode(), dtype, ndim, shape, in_ptr, out_ptr, reduce_op,
-                             float(prescale), float(postscale), root, process_set)
-    if hid < 0:
-        check(-hid)
-    return hid, (in_ptr, out_ptr)
+    hid = submit(op_type, name, code, ndim, shape, in_ptr, out_ptr, reduce_op, float(prescale),
+                 float(postscale), root, process_set)
+    return hid, (out_ptr if out_ptr is not in_ptr else None)
 
 
 # ---------------------------------------------------------------- allreduce
@@ -182,8 +167,26 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None) -> Handle:
     """In-place allreduce: the result is written into ``tensor``."""
-    out = _check_output(tensor, "allreduce_")
-    return _allreduce(out, out, average, name, op, prescale_factor, postscale_factor, process_set)
+    f = cached_facts(tensor, writable=True)
+    if f is None:
+        return _allreduce(check_output(tensor, "allreduce_"), tensor, average, name, op,
+                          prescale_factor, postscale_factor, process_set)
+    # the fast path of a training loop's repeated calls (the array was checked before)
+    return allreduce_async_at(f.code, f.ndim, f.cshape, f.ptr, tensor, name,
+                              resolve_op(op, average), prescale_factor, postscale_factor,
+                              process_set)
+
+
+def allreduce_async_at(code: int, ndim: int, cshape, ptr, keep, name=None, op=Average,
+                       prescale_factor=1.0, postscale_factor=1.0, process_set=None) -> Handle:
+    """In-place allreduce of memory its caller describes (a frontend's
+    checked tensor: the dtype's core code, the shape as a C array, the data
+    pointer; see commlib.submit). ``keep`` is kept alive until the handle
+    completes and is what ``synchronize`` returns."""
+    psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
+    hid = submit(lib.COMMLIB_OP_ALLREDUCE, runtime.auto_name("allreduce", name, psid), code, ndim,
+                 cshape, ptr, ptr, op, float(prescale_factor), float(postscale_factor), 0, psid)
+    return Handle(hid, None, keep, "allreduce", keep)
 
 
 def _allreduce(inp, out, average, name, op, prescale, postscale, process_set) -> Handle:
@@ -206,144 +209,6 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=None) -> np.ndarray:
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
                                         process_set))
-
-
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0, process_set=None) -> Handle:
-    """Starts reducing a list of tensors as one unit: they are negotiated
-    together and fused. One handle; synchronize returns the list of results
-    (views of one new buffer)."""
-    ins = tensors if isinstance(tensors, list) else list(tensors)
-    layout = _cached_layout(ins, inplace=False)  # (its arrays were checked)
-    if layout is None:
-        ins = [as_input(t) for t in ins]
-        layout = _layout_for(ins, inplace=False)
-    return _grouped(ins, False, layout, average, name, op, prescale_factor, postscale_factor,
-                    process_set)
-
-
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0, process_set=None) -> Handle:
-    """In-place grouped allreduce: results are written into the tensors."""
-    outs = tensors if isinstance(tensors, list) else list(tensors)
-    return _grouped(outs, True, _layout_for(outs, inplace=True), average, name, op, prescale_factor,
-                    postscale_factor, process_set)
-
-
-def _pointers(arrays):
-    """The data pointers of ``arrays`` as one C array of bare addresses (the
-    caller keeps the arrays alive)."""
-    return ffi.new("void*[]", [ffi.cast("void*", ffi.from_buffer(a)) if a.size else ffi.NULL
-                               for a in arrays] or [ffi.NULL])
-
-
-class _GroupLayout:
-    """The flat description of a list of arrays that the core's group call
-    takes (dtype codes, ranks, dimensions, data pointers). It refers to the
-    arrays weakly (a cached layout must not keep a model's worth of arrays
-    alive): a request keeps its arrays alive through its handle."""
-
-    __slots__ = ("refs", "shapes", "dtypes", "ndims", "dims", "ptrs", "out_offsets", "out_specs",
-                 "out_bytes", "uniform")
-
-    def __init__(self, arrays):
-        self.refs = [weakref.ref(a) for a in arrays]
-        self.shapes = [a.shape for a in arrays]
-        self.dtypes = ffi.new("int32_t[]", [dtype_code(a.dtype) for a in arrays] or [0])
-        self.ndims = ffi.new("int32_t[]", [len(s) for s in self.shapes] or [0])
-        self.dims = ffi.new("int64_t[]", [d for s in self.shapes for d in s] or [0])
-        self.ptrs = _pointers(arrays)
-        # Out of place: every result in one buffer, at 64-byte aligned offsets.
-        offsets, at = [], 0
-        for a in arrays:
-            offsets.append(at)
-            at += (a.nbytes + 63) // 64 * 64
-        self.out_offsets = np.array(offsets, dtype=np.int64)
-        self.out_specs = [(a.shape, a.dtype, o) for a, o in zip(arrays, offsets)]
-        self.out_bytes = max(1, at)
-        first = arrays[0] if arrays else None
-        self.uniform = first is not None and first.nbytes % 64 == 0 and all(
-            a.shape == first.shape and a.dtype == first.dtype for a in arrays)
-
-    def outputs(self):
-        """New result arrays (views of one new buffer) for the arrays of this
-        layout, and the C array of their addresses (with what keeps it valid)."""
-        buf = np.empty(self.out_bytes + 64, dtype=np.uint8)
-        address = buf.ctypes.data
-        base = -address % 64  # (aligned like the inputs)
-        if self.uniform:  # (rows of one array: much cheaper than an array each)
-            shape, dtype, _ = self.out_specs[0]
-            outs = list(np.ndarray((len(self.out_specs),) + shape, dtype, buf, base))
-        else:
-            outs = [np.ndarray(shape, dtype, buf, base + o) for shape, dtype, o in self.out_specs]
-        addresses = self.out_offsets + (address + base)
-        return outs, (ffi.cast("void**", ffi.from_buffer(addresses)), addresses, buf)
-
-    def still_valid(self, arrays) -> bool:
-        """The same arrays (alive: their ids were not reused), same shapes."""
-        return all(r() is a and a.shape == s for r, a, s in zip(self.refs, arrays, self.shapes))
-
-
-# Layouts of groups by the identities of their arrays: training loops reduce
-# the same gradient buffers every step, and describing 100+ arrays to the
-# core costs more than reducing them.
-_layout_cache: dict = {}
-_LAYOUT_CACHE_SIZE = 64
-
-
-def _cached_layout(arrays, inplace: bool) -> _GroupLayout | None:
-    layout = _layout_cache.get((inplace, *map(id, arrays)))
-    return layout if layout is not None and layout.still_valid(arrays) else None
-
-
-def _layout_for(arrays, inplace: bool) -> _GroupLayout:
-    """The layout of a group's inputs (already checked by as_input; in place
-    they are the outputs too, checked writable here), built when first seen,
-    then cached."""
-    key = (inplace, *map(id, arrays))
-    layout = _layout_cache.get(key)
-    if layout is None or not layout.still_valid(arrays):
-        if inplace:
-            for a in arrays:
-                _check_output(a, "grouped_allreduce_")
-        layout = _GroupLayout(arrays)
-        if len(_layout_cache) >= _LAYOUT_CACHE_SIZE:
-            _layout_cache.pop(next(iter(_layout_cache)))
-        _layout_cache[key] = layout
-    return layout
-
-
-def _grouped(ins, inplace: bool, src: _GroupLayout, average, name, op, prescale, postscale,
-             process_set) -> Handle:
-    """Submits a group described by ``src`` (the layout of ``ins``); in place
-    the results go into ``ins``, else into new arrays."""
-    runtime.require_init()
-    rop = resolve_op(op, average)
-    psid = _psid(process_set)
-    base = runtime.auto_name("allreduce", name, psid)
-    if inplace:
-        outs, dst = ins, src.ptrs
-        keep = dst
-    else:  # (outputs: the inputs' dtypes and shapes)
-        outs, keep = src.outputs()
-        dst = keep[0]
-    hid = ffi.new("int64_t*")
-    check(lib.commlib_enqueue_allreduce_group(base.encode(), len(ins), src.dtypes, src.ndims,
-                                              src.dims, src.ptrs, dst, rop, float(prescale),
-                                              float(postscale), psid, hid))
-    return Handle(hid[0], None, (src, keep, ins, outs), "grouped_allreduce", outs)
-
-
-def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0, process_set=None) -> list[np.ndarray]:
-    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                               postscale_factor, process_set))
-
-
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                       postscale_factor=1.0, process_set=None) -> list[np.ndarray]:
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
 
 
 # ---------------------------------------------------------------- allgather
@@ -397,7 +262,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
-    out = _check_output(tensor, "broadcast_")
+    out = check_output(tensor, "broadcast_")
     return _broadcast(out, out, root_rank, name, process_set)
 
 

@@ -23,7 +23,8 @@ from . import runtime
 from ._lib import check, ffi, lib
 from .dtypes import dtype_code, numpy_dtype
 from .handle import WAIT_SLICE_S, Handle, core_result, synchronize
-from .ops import as_input, shape_array
+from .ops import as_input
+from .submit import facts
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
 
@@ -55,9 +56,8 @@ def _args(arr, out, peer: int, tag: int, psid: int) -> tuple:
     if buf is None:
         dtype, ndim, shape, ptr = -1, 0, ffi.NULL, ffi.NULL
     else:
-        dtype, ndim = dtype_code(buf.dtype), buf.ndim
-        shape = shape_array(buf.shape)
-        ptr = ffi.from_buffer(buf, require_writable=out is not None) if buf.size else ffi.NULL
+        f = facts(buf)  # (checked by the caller: as_input, or _check_out for a receive)
+        dtype, ndim, shape, ptr = f.code, f.ndim, f.cshape, f.ptr
     data = ptr if arr is not None else ffi.NULL
     dst = ptr if out is not None else ffi.NULL
     return dtype, ndim, shape, data, dst, peer, tag, psid

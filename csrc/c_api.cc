@@ -218,7 +218,7 @@ int commlib_wait_status(int64_t handle, double timeout_s, int release) {
     auto h = find_handle(handle);
     if (!engine.wait(*h, timeout_s)) throw Error(COMMLIB_ERR_TIMEOUT, "timed out");
     status = h->status;
-    g_last_error = h->message;
+    if (status != COMMLIB_OK) g_last_error = h->message;
     if (release) engine.handles().release(handle);
   });
   return rc != COMMLIB_OK ? rc : status;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 
 #include "common.h"
@@ -150,25 +151,33 @@ int64_t Engine::push(std::vector<Entry>& entries) {
       code = dead_code_;
       error = dead_message_;
     }
-    std::unordered_set<std::string> keys;
-    for (const Entry& e : entries) {
-      if (code) break;
-      const std::string key = request_key(e.desc);
-      if (in_flight_.count(key) || !keys.insert(key).second) {
-        code = COMMLIB_ERR_VALUE;
-        error = "a collective named '" + e.desc.name +
-                "' is already in flight on this rank; wait for it or use another name";
+    std::vector<std::string> keys;
+    keys.reserve(entries.size());
+    for (const Entry& e : entries) keys.push_back(request_key(e.desc));
+    const std::string* dup = nullptr;
+    for (size_t i = 0; i < keys.size() && !dup; ++i) {
+      if (in_flight_.count(keys[i])) dup = &entries[i].desc.name;
+    }
+    if (!dup && keys.size() > 1) {  // (a group's own names must differ too)
+      std::unordered_set<std::string_view> seen;
+      for (size_t i = 0; i < keys.size() && !dup; ++i) {
+        if (!seen.insert(keys[i]).second) dup = &entries[i].desc.name;
       }
+    }
+    if (!code && dup) {
+      code = COMMLIB_ERR_VALUE;
+      error = "a collective named '" + *dup +
+              "' is already in flight on this rank; wait for it or use another name";
     }
     if (code) {
       handles_.release(id);
       throw Error(code, error);
     }
     const int64_t queued = timeline().on() ? now_us() : 0;
-    for (Entry& e : entries) {
-      in_flight_.insert(request_key(e.desc));
-      e.queued_us = queued;
-      queue_.push_back(std::move(e));
+    for (size_t i = 0; i < entries.size(); ++i) {
+      in_flight_.insert(std::move(keys[i]));
+      entries[i].queued_us = queued;
+      queue_.push_back(std::move(entries[i]));
     }
   }
   outstanding_.fetch_add(int64_t(entries.size()));

@@ -6,13 +6,13 @@ from __future__ import annotations
 import torch
 
 import commlib as _c
-from commlib.ops import Average, Max, Min, Sum
+from commlib.ops import Average, Max, Min, Sum, allreduce_async_at
 from commlib.process_sets import check_process_set, global_process_set
 from commlib.reduce_args import resolve_op
 
 from .compression import Compression
 from .handles import Handle, synchronize
-from .tensor_io import as_array, as_tensor, check_tensor, input_array
+from .tensor_io import as_array, as_tensor, check_tensor, describe, input_array
 
 # ---------------------------------------------------------------- allreduce
 
@@ -24,10 +24,9 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
                                process_set=process_set)
         shape = tensor.shape
         return Handle(h, lambda out: as_tensor(out).view(shape), tensor)
-    check_tensor(output, what, inplace=True)
-    h = _c.allreduce_async_(as_array(output), None, name, op, prescale_factor, postscale_factor,
-                            process_set=process_set)
-    return Handle(h, lambda _out: output, output)
+    # (the core handle itself: synchronize returns ``output``)
+    return allreduce_async_at(*describe(output, what), output, name, op, prescale_factor,
+                              postscale_factor, process_set)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,

@@ -7,9 +7,12 @@ import numpy as np
 import torch
 
 from commlib import dtypes as _dtypes
+from commlib.submit import NULL, address, shape_array
 
 # commlib.dtypes' table, by name (torch builds without a dtype skip it)
 SUPPORTED_DTYPES = tuple(getattr(torch, name) for name in _dtypes.SUPPORTED if hasattr(torch, name))
+_CODE_OF = {getattr(torch, name): _dtypes.code_of(name) for name in _dtypes.SUPPORTED
+            if hasattr(torch, name)}
 _SUPPORTED_NAMES = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
 _bf16 = None
 
@@ -45,6 +48,20 @@ def check_tensor(tensor, what: str, inplace: bool = False) -> torch.Tensor:
         raise ValueError(f"{what} writes its result into the tensor, which must be "
                          "contiguous; call tensor.contiguous() first")
     return tensor
+
+
+def describe(tensor, what: str):
+    """The core's facts of a tensor written in place (the dtype's code, the
+    number of dimensions, the shape as a C array, the data pointer), checked
+    as ``check_tensor(tensor, what, inplace=True)`` does, without a numpy
+    view. 0-d tensors are described as 1-element 1-d ones."""
+    code = _CODE_OF.get(getattr(tensor, "dtype", None))
+    if (code is None or not isinstance(tensor, torch.Tensor) or not tensor.is_cpu
+            or tensor.layout is not torch.strided or not tensor.is_contiguous()):
+        check_tensor(tensor, what, inplace=True)  # (raises the error that applies)
+    shape = tensor.shape or (1,)
+    ptr = address(tensor.data_ptr()) if tensor.numel() else NULL
+    return code, len(shape), shape_array(shape), ptr
 
 
 def as_array(tensor: torch.Tensor) -> np.ndarray:

@@ -482,3 +482,24 @@ def test_non_finite_scale_factors_are_refused(call, bad):
     # a NaN never compares equal: every rank would see a mismatch, every time
     with pytest.raises(ValueError, match="scale factors must be finite"):
         call(bad)
+
+
+def test_array_facts_cache_does_not_keep_arrays_alive():
+    import gc
+    import weakref
+
+    from commlib import submit
+
+    arrays = [np.full(8, float(i)) for i in range(5)]
+    for _ in range(2):  # the second call takes the cached facts
+        for i, a in enumerate(arrays):
+            a[:] = i
+            commlib.allreduce_(a, op=commlib.Sum)
+            assert np.array_equal(a, np.full(8, float(i) * commlib.size()))
+    keys = [id(a) for a in arrays]
+    assert all(k in submit._facts for k in keys)
+    refs = [weakref.ref(a) for a in arrays]
+    del arrays, a
+    gc.collect()
+    assert all(r() is None for r in refs)
+    assert not any(k in submit._facts for k in keys)  # (the entries went with their arrays)
