@@ -50,9 +50,13 @@ def __getattr__(name):
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'commlib' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
+    loaded = _importlib.import_module(f"{__name__}.{module}")
+    # Later lookups skip __getattr__. All of the module's names at once: importing
+    # commlib.grouped_allreduce binds that name to the submodule, which must not
+    # shadow the function of the same name.
+    for each in _EXPORTS[module]:
+        globals()[each] = getattr(loaded, each)
+    return globals()[name]
 
 
 def __dir__():

@@ -106,6 +106,10 @@ std::vector<ConfigEntry> make_table() {
                 "or cut off mid-collective) fails too, and ends commlib on that rank; 0: wait forever"),
       int_entry("COMMLIB_SPIN_US", "2000", 0, kBillion, &C::spin_us,
                 "us a waiting thread spins (with sched_yield) before it sleeps"),
+      int_entry("COMMLIB_BG_SPIN_US", "100", 0, kBillion, &C::bg_spin_us,
+                "us the background thread spins (with sched_yield) before it naps, in a wait inside a "
+                "collective or when idle (it shares the cores with the training threads, whose compute "
+                "its spinning would slow down)"),
       int_entry("COMMLIB_RESULT_CACHE_BYTES", "536870912", 0, kNoMax, &C::result_cache_bytes,
                 "bytes of freed large allgather/alltoall results kept for reuse; 0 disables"),
       int_entry("COMMLIB_P2P_EAGER_BYTES", "65536", 0, int64_t(1) << 30, &C::p2p_eager_bytes,

@@ -28,6 +28,7 @@ struct Config {
   int64_t stall_check_time_s = 0;
   int64_t timeout_s = 0;
   int64_t spin_us = 0;
+  int64_t bg_spin_us = 0;
   int64_t result_cache_bytes = 0;
   int64_t p2p_eager_bytes = 0;
   int64_t p2p_split_bytes = 0;

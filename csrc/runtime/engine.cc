@@ -125,6 +125,7 @@ void Engine::read_config(MPI_Comm base) {
                      : cfg.shm_collectives == "never" ? kShmNever
                                                       : kShmAuto;
   set_spin_budget_us(cfg.spin_us);
+  set_bg_spin_budget_us(cfg.bg_spin_us);
   result_pool_set_limit(size_t(cfg.result_cache_bytes));
 }
 
@@ -337,6 +338,7 @@ bool Engine::wait(HandleState& h, double timeout_s) {
 }
 
 void Engine::loop() {
+  mark_background_thread();
   leave_deadline_us_ = 0;
   int64_t idle_since = now_us();
   int64_t nap = 20;
