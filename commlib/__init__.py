@@ -35,11 +35,11 @@ _EXPORTS = {
     "p2p": ["send", "recv", "isend", "irecv", "sendrecv"],
     "timeline": ["start_timeline", "stop_timeline"],
     "process_sets": ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"],
-    "grouped_allreduce": ["grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-                          "grouped_allreduce_async_"],
+    "grouped_ops": ["grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+                    "grouped_allreduce_async_"],
     "ops": ["Sum", "Average", "Min", "Max", "Product", "Adasum",
-            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allgather", "allgather_async", "broadcast",
-            "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
+            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allgather",
+            "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
             "reducescatter", "reducescatter_async", "barrier", "join"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -51,9 +51,9 @@ def __getattr__(name):
     if module is None:
         raise AttributeError(f"module 'commlib' has no attribute {name!r}")
     loaded = _importlib.import_module(f"{__name__}.{module}")
-    # Later lookups skip __getattr__. All of the module's names at once: importing
-    # commlib.grouped_allreduce binds that name to the submodule, which must not
-    # shadow the function of the same name.
+    # Later lookups skip __getattr__. All of the module's names at once (and no
+    # module is named like a function it exports: importing a submodule binds
+    # its name here).
     for each in _EXPORTS[module]:
         globals()[each] = getattr(loaded, each)
     return globals()[name]
