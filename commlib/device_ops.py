@@ -5,7 +5,7 @@ device pointers (ints), the stream is the caller's CUDA stream handle (int;
 The core runs them through NCCL (csrc/exec/gpu_executor.h): its own stream
 waits on an event recorded on ``stream`` at submission, and the handle
 completes once the NCCL work has finished on the device. Frontends turn
-tensors into these arguments (commlib.torch: frontends/torch/cuda_ops.py);
+tensors into these arguments (commlib.torch: frontends/torch/cuda_nccl.py);
 where NCCL cannot run they stage through host memory instead (commlib.gpu).
 
 Allgather and alltoall write into an ``output`` the caller allocated with
