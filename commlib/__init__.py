@@ -35,11 +35,11 @@ _EXPORTS = {
     "p2p": ["send", "recv", "isend", "irecv", "sendrecv"],
     "timeline": ["start_timeline", "stop_timeline"],
     "process_sets": ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"],
-    "grouped_allreduce": ["grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-                          "grouped_allreduce_async_"],
+    "grouped_ops": ["grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+                    "grouped_allreduce_async_"],
     "ops": ["Sum", "Average", "Min", "Max", "Product", "Adasum",
-            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allgather", "allgather_async", "broadcast",
-            "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
+            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "allgather",
+            "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
             "reducescatter", "reducescatter_async", "barrier", "join"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -50,9 +50,13 @@ def __getattr__(name):
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'commlib' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
+    loaded = _importlib.import_module(f"{__name__}.{module}")
+    # Later lookups skip __getattr__. All of the module's names at once (and no
+    # module is named like a function it exports: importing a submodule binds
+    # its name here).
+    for each in _EXPORTS[module]:
+        globals()[each] = getattr(loaded, each)
+    return globals()[name]
 
 
 def __dir__():

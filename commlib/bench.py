@@ -194,8 +194,8 @@ class GlooImpl(Impl):
         return fn
 
 
-def init_gloo(comm):
-    """torch.distributed over gloo, rendezvous address shared through MPI."""
+def init_gloo(comm, backend="gloo"):
+    """torch.distributed over gloo (or ``backend``), rendezvous address shared through MPI."""
     try:
         import torch
         import torch.distributed as dist
@@ -212,7 +212,7 @@ def init_gloo(comm):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=comm.Get_rank(), world_size=comm.Get_size())
+    dist.init_process_group(backend, rank=comm.Get_rank(), world_size=comm.Get_size())
     return torch
 
 
@@ -316,6 +316,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-gloo", action="store_true", help="skip torch gloo even if torch is installed")
     p.add_argument("--no-fusion", action="store_true", help="skip the 128 x 4 KiB fusion case")
     p.add_argument("--plot", metavar="PNG", help="draw bus bandwidth against size to this file")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cuda: CUDA buffers, commlib's NCCL path against torch.distributed NCCL (bench_cuda)")
     args = p.parse_args(argv)
 
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
@@ -324,6 +326,15 @@ def main(argv=None) -> int:
         p.error(f"unknown op(s): {', '.join(bad)}")
     if args.algo:
         os.environ["COMMLIB_ALLREDUCE_ALGO"] = args.algo
+    if args.device == "cuda":
+        from . import bench_cuda
+        why = bench_cuda.unavailable_reason()
+        if why:
+            print(f"commlib.bench: --device cuda {why}", file=sys.stderr, flush=True)
+            return 2
+        return bench_cuda.main(args, ops, sizes(parse_size(args.min_bytes), parse_size(args.max_bytes),
+                                                args.factor), args.dtype,
+                               (time_calls, bus_factor, human, init_gloo))
     if args.plot:
         try:
             import matplotlib  # noqa: F401

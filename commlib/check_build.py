@@ -4,16 +4,13 @@ Every probe catches its own failures and reports them as text, so the report
 is useful precisely when something is missing or broken.
 """
 
-import ctypes
 import importlib.metadata
 import importlib.util
-import os
 import subprocess
 import sys
 
 from . import mpi_discovery
 
-NCCL_LIBRARY = "libnccl.so.2"
 FRAMEWORKS = ("torch", "tensorflow")
 
 # Run in a separate interpreter: importing mpi4py.MPI would otherwise
@@ -55,41 +52,20 @@ def mpi_library_status():
     return " ".join(text.split()) if ok else f"unknown (mpi4py: {text})"
 
 
-def _nccl_candidates():
-    """``libnccl.so.2`` via the loader path, then inside a ``nvidia.nccl`` wheel."""
-    yield NCCL_LIBRARY
-    try:
-        spec = importlib.util.find_spec("nvidia.nccl")
-    except (ImportError, ValueError):
-        return
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        yield os.path.join(location, "lib", NCCL_LIBRARY)
+# NCCL and the CUDA runtime as the core loads them (commlib.gpu), in a
+# separate interpreter for the same reason as the core probe below.
+_GPU_PROBE = ("import commlib.gpu as g; s = g.load(); "
+              "print(g.describe(s.nccl, 'NCCL')); print(g.describe(s.cuda, 'CUDA'))")
 
 
-def _nccl_version(lib):
-    version = ctypes.c_int()
-    if lib.ncclGetVersion(ctypes.byref(version)) != 0:
-        return "unknown version"
-    v = version.value
-    # NCCL >= 2.9 encodes major*10000 + minor*100 + patch, older major*1000 + ...
-    major, rest = divmod(v, 10000) if v >= 10000 else divmod(v, 1000)
-    return f"{major}.{rest // 100}.{rest % 100}"
-
-
-def nccl_status():
-    errors = []
-    for candidate in _nccl_candidates():
-        try:
-            lib = ctypes.CDLL(candidate)
-        except OSError as e:
-            errors.append(str(e))
-            continue
-        try:
-            version = _nccl_version(lib)
-        except AttributeError:
-            version = "unknown version"
-        return f"available {version} ({candidate})"
-    return f"not available ({'; '.join(errors)})"
+def gpu_status():
+    """``(NCCL line, CUDA runtime line)``: version and path, or why unusable."""
+    ok, text = _probe(_GPU_PROBE, 120)
+    lines = text.strip().splitlines()
+    if not ok or len(lines) != 2:
+        why = f"unknown (the core could not probe it: {text.strip() or 'no answer'})"
+        return why, why
+    return lines[0], lines[1]
 
 
 def framework_status(name):
@@ -120,9 +96,11 @@ def core_status():
 
 def report():
     """The multi-line ``--check-build`` report."""
+    nccl, cuda = gpu_status()
     rows = [("MPI flavour", mpi_launcher_status()),
             ("MPI library", mpi_library_status()),
-            ("NCCL", nccl_status())]
+            ("NCCL", nccl),
+            ("CUDA runtime", cuda)]
     rows += [(name, framework_status(name)) for name in FRAMEWORKS]
     rows.append(("commlib._core", core_status()))
     width = max(len(label) for label, _ in rows) + 2

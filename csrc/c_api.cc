@@ -276,6 +276,24 @@ const char* commlib_mpi_library_version(void) {
   return version;
 }
 
+int commlib_gpu_load(const char* nccl_library, const char* wheel_library) {
+  return guarded([&] { commlib::gpu::load_gpu_libs(nccl_library ? nccl_library : "", wheel_library ? wheel_library : ""); });
+}
+
+int commlib_gpu_library(int which, int* version, const char** path, const char** error) {
+  const commlib::gpu::GpuLibs* libs = commlib::gpu::loaded_gpu_libs();
+  if (!libs) return -1;
+  const bool nccl = which == 0;
+  *version = nccl ? libs->nccl.version : libs->cuda.version;
+  *path = nccl ? libs->nccl.path.c_str() : libs->cuda.path.c_str();
+  *error = nccl ? libs->nccl.error.c_str() : libs->cuda.error.c_str();
+  return (nccl ? libs->nccl.ok : libs->cuda.ok) ? 1 : 0;
+}
+
+int commlib_nccl_unique_id(int process_set, uint8_t* out) {
+  return guarded([&] { Engine::get().nccl_unique_id(process_set, out); });
+}
+
 int commlib_config_count(void) { return int(commlib::config_table().size()); }
 
 int commlib_config_entry(int i, const char** name, const char** default_value, const char** accepted,

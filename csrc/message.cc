@@ -26,6 +26,7 @@ void encode(Writer& w, const RequestDesc& d) {
   w.put<int32_t>(d.process_set);
   w.put<int64_t>(d.waited_us);
   w.put_string(d.note);
+  w.put<int32_t>(d.device_type);
 }
 
 RequestDesc decode_request(Reader& r) {
@@ -44,6 +45,7 @@ RequestDesc decode_request(Reader& r) {
   d.process_set = r.get<int32_t>();
   d.waited_us = r.get<int64_t>();
   d.note = r.get_string();
+  d.device_type = r.get<int32_t>();
   return d;
 }
 

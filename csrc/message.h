@@ -29,6 +29,7 @@ struct RequestDesc {
   int group_size = -1;
   std::vector<int64_t> members;
   int process_set = 0;  // 0: every rank of the job
+  int device_type = 0;  // COMMLIB_DEVICE_*: every rank's buffers on the same kind of device
   // How long it waited at a response cache bit before being negotiated
   // (rank 0's timeout counts from the first submission). Not compared.
   int64_t waited_us = 0;

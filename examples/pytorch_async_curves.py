@@ -6,7 +6,8 @@ layers) plus noise, learned by a small MLP; every rank draws its own training
 samples from its own seed, and all modes see the same samples in the same
 order. Each mode trains a fresh copy of the same initial model for
 ``--steps`` steps of ``--batch-size`` samples per rank (inner optimizer AdamW
-for every mode, its learning rate decaying linearly to 0; DiLoCo's outer
+for every mode, its learning rate warmed up linearly over the first
+``--warmup`` of the steps, then decaying linearly to 0; DiLoCo's outer
 optimizer is SGD lr 0.7, momentum 0.9, Nesterov, as in the DiLoCo paper),
 and the held-out loss (mean squared error; the noise floor is
 ``--noise``**2) is measured every ``--eval-every`` steps (a multiple of
@@ -17,7 +18,9 @@ and the held-out loss (mean squared error; the noise floor is
 Writes the PNG with matplotlib (``pip install matplotlib``; without it only
 the table is printed) and prints the final losses relative to sync; with
 ``--seeds K`` every mode is trained for K seeds (student initialisation and
-training samples) and the mean gap to sync and its spread are printed.
+training samples) and the mean gap to sync, its standard error and its
+spread are printed. Mode staleness1-predict is staleness 1 with
+``weight_prediction=True`` (gradients taken at p + (p - p_prev)).
 """
 import argparse
 import copy
@@ -29,19 +32,22 @@ import torch.nn.functional as F
 
 import commlib.torch as hvd
 
-MODES = ("sync", "staleness1", "local-sgd", "diloco")
+MODES = ("sync", "staleness1", "staleness1-predict", "local-sgd", "diloco")
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=800, help="steps per rank")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+    p.add_argument("--warmup", type=float, default=0.05,
+                   help="fraction of the steps with a linear learning-rate warm-up")
     p.add_argument("--period", type=int, default=8, help="local SGD / DiLoCo: H")
     p.add_argument("--eval-every", type=int, default=40)
     p.add_argument("--noise", type=float, default=0.05)
     p.add_argument("--modes", default=",".join(MODES),
-                   help="also local-sgd-stream, diloco-stream (LocalSGD(streaming=True))")
+                   help="also staleness1-predict (weight_prediction=True), local-sgd-stream, "
+                        "diloco-stream (LocalSGD(streaming=True))")
     p.add_argument("--seed", type=int, default=0,
                    help="shifts the student's initialisation and the training samples")
     p.add_argument("--seeds", type=int, default=1,
@@ -72,15 +78,25 @@ def student(seed=0):
 def optimizer_for(mode, model, args):
     """(the optimizer to step, the inner optimizer whose learning rate decays)."""
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    if mode in ("sync", "staleness1"):
+    if mode in ("sync", "staleness1", "staleness1-predict"):
         return hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters(),
-                                        staleness=int(mode == "staleness1")), inner
+                                        staleness=int(mode != "sync"),
+                                        weight_prediction=mode == "staleness1-predict"), inner
     if mode not in ("local-sgd", "diloco", "local-sgd-stream", "diloco-stream"):
         raise SystemExit(f"unknown mode {mode!r}")
     outer = (torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
              if mode.startswith("diloco") else None)
     return hvd.LocalSGD(inner, model, period=args.period, outer_optimizer=outer,
                         streaming=mode.endswith("-stream")), inner
+
+
+def lr_factor(t, args):
+    """Linear warm-up over the first ``--warmup`` of the steps, then linear
+    decay to 0 at the end."""
+    warm = int(args.warmup * args.steps)
+    if t < warm:
+        return (t + 1) / warm
+    return 1 - t / args.steps
 
 
 def train(mode, args, data, held_out):
@@ -96,8 +112,8 @@ def train(mode, args, data, held_out):
 
     for t in range(args.steps):
         lo = t * args.batch_size
-        for group in inner.param_groups:  # linear decay to 0, the same for every mode
-            group["lr"] = args.lr * (1 - t / args.steps)
+        for group in inner.param_groups:  # the same schedule for every mode
+            group["lr"] = args.lr * lr_factor(t, args)
         opt.zero_grad()
         F.mse_loss(model(x[lo:lo + args.batch_size]), y[lo:lo + args.batch_size]).backward()
         opt.step()
@@ -143,15 +159,16 @@ def run_seed(args, seed):
 
 def report(finals, start, args):
     """Per mode: the mean final loss over the seeds and its gap to the first
-    mode's (mean and spread over the seeds)."""
+    mode's (mean, standard error of the mean and spread over the seeds)."""
     ref = next(iter(finals))
     print(f"held-out MSE: initial {start:.4g}, noise floor {args.noise ** 2:.4g}")
     for mode, values in finals.items():
         gaps = [100 * (v / r - 1) for v, r in zip(values, finals[ref])]
         mean = statistics.mean(gaps)
-        spread = (f", sd {statistics.stdev(gaps):.1f}, range {min(gaps):+.1f}..{max(gaps):+.1f}"
-                  if len(gaps) > 1 else "")
-        print(f"final {mode}: {statistics.mean(values):.5g} ({mean:+.1f}% vs {ref}{spread}; "
+        sd = statistics.stdev(gaps) if len(gaps) > 1 else 0.0
+        spread = (f" +- {sd / len(gaps) ** 0.5:.2f} (se), sd {sd:.1f}, range "
+                  f"{min(gaps):+.1f}..{max(gaps):+.1f}" if len(gaps) > 1 else "")
+        print(f"final {mode}: {statistics.mean(values):.5g} ({mean:+.2f}% vs {ref}{spread}; "
               f"{len(values)} seed(s))")
 
 
@@ -161,6 +178,8 @@ def main():
     hvd.init()
     if args.eval_every % args.period:
         raise SystemExit("--eval-every must be a multiple of --period")
+    if not 0 <= args.warmup < 1:
+        raise SystemExit("--warmup must be a fraction of the steps in [0, 1)")
     finals, first_curves, first_start = {}, None, None
     for seed in range(args.seed, args.seed + args.seeds):
         curves, start = run_seed(args, seed)

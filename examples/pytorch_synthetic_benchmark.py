@@ -113,6 +113,8 @@ def setup_ddp(model, args):
         dist.all_reduce(t)
         return t.item() / world
 
+    average.align = dist.barrier
+
     def finish():
         dist.barrier()
         dist.destroy_process_group()
@@ -165,17 +167,23 @@ def setup_commlib(model, args, mode="sync"):
     def average(value):
         return hvd.allreduce(torch.tensor([value], dtype=torch.float64)).item()
 
+    average.align = hvd.barrier
+
     return model, optimizer, hvd.rank(), hvd.size(), average, lambda: None
 
 
-def measure(steps, args, log):
+def measure(steps, args, log, align=lambda: None):
     """Samples/s per rank of each named step function; with several, they
-    take turns within every iteration (same run, same load)."""
+    take turns within every iteration (same run, same load). ``align`` (not
+    timed) lines the ranks up before each turn, so that a mode does not pay
+    for the drift between ranks that the turn before it left (a mode without
+    communication lets the ranks drift apart)."""
     for step in steps.values():
         timeit.timeit(step, number=args.num_warmup_batches)
     rates = {name: [] for name in steps}
     for i in range(args.num_iters):
         for name, step in steps.items():
+            align()
             t = timeit.timeit(step, number=args.num_batches_per_iter)
             rates[name].append(args.batch_size * args.num_batches_per_iter / t)
         log(f"Iter #{i}: " + ", ".join(f"{name} {r[-1]:.1f}" for name, r in rates.items())
@@ -220,7 +228,8 @@ def main():
     log(f"Model: {args.model} ({params / 1e6:.1f}M parameters), backend: {args.backend}, "
         f"batch size: {args.batch_size} per rank, ranks: {world}, threads per rank: "
         f"{args.num_threads}")
-    rates = measure({name: step_of(models[name], optimizers[name]) for name in models}, args, log)
+    rates = measure({name: step_of(models[name], optimizers[name]) for name in models}, args, log,
+                    align=average.align if len(models) > 1 else (lambda: None))
     for name, r in rates.items():
         mean, conf = float(np.mean(r)), 1.96 * float(np.std(r))
         mean_all = average(mean)

@@ -20,6 +20,11 @@ void Executor::check_member(int process_set) const {
   }
 }
 
+Transport& Executor::transport_for(int process_set) {
+  check_member(process_set);
+  return process_set != 0 ? static_cast<Transport&>(*sets_.at(process_set)) : *world_;
+}
+
 int Executor::run(const Response& resp, const std::vector<Entry*>& entries, size_t fusion_threshold,
                   std::string* message) {
   check_member(resp.process_set);

@@ -28,6 +28,8 @@ class Executor {
 
   // Throws Error(COMMLIB_ERR_INTERNAL) when this rank is not in the set.
   void check_member(int process_set) const;
+  // The MPI transport of a process set (0: every rank); checks membership.
+  Transport& transport_for(int process_set);
   // Runs resp over entries (in the response's order). Value and type errors
   // (found alike on every rank before any data moves) come back as a status
   // and *message; anything else throws.

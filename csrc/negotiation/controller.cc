@@ -86,6 +86,8 @@ std::string Controller::validate(const std::vector<RequestDesc>& d, const std::v
       return fail("process set id", [](const RequestDesc& x) { return std::to_string(x.root); });
     return "";
   }
+  if (differs(d, [](const RequestDesc& x) { return x.device_type; }))
+    return fail("device", [](const RequestDesc& x) { return std::string(x.device_type ? "cuda" : "cpu"); });
   if (differs(d, [](const RequestDesc& x) { return x.dtype; }))
     return fail("dtype", [](const RequestDesc& x) { return std::string(dtype_name(x.dtype)); });
   if (uses_reduce_op(op)) {

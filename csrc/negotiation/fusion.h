@@ -10,7 +10,7 @@
 namespace commlib {
 
 // Which requests run as one fused allreduce: single-tensor allreduces
-// (fusable[i]) of one process set, dtype, op and scale factors, up to
+// (fusable[i]) of one process set, device type, dtype, op and scale factors, up to
 // threshold bytes per group (half types count as float32, the type they are
 // reduced in). Groups come in the order of their first member; a request that
 // is not fusable is a group of its own. Both the coordinator and the response

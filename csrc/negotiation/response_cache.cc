@@ -8,7 +8,7 @@ bool operator==(const RequestDesc& a, const RequestDesc& b) {
   return a.name == b.name && a.op_type == b.op_type && a.dtype == b.dtype && a.reduce_op == b.reduce_op &&
          a.root == b.root && a.prescale == b.prescale && a.postscale == b.postscale && a.shape == b.shape &&
          a.splits == b.splits && a.group_size == b.group_size && a.members == b.members &&
-         a.process_set == b.process_set;
+         a.process_set == b.process_set && a.device_type == b.device_type;
 }
 
 ResponseCache::Lookup ResponseCache::find(const RequestDesc& d, int* bit, uint32_t* gen) const {

@@ -106,6 +106,10 @@ std::vector<ConfigEntry> make_table() {
                 "or cut off mid-collective) fails too, and ends commlib on that rank; 0: wait forever"),
       int_entry("COMMLIB_SPIN_US", "2000", 0, kBillion, &C::spin_us,
                 "us a waiting thread spins (with sched_yield) before it sleeps"),
+      int_entry("COMMLIB_BG_SPIN_US", "100", 0, kBillion, &C::bg_spin_us,
+                "us the background thread spins (with sched_yield) before it naps, in a wait inside a "
+                "collective or when idle (it shares the cores with the training threads, whose compute "
+                "its spinning would slow down)"),
       int_entry("COMMLIB_RESULT_CACHE_BYTES", "536870912", 0, kNoMax, &C::result_cache_bytes,
                 "bytes of freed large allgather/alltoall results kept for reuse; 0 disables"),
       int_entry("COMMLIB_P2P_EAGER_BYTES", "65536", 0, int64_t(1) << 30, &C::p2p_eager_bytes,
@@ -121,6 +125,12 @@ std::vector<ConfigEntry> make_table() {
                  "rank r <stem>.rank<r><ext>; python -m commlib.timeline merges them); empty: off"),
       bool_entry("COMMLIB_TIMELINE_MARK_CYCLES", "0", &C::timeline_mark_cycles,
                  "1 adds a marker to the timeline for every busy cycle of the background loop"),
+      choice_entry("COMMLIB_GPU_BACKEND", "auto", "auto|nccl|host", &C::gpu_backend,
+                   "CUDA tensors: auto (NCCL when it and the CUDA runtime load, else staged through host "
+                   "memory), nccl (NCCL or an error), host (always staged through host memory and the CPU path)"),
+      path_entry("COMMLIB_NCCL_LIBRARY", "", &C::nccl_library,
+                 "path of the NCCL library to load (nothing else is tried); empty: the nvidia-nccl-cu* "
+                 "wheel's nvidia/nccl/lib/libnccl.so.2, else the system's libnccl.so.2"),
       int_entry("COMMLIB_TEST_RANKS_PER_HOST", "0", 0, std::numeric_limits<int32_t>::max(),
                 &C::test_ranks_per_host,
                 "testing only: k > 0 treats every k consecutive ranks as one host"),

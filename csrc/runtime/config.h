@@ -28,6 +28,7 @@ struct Config {
   int64_t stall_check_time_s = 0;
   int64_t timeout_s = 0;
   int64_t spin_us = 0;
+  int64_t bg_spin_us = 0;
   int64_t result_cache_bytes = 0;
   int64_t p2p_eager_bytes = 0;
   int64_t p2p_split_bytes = 0;
@@ -35,6 +36,8 @@ struct Config {
   int64_t test_ranks_per_host = 0;  // 0: ranks share a host as MPI says
   std::string timeline;            // path of the Chrome-trace timeline ("": off)
   bool timeline_mark_cycles = false;
+  std::string gpu_backend;         // auto|nccl|host
+  std::string nccl_library;        // path of libnccl.so.2 ("": the wheel's, else the system's)
 
   // Every field at the table's default.
   static Config defaults();

@@ -21,6 +21,7 @@ bool Engine::cycle() {
   worked |= poll_messages();
   if (coordinator_) worked |= coordinate();
   worked |= run_ready();
+  worked |= poll_gpu();
   cache_.expire_waiting(now_us());
   if (worker_) check_coordinator_alive(now_us());
   control_->progress();
@@ -190,6 +191,10 @@ void Engine::execute(const Response& resp) {
     std::lock_guard<std::mutex> lock(queue_mu_);
     const std::vector<int>& m = sets_.at(resp.process_set);
     root = int(std::find(m.begin(), m.end(), root) - m.begin());
+  }
+  if (!entries.empty() && entries[0]->desc.device_type != COMMLIB_DEVICE_CPU) {
+    launch_gpu(resp, entries);  // completes later, by event (poll_gpu)
+    return;
   }
   std::string message;
   const int64_t started = timeline().on() ? now_us() : 0;

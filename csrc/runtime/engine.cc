@@ -114,6 +114,7 @@ void Engine::read_config(MPI_Comm base) {
   const Config& cfg = config_;
   fusion_threshold_.store(cfg.fusion_threshold);
   algo_ = parse_allreduce_algo(cfg.allreduce_algo);
+  gpu_backend_ = parse_gpu_backend(cfg.gpu_backend);
   stall_warning_us_ = cfg.stall_check_time_s * 1000000;
   timeout_us_ = cfg.timeout_s * 1000000;
   set_stuck_timeout_us(timeout_us_);
@@ -124,6 +125,7 @@ void Engine::read_config(MPI_Comm base) {
                      : cfg.shm_collectives == "never" ? kShmNever
                                                       : kShmAuto;
   set_spin_budget_us(cfg.spin_us);
+  set_bg_spin_budget_us(cfg.bg_spin_us);
   result_pool_set_limit(size_t(cfg.result_cache_bytes));
 }
 
@@ -225,6 +227,8 @@ void Engine::shutdown() {
     p2p_->abandon();
   }
   g_wait_hook = nullptr;
+  gpu_.reset();  // (launches in flight were failed and aborted by the loop's end)
+  gpu_device_.store(-1);
   executor_.clear();
   cache_.reset(CacheProtocol::Setup{});
   coordinator_.reset();
@@ -334,6 +338,7 @@ bool Engine::wait(HandleState& h, double timeout_s) {
 }
 
 void Engine::loop() {
+  mark_background_thread();
   leave_deadline_us_ = 0;
   int64_t idle_since = now_us();
   int64_t nap = 20;
@@ -383,6 +388,7 @@ void Engine::loop() {
 }
 
 void Engine::finish(Entry& e, int status, const std::string& message) {
+  if (e.ready_event) gpu::destroy_event(e.ready_event);
   if (status != COMMLIB_OK && timeline().on()) trace_failure(e, status, message, now_us());
   outstanding_.fetch_sub(1);
   {
@@ -419,6 +425,7 @@ void Engine::fail_everything(int code, const std::string& message) {
   held_.clear();
   for (auto& [name, e] : pending_) finish(e, code, message);
   pending_.clear();
+  abandon_gpu(code, message);
   joins_pending_ = 0;
   ready_.clear();
   cache_.abandon();

@@ -34,6 +34,8 @@
 #include "backends/mpi/mpi_transport.h"
 #include "backends/shm/shm.h"
 #include "exec/executor.h"
+#include "exec/gpu_executor.h"
+#include "exec/gpu_route.h"
 #include "exec/operations.h"
 #include "negotiation/cache_protocol.h"
 #include "negotiation/coordinator.h"
@@ -83,6 +85,12 @@ class Engine : private CacheHost {
   // Response cache counters (negotiation/cache_protocol.h): hits, misses,
   // invalidations, cached requests executed; all zero when the cache is off.
   void cache_stats(int64_t out[4]) const { cache_.stats(out); }
+
+  // rank 0 of the process set makes an NCCL unique id and every member gets
+  // its bytes over MPI (runtime/gpu_engine.cc). Collective over the set's
+  // members, run by the caller with the engine's communication lock held:
+  // no collective of the set may be in flight (diagnostics and tests).
+  void nccl_unique_id(int process_set, uint8_t out[128]);
 
   void set_fusion_threshold(int64_t bytes);
   int64_t fusion_threshold() const { return fusion_threshold_.load(); }
@@ -135,6 +143,13 @@ class Engine : private CacheHost {
   void renegotiate(Entry& e) override;
   void drop(const std::string& key, int code, const std::string& message) override;
   void send_to_coordinator(std::string bytes) override { control_->send(0, std::move(bytes)); }
+
+  // CUDA requests (runtime/gpu_engine.cc): the route check and ready event
+  // at enqueue, the launch of a negotiated response, polling the launches.
+  void prepare_gpu_entry(const commlib_request& q, Entry& e);
+  void launch_gpu(const Response& resp, const std::vector<Entry*>& entries);
+  bool poll_gpu();
+  void abandon_gpu(int code, const std::string& message);
 
   // Point-to-point (p2p/engine_p2p.cc).
   void init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, size_t split_bytes, bool single_copy);
@@ -195,6 +210,9 @@ class Engine : private CacheHost {
   std::unique_ptr<MpiTransport> cross_;     // same local rank on every host (if several)
   std::unique_ptr<PointToPoint> p2p_;
   Executor executor_;  // runs collectives; owns the process sets' communicators
+  GpuBackend gpu_backend_ = GpuBackend::kAuto;   // COMMLIB_GPU_BACKEND
+  std::atomic<int> gpu_device_{-1};              // the one CUDA device of this process's requests
+  std::unique_ptr<GpuExecutor> gpu_;             // created by the first CUDA launch
   std::unordered_map<std::string, Entry> pending_;
   int joins_pending_ = 0;  // this rank's join() requests submitted and not complete
   std::vector<Entry> held_;  // taken from the queue, not yet reported

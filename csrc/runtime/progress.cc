@@ -13,6 +13,13 @@ std::atomic<int64_t>& budget() {
   return us;
 }
 
+std::atomic<int64_t>& bg_budget() {
+  static std::atomic<int64_t> us{Config::defaults().bg_spin_us};
+  return us;
+}
+
+thread_local bool t_background = false;
+
 std::atomic<int64_t> g_stuck_timeout_us{0};
 
 }  // namespace
@@ -26,8 +33,14 @@ void throw_stuck(int64_t waited_us, const std::string& waited_for) {
                                          " s (COMMLIB_TIMEOUT) waiting for " + waited_for +
                                          " (unreachable, frozen or dead?)");
 }
-int64_t spin_budget_us() { return budget().load(std::memory_order_relaxed); }
+int64_t spin_budget_us() {
+  return (t_background ? bg_budget() : budget()).load(std::memory_order_relaxed);
+}
 
 void set_spin_budget_us(int64_t us) { budget().store(us, std::memory_order_relaxed); }
+
+void set_bg_spin_budget_us(int64_t us) { bg_budget().store(us, std::memory_order_relaxed); }
+
+void mark_background_thread() { t_background = true; }
 
 }  // namespace commlib

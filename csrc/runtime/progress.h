@@ -19,9 +19,14 @@
 namespace commlib {
 
 // Microseconds spent spinning before napping (COMMLIB_SPIN_US, set at init;
-// the table's default before).
+// the table's default before); on the engine's background thread
+// COMMLIB_BG_SPIN_US instead: it shares the cores with the training threads,
+// and a collective it progresses asynchronously is not waited for yet.
 int64_t spin_budget_us();
 void set_spin_budget_us(int64_t us);
+void set_bg_spin_budget_us(int64_t us);
+// Marks the calling thread as the engine's background thread.
+void mark_background_thread();
 
 // COMMLIB_TIMEOUT in microseconds (0: none; set at init). Every rank of a
 // negotiated collective takes part in it at once, so a wait that lasts longer

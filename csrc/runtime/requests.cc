@@ -21,8 +21,6 @@ void validate_request(const commlib_request& q, const std::vector<int>& members)
   if ((q.op_type < COMMLIB_OP_ALLREDUCE || q.op_type > COMMLIB_OP_BARRIER) && q.op_type != COMMLIB_OP_JOIN)
     throw Error(COMMLIB_ERR_VALUE, "unknown collective operation " + std::to_string(q.op_type));
   if (!q.name || !*q.name) throw Error(COMMLIB_ERR_VALUE, "a collective needs a non-empty name");
-  if (q.device_type != COMMLIB_DEVICE_CPU)
-    throw Error(COMMLIB_ERR_VALUE, "only host (CPU) buffers are supported by this build's collectives");
   if (q.op_type == COMMLIB_OP_JOIN && q.process_set != 0)
     throw Error(COMMLIB_ERR_VALUE, "join() runs over every rank of the job, not over a process set");
   if (q.op_type == COMMLIB_OP_BARRIER || q.op_type == COMMLIB_OP_JOIN) return;
@@ -131,6 +129,7 @@ Entry Engine::make_entry(const commlib_request& q) {
   if (q.op_type == COMMLIB_OP_ALLTOALL) e.desc.splits = alltoall_splits(q, int(members.size()));
   e.input = q.input;
   e.output = q.output;
+  if (q.device_type != COMMLIB_DEVICE_CPU) prepare_gpu_entry(q, e);
   return e;
 }
 

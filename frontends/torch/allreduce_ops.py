@@ -11,6 +11,7 @@ from commlib.process_sets import check_process_set, global_process_set
 from commlib.reduce_args import resolve_op
 
 from .compression import Compression
+from .cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
 from .tensor_io import as_array, as_tensor, check_tensor, describe, input_array
 
@@ -29,6 +30,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
                               postscale_factor, process_set)
 
 
+@on_cuda("allreduce")
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """Starts reducing ``tensor`` over all ranks (of ``process_set``; default
@@ -44,6 +46,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                             "allreduce_async", process_set)
 
 
+@on_cuda("allreduce", inplace=True)
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """In-place ``allreduce_async``: the result is written into ``tensor``."""
@@ -129,6 +132,7 @@ def _grouped_allreduce_async(tensors, inplace, average, name, op, prescale_facto
     return Handle(h, lambda outs: [as_tensor(o).view(s) for o, s in zip(outs, shapes)], tensors)
 
 
+@on_cuda("grouped_allreduce")
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """Starts reducing a list of tensors as one unit (fused together); the
@@ -137,6 +141,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                                     postscale_factor, process_set, "grouped_allreduce_async")
 
 
+@on_cuda("grouped_allreduce", inplace=True)
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """In-place ``grouped_allreduce_async``: results are written into the tensors."""

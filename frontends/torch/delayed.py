@@ -30,6 +30,12 @@ anyway) and ``skip_synchronize`` (clip the local gradients before ``step()``
 instead). ``state_dict()`` does not include the pending average: call
 ``synchronize()`` before saving. On ranks outside ``process_set`` (and on a
 set of one rank) the same one-step delay applies to the local gradients.
+
+``weight_prediction=True`` (opt-in) computes each step's gradients at a
+prediction of the weights they will be applied to, p + (p - p_prev), instead
+of at p (see commlib.torch.weight_prediction): the model holds the predicted
+weights between steps, and ``synchronize()`` puts the true ones back (call it
+before evaluating, saving or loading the model).
 """
 from __future__ import annotations
 
@@ -38,6 +44,7 @@ from contextlib import contextmanager
 from ._grad_exchange import PendingGradients, assign_grads
 from .mpi_ops import Average, Sum
 from .optimizer import DistributedOptimizerBase
+from .weight_prediction import WeightPrediction
 
 
 class _DelayedOptimizer(DistributedOptimizerBase):
@@ -45,19 +52,22 @@ class _DelayedOptimizer(DistributedOptimizerBase):
     ``DistributedOptimizerBase._dist_init``, which checks the parameters and
     options across ranks)."""
 
-    def _delayed_init(self, staleness, *dist_args):
+    def _delayed_init(self, staleness, weight_prediction, *dist_args):
         self.staleness = staleness
+        self.weight_prediction = weight_prediction
         self._pending = None
         self._dist_init(*dist_args)
         if self.op not in (Average, Sum):
             raise ValueError("staleness=1 supports op=Average or op=Sum only")
+        self._prediction = WeightPrediction(self._params) if weight_prediction else None
 
     def _register_hooks(self, params):
         pass  # nothing starts during backward: step() sends all gradients at once
 
     def _signature(self) -> list:
         sig = super()._signature()
-        sig[0] = sig[0] + (("staleness", self.staleness),)
+        sig[0] = sig[0] + (("staleness", self.staleness),
+                           ("weight_prediction", self.weight_prediction))
         return sig
 
     # ------------------------------------------------------------ the delay
@@ -68,11 +78,16 @@ class _DelayedOptimizer(DistributedOptimizerBase):
             compression=self._compression, process_set=self.process_set,
             communicate=self._reduces, take=True)
 
-    def _apply(self, pending):
+    def _apply(self, pending, predict=False):
         """Applies the averaged gradients of ``pending`` with the wrapped
-        optimizer's rule."""
+        optimizer's rule (to the true weights); with weight prediction and
+        ``predict``, the model then holds the predicted weights."""
         assign_grads(pending.params, pending.wait())
-        return super(DistributedOptimizerBase, self).step()
+        if self._prediction is not None:
+            self._prediction.before_update()
+        super(DistributedOptimizerBase, self).step()
+        if self._prediction is not None and predict:
+            self._prediction.predict()
 
     def step(self, closure=None):
         """Starts averaging this step's gradients and applies the previous
@@ -88,7 +103,9 @@ class _DelayedOptimizer(DistributedOptimizerBase):
             previous.wait()  # done before the next request of the same name starts
         self._start_pending()
         if previous is not None:
-            self._apply(previous)
+            self._apply(previous, predict=True)
+        elif self._prediction is not None:
+            self._prediction.restore()
         return loss
 
     def synchronize(self):
@@ -97,6 +114,8 @@ class _DelayedOptimizer(DistributedOptimizerBase):
         previous, self._pending = self._pending, None
         if previous is not None:
             self._apply(previous)
+        elif self._prediction is not None:
+            self._prediction.restore()
         self._synchronized = True
 
     @property
@@ -120,22 +139,26 @@ class _DelayedOptimizer(DistributedOptimizerBase):
         previous, self._pending = self._pending, None
         if previous is not None:
             previous.wait()
+        if self._prediction is not None:
+            self._prediction.drop()
         return super().load_state_dict(state_dict)
 
 
 _DelayedOptimizer.step.hooked = True
 
 
-def delayed_optimizer(optimizer, staleness, dist_args):
+def delayed_optimizer(optimizer, staleness, dist_args, weight_prediction=False):
     """The ``staleness=1`` form of DistributedOptimizer (see the module's
     docstring); ``dist_args`` are DistributedOptimizerBase._dist_init's."""
     if staleness != 1:
         raise ValueError(f"staleness must be 0 (synchronous) or 1 (one-step delayed averaging), "
                          f"got {staleness!r}")
+    if not isinstance(weight_prediction, bool):
+        raise ValueError(f"weight_prediction must be True or False, got {weight_prediction!r}")
     base = optimizer.__class__
     cls = type(base.__name__, (_DelayedOptimizer, base),
                {"__module__": DistributedOptimizerBase.__module__, "__doc__": base.__doc__})
     dist = cls.__new__(cls)
     dist.__dict__.update(optimizer.__dict__)
-    dist._delayed_init(staleness, *dist_args)
+    dist._delayed_init(staleness, weight_prediction, *dist_args)
     return dist

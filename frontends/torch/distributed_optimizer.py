@@ -20,7 +20,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=global_process_set, staleness=0, zero_stage=0,
-                         bucket_elements=None):
+                         bucket_elements=None, weight_prediction=False):
     """Wraps a torch optimizer so that ``step()`` applies gradients averaged
     (``op=Average``) or summed (``op=Sum``) over all ranks (of ``process_set``).
 
@@ -48,6 +48,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         staleness: 0 (default) synchronous; 1 one-step delayed averaging,
             where ``step()`` applies the previous step's averaged gradients
             while this step's travel (see commlib.torch.delayed).
+        weight_prediction: with staleness=1, compute the gradients at the
+            predicted weights p + (p - p_prev) that they will be applied to
+            (opt-in; see commlib.torch.weight_prediction).
         zero_stage: 0 (default: every rank keeps the whole optimizer state),
             1 (optimizer state sharded across the set's ranks) or 2 (also
             the gradients); see commlib.torch.zero. Non-members of the set
@@ -75,7 +78,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         if groups is not None:
             raise ValueError("groups cannot be combined with staleness=1 (its step() sends all "
                              "gradients in one group)")
-        return delayed_optimizer(optimizer, staleness, dist_args)
+        return delayed_optimizer(optimizer, staleness, dist_args, weight_prediction)
+    if weight_prediction is not False:
+        raise ValueError("weight_prediction=True needs staleness=1")
     base = optimizer.__class__
     if zero_stage != 0 or bucket_elements is not None:
         bucket_elements = zero.check_arguments(zero_stage, bucket_elements, compression, groups)

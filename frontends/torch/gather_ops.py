@@ -8,15 +8,17 @@ import torch
 
 import commlib as _c
 from commlib.errors import ScalarTensorError
-from commlib.ops import Average, auto_name, even_splits
-from commlib.process_sets import check_process_set, global_process_set, set_rank, set_size
+from commlib.ops import Average, auto_name
+from commlib.process_sets import check_process_set, global_process_set, set_rank
 
 from .allreduce_ops import allreduce, grouped_allreduce_async
+from .cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
-from .tensor_io import check_tensor, as_array, as_tensor, input_array
+from .tensor_io import check_tensor, as_array, as_tensor, input_array, split_list
 
 # ---------------------------------------------------------------- allgather
 
+@on_cuda("allgather")
 def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
     """Starts concatenating every rank's ``tensor`` along dimension 0 (whose
     size may differ across ranks; the other dimensions must agree), in the
@@ -58,6 +60,7 @@ def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
+@on_cuda("grouped_allgather")
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
     process_set = check_process_set(process_set)
     tensors = check_group(tensors, "grouped_allgather")
@@ -98,6 +101,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 # ---------------------------------------------------------------- broadcast
 
+@on_cuda("broadcast")
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """Starts copying rank ``root_rank``'s ``tensor`` to every rank (of
     ``process_set``; root_rank is a job rank in it); the result is a new
@@ -109,6 +113,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     return Handle(h, lambda out: as_tensor(out).view(shape), tensor)
 
 
+@on_cuda("broadcast", inplace=True)
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """In-place ``broadcast_async``: ``tensor`` receives root's value."""
     process_set = check_process_set(process_set)
@@ -160,22 +165,7 @@ def check_group(tensors, what: str) -> list:
     return tensors
 
 
-def split_list(splits, dim0: int, process_set) -> list[int]:
-    if splits is None:
-        return even_splits(dim0, process_set)
-    n = set_size(process_set)
-    if isinstance(splits, torch.Tensor):
-        if splits.is_floating_point() or splits.dim() != 1:
-            raise ValueError("splits must be a 1-D integer tensor, one entry per rank")
-        splits = splits.tolist()
-    out = [int(s) for s in splits]
-    if len(out) != n:
-        raise ValueError(f"splits has {len(out)} entries; it needs one per rank ({n})")
-    if any(s < 0 for s in out) or sum(out) != dim0:
-        raise ValueError(f"splits {out} must be non-negative and sum to dimension 0 ({dim0})")
-    return out
-
-
+@on_cuda("alltoall")
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
     """Starts an all-to-all: rows ``splits[i]`` of dimension 0 go to rank i
     (of ``process_set``: its i-th member; an even division when splits is

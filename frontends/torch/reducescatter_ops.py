@@ -11,12 +11,14 @@ from commlib.process_sets import check_process_set, global_process_set, set_size
 from commlib.reduce_args import resolve_op
 
 from .compression import Compression
+from .cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
 from .gather_ops import allgather, check_group, grouped_allgather_async
 from .tensor_io import check_tensor, as_tensor, input_array
 
 # ---------------------------------------------------------------- reducescatter
 
+@on_cuda("reducescatter")
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0) -> Handle:
     """Starts reducing ``tensor`` over all ranks (of ``process_set``), leaving
@@ -67,6 +69,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     return compression.decompress(out, cctx)
 
 
+@on_cuda("grouped_reducescatter")
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> Handle:
     process_set = check_process_set(process_set)

@@ -1,5 +1,6 @@
 """Torch tensors to and from the numpy arrays the core moves: which tensors
-commlib.torch accepts (dense CPU tensors of commlib.dtypes' table) and the
+commlib.torch accepts (dense CPU and CUDA tensors of commlib.dtypes' table;
+CUDA tensors are routed by cuda_dispatch) and the
 zero-copy views both ways (bfloat16 through ml_dtypes)."""
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import numpy as np
 import torch
 
 from commlib import dtypes as _dtypes
+from commlib.ops import even_splits
+from commlib.process_sets import set_size
 from commlib.submit import NULL, address, shape_array
 
 # commlib.dtypes' table, by name (torch builds without a dtype skip it)
@@ -30,14 +33,14 @@ def _bfloat16_dtype():
 
 
 def check_tensor(tensor, what: str, inplace: bool = False) -> torch.Tensor:
-    """Checks that commlib can move ``tensor``: a dense CPU tensor of a
+    """Checks that commlib can move ``tensor``: a dense CPU or CUDA tensor of a
     supported dtype (and contiguous, when the result is written into it)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what} expects a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
+    if tensor.device.type not in ("cpu", "cuda"):
         raise ValueError(
-            f"{what}: tensor is on device {tensor.device}, but commlib.torch supports CPU "
-            "tensors only (there is no GPU/NCCL path yet); move it with tensor.cpu()")
+            f"{what}: tensor is on device {tensor.device}, but commlib.torch supports CPU and "
+            "CUDA tensors only; move it with tensor.cpu()")
     if tensor.layout != torch.strided:
         raise TypeError(f"{what}: {tensor.layout} tensors are not supported; "
                         "use a dense tensor (tensor.to_dense())")
@@ -59,6 +62,9 @@ def describe(tensor, what: str):
     if (code is None or not isinstance(tensor, torch.Tensor) or not tensor.is_cpu
             or tensor.layout is not torch.strided or not tensor.is_contiguous()):
         check_tensor(tensor, what, inplace=True)  # (raises the error that applies)
+        if not tensor.is_cpu:  # (a device pointer must never reach the host path)
+            raise ValueError(f"{what}: a {tensor.device} tensor reached the host path; CUDA tensors "
+                             "go through commlib.torch's collectives (cuda_dispatch)")
     shape = tensor.shape or (1,)
     ptr = address(tensor.data_ptr()) if tensor.numel() else NULL
     return code, len(shape), shape_array(shape), ptr
@@ -86,3 +92,20 @@ def input_array(tensor, what: str) -> np.ndarray:
     """A zero-copy array of ``tensor`` (a contiguous copy if it is not)."""
     t = check_tensor(tensor, what)
     return as_array(t if t.is_contiguous() else t.contiguous())
+
+
+def split_list(splits, dim0: int, process_set) -> list[int]:
+    """alltoall's send splits, checked: one non-negative entry per rank summing to dim0."""
+    if splits is None:
+        return even_splits(dim0, process_set)
+    n = set_size(process_set)
+    if isinstance(splits, torch.Tensor):
+        if splits.is_floating_point() or splits.dim() != 1:
+            raise ValueError("splits must be a 1-D integer tensor, one entry per rank")
+        splits = splits.tolist()
+    out = [int(s) for s in splits]
+    if len(out) != n:
+        raise ValueError(f"splits has {len(out)} entries; it needs one per rank ({n})")
+    if any(s < 0 for s in out) or sum(out) != dim0:
+        raise ValueError(f"splits {out} must be non-negative and sum to dimension 0 ({dim0})")
+    return out

@@ -43,3 +43,12 @@ def test_async_curves_example_runs(ranks):
     for mode in ("sync", "staleness1", "local-sgd", "diloco"):
         m = re.search(rf"final {mode}: (\S+) ", run.stdout)
         assert m and float(m.group(1)) < 0.5 * start, run
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n", [2, 3])
+def test_torch_delayed_weight_prediction(ranks, n):
+    run = ranks(n, "torch_weight_prediction.py", timeout=120)
+    run.assert_ok(n)
+    m = re.search(r"weight prediction max relative error SGD (\S+), Adam (\S+)", run.stdout)
+    assert m and all(float(m.group(i)) <= 1e-5 for i in (1, 2)), run

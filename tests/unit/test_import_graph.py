@@ -181,3 +181,18 @@ def test_no_private_names_of_other_modules():
                   and f"{aliases[node.value.id]}.{node.attr}" not in MODULES):
                 bad.append(f"{name}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}")
     assert not bad, bad
+
+
+def test_no_export_is_shadowed_by_a_submodule():
+    """Importing a submodule binds its name on the package: no commlib module
+    may be named like a name commlib exports, or that name would become the
+    module (``commlib.grouped_allreduce(...)``: 'module' object is not callable)."""
+    import importlib
+    import types
+
+    import commlib
+
+    for module in set(commlib._EXPORTS):
+        importlib.import_module(f"commlib.{module}")
+    for name in commlib.__all__:
+        assert not isinstance(getattr(commlib, name), types.ModuleType), name

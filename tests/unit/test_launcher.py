@@ -390,7 +390,7 @@ def test_check_build_real(capsys):
     assert launcher.main(["--check-build"]) == 0
     out = capsys.readouterr().out
     labels = [line.split(":")[0].strip() for line in out.splitlines()[1:]]
-    assert labels == ["MPI flavour", "MPI library", "NCCL", "torch", "tensorflow", "commlib._core"]
+    assert labels == ["MPI flavour", "MPI library", "NCCL", "CUDA runtime", "torch", "tensorflow", "commlib._core"]
     flavour_line = next(line for line in out.splitlines() if "MPI flavour:" in line)
     assert "MPICH (hydra)" in flavour_line or "Open MPI" in flavour_line
 

@@ -112,6 +112,8 @@ typedef struct {
   int device_type;        /* COMMLIB_DEVICE_*; zero-initialised = CPU        */
   int device_id;          /* the device's index (CUDA)                       */
   void* stream;           /* the stream the buffers are ready on (CUDA)      */
+  int64_t output_rows;    /* CUDA allgather/alltoall: dim-0 rows the caller
+                             allocated in output (the negotiated result's)  */
 } commlib_request;
 
 /* Lifecycle. comm_handle is an MPI_Comm handle value (from mpi4py's
@@ -209,6 +211,23 @@ void commlib_cache_stats(int64_t* out);
 int commlib_start_timeline(const char* path, int mark_cycles);
 int commlib_stop_timeline(void);
 const char* commlib_mpi_library_version(void);
+
+/* GPU libraries, loaded at run time (README "GPU"). Loads NCCL and the CUDA
+ * runtime once per process (an unusable result is retried by the next call):
+ * nccl_library is COMMLIB_NCCL_LIBRARY's value (nothing else is tried when it
+ * is not empty), wheel_library the nvidia-nccl-cu* wheel's libnccl.so.2 (or
+ * ""), tried before the system's libnccl.so.2. Always COMMLIB_OK; what was
+ * found is commlib_gpu_library()'s. */
+int commlib_gpu_load(const char* nccl_library, const char* wheel_library);
+/* What the last load found for which = 0 (NCCL) or 1 (CUDA runtime): 1 when
+ * usable, 0 when not, -1 before any load. *version: ncclGetVersion's code or
+ * cudaRuntimeGetVersion's; *path: where it was loaded from; *error: why it
+ * is not usable ("" when it is). Static strings until the next load. */
+int commlib_gpu_library(int which, int* version, const char** path, const char** error);
+/* rank 0 of process_set makes an NCCL unique id (128 bytes) and every member
+ * receives it into out over MPI. Collective over the set's members, with no
+ * collective of the set in flight (diagnostics and tests). */
+int commlib_nccl_unique_id(int process_set, uint8_t* out);
 
 /* The configuration table: the COMMLIB_* environment variables the core
  * reads at init (README "Configuration"). commlib_config_count() entries;

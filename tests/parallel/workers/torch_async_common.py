@@ -19,6 +19,14 @@ def mlp(seed=0):
     return nn.Sequential(nn.Linear(10, 24), nn.Tanh(), nn.Linear(24, 4))
 
 
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def adam(params):
+    return torch.optim.Adam(params, lr=0.01)
+
+
 def batch(k, step):
     """Rank k's batch at ``step`` (any rank can compute any rank's)."""
     g = torch.Generator().manual_seed(7919 * (k + 1) + step)
@@ -73,3 +81,13 @@ def same_on_all_ranks(model, what):
 
 def clone(model):
     return copy.deepcopy(model)
+
+
+def step_applies_nothing(model, opt, step, what):
+    """One step of this rank's batch with ``opt``; the parameters must not
+    change (a delayed step with nothing pending)."""
+    before = clone(model)
+    opt.zero_grad()
+    loss_of(model, hvd.rank(), step).backward()
+    opt.step()
+    check_close(model, before, what, tol=0.0)

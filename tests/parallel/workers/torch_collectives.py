@@ -299,7 +299,7 @@ for dt, npdt in ((torch.int16, np.int16), (torch.uint16, np.uint16), (torch.uint
 # ------------------------------------------------------------ argument errors (local, no collective)
 expect_raises(TypeError, lambda: hvd.allgather(torch.ones(3, dtype=torch.complex64)), "complex")
 expect_raises(ValueError, lambda: hvd.allreduce(torch.ones(3, device="meta")), "meta device",
-              "CPU tensors only")
+              "CPU and CUDA tensors only")
 expect_raises(ValueError, lambda: hvd.allreduce_(torch.ones(4, 3).t()), "non-contiguous in place",
               "contiguous")
 expect_raises(TypeError, lambda: hvd.allreduce(np.ones(3)), "numpy input")

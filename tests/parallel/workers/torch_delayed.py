@@ -8,8 +8,8 @@ import torch.nn as nn
 
 import commlib.torch as hvd
 from _common import done, expect_raises, fail
-from torch_async_common import (STEPS, average, check_close, clone, grads_of, loss_of, mlp,
-                                same_on_all_ranks)
+from torch_async_common import (STEPS, adam, average, check_close, clone, grads_of, loss_of,
+                                mlp, same_on_all_ranks, sgd, step_applies_nothing)
 
 torch.set_num_threads(1)
 hvd.init()
@@ -63,23 +63,11 @@ def train(make_opt, what, tol=1e-5, make_ref=None, **kwargs):
     worst = max(worst, check_close(model, ref, f"{what}: after synchronize", tol))
     same_on_all_ranks(model, f"{what}.sync")
     # The step after synchronize() applies nothing (its gradient is pending).
-    before = clone(model)
-    opt.zero_grad()
-    loss_of(model, r, STEPS).backward()
-    opt.step()
-    check_close(model, before, f"{what}: step after synchronize", tol=0.0)
+    step_applies_nothing(model, opt, STEPS, f"{what}: step after synchronize")
     opt.synchronize()
     apply_pending(ref, ref_opt, average([grads_of(ref, k, STEPS) for k in range(n)]))
     check_close(model, ref, f"{what}: second synchronize", tol)
     return worst
-
-
-def sgd(params):
-    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
-
-
-def adam(params):
-    return torch.optim.Adam(params, lr=0.01)
 
 
 err_sgd = train(sgd, "SGD")

@@ -341,7 +341,7 @@ expect_raises(TypeError, lambda: hvd.DistributedOptimizer(sgd(cplx.parameters())
               "complex parameters", "unsupported dtype")
 meta = nn.Linear(2, 2, device="meta")
 expect_raises(ValueError, lambda: hvd.DistributedOptimizer(sgd(meta.parameters())),
-              "meta parameters", "CPU tensors only")
+              "meta parameters", "CPU and CUDA tensors only")
 expect_raises(TypeError, lambda: hvd.DistributedOptimizer(object()), "not an optimizer")
 expect_raises(ValueError, lambda: hvd.DistributedOptimizer(
     sgd(m0.parameters()), named_parameters=[("a", p) for p in m0.parameters()]),

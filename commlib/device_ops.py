@@ -1,0 +1,74 @@
+"""Collectives on device (CUDA) buffers, framework-free: buffers are raw
+device pointers (ints), the stream is the caller's CUDA stream handle (int;
+0 is the legacy default stream).
+
+The core runs them through NCCL (csrc/exec/gpu_executor.h): its own stream
+waits on an event recorded on ``stream`` at submission, and the handle
+completes once the NCCL work has finished on the device. Frontends turn
+tensors into these arguments (commlib.torch: frontends/torch/cuda_nccl.py);
+where NCCL cannot run they stage through host memory instead (commlib.gpu).
+
+Allgather and alltoall write into an ``output`` the caller allocated with
+``output_rows`` rows (the caller learns the rows first, e.g. with a small
+host allgather of every rank's dim 0).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+from . import gpu
+from ._lib import check, ffi, lib
+from .handle import Handle
+
+_loaded = []
+
+
+def _ensure_loaded() -> None:
+    """The core finds NCCL through the wheel's path, which only Python knows."""
+    if not _loaded:
+        gpu.load()
+        _loaded.append(True)
+
+
+class DeviceBuffer(NamedTuple):
+    ptr: int                 # device address (0 for an empty buffer)
+    dtype: int               # COMMLIB_* dtype code (commlib.dtypes)
+    shape: tuple
+
+
+def submit(op_type: int, name: str, inp: DeviceBuffer, out_ptr: int, *, device: int, stream: int,
+           reduce_op: int = 0, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
+           splits: Sequence[int] | None = None, output_rows: int = -1, process_set: int = 0,
+           keepalive=None, value=None) -> Handle:
+    """Submits one collective on device buffers; the returned Handle's result
+    is ``value``. ``keepalive`` (the framework tensors) stays referenced until
+    the handle completes. Errors the core finds before anything is queued (no
+    NCCL, no CUDA runtime, COMMLIB_GPU_BACKEND=host, a dtype or op NCCL cannot
+    run) raise here, on every rank alike."""
+    _ensure_loaded()
+    req = ffi.new("commlib_request*")
+    keep = [req]
+    cname = ffi.new("char[]", name.encode())
+    shape = ffi.new("int64_t[]", list(inp.shape) or [0])
+    keep += [cname, shape]
+    req.op_type, req.name, req.process_set = op_type, cname, process_set
+    req.dtype, req.ndim, req.shape = inp.dtype, len(inp.shape), shape
+    req.input = ffi.cast("void*", inp.ptr)
+    req.output = ffi.cast("void*", out_ptr)
+    req.reduce_op, req.prescale, req.postscale, req.root = reduce_op, float(prescale), float(postscale), root
+    if splits is not None:
+        s = ffi.new("int64_t[]", list(splits) or [0])
+        keep.append(s)
+        req.splits, req.nsplits = s, len(splits)
+    req.device_type = lib.COMMLIB_DEVICE_CUDA
+    req.device_id = device
+    req.stream = ffi.cast("void*", stream)
+    req.output_rows = output_rows
+    hid = ffi.new("int64_t*")
+    check(lib.commlib_enqueue(req, hid))
+    return Handle(hid[0], None, (keep, keepalive), _OP_NAMES.get(op_type, "collective"), value=value)
+
+
+_OP_NAMES = {lib.COMMLIB_OP_ALLREDUCE: "allreduce", lib.COMMLIB_OP_ALLGATHER: "allgather",
+             lib.COMMLIB_OP_BROADCAST: "broadcast", lib.COMMLIB_OP_ALLTOALL: "alltoall",
+             lib.COMMLIB_OP_REDUCESCATTER: "reducescatter"}

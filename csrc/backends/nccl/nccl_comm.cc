@@ -1,0 +1,117 @@
+#include "backends/nccl/nccl_comm.h"
+
+#include <cstring>
+
+#include "common.h"
+
+namespace commlib {
+namespace gpu {
+
+void check_nccl(const NcclLib& nccl, ncclResult rc, const std::string& what) {
+  if (rc == kNcclSuccess) return;
+  throw Error(COMMLIB_ERR_INTERNAL, what + ": NCCL error " + std::to_string(rc) + " (" +
+                                        nccl.get_error_string(rc) + ")");
+}
+
+void check_cuda(const CudaRuntime& cuda, cudaError rc, const std::string& what) {
+  if (rc == kCudaSuccess) return;
+  throw Error(COMMLIB_ERR_INTERNAL, what + ": CUDA error " + std::to_string(rc) + " (" +
+                                        cuda.get_error_string(rc) + ")");
+}
+
+NcclUniqueId shared_unique_id(const NcclLib& nccl, Transport& t) {
+  NcclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  if (t.rank() == 0) check_nccl(nccl, nccl.get_unique_id(&id), "ncclGetUniqueId");
+  // (a failure on rank 0 leaves zeros: the others then fail in ncclCommInitRank)
+  t.broadcast(&id, sizeof(id), 0);
+  return id;
+}
+
+void* record_event(const CudaRuntime& cuda, int device, void* stream) {
+  DeviceGuard on(cuda, device);
+  cudaEvent ev = nullptr;
+  check_cuda(cuda, cuda.event_create_with_flags(&ev, kCudaEventDisableTiming), "cudaEventCreateWithFlags");
+  const cudaError rc = cuda.event_record(ev, static_cast<cudaStream>(stream));
+  if (rc != kCudaSuccess) cuda.event_destroy(ev);
+  check_cuda(cuda, rc, "cudaEventRecord on the caller's stream");
+  return ev;
+}
+
+void destroy_event(void* event) {
+  const GpuLibs* libs = loaded_gpu_libs();
+  if (libs && libs->cuda.event_destroy) libs->cuda.event_destroy(static_cast<cudaEvent>(event));
+}
+
+DeviceGuard::DeviceGuard(const CudaRuntime& cuda, int device) : cuda_(cuda) {
+  check_cuda(cuda_, cuda_.get_device(&previous_), "cudaGetDevice");
+  if (previous_ == device) {
+    previous_ = -1;
+    return;
+  }
+  check_cuda(cuda_, cuda_.set_device(device), "cudaSetDevice(" + std::to_string(device) + ")");
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) cuda_.set_device(previous_);
+}
+
+NcclComm::NcclComm(const GpuLibs& libs, int device, int rank, int size)
+    : libs_(libs), device_(device), rank_(rank), size_(size) {}
+
+std::unique_ptr<NcclComm> NcclComm::create(const GpuLibs& libs, Transport& t, int device) {
+  const NcclUniqueId id = shared_unique_id(libs.nccl, t);
+  std::unique_ptr<NcclComm> c(new NcclComm(libs, device, t.rank(), t.size()));
+  DeviceGuard on(libs.cuda, device);
+  int least = 0, greatest = 0;  // (numerically lower = higher priority)
+  check_cuda(libs.cuda, libs.cuda.get_stream_priority_range(&least, &greatest),
+             "cudaDeviceGetStreamPriorityRange");
+  check_cuda(libs.cuda, libs.cuda.stream_create_with_priority(&c->stream_, kCudaStreamNonBlocking, greatest),
+             "cudaStreamCreateWithPriority");
+  check_nccl(libs.nccl, libs.nccl.comm_init_rank(&c->comm_, t.size(), id, t.rank()),
+             "ncclCommInitRank (rank " + std::to_string(t.rank()) + " of " + std::to_string(t.size()) +
+                 ", device " + std::to_string(device) + ")");
+  return c;
+}
+
+NcclComm::~NcclComm() {
+  try {
+    DeviceGuard on(libs_.cuda, device_);
+    if (comm_ && !aborted_) libs_.nccl.comm_destroy(comm_);
+    for (void* p : retired_) libs_.cuda.free(p);
+    if (fusion_) libs_.cuda.free(fusion_);
+    if (stream_) libs_.cuda.stream_destroy(stream_);
+  } catch (const Error&) {
+    // (the device is unusable: nothing more can be released)
+  }
+}
+
+void NcclComm::abort() {
+  if (aborted_ || !comm_) return;
+  aborted_ = true;
+  libs_.nccl.comm_abort(comm_);
+}
+
+ncclResult NcclComm::async_error() const {
+  if (aborted_ || !comm_) return kNcclSuccess;
+  ncclResult err = kNcclSuccess;
+  const ncclResult rc = libs_.nccl.comm_get_async_error(comm_, &err);
+  return rc != kNcclSuccess ? rc : err;
+}
+
+void* NcclComm::fusion_buffer(size_t bytes) {
+  if (bytes <= fusion_bytes_) return fusion_;
+  DeviceGuard on(libs_.cuda, device_);
+  // The old buffer may still be in use by an operation in flight (and
+  // cudaFree would wait for it, a hang if it hangs): freed at destruction.
+  if (fusion_) retired_.push_back(fusion_);
+  fusion_ = nullptr;
+  fusion_bytes_ = 0;
+  const size_t want = bytes < (size_t(1) << 20) ? size_t(1) << 20 : bytes;
+  check_cuda(libs_.cuda, libs_.cuda.malloc(&fusion_, want), "cudaMalloc(" + std::to_string(want) + " bytes)");
+  fusion_bytes_ = want;
+  return fusion_;
+}
+
+}  // namespace gpu
+}  // namespace commlib

@@ -1,0 +1,87 @@
+// One NCCL communicator: the ranks of one process set on one CUDA device
+// each, with its own high-priority stream and a device fusion buffer.
+//
+// create() is collective over the set's MPI transport: its rank 0 makes the
+// unique id, which travels over MPI (Transport::broadcast), and every rank
+// then joins ncclCommInitRank on its device. Called by the engine's thread
+// while it executes a negotiated response, so every member creates it at the
+// same point of the same order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/nccl/loader.h"
+#include "backends/transport.h"
+
+namespace commlib {
+namespace gpu {
+
+// Throws Error(COMMLIB_ERR_INTERNAL) "<what>: <NCCL's message>" unless rc is success.
+void check_nccl(const NcclLib& nccl, ncclResult rc, const std::string& what);
+// The same for a CUDA runtime call.
+void check_cuda(const CudaRuntime& cuda, cudaError rc, const std::string& what);
+
+// An event recorded on stream (of device), for another stream to wait on.
+void* record_event(const CudaRuntime& cuda, int device, void* stream);
+// Destroys an event of record_event (its pending work still completes).
+void destroy_event(void* event);
+
+// rank 0 of t calls ncclGetUniqueId; every rank of t returns its bytes.
+NcclUniqueId shared_unique_id(const NcclLib& nccl, Transport& t);
+
+// Makes device current on the calling thread for the object's lifetime.
+class DeviceGuard {
+ public:
+  DeviceGuard(const CudaRuntime& cuda, int device);
+  ~DeviceGuard();
+
+ private:
+  const CudaRuntime& cuda_;
+  int previous_ = -1;
+};
+
+class NcclComm {
+ public:
+  static std::unique_ptr<NcclComm> create(const GpuLibs& libs, Transport& t, int device);
+  ~NcclComm();  // ncclCommDestroy (nothing left to destroy after abort())
+
+  // ncclCommAbort: ends every operation in flight on the communicator; it
+  // cannot be used afterwards.
+  void abort();
+  bool aborted() const { return aborted_; }
+  // NCCL's asynchronous error of the communicator (kNcclSuccess when none).
+  ncclResult async_error() const;
+  std::string error_text(ncclResult rc) const { return libs_.nccl.get_error_string(rc); }
+
+  // At least bytes of device memory for fusion, owned by the communicator
+  // (a larger one replaces it; the old one is freed with the communicator).
+  void* fusion_buffer(size_t bytes);
+
+  const GpuLibs& libs() const { return libs_; }
+  ncclComm comm() const { return comm_; }
+  cudaStream stream() const { return stream_; }
+  int device() const { return device_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // When an operation on it last completed (engine clock, us); the timeout
+  // of the oldest one in flight counts from here or from its launch.
+  int64_t last_progress_us = 0;
+
+ private:
+  NcclComm(const GpuLibs& libs, int device, int rank, int size);
+  const GpuLibs& libs_;
+  ncclComm comm_ = nullptr;
+  cudaStream stream_ = nullptr;
+  int device_, rank_, size_;
+  bool aborted_ = false;
+  void* fusion_ = nullptr;
+  size_t fusion_bytes_ = 0;
+  std::vector<void*> retired_;
+};
+
+}  // namespace gpu
+}  // namespace commlib

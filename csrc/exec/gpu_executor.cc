@@ -1,0 +1,136 @@
+#include "exec/gpu_executor.h"
+
+#include <algorithm>
+
+#include "common.h"
+#include "exec/gpu_ops.h"
+
+namespace commlib {
+
+using gpu::check_cuda;
+
+GpuExecutor::~GpuExecutor() {
+  // (every launch left was failed and its communicator aborted by abandon())
+  comms_.clear();
+}
+
+gpu::NcclComm& GpuExecutor::comm_for(int process_set, int device, Transport& t) {
+  auto key = std::make_pair(process_set, device);
+  auto it = comms_.find(key);
+  if (it == comms_.end()) it = comms_.emplace(key, gpu::NcclComm::create(libs_, t, device)).first;
+  return *it->second;
+}
+
+void GpuExecutor::enqueue_calls(gpu::NcclComm& c, const Response& resp, std::vector<Entry*>& entries) {
+  switch (resp.op_type) {
+    case COMMLIB_OP_ALLREDUCE: nccl_allreduce(c, entries); break;
+    case COMMLIB_OP_BROADCAST: nccl_broadcast(c, *entries[0]); break;
+    case COMMLIB_OP_ALLGATHER: nccl_allgather(c, *entries[0], resp.rows); break;
+    case COMMLIB_OP_ALLTOALL: nccl_alltoall(c, *entries[0], resp.rows); break;
+    case COMMLIB_OP_REDUCESCATTER: nccl_reducescatter(c, *entries[0]); break;
+    default:
+      throw Error(COMMLIB_ERR_INTERNAL, std::string("no NCCL executor for ") + op_type_name(resp.op_type));
+  }
+}
+
+void GpuExecutor::launch(const Response& resp, std::vector<Entry>& entries, Transport& t,
+                         const std::vector<int>& members, int64_t now_us) {
+  const int device = entries.at(0).device_id;
+  for (const Entry& e : entries) {
+    if (e.device_id != device) {
+      throw Error(COMMLIB_ERR_INTERNAL, "fused CUDA tensors on devices " + std::to_string(device) + " and " +
+                                            std::to_string(e.device_id));
+    }
+  }
+  gpu::NcclComm& c = comm_for(resp.process_set, device, t);
+  gpu::DeviceGuard on(libs_.cuda, device);
+  // The communicator's stream starts once every input is ready on its caller's stream.
+  for (const Entry& e : entries) {
+    if (e.ready_event) {
+      check_cuda(libs_.cuda, libs_.cuda.stream_wait_event(c.stream(), static_cast<gpu::cudaEvent>(e.ready_event), 0),
+                 "cudaStreamWaitEvent");
+    }
+  }
+  std::vector<Entry*> ptrs;
+  for (Entry& e : entries) ptrs.push_back(&e);
+  enqueue_calls(c, resp, ptrs);
+  gpu::cudaEvent done = nullptr;
+  check_cuda(libs_.cuda, libs_.cuda.event_create_with_flags(&done, gpu::kCudaEventDisableTiming), "cudaEventCreate");
+  check_cuda(libs_.cuda, libs_.cuda.event_record(done, c.stream()), "cudaEventRecord");
+  std::string what = std::string(op_type_name(resp.op_type)) + " '" + entries[0].desc.name + "'" +
+                     (entries.size() > 1 ? " (fused with " + std::to_string(entries.size() - 1) + " others)" : "") +
+                     " on process set " + std::to_string(resp.process_set) + " " + ranks_str(members) +
+                     ", CUDA device " + std::to_string(device);
+  inflight_.push_back(Launch{std::move(entries), &c, done, now_us, std::move(what), members});
+  entries.clear();
+}
+
+std::string GpuExecutor::timeout_message(const Launch& l, int64_t timeout_us) const {
+  const int me = l.members.at(size_t(l.comm->rank()));
+  std::vector<int> others;
+  for (int r : l.members)
+    if (r != me) others.push_back(r);
+  return l.what + ": no progress on the GPU for " + std::to_string(timeout_us / 1000000) +
+         " s (COMMLIB_TIMEOUT); every rank submitted it, so one of ranks " + ranks_str(others) +
+         " stopped inside it (frozen, killed or cut off; NCCL cannot tell which); its NCCL communicator "
+         "was aborted (ncclCommAbort)";
+}
+
+void GpuExecutor::fail_comm(gpu::NcclComm* c, int status, const std::string& message, std::vector<Done>& out) {
+  c->abort();
+  for (auto it = inflight_.begin(); it != inflight_.end();) {
+    if (it->comm != c) {
+      ++it;
+      continue;
+    }
+    libs_.cuda.event_destroy(it->done);
+    out.push_back(Done{std::move(it->entries), status, message});
+    it = inflight_.erase(it);
+  }
+  for (auto it = comms_.begin(); it != comms_.end(); ++it) {
+    if (it->second.get() == c) {
+      comms_.erase(it);
+      break;
+    }
+  }
+}
+
+std::vector<GpuExecutor::Done> GpuExecutor::poll(int64_t now_us, int64_t timeout_us) {
+  std::vector<Done> out;
+  for (size_t i = 0; i < inflight_.size();) {
+    Launch& l = inflight_[i];
+    const gpu::cudaError q = libs_.cuda.event_query(l.done);
+    if (q == gpu::kCudaSuccess) {
+      l.comm->last_progress_us = now_us;
+      libs_.cuda.event_destroy(l.done);
+      out.push_back(Done{std::move(l.entries), COMMLIB_OK, ""});
+      inflight_.erase(inflight_.begin() + long(i));
+      continue;
+    }
+    const gpu::ncclResult async = l.comm->async_error();
+    std::string why;
+    int status = COMMLIB_ERR_INTERNAL;
+    if (q != gpu::kCudaErrorNotReady) {
+      why = l.what + ": CUDA error " + std::to_string(q) + " (" + libs_.cuda.get_error_string(q) + ")";
+    } else if (async != gpu::kNcclSuccess && async != gpu::kNcclInProgress) {
+      why = l.what + ": NCCL error " + std::to_string(async) + " (" + l.comm->error_text(async) + ")";
+    } else if (timeout_us > 0 && now_us - std::max(l.launched_us, l.comm->last_progress_us) > timeout_us) {
+      why = timeout_message(l, timeout_us);
+      status = COMMLIB_ERR_TIMED_OUT;
+    } else {
+      ++i;
+      continue;
+    }
+    fail_comm(l.comm, status, why, out);  // (removes l and the rest of its communicator's)
+    i = 0;
+  }
+  return out;
+}
+
+std::vector<GpuExecutor::Done> GpuExecutor::abandon(int status, const std::string& message) {
+  std::vector<Done> out;
+  while (!inflight_.empty()) fail_comm(inflight_.front().comm, status, message, out);
+  return out;
+}
+
+}  // namespace commlib

@@ -1,0 +1,90 @@
+// The engine's side of CUDA requests: checking and preparing them at enqueue
+// (caller threads), launching negotiated ones on the NCCL executor and
+// finishing them when their completion event is reached (the engine's
+// thread). See exec/gpu_route.h and exec/gpu_executor.h.
+#include <cstring>
+
+#include "common.h"
+#include "runtime/engine.h"
+#include "runtime/progress.h"
+
+namespace commlib {
+
+void Engine::prepare_gpu_entry(const commlib_request& q, Entry& e) {
+  const gpu::GpuLibs* libs = gpu::loaded_gpu_libs();
+  if ((!libs || !libs->nccl.ok || !libs->cuda.ok) && gpu_backend_ != GpuBackend::kHost) {
+    libs = &gpu::load_gpu_libs(config_.nccl_library, "");
+  }
+  check_device_route(q, gpu_backend_, libs);
+  int expected = -1;
+  if (!gpu_device_.compare_exchange_strong(expected, q.device_id) && expected != q.device_id) {
+    throw Error(COMMLIB_ERR_VALUE, std::string(op_type_name(q.op_type)) + " '" + q.name + "': this process's "
+                                       "CUDA collectives run on device " + std::to_string(expected) +
+                                       ", not " + std::to_string(q.device_id) + " (one device per process)");
+  }
+  e.desc.device_type = q.device_type;
+  e.device_id = q.device_id;
+  e.output_rows = q.output_rows;
+  e.ready_event = gpu::record_event(libs->cuda, q.device_id, q.stream);
+}
+
+void Engine::launch_gpu(const Response& resp, const std::vector<Entry*>& entries) {
+  std::vector<int> members;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (resp.process_set != 0) {
+      members = sets_.at(resp.process_set);
+    } else {
+      for (int r = 0; r < topo_.size; ++r) members.push_back(r);
+    }
+  }
+  std::vector<Entry> taken;
+  for (Entry* p : entries) {
+    auto it = pending_.find(request_key(p->desc));
+    if (it == pending_.end() || &it->second != p) {
+      throw Error(COMMLIB_ERR_INTERNAL, "CUDA collectives do not take part in join() ('" + p->desc.name + "')");
+    }
+    taken.push_back(std::move(it->second));
+    pending_.erase(it);
+  }
+  if (!gpu_) gpu_ = std::make_unique<GpuExecutor>(*gpu::loaded_gpu_libs());
+  std::string message;
+  try {
+    gpu_->launch(resp, taken, executor_.transport_for(resp.process_set), members, now_us());
+  } catch (const Error& e) {
+    // (the other ranks' launches, if any, end by the timeout or NCCL's own error)
+    message = e.what();
+  }
+  cache_.after_run(resp, message.empty());
+  if (message.empty()) return;  // (launch took the entries)
+  for (Entry& e : taken) finish(e, COMMLIB_ERR_INTERNAL, message);
+}
+
+bool Engine::poll_gpu() {
+  if (!gpu_ || !gpu_->busy()) return false;
+  std::vector<GpuExecutor::Done> done = gpu_->poll(now_us(), timeout_us_);
+  for (GpuExecutor::Done& d : done) {
+    for (Entry& e : d.entries) finish(e, d.status, d.message);
+  }
+  return !done.empty();
+}
+
+void Engine::abandon_gpu(int code, const std::string& message) {
+  if (!gpu_) return;
+  for (GpuExecutor::Done& d : gpu_->abandon(code, message)) {
+    for (Entry& e : d.entries) finish(e, code, message);
+  }
+}
+
+void Engine::nccl_unique_id(int process_set, uint8_t out[128]) {
+  if (!running_.load()) throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
+  const gpu::GpuLibs* libs = gpu::loaded_gpu_libs();
+  if (!libs || !libs->nccl.ok) {
+    throw Error(COMMLIB_ERR_VALUE, "NCCL is not usable: " + (libs ? libs->nccl.error : std::string("not loaded")));
+  }
+  std::lock_guard<std::mutex> lock(cycle_mu_);
+  const gpu::NcclUniqueId id = gpu::shared_unique_id(libs->nccl, executor_.transport_for(process_set));
+  std::memcpy(out, id.internal, sizeof(id.internal));
+}
+
+}  // namespace commlib

@@ -1,0 +1,39 @@
+"""commlib.torch's CUDA routing on machines without a GPU: the host-staging
+steps against the direct CPU path, refusals of other devices, and the one-time
+message naming the path (see workers/torch_cuda_staging.py). The GPU itself is
+tested by tests/gpu/."""
+import pytest
+
+pytest.importorskip("torch")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n,env,path", [
+    (2, {"COMMLIB_GPU_BACKEND": "host"}, "host"),
+    (3, {}, "host"),
+], ids=["2-host", "3-auto"])
+def test_staging_on_cpu(ranks, n, env, path):
+    import torch
+    if not env and torch.cuda.is_available():
+        pytest.skip("a GPU is visible: auto would choose NCCL")
+    run = ranks(n, "torch_cuda_staging.py", path, timeout=120, env=env)
+    run.assert_ok(n)
+    announced = [line for line in run.stderr.splitlines() if "commlib: CUDA tensors go " in line]
+    assert len(announced) == n, run.stderr  # once per rank
+    why = "COMMLIB_GPU_BACKEND=host" if env else "NCCL is not usable"
+    assert all("staged through pinned host memory and the CPU path: " + why in line for line in announced)
+
+
+def test_nccl_reducible():
+    import torch
+    from commlib.ops import Average, Max, Min, Product, Sum
+    from commlib.torch.cuda_nccl import can_reduce
+    assert can_reduce(torch.float16, Average, 1.0, 1.0)
+    assert can_reduce(torch.bfloat16, Sum, 0.5, 2.0)
+    assert can_reduce(torch.int64, Product, 1.0, 1.0)
+    assert can_reduce(torch.uint8, Max, 1.0, 1.0)
+    assert not can_reduce(torch.int16, Sum, 1.0, 1.0)
+    assert not can_reduce(torch.bool, Max, 1.0, 1.0)
+    assert not can_reduce(torch.int32, Average, 1.0, 1.0)
+    assert not can_reduce(torch.int32, Sum, 2.0, 1.0)
+    assert not can_reduce(torch.float32, Min, 2.0, 1.0)

@@ -1,0 +1,93 @@
+"""Run by tests/gpu: collectives on CUDA tensors (argv[1]: the path
+COMMLIB_GPU_BACKEND selects, nccl or host) against the CPU path on the same
+data, and bitwise identical across ranks. Values are small integers (exact in
+every dtype, and in every summation order), so floating-point results must be
+equal, not close."""
+import sys
+
+import torch
+
+from gpu_common import DEVICE
+import commlib.gpu
+import commlib.torch as hvd
+from _common import done, fail
+
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+path = sys.argv[1]
+if commlib.gpu.cuda_path() != path:
+    fail(f"CUDA tensors take the {commlib.gpu.cuda_path()} path, expected {path}")
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8)
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max, "Product": hvd.Product}
+
+
+def data(shape, dtype, salt):
+    g = torch.Generator().manual_seed(1000 * salt + r)
+    hi = 2 if dtype == torch.uint8 else 5
+    return torch.randint(0, hi, shape, generator=g).to(dtype)
+
+
+def same_everywhere(t, what):
+    """t (CPU) is bitwise the same on every rank."""
+    raw = t.contiguous().view(torch.uint8).numpy().reshape(1, -1)
+    every = hvd.allgather(torch.from_numpy(raw.copy()), name=f"bits.{what}")
+    if not all(torch.equal(every[i], every[0]) for i in range(n)):
+        fail(f"{what}: results differ across ranks")
+
+
+def check(got, want, what):
+    got = got.cpu() if isinstance(got, torch.Tensor) else got
+    if got.device.type != "cpu" or got.dtype != want.dtype or got.shape != want.shape:
+        fail(f"{what}: {got.dtype} {tuple(got.shape)} vs {want.dtype} {tuple(want.shape)}")
+    if not torch.equal(got, want):
+        fail(f"{what}: got {got.flatten()[:6].tolist()} want {want.flatten()[:6].tolist()}")
+    same_everywhere(got, what)
+
+
+def on_both(fn, x, what, **kw):
+    """fn on the CUDA copy of x and on x (CPU): the results must match."""
+    got = fn(x.to(DEVICE), name="cuda." + what, **kw)
+    want = fn(x, name="cpu." + what, **kw)
+    if isinstance(got, tuple):
+        for i, (g, w) in enumerate(zip(got, want)):
+            if g.device.type != "cuda" and i == 0:
+                fail(f"{what}: the result is not on the GPU")
+            check(g, w, f"{what}[{i}]")
+    else:
+        if got.device != DEVICE:
+            fail(f"{what}: the result is on {got.device}, not {DEVICE}")
+        check(got, want, what)
+
+
+for dtype in DTYPES:
+    tag = str(dtype).replace("torch.", "")
+    for opname, op in OPS.items():
+        if op == hvd.Average and dtype not in FLOATS:
+            continue
+        x = data((33, 5), dtype, 1)
+        on_both(hvd.allreduce, x, f"allreduce.{tag}.{opname}", op=op)
+        y = x.to(DEVICE)
+        hvd.allreduce_(y, op=op, name=f"inplace.{tag}.{opname}")
+        check(y.cpu(), hvd.allreduce(x, op=op, name=f"inplace.cpu.{tag}.{opname}"), f"allreduce_.{tag}.{opname}")
+        if op in (hvd.Sum, hvd.Average) and dtype in FLOATS:
+            on_both(hvd.allreduce, x, f"scaled.{tag}.{opname}", op=op, prescale_factor=2.0, postscale_factor=0.5)
+        if op in (hvd.Sum, hvd.Min, hvd.Max):
+            rs = data((2 * n + 1, 3), dtype, 2)
+            on_both(hvd.reducescatter, rs, f"reducescatter.{tag}.{opname}", op=op)
+    on_both(hvd.allgather, data((r + 1, 4), dtype, 3), f"allgather.{tag}")
+    on_both(hvd.broadcast, data((7,), dtype, 4), f"broadcast.{tag}", root_rank=n - 1)
+    splits = [(i + r) % 3 for i in range(n)]
+    on_both(hvd.alltoall, data((sum(splits), 2), dtype, 5), f"alltoall.{tag}", splits=splits)
+
+# many small tensors at once: fused on the device
+xs = [data((k + 1,), torch.float32, 10 + k) for k in range(40)]
+handles = [hvd.allreduce_async(x.to(DEVICE), op=hvd.Sum, name=f"fused.{k}") for k, x in enumerate(xs)]
+for k, (h, x) in enumerate(zip(handles, xs)):
+    check(hvd.synchronize(h).cpu(), hvd.allreduce(x, op=hvd.Sum, name=f"fused.cpu.{k}"), f"fused.{k}")
+got = hvd.grouped_allreduce([x.to(DEVICE) for x in xs[:5]], op=hvd.Average, name="grouped")
+want = hvd.grouped_allreduce(xs[:5], op=hvd.Average, name="grouped.cpu")
+for k, (g, w) in enumerate(zip(got, want)):
+    check(g.cpu(), w, f"grouped.{k}")
+done()
