@@ -1,6 +1,7 @@
 #include "reduce.h"
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "common.h"
@@ -74,6 +75,41 @@ void reduce_bool(int op, void* acc, const void* in, void* copy, size_t n) {
   }
 }
 
+// Floating point: (acc op in) * f in one pass, the same operations in the
+// same order as the reduction followed by scale_typed.
+template <typename T, typename F>
+void apply_scaled(void* acc_v, const void* in_v, void* copy_v, size_t n, T f, F op) {
+  T* __restrict__ acc = static_cast<T*>(acc_v);
+  const T* __restrict__ in = static_cast<const T*>(in_v);
+  T* __restrict__ copy = static_cast<T*>(copy_v);
+  for (size_t i = 0; i < n; ++i) {
+    const T v = op(acc[i], in[i]) * f;
+    acc[i] = v;
+    if (copy) copy[i] = v;
+  }
+}
+
+template <typename T>
+bool reduce_scaled_float(int op, void* acc, const void* in, void* copy, size_t n, double scale) {
+  const T f = static_cast<T>(scale);
+  switch (op) {
+    case COMMLIB_SUM:
+      apply_scaled<T>(acc, in, copy, n, f, [](T a, T b) { return a + b; });
+      return true;
+    case COMMLIB_MIN:
+      apply_scaled<T>(acc, in, copy, n, f, [](T a, T b) { return b < a ? b : a; });
+      return true;
+    case COMMLIB_MAX:
+      apply_scaled<T>(acc, in, copy, n, f, [](T a, T b) { return a < b ? b : a; });
+      return true;
+    case COMMLIB_PRODUCT:
+      apply_scaled<T>(acc, in, copy, n, f, [](T a, T b) { return a * b; });
+      return true;
+    default:
+      return false;
+  }
+}
+
 template <typename T>
 void scale_typed(void* buf_v, size_t n, double factor) {
   T* __restrict__ buf = static_cast<T*>(buf_v);
@@ -133,6 +169,16 @@ void scale_buffer(int dtype, void* buf, size_t n, double factor) {
     default:
       throw Error(COMMLIB_ERR_TYPE, std::string("cannot scale dtype ") + dtype_name(dtype));
   }
+}
+
+void reduce_into_and_copy_scaled(int dtype, int op, void* acc, const void* in, void* copy, size_t n,
+                                 double scale) {
+  if (scale == 1.0) return reduce_into_and_copy(dtype, op, acc, in, copy, n);
+  if (dtype == COMMLIB_FLOAT32 && reduce_scaled_float<float>(op, acc, in, copy, n, scale)) return;
+  if (dtype == COMMLIB_FLOAT64 && reduce_scaled_float<double>(op, acc, in, copy, n, scale)) return;
+  reduce_into_and_copy(dtype, op, acc, in, nullptr, n);
+  scale_buffer(dtype, acc, n, scale);
+  if (copy) std::memcpy(copy, acc, n * dtype_size(dtype));
 }
 
 }  // namespace commlib

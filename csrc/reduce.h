@@ -17,6 +17,12 @@ void reduce_into(int dtype, int op, void* acc, const void* in, size_t n);
 // re-reading acc when the result must be published elsewhere).
 void reduce_into_and_copy(int dtype, int op, void* acc, const void* in, void* copy, size_t n);
 
+// The same, with the result multiplied by scale before it is stored (acc and
+// copy): what reduce_into_and_copy then scale_buffer on acc and copy give,
+// bit for bit, in one pass.
+void reduce_into_and_copy_scaled(int dtype, int op, void* acc, const void* in, void* copy, size_t n,
+                                 double scale);
+
 // buf[i] *= factor, computed in double for integers (truncated toward zero).
 void scale_buffer(int dtype, void* buf, size_t n, double factor);
 

@@ -45,7 +45,8 @@ void wait_all(ShmSegment& shm, Counter counter, uint64_t target) {
 
 }  // namespace
 
-void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, int dtype, int op) {
+void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, int dtype, int op,
+                   double post) {
   const int P = shm.size();
   const int me = shm.rank();
   const int K = shm.slots();
@@ -89,15 +90,23 @@ void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, i
     if (b >= uint64_t(K)) wait_all(shm, [&](int r) -> ShmCounter& { return shm.consumed(r); }, b - K + 1);
     // The final local reduction also publishes, unless the piece must first
     // be all-reduced across hosts.
+    // (and scales it, in the same pass).
     const int last = cross ? -1 : (me == P - 1 ? P - 2 : P - 1);
     for (int r = 0; r < P; ++r) {
       if (r == me) continue;
-      reduce_into_and_copy(dtype, op, data + off * esize, shm.stage(r, slot, me),
-                           r == last ? shm.result(slot, me) : nullptr, len);
+      if (r == last) {
+        reduce_into_and_copy_scaled(dtype, op, data + off * esize, shm.stage(r, slot, me),
+                                    shm.result(slot, me), len, post);
+      } else {
+        reduce_into_and_copy(dtype, op, data + off * esize, shm.stage(r, slot, me), nullptr, len);
+      }
     }
     if (cross) {
       allreduce_across(*cross, data + off * esize, len, dtype, op);
+      scale_buffer(dtype, data + off * esize, len, post);
       std::memcpy(shm.result(slot, me), data + off * esize, len * esize);
+    } else if (P == 1) {
+      scale_buffer(dtype, data + off * esize, len, post);
     }
     shm.reduced(me).value.store(b + 1, std::memory_order_release);
 

@@ -12,6 +12,9 @@ namespace commlib {
 // not Average). Every rank of the segment must call it with the same count.
 // With cross (ranks of this local rank on the other hosts), each reduced
 // piece is also all-reduced across hosts before it is shared.
-void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, int dtype, int op);
+// post multiplies the result (Average's 1/N, a postscale): each rank scales
+// the piece it reduces, as it reduces it, instead of a pass over the buffer.
+void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, int dtype, int op,
+                   double post = 1.0);
 
 }  // namespace commlib

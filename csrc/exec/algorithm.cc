@@ -1,5 +1,7 @@
 #include "exec/algorithm.h"
 
+#include "reduce.h"
+
 #include <algorithm>
 
 #include "collectives/allreduce.h"
@@ -101,26 +103,26 @@ void allreduce_across(Transport& t, void* buf, size_t count, int dtype, int op) 
 // moves each byte about twice per rank (the memory-traffic floor), while the
 // ring and MPI copy through the MPI library's own buffers as well.
 void allreduce(Transport& t, ShmSegment* shm, Transport* cross, void* buf, size_t count,
-               int dtype, int op, AllreduceAlgo algo) {
-  if (t.size() == 1 || count == 0) return;
-  switch (algo) {
-    case AllreduceAlgo::kAuto:
-      if (shm) {
-        note_algorithm(cross ? "shm-hierarchical" : "shm");
-        return allreduce_shm(*shm, cross, buf, count, dtype, op);
-      }
-      return allreduce_across(t, buf, count, dtype, op);
-    case AllreduceAlgo::kShm:
-      if (!shm) {
-        throw Error(COMMLIB_ERR_VALUE,
-                    "COMMLIB_ALLREDUCE_ALGO=shm needs the same number (> 1) of ranks on every host");
-      }
-      note_algorithm(cross ? "shm-hierarchical" : "shm");
-      return allreduce_shm(*shm, cross, buf, count, dtype, op);
-    case AllreduceAlgo::kRing: note_algorithm("ring"); return allreduce_ring(t, buf, count, dtype, op);
-    case AllreduceAlgo::kTree: note_algorithm("tree"); return allreduce_tree(t, buf, count, dtype, op);
-    case AllreduceAlgo::kMpi: note_algorithm("mpi"); return allreduce_mpi(t, buf, count, dtype, op);
+               int dtype, int op, AllreduceAlgo algo, double post) {
+  if (count == 0) return;
+  if (t.size() == 1) return scale_buffer(dtype, buf, count, post);
+  const bool to_shm = algo == AllreduceAlgo::kShm || (algo == AllreduceAlgo::kAuto && shm);
+  if (to_shm) {
+    if (!shm) {
+      throw Error(COMMLIB_ERR_VALUE,
+                  "COMMLIB_ALLREDUCE_ALGO=shm needs the same number (> 1) of ranks on every host");
+    }
+    note_algorithm(cross ? "shm-hierarchical" : "shm");
+    return allreduce_shm(*shm, cross, buf, count, dtype, op, post);  // (scales as it reduces)
   }
+  switch (algo) {
+    case AllreduceAlgo::kAuto: allreduce_across(t, buf, count, dtype, op); break;
+    case AllreduceAlgo::kRing: note_algorithm("ring"); allreduce_ring(t, buf, count, dtype, op); break;
+    case AllreduceAlgo::kTree: note_algorithm("tree"); allreduce_tree(t, buf, count, dtype, op); break;
+    case AllreduceAlgo::kMpi: note_algorithm("mpi"); allreduce_mpi(t, buf, count, dtype, op); break;
+    case AllreduceAlgo::kShm: break;  // (handled above)
+  }
+  scale_buffer(dtype, buf, count, post);
 }
 
 bool shm_allowed(const AlgoChoice& c) {

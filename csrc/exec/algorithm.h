@@ -29,8 +29,10 @@ AllreduceAlgo choose_allreduce_algo(size_t bytes, int ranks);
 // memory when there is a segment: within the host, and hierarchically across
 // hosts (each local rank all-reduces its slice over cross with
 // allreduce_across); without one, the ring or the tree over t.
+// post multiplies the result (Average's 1/N, a postscale); the shared-memory
+// algorithm applies it as it reduces, the others in a pass after.
 void allreduce(Transport& t, ShmSegment* shm, Transport* cross, void* buf, size_t count,
-               int dtype, int op, AllreduceAlgo algo);
+               int dtype, int op, AllreduceAlgo algo, double post = 1.0);
 
 // The ring or the tree over t, chosen by size (the inter-host step).
 void allreduce_across(Transport& t, void* buf, size_t count, int dtype, int op);

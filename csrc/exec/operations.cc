@@ -114,8 +114,7 @@ void reduce_window(OpContext& ctx, const Member* first, const Member* last, int 
   if (last - first == 1) {  // no packing: reduce in the output buffer
     if (first->input != first->output) std::memcpy(first->output, first->input, total * esize);
     scale_buffer(dtype, first->output, total, pre);
-    allreduce(ctx.transport, ctx.shm, ctx.cross, first->output, total, dtype, op, ctx.algo);
-    scale_buffer(dtype, first->output, total, post);
+    allreduce(ctx.transport, ctx.shm, ctx.cross, first->output, total, dtype, op, ctx.algo, post);
     return;
   }
   char* buf = ctx.fusion.get(total * esize);
@@ -125,8 +124,7 @@ void reduce_window(OpContext& ctx, const Member* first, const Member* last, int 
     off += m->count * esize;
   }
   scale_buffer(dtype, buf, total, pre);
-  allreduce(ctx.transport, ctx.shm, ctx.cross, buf, total, dtype, op, ctx.algo);
-  scale_buffer(dtype, buf, total, post);
+  allreduce(ctx.transport, ctx.shm, ctx.cross, buf, total, dtype, op, ctx.algo, post);
   off = 0;
   for (const Member* m = first; m != last; ++m) {
     std::memcpy(m->output, buf + off, m->count * esize);

@@ -1,0 +1,81 @@
+// The reduction kernels (csrc/reduce.h): the fused reduce-and-scale that the
+// shared-memory all-reduce applies to its pieces (Average's 1/N, postscale)
+// gives bit for bit what the reduction followed by scale_buffer gives, for
+// every op and the dtypes it fuses (and falls back for the others).
+//
+// csrc: reduce.cc common.cc
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "check.h"
+#include "common.h"
+#include "reduce.h"
+
+namespace {
+
+template <typename T>
+std::vector<T> values(size_t n, uint64_t seed) {
+  std::vector<T> v(n);
+  uint64_t s = seed;
+  for (auto& x : v) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    const double u = double(s >> 11) / double(1ull << 53);  // [0, 1)
+    x = static_cast<T>(std::is_floating_point_v<T> ? (u - 0.5) * 1e3 : u * 200.0);
+  }
+  return v;
+}
+
+template <typename T>
+void check_fused_equals_two_passes(int dtype, int op, double scale) {
+  const size_t n = 1037;  // (not a multiple of any vector width)
+  const std::vector<T> a = values<T>(n, 1), b = values<T>(n, 2);
+  std::vector<T> want = a, got = a, copy(n, T(0));
+  commlib::reduce_into(dtype, op, want.data(), b.data(), n);
+  commlib::scale_buffer(dtype, want.data(), n, scale);
+  commlib::reduce_into_and_copy_scaled(dtype, op, got.data(), b.data(), copy.data(), n, scale);
+  CHECK(std::memcmp(want.data(), got.data(), n * sizeof(T)) == 0);
+  CHECK(std::memcmp(want.data(), copy.data(), n * sizeof(T)) == 0);
+  std::vector<T> no_copy = a;  // (copy is optional)
+  commlib::reduce_into_and_copy_scaled(dtype, op, no_copy.data(), b.data(), nullptr, n, scale);
+  CHECK(std::memcmp(want.data(), no_copy.data(), n * sizeof(T)) == 0);
+}
+
+const int kOps[] = {COMMLIB_SUM, COMMLIB_MIN, COMMLIB_MAX, COMMLIB_PRODUCT};
+const double kScales[] = {1.0, 0.5, 1.0 / 3.0, 0.1, 2.5};
+
+}  // namespace
+
+TEST_CASE("reduce: fused reduce-and-scale of float32 is bit for bit the two passes") {
+  for (int op : kOps)
+    for (double s : kScales) check_fused_equals_two_passes<float>(COMMLIB_FLOAT32, op, s);
+}
+
+TEST_CASE("reduce: fused reduce-and-scale of float64 is bit for bit the two passes") {
+  for (int op : kOps)
+    for (double s : kScales) check_fused_equals_two_passes<double>(COMMLIB_FLOAT64, op, s);
+}
+
+TEST_CASE("reduce: integers fall back to the two passes") {
+  for (int op : kOps)
+    for (double s : kScales) {
+      check_fused_equals_two_passes<int32_t>(COMMLIB_INT32, op, s);
+      check_fused_equals_two_passes<int64_t>(COMMLIB_INT64, op, s);
+      check_fused_equals_two_passes<uint8_t>(COMMLIB_UINT8, op, s);
+    }
+}
+
+TEST_CASE("reduce: Average of two ranks, scaled in the reduction") {
+  const float a[3] = {1.0f, -3.0f, 0.25f}, b[3] = {2.0f, 5.0f, 0.5f};
+  float acc[3], out[3];
+  std::memcpy(acc, a, sizeof(a));
+  commlib::reduce_into_and_copy_scaled(COMMLIB_FLOAT32, COMMLIB_SUM, acc, b, out, 3, 0.5);
+  CHECK_EQ(acc[0], 1.5f);
+  CHECK_EQ(acc[1], 1.0f);
+  CHECK_EQ(acc[2], 0.375f);
+  CHECK(std::memcmp(acc, out, sizeof(acc)) == 0);
+}
+
+CHECK_MAIN()
