@@ -71,12 +71,17 @@ _facts: dict[int, ArrayFacts] = {}
 _FACTS_LIMIT = 8192
 
 
+def _held(f: ArrayFacts | None, arr) -> bool:
+    """Whether ``f`` (the cache entry at ``id(arr)``) still describes ``arr``."""
+    return f is not None and f.ref() is arr and arr.dtype is f.dtype and arr.shape == f.shape
+
+
 def facts(arr: np.ndarray) -> ArrayFacts:
     """The facts of a C-contiguous array of a supported dtype (the caller
     checked it: as_input / a writable-output check), cached."""
     key = id(arr)
     f = _facts.get(key)
-    if f is not None and f.ref() is arr and arr.dtype is f.dtype and arr.shape == f.shape:
+    if _held(f, arr):
         return f
     if len(_facts) >= _FACTS_LIMIT:
         _facts.clear()
@@ -89,7 +94,7 @@ def cached_facts(arr, writable: bool) -> ArrayFacts | None:
     C-contiguous (and writable, when written into); None otherwise (the
     caller then checks the array the long way, with its error messages)."""
     f = _facts.get(id(arr))
-    if f is None or f.ref() is not arr or arr.dtype is not f.dtype or arr.shape != f.shape:
+    if not _held(f, arr):
         return None
     flags = arr.flags
     if not flags.c_contiguous or (writable and not flags.writeable):

@@ -1,12 +1,11 @@
 #include "exec/algorithm.h"
 
-#include "reduce.h"
-
 #include <algorithm>
 
 #include "collectives/allreduce.h"
 #include "collectives/allreduce_shm.h"
 #include "common.h"
+#include "reduce.h"
 #include "runtime/timeline.h"
 
 namespace commlib {
