@@ -346,16 +346,24 @@ def reducescatter_rows(dim0: int, process_set=None) -> int:
 
 
 def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
-                        postscale_factor=1.0, process_set=None) -> Handle:
+                        postscale_factor=1.0, process_set=None, out=None) -> Handle:
     """Starts reducing ``tensor`` across ranks and leaves on each rank its part
     of dimension 0 (split as evenly as possible, lower ranks get the extra
-    rows)."""
+    rows). ``out``: a C-contiguous writable array of that part's shape and
+    the input's dtype to write the result into (no allocation); it is the
+    result."""
     inp = as_input(tensor)
     if inp.ndim == 0:
         raise ScalarTensorError("reducescatter needs a tensor with at least one dimension, "
                                 "got a 0-d tensor")
     psid = _psid(process_set)
-    out = np.empty((reducescatter_rows(inp.shape[0], process_set),) + inp.shape[1:], dtype=inp.dtype)
+    shape = (reducescatter_rows(inp.shape[0], process_set),) + inp.shape[1:]
+    if out is None:
+        out = np.empty(shape, dtype=inp.dtype)
+    else:
+        check_out_part(out, shape, inp.dtype, "reducescatter")
+        if np.may_share_memory(out, inp):
+            raise ValueError("reducescatter: out must not overlap the input")
     hid, keep = _enqueue(lib.COMMLIB_OP_REDUCESCATTER,
                          runtime.auto_name("reducescatter", name, psid), inp,
                          out, reduce_op=resolve_op(op), prescale=prescale_factor,
@@ -364,9 +372,20 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
 
 
 def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0,
-                  postscale_factor=1.0, process_set=None) -> np.ndarray:
+                  postscale_factor=1.0, process_set=None, out=None) -> np.ndarray:
     return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
-                                           process_set))
+                                           process_set, out))
+
+
+def check_out_part(out, shape: tuple, dtype, what: str) -> np.ndarray:
+    """ValueError/TypeError unless ``out`` can take a result of ``shape`` and ``dtype``."""
+    check_output(out, f"{what} (out=)")
+    if out.dtype != dtype:
+        raise TypeError(f"{what}: out has dtype {out.dtype}, the input {dtype}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{what}: out has shape {tuple(out.shape)}; this rank's part has "
+                         f"shape {tuple(shape)}")
+    return out
 
 
 # ---------------------------------------------------------------- barrier, join

@@ -65,11 +65,16 @@ class Bucket:
     def owned_slots(self, pos: int):
         """(slot, lo, hi, at) for every parameter with elements in rank
         ``pos``'s shard: its elements lo..hi lie at offset ``at`` of the shard."""
-        a, b = self.owned(pos)
-        for s in self.slots:
+        for i, lo, hi, at in self.slots_in(*self.owned(pos)):
+            yield self.slots[i], lo, hi, at
+
+    def slots_in(self, a: int, b: int):
+        """(slot index, lo, hi, at) for every parameter with elements in the
+        bucket's elements a..b: its elements lo..hi lie at offset ``at`` from a."""
+        for i, s in enumerate(self.slots):
             lo, hi = max(a, s.offset), min(b, s.offset + s.numel)
             if lo < hi:
-                yield s, lo - s.offset, hi - s.offset, lo - a
+                yield i, lo - s.offset, hi - s.offset, lo - a
 
     def to_dict(self) -> dict:
         return {"dtype": self.dtype, "group": self.group, "world": self.world,

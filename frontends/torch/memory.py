@@ -46,7 +46,9 @@ def memory_report(model, optimizer=None) -> dict:
         buckets = getattr(optimizer, "_buckets", None)
         if buckets is not None:  # ZeRO: shard gradients and the shard optimizer's state
             # (stage 1's flat gradient stays allocated while p.grad is None)
-            grads += [t for b in buckets for t in (b.shard.grad, b.grad_flat)]
+            # (stage 2's shard gradient buffer too)
+            grads += [t for b in buckets for t in (b.shard.grad, b.grad_flat,
+                                                   getattr(b, "grad_shard", None))]
             state = _state_tensors(optimizer._inner.state)
         else:
             grads += [p.grad for g in optimizer.param_groups for p in g["params"]]

@@ -63,6 +63,7 @@ from commlib.sharding import check_zero_stage, plan_buckets
 from . import mpi_ops as _ops
 from .compression import Compression
 from .zero_buckets import FlatBucket
+from .zero_staging import DEFAULT_STAGING_BYTES, GradStager
 from .zero_state import (group_hyperparameters, is_elementwise, shard_from_params,
                          torch_order)
 
@@ -74,9 +75,11 @@ class ZeroMixin:
 
     # ------------------------------------------------------------ set-up
 
-    def _zero_init(self, base, stage: int, bucket_elements: int):
+    def _zero_init(self, base, stage: int, bucket_elements: int, staging_bytes: int):
         self.zero_stage = stage
         self._bucket_elements = bucket_elements
+        self._stager = GradStager(staging_bytes)
+        self._buckets_started = 0  # buckets whose reduce-scatter has started this step
         world, pos = set_size(self.process_set), set_rank(self.process_set)
         group_of = {p: i for i, g in enumerate(self.param_groups) for p in g["params"]}
         # Buckets in the reverse of the model's order: backward finishes the
@@ -104,7 +107,8 @@ class ZeroMixin:
             self._register_hooks(self._params)
 
     def _signature(self) -> list:
-        return super()._signature() + [("zero", self.zero_stage, self._bucket_elements)]
+        return super()._signature() + [("zero", self.zero_stage, self._bucket_elements,
+                                        self._staging_bytes)]
 
     # ------------------------------------------------------------ gradients
 
@@ -115,14 +119,24 @@ class ZeroMixin:
         if b.grad_flat is not None:
             b.adopt_grad(p)
         b.ready += 1
-        if b.ready == len(b.params):
-            self._start_bucket(b)
+        # Buckets start in index order on every rank (a bucket ready early
+        # waits for the ones before it): stage 2's staging slots wait for
+        # slices started earlier, which must be the same slices on all ranks.
+        buckets = self._buckets
+        while self._buckets_started < len(buckets) and \
+                buckets[self._buckets_started].ready == len(buckets[self._buckets_started].params):
+            self._start_bucket(buckets[self._buckets_started])
+            self._buckets_started += 1
 
     def _start_bucket(self, b: FlatBucket):
         pre, post = self._scales
-        b.handle = _ops.reducescatter_async(b.packed_grads(),
-                                            name=f"{self._prefix}zero{self._buckets.index(b)}",
-                                            op=self.op, process_set=self.process_set,
+        name = f"{self._prefix}zero{self._buckets.index(b)}"
+        if b.grad_shard is not None:  # stage 2: through the staging slots, into grad_shard
+            self._stager.start(b, b.take_grads(), name, self.op, self.process_set, (pre, post))
+            b.handle = _STAGED
+            return
+        b.handle = _ops.reducescatter_async(b.packed_grads(), name=name, op=self.op,
+                                            process_set=self.process_set,
                                             prescale_factor=pre, postscale_factor=post)
 
     def _reduce_gradients(self):
@@ -131,17 +145,24 @@ class ZeroMixin:
         that each shard's ``grad`` is its averaged gradient."""
         first_error = None
         try:
-            for b in self._buckets:
-                if b.handle is None:
-                    self._start_bucket(b)
+            for b in self._buckets[self._buckets_started:]:
+                self._start_bucket(b)
             for b in self._buckets:
                 try:
-                    b.shard.grad = _ops.synchronize(b.handle).view(-1)
+                    if b.handle is _STAGED:
+                        b.shard.grad = b.grad_shard
+                    else:
+                        b.shard.grad = _ops.synchronize(b.handle).view(-1)
                 except Exception as e:  # noqa: BLE001 - wait for all, raise the first
                     first_error = first_error or e
+            try:
+                self._stager.wait_all()
+            except Exception as e:  # noqa: BLE001
+                first_error = first_error or e
         finally:
             for b in self._buckets:
                 b.handle, b.ready = None, 0
+            self._buckets_started = 0
             self._reset()
         if first_error is not None:
             raise first_error
@@ -346,6 +367,8 @@ class ZeroMixin:
 
 ZeroMixin.step.hooked = True
 
+_STAGED = object()  # a bucket's handle while its slices are in the stager
+
 
 def _within(t: torch.Tensor, base) -> bool:
     """Whether ``t`` shares ``base``'s storage."""
@@ -363,7 +386,8 @@ def check_arguments(stage, bucket_elements, compression, groups) -> int:
     return bucket_elements
 
 
-def make_zero(cls, base, optimizer, stage: int, bucket_elements: int, dist_args: tuple):
+def make_zero(cls, base, optimizer, stage: int, bucket_elements: int, dist_args: tuple,
+              staging_bytes: int = DEFAULT_STAGING_BYTES):
     """The ZeRO DistributedOptimizer: ``cls`` is the generated class
     (ZeroMixin first, the wrapped optimizer's class ``base`` last)."""
     if optimizer.state:
@@ -373,6 +397,7 @@ def make_zero(cls, base, optimizer, stage: int, bucket_elements: int, dist_args:
     dist = cls.__new__(cls)
     dist.__dict__.update(optimizer.__dict__)
     dist.zero_stage, dist._bucket_elements = stage, bucket_elements  # for the signature
+    dist._staging_bytes = staging_bytes
     dist._dist_init(*dist_args)
-    dist._zero_init(base, stage, bucket_elements)
+    dist._zero_init(base, stage, bucket_elements, staging_bytes)
     return dist

@@ -30,6 +30,9 @@ class FlatBucket:
         a, b = plan.owned(pos)
         self.shard = torch.nn.Parameter(self.flat[a:b])
         self.grad_flat = None
+        self.grad_shard = None  # stage 2: this rank's averaged gradient, kept across steps
+        if not keep_flat_grad:
+            self.grad_shard = torch.zeros(b - a, dtype=dtype)
         if keep_flat_grad:
             self.grad_flat = torch.zeros(plan.padded, dtype=dtype)
             for p in params:
@@ -58,27 +61,21 @@ class FlatBucket:
         p.grad = view
 
     def packed_grads(self) -> torch.Tensor:
-        """The gradients in one padded (world, shard) tensor, zeros for
-        parameters without one. Stage 1: the flat gradient itself (``p.grad``
-        are its views, this rank's own gradients). Stage 2: a new tensor,
-        and the parameters' own gradients are dropped."""
-        if self.grad_flat is not None:
-            for p in self.params:
-                self.adopt_grad(p)
-            return self.grad_flat.view(self.plan.world, self.plan.shard)
-        flat = torch.empty(self.plan.padded, dtype=self.flat.dtype)
-        end = 0
-        for p, s in zip(self.params, self.plan.slots):
-            flat[end:s.offset].zero_()  # any gap before the slot
-            g, view = p.grad, flat[s.offset:s.offset + s.numel]
-            if g is None:
-                view.zero_()
-            else:
-                view.copy_((g.to_dense() if g.is_sparse else g).reshape(-1))
-                p.grad = None
-            end = s.offset + s.numel
-        flat[end:].zero_()  # the padding
-        return flat.view(self.plan.world, self.plan.shard)
+        """Stage 1: the gradients in one padded (world, shard) tensor, the
+        flat gradient itself (``p.grad`` are its views, this rank's own
+        gradients)."""
+        for p in self.params:
+            self.adopt_grad(p)
+        return self.grad_flat.view(self.plan.world, self.plan.shard)
+
+    def take_grads(self) -> list:
+        """Stage 2: the parameters' gradients (dense, None where a parameter
+        has none), in slot order; ``p.grad`` are dropped."""
+        out = []
+        for p in self.params:
+            g, p.grad = p.grad, None
+            out.append(g.to_dense() if g is not None and g.is_sparse else g)
+        return out
 
     def zero_grad(self, set_to_none: bool) -> None:
         """Stage 1 with ``set_to_none``: ``p.grad`` become None (the flat
