@@ -38,27 +38,38 @@ from commlib.process_sets import check_process_set, set_rank, set_size
 from commlib.sharding import plan_buckets
 
 from . import mpi_ops as _ops
+from .zero_staging import DEFAULT_STAGING_BYTES, GradStager
 
 _count = itertools.count()
+_stager = GradStager(DEFAULT_STAGING_BYTES)  # shared: each backward finishes its slices
 _live: dict = {}  # storage address of a gathered whole -> its _Group (for saved tensors)
 
 
 class _Gather(torch.autograd.Function):
-    """shard -> the whole (allgather); backward: reduce-scatter (Average)."""
+    """shard -> the parameters, views of the gathered whole (allgather);
+    backward: their gradients reduce-scattered (Average) into the shard's.
+    One output per parameter, so autograd hands over each parameter's
+    gradient instead of building whole-sized ones from the views; they are
+    packed slice by slice through the staging slots (zero_staging)."""
 
     @staticmethod
     def forward(ctx, shard, group):
         ctx.group = group
-        return group.gather()
+        ctx.set_materialize_grads(False)  # None for parameters without a gradient
+        group.whole = group.gather()
+        return group.views(group.whole)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, *grads):
         g = ctx.group
-        out = _ops.synchronize(_ops.reducescatter_async(
-            grad.contiguous().view(g.plan.world, g.plan.shard), name=f"{g.name}.grad",
-            op=_ops.Average, process_set=g.process_set))
+        out = torch.empty(g.plan.shard, dtype=g.shard.dtype)
+        try:
+            _stager.start(g.plan, list(grads), out, f"{g.name}.grad", _ops.Average,
+                          g.process_set)
+        finally:
+            _stager.wait_all()
         g.release()  # the whole gathered again for backward is not needed any more
-        return out.view(-1), None
+        return out, None
 
 
 def _pack(t):
@@ -119,6 +130,10 @@ class _Group:
         return _ops.synchronize(_ops.allgather_async(self.shard.detach(), name=self.name,
                                                      process_set=self.process_set))
 
+    def views(self, whole) -> tuple:
+        """The parameters as views of the gathered ``whole``."""
+        return tuple(whole[s.offset:s.offset + s.numel].view(s.shape) for s in self.plan.slots)
+
     def regathered(self) -> torch.Tensor:
         if self.again is None:
             self.again = self.gather()
@@ -129,11 +144,14 @@ class _Group:
 
     def unshard(self, grad: bool):
         self.reshard()
-        whole = _Gather.apply(self.shard, self) if grad else self.gather()
-        self.whole = whole
-        _live[whole.untyped_storage().data_ptr()] = self
-        for m, n, s in self.places:
-            m.__dict__[n] = whole[s.offset:s.offset + s.numel].view(s.shape)
+        if grad:
+            views = _Gather.apply(self.shard, self)  # (sets self.whole)
+        else:
+            self.whole = self.gather()
+            views = self.views(self.whole)
+        _live[self.whole.untyped_storage().data_ptr()] = self
+        for (m, n, _), v in zip(self.places, views):
+            m.__dict__[n] = v
 
     def reshard(self):
         if self.whole is not None:

@@ -132,7 +132,8 @@ class ZeroMixin:
         pre, post = self._scales
         name = f"{self._prefix}zero{self._buckets.index(b)}"
         if b.grad_shard is not None:  # stage 2: through the staging slots, into grad_shard
-            self._stager.start(b, b.take_grads(), name, self.op, self.process_set, (pre, post))
+            self._stager.start(b.plan, b.take_grads(), b.grad_shard, name, self.op,
+                               self.process_set, (pre, post))
             b.handle = _STAGED
             return
         b.handle = _ops.reducescatter_async(b.packed_grads(), name=name, op=self.op,

@@ -71,7 +71,7 @@ class GradStager:
         self._slots = []  # [buffer (uint8), handle in flight or None]
         self._next = 0
         self._error = None
-        self._slices = {}  # id(bucket) -> its column slices
+        self._slices = {}  # id(plan) -> (plan, width, its column slices)
 
     def _slot(self):
         """The next slot, free: waits for the collective that last used it."""
@@ -91,23 +91,24 @@ class GradStager:
             except Exception as e:  # noqa: BLE001 - raised by wait_all, after every slice
                 self._error = self._error or e
 
-    def start(self, bucket, grads: list, name: str, op, process_set, scales) -> None:
-        """Reduce-scatters ``grads`` (one tensor or None per parameter of the
-        bucket, in slot order) into ``bucket.grad_shard``, slice by slice."""
-        plan, dtype = bucket.plan, bucket.flat.dtype
-        esize = torch.empty(0, dtype=dtype).element_size()
-        width = max(1, self._bytes // SLOTS // esize // plan.world)
-        slices = self._slices.get(id(bucket))
-        if slices is None or slices[0] != width:
-            slices = self._slices[id(bucket)] = (width, column_slices(plan, width))
+    def start(self, plan: Bucket, grads: list, out: torch.Tensor, name: str, op, process_set,
+              scales=(1.0, 1.0)) -> None:
+        """Starts reduce-scattering ``grads`` (one tensor or None per
+        parameter of ``plan``, in slot order) into ``out`` (this rank's
+        shard, contiguous), slice by slice; ``wait_all`` finishes it."""
+        dtype = out.dtype
+        width = max(1, self._bytes // SLOTS // out.element_size() // plan.world)
+        cached = self._slices.get(id(plan))
+        if cached is None or cached[0] is not plan or cached[1] != width:
+            cached = self._slices[id(plan)] = (plan, width, column_slices(plan, width))
         flat_grads = [None if g is None else g.reshape(-1) for g in grads]
-        for j, (c0, c1, rows) in enumerate(slices[1]):
+        for j, (c0, c1, rows) in enumerate(cached[2]):
             slot = self._slot()
             n = c1 - c0
-            block = slot[0][:plan.world * n * esize].view(dtype).view(plan.world, n)
+            block = slot[0][:plan.world * n * out.element_size()].view(dtype).view(plan.world, n)
             for k, pieces in enumerate(rows):
                 _fill_row(block[k], pieces, flat_grads)
-            slot[1] = reducescatter_into_async(block, bucket.grad_shard[c0:c1].view(1, n),
+            slot[1] = reducescatter_into_async(block, out[c0:c1].view(1, n),
                                                f"{name}.{j}", op, process_set, *scales)
 
     def wait_all(self) -> None:
