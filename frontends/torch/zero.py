@@ -32,9 +32,13 @@ in-place broadcast per owner) while the next bucket steps.
   it (clipped) after that step. ``zero_grad()`` (set_to_none) sets ``p.grad``
   to None; the next backward's gradients are copied into the flat gradient.
   Memory: parameters and gradients in full, optimizer state / size.
-- Stage 2: the reduce-scatter drops ``p.grad``: each rank keeps only its
-  shard's averaged gradient. Clip with ``optimizer.clip_grad_norm_``
-  (after ``synchronize()``); ``p.grad`` is None after ``synchronize()``.
+- Stage 2: each rank keeps only its shard's averaged gradient, in a
+  persistent shard-sized tensor; ``p.grad`` are dropped when the reduction
+  finishes. A bucket's gradients travel in column slices through small
+  persistent staging slots (``staging_bytes``, see zero_staging), so a step
+  allocates nothing beyond the gradients autograd makes. Clip with
+  ``optimizer.clip_grad_norm_`` (after ``synchronize()``); ``p.grad`` is
+  None after ``synchronize()``.
 
 The update is element-wise per shard, so optimizers whose update of an
 element depends only on that element (SGD, Adam, AdamW, RMSprop, Adagrad,
@@ -163,6 +167,8 @@ class ZeroMixin:
         finally:
             for b in self._buckets:
                 b.handle, b.ready = None, 0
+                if b.grad_shard is not None:
+                    b.drop_grads()
             self._buckets_started = 0
             self._reset()
         if first_error is not None:

@@ -70,12 +70,17 @@ class FlatBucket:
 
     def take_grads(self) -> list:
         """Stage 2: the parameters' gradients (dense, None where a parameter
-        has none), in slot order; ``p.grad`` are dropped."""
-        out = []
+        has none), in slot order. ``drop_grads`` drops them once the
+        reduction has finished: they are copied out slice by slice before
+        that, but freeing them in the middle of backward, while autograd
+        allocates the next ones, made glibc return and fault in those pages
+        again (their lifetime is now that of unsharded training's)."""
+        return [None if p.grad is None else
+                p.grad.to_dense() if p.grad.is_sparse else p.grad for p in self.params]
+
+    def drop_grads(self) -> None:
         for p in self.params:
-            g, p.grad = p.grad, None
-            out.append(g.to_dense() if g is not None and g.is_sparse else g)
-        return out
+            p.grad = None
 
     def zero_grad(self, set_to_none: bool) -> None:
         """Stage 1 with ``set_to_none``: ``p.grad`` become None (the flat

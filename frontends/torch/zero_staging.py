@@ -49,20 +49,6 @@ def reducescatter_into_async(tensor: torch.Tensor, out: torch.Tensor, name: str,
     return Handle(h, lambda _arr: out, (tensor, out))
 
 
-def column_slices(plan: Bucket, width: int) -> list:
-    """The slices ``(c0, c1, rows)`` of ``plan``'s (world, shard) layout at
-    most ``width`` columns wide; ``rows[k]`` lists the pieces of row k as
-    ``(slot index, lo, hi, at)``: elements lo..hi of that parameter go to
-    column ``at`` of the slice (columns not covered are padding)."""
-    out = []
-    for c0 in range(0, plan.shard, width):
-        c1 = min(plan.shard, c0 + width)
-        rows = [list(plan.slots_in(k * plan.shard + c0, k * plan.shard + c1))
-                for k in range(plan.world)]
-        out.append((c0, c1, rows))
-    return out
-
-
 class GradStager:
     """The staging slots of one optimizer and the slices in flight."""
 
@@ -100,7 +86,7 @@ class GradStager:
         width = max(1, self._bytes // SLOTS // out.element_size() // plan.world)
         cached = self._slices.get(id(plan))
         if cached is None or cached[0] is not plan or cached[1] != width:
-            cached = self._slices[id(plan)] = (plan, width, column_slices(plan, width))
+            cached = self._slices[id(plan)] = (plan, width, plan.column_slices(width))
         flat_grads = [None if g is None else g.reshape(-1) for g in grads]
         for j, (c0, c1, rows) in enumerate(cached[2]):
             slot = self._slot()
