@@ -18,8 +18,10 @@ call took, lays them end to end (one dtype per call), pads them to
 before the module's forward the shards are allgathered and the original
 parameter names point at views of the whole; after it the whole is freed
 (``reshard_after_forward=True``) and gathered again in backward, when
-autograd needs the saved parameters. The gradient of the gathered whole is
-reduce-scattered (averaged over the set) into the shard's ``grad``.
+autograd needs the saved parameters. The parameters' gradients are
+reduce-scattered (averaged over the set) into the shard's ``grad``, packed
+slice by slice through small persistent staging slots (zero_staging), so no
+whole-sized gradient is built.
 
 Outside forward and backward the original parameters do not exist: reading
 one raises AttributeError naming ``full_parameters``, never an empty tensor.
