@@ -19,7 +19,7 @@ from .process_sets import global_process_set
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
 from .process_sets import set_size
-from .submit import NULL, cached_facts, facts, submit
+from .submit import NULL, cached_facts, facts, submit, submit_named
 
 # Reduction operators (Horovod's names).
 Sum = lib.COMMLIB_SUM
@@ -40,6 +40,7 @@ class _AdasumOp:
 Adasum = _AdasumOp()
 
 _OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product"}
+_OP_ALLREDUCE = lib.COMMLIB_OP_ALLREDUCE
 
 
 def auto_name(kind: str, name=None, process_set=None) -> str:
@@ -80,6 +81,8 @@ def check_output(arr, what: str) -> np.ndarray:
 
 def resolve_op(op=None, average=None, default=Average) -> int:
     """The reduction op from Horovod's ``op`` / deprecated ``average`` pair."""
+    if average is None and type(op) is int and op in _OP_NAMES:  # the common case, cheaply
+        return op
     if isinstance(op, _AdasumOp):
         raise NotImplementedError("the Adasum reduction is not supported by commlib; "
                                   "use op=Average (the default) or Sum")
@@ -184,8 +187,8 @@ def allreduce_async_at(code: int, ndim: int, cshape, ptr, keep, name=None, op=Av
     pointer; see commlib.submit). ``keep`` is kept alive until the handle
     completes and is what ``synchronize`` returns."""
     psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
-    hid = submit(lib.COMMLIB_OP_ALLREDUCE, runtime.auto_name("allreduce", name, psid), code, ndim,
-                 cshape, ptr, ptr, op, float(prescale_factor), float(postscale_factor), 0, psid)
+    hid = submit_named(_OP_ALLREDUCE, "allreduce", name, code, ndim, cshape, ptr, ptr, op,
+                       float(prescale_factor), float(postscale_factor), 0, psid)
     return Handle(hid, None, keep, "allreduce", keep)
 
 

@@ -216,6 +216,7 @@ class Engine : private CacheHost {
   std::unordered_map<std::string, Entry> pending_;
   int joins_pending_ = 0;  // this rank's join() requests submitted and not complete
   std::vector<Entry> held_;  // taken from the queue, not yet reported
+  std::vector<Entry> taken_;  // take_requests' empty buffer, swapped with the queue's
   int64_t held_since_us_ = 0, last_arrival_us_ = 0;
   int64_t leave_deadline_us_ = 0;
   std::deque<Response> ready_;

@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
-#include <string_view>
-#include <unordered_set>
 
 #include "common.h"
 #include "reduce.h"
@@ -109,13 +107,14 @@ const std::vector<int>& Engine::members_of(int id) const {
 }
 
 Entry Engine::make_entry(const commlib_request& q) {
-  std::vector<int> members;
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    members = members_of(q.process_set);
-  }
-  validate_request(q, members);
   Entry e;
+  {
+    // (checked under the lock: the members are read in place, not copied)
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    const std::vector<int>& members = members_of(q.process_set);
+    validate_request(q, members);
+    if (q.op_type == COMMLIB_OP_ALLTOALL) e.desc.splits = alltoall_splits(q, int(members.size()));
+  }
   e.desc.process_set = q.process_set;
   e.desc.name = q.name;
   e.desc.op_type = q.op_type;
@@ -126,7 +125,6 @@ Entry Engine::make_entry(const commlib_request& q) {
   e.desc.prescale = q.prescale;
   e.desc.postscale = q.postscale;
   e.desc.shape.assign(q.shape, q.shape + q.ndim);
-  if (q.op_type == COMMLIB_OP_ALLTOALL) e.desc.splits = alltoall_splits(q, int(members.size()));
   e.input = q.input;
   e.output = q.output;
   if (q.device_type != COMMLIB_DEVICE_CPU) prepare_gpu_entry(q, e);
@@ -150,17 +148,17 @@ int64_t Engine::push(std::vector<Entry>& entries) {
       code = dead_code_;
       error = dead_message_;
     }
-    std::vector<std::string> keys;
-    keys.reserve(entries.size());
-    for (const Entry& e : entries) keys.push_back(request_key(e.desc));
+    // Each key is inserted as it is checked (one lookup); on error the ones
+    // inserted are taken out again.
+    size_t inserted = 0;
     const std::string* dup = nullptr;
-    for (size_t i = 0; i < keys.size() && !dup; ++i) {
-      if (in_flight_.count(keys[i])) dup = &entries[i].desc.name;
-    }
-    if (!dup && keys.size() > 1) {  // (a group's own names must differ too)
-      std::unordered_set<std::string_view> seen;
-      for (size_t i = 0; i < keys.size() && !dup; ++i) {
-        if (!seen.insert(keys[i]).second) dup = &entries[i].desc.name;
+    if (!code) {
+      for (; inserted < entries.size(); ++inserted) {
+        const Entry& e = entries[inserted];
+        if (!in_flight_.insert(request_key(e.desc)).second) {
+          dup = &e.desc.name;
+          break;
+        }
       }
     }
     if (!code && dup) {
@@ -169,14 +167,14 @@ int64_t Engine::push(std::vector<Entry>& entries) {
               "' is already in flight on this rank; wait for it or use another name";
     }
     if (code) {
+      for (size_t i = 0; i < inserted; ++i) in_flight_.erase(request_key(entries[i].desc));
       handles_.release(id);
       throw Error(code, error);
     }
     const int64_t queued = timeline().on() ? now_us() : 0;
-    for (size_t i = 0; i < entries.size(); ++i) {
-      in_flight_.insert(std::move(keys[i]));
-      entries[i].queued_us = queued;
-      queue_.push_back(std::move(entries[i]));
+    for (Entry& e : entries) {
+      e.queued_us = queued;
+      queue_.push_back(std::move(e));
     }
   }
   outstanding_.fetch_add(int64_t(entries.size()));
