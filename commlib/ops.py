@@ -19,7 +19,7 @@ from .process_sets import global_process_set
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
 from .process_sets import set_size
-from .submit import NULL, cached_facts, facts, submit, submit_named
+from .submit import NULL, cached_facts, facts, submit, submit_in_place, submit_named
 
 # Reduction operators (Horovod's names).
 Sum = lib.COMMLIB_SUM
@@ -174,7 +174,13 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     if f is None:
         return _allreduce(check_output(tensor, "allreduce_"), tensor, average, name, op,
                           prescale_factor, postscale_factor, process_set)
-    # the fast path of a training loop's repeated calls (the array was checked before)
+    # the fast path of a training loop's repeated calls (the array was checked
+    # before): with a plain op on the global set, straight to the core
+    if (average is None and type(op) is int and op in _OP_NAMES
+            and (process_set is None or process_set is global_process_set)):
+        hid = submit_in_place(_OP_ALLREDUCE, "allreduce", name, f, op, float(prescale_factor),
+                              float(postscale_factor), 0)
+        return Handle(hid, None, tensor, "allreduce", tensor)
     return allreduce_async_at(f.code, f.ndim, f.cshape, f.ptr, tensor, name,
                               resolve_op(op, average), prescale_factor, postscale_factor,
                               process_set)

@@ -42,6 +42,7 @@ def address(addr: int):
 
 
 _c_submit = lib.commlib_submit
+_c_submit_tensor = lib.commlib_submit_tensor
 
 # Given names as the core's C strings, by name: a training loop submits the
 # same names step after step, and checking and encoding them each time costs
@@ -89,10 +90,24 @@ def submit_named(op_type: int, kind: str, name, code: int, ndim: int, cshape, in
     return hid
 
 
+def submit_in_place(op_type: int, kind: str, name, f: "ArrayFacts", reduce_op: int,
+                    prescale: float, postscale: float, psid: int) -> int:
+    """submit_named() of an in-place request on the array ``f`` describes,
+    through its C description (four arguments fewer for cffi to convert)."""
+    b = _name_bytes.get(name) if type(name) is str else None
+    if b is None:
+        b = name_bytes(kind, name, psid)
+    hid = _c_submit_tensor(op_type, b, f.ctensor or f.make_ctensor(), reduce_op, prescale,
+                           postscale, psid)
+    if hid < 0:
+        check(-hid)
+    return hid
+
+
 class ArrayFacts:
     """What the core needs to know about one numpy array."""
 
-    __slots__ = ("ref", "shape", "dtype", "code", "ndim", "cshape", "ptr")
+    __slots__ = ("ref", "shape", "dtype", "code", "ndim", "cshape", "ptr", "ctensor")
 
     def __init__(self, arr: np.ndarray, key: int):
         self.ref = weakref.ref(arr, lambda _r: _facts.pop(key, None))
@@ -103,6 +118,13 @@ class ArrayFacts:
         self.cshape = shape_array(arr.shape)
         # (an address, not from_buffer's object: that would keep arr alive here)
         self.ptr = address(int(ffi.cast("uintptr_t", ffi.from_buffer(arr)))) if arr.size else NULL
+        self.ctensor = None  # all of it as one C struct: made by submit_in_place's first call
+
+    def make_ctensor(self):
+        """The facts as a commlib_tensor (pointing at cshape, held here)."""
+        self.ctensor = ffi.new("commlib_tensor *", {"dtype": self.code, "ndim": self.ndim,
+                                                    "shape": self.cshape, "data": self.ptr})
+        return self.ctensor
 
 
 _facts: dict[int, ArrayFacts] = {}

@@ -109,7 +109,7 @@ class Engine : private CacheHost {
   // The members of process set id, checking that this rank is one of them.
   // Caller holds queue_mu_.
   const std::vector<int>& members_of(int id) const;
-  int64_t push(std::vector<Entry>& entries);
+  int64_t push(Entry* e);  // (requests.cc)
   void loop();
   bool cycle();  // one pass of the background loop; true when it did work
   bool step();   // cycle() unless communication is over, errors failing handles
