@@ -203,10 +203,12 @@ bool CacheProtocol::run_log() {
 
 void CacheProtocol::run_completed(const LogEntry& e) {
   Response resp;
+  resp.names.reserve(e.words.size());
   auto flush = [&] {
     if (resp.names.empty()) return;
     host_.execute(resp);  // (which ends the requests' arrivals)
     resp = Response();
+    resp.names.reserve(e.words.size());
   };
   for (uint64_t w : e.words) {
     if (LogEntry::starts_group(w)) flush();
