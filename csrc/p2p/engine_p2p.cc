@@ -46,7 +46,8 @@ HostRanks host_ranks(MPI_Comm base, MPI_Comm local, int size) {
   return out;
 }
 
-void validate_p2p(const commlib_request& q, const std::vector<int>& members, int size) {
+// members: the process set's ranks (null: the global set, every job rank).
+void validate_p2p(const commlib_request& q, const std::vector<int>* members, int size) {
   const bool send = q.op_type == COMMLIB_OP_SEND;
   const char* what = send ? "send" : "recv";
   const char* peer = send ? "dst" : "src";
@@ -56,10 +57,10 @@ void validate_p2p(const commlib_request& q, const std::vector<int>& members, int
     throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": " + peer + " " + std::to_string(q.peer) +
                                        " is outside the job (ranks 0.." + std::to_string(size - 1) + ")");
   }
-  if (std::find(members.begin(), members.end(), q.peer) == members.end()) {
+  if (members && std::find(members->begin(), members->end(), q.peer) == members->end()) {
     throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": " + peer + " " + std::to_string(q.peer) +
                                        " is not a member of process set " + std::to_string(q.process_set) + " " +
-                                       ranks_str(members));
+                                       ranks_str(*members));
   }
   if (q.tag < 0) throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": tag must be >= 0, got " + std::to_string(q.tag));
   const bool has_buffer = send || q.output != nullptr;
@@ -101,11 +102,11 @@ int64_t Engine::enqueue_p2p(const commlib_request& q, bool caller_waits) {
   if (q.op_type != COMMLIB_OP_SEND && q.op_type != COMMLIB_OP_RECV)
     throw Error(COMMLIB_ERR_VALUE, "not a point-to-point operation: " + std::to_string(q.op_type));
   std::vector<int> members;
-  {
+  if (q.process_set != 0) {
     std::lock_guard<std::mutex> lock(queue_mu_);
     members = members_of(q.process_set);
   }
-  validate_p2p(q, members, topo_.size);
+  validate_p2p(q, q.process_set != 0 ? &members : nullptr, topo_.size);
   P2PRequest r;
   r.is_send = q.op_type == COMMLIB_OP_SEND;
   r.peer = q.peer;
