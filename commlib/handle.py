@@ -11,6 +11,9 @@ from ._lib import error_for, ffi, last_error, lib
 _keepalive: dict[int, Any] = {}
 
 WAIT_SLICE_S = 0.2  # wait in slices so that Ctrl-C reaches Python
+_c_wait_status = lib.commlib_wait_status
+_OK = lib.COMMLIB_OK
+_TIMEOUT = lib.COMMLIB_ERR_TIMEOUT
 
 
 class Handle:
@@ -53,17 +56,17 @@ def synchronize(handle: Handle):
     finish = handle._finish
     # One core call waits, reads the status and, when nothing else is needed
     # from the core, releases the handle.
-    rc = lib.commlib_wait_status(hid, WAIT_SLICE_S, finish is None)
-    while rc == lib.COMMLIB_ERR_TIMEOUT:
-        rc = lib.commlib_wait_status(hid, WAIT_SLICE_S, finish is None)
+    rc = _c_wait_status(hid, WAIT_SLICE_S, finish is None)
+    while rc == _TIMEOUT:
+        rc = _c_wait_status(hid, WAIT_SLICE_S, finish is None)
     handle._done = True
     if finish is None:
         _keepalive.pop(hid, None)
-        if rc != lib.COMMLIB_OK:
+        if rc != _OK:
             raise error_for(rc, last_error())
         return handle._value
     try:
-        if rc != lib.COMMLIB_OK:
+        if rc != _OK:
             raise error_for(rc, last_error())
         return finish(hid)
     finally:

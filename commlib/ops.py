@@ -19,7 +19,7 @@ from .process_sets import global_process_set
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
 from .process_sets import set_size
-from .submit import NULL, cached_facts, facts, submit
+from .submit import NULL, cached_facts, facts, submit, submit_in_place, submit_named
 
 # Reduction operators (Horovod's names).
 Sum = lib.COMMLIB_SUM
@@ -40,6 +40,7 @@ class _AdasumOp:
 Adasum = _AdasumOp()
 
 _OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product"}
+_OP_ALLREDUCE = lib.COMMLIB_OP_ALLREDUCE
 
 
 def auto_name(kind: str, name=None, process_set=None) -> str:
@@ -80,6 +81,8 @@ def check_output(arr, what: str) -> np.ndarray:
 
 def resolve_op(op=None, average=None, default=Average) -> int:
     """The reduction op from Horovod's ``op`` / deprecated ``average`` pair."""
+    if average is None and type(op) is int and op in _OP_NAMES:  # the common case, cheaply
+        return op
     if isinstance(op, _AdasumOp):
         raise NotImplementedError("the Adasum reduction is not supported by commlib; "
                                   "use op=Average (the default) or Sum")
@@ -171,7 +174,13 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     if f is None:
         return _allreduce(check_output(tensor, "allreduce_"), tensor, average, name, op,
                           prescale_factor, postscale_factor, process_set)
-    # the fast path of a training loop's repeated calls (the array was checked before)
+    # the fast path of a training loop's repeated calls (the array was checked
+    # before): with a plain op on the global set, straight to the core
+    if (average is None and type(op) is int and op in _OP_NAMES
+            and (process_set is None or process_set is global_process_set)):
+        hid = submit_in_place(_OP_ALLREDUCE, "allreduce", name, f, op, float(prescale_factor),
+                              float(postscale_factor), 0)
+        return Handle(hid, None, tensor, "allreduce", tensor)
     return allreduce_async_at(f.code, f.ndim, f.cshape, f.ptr, tensor, name,
                               resolve_op(op, average), prescale_factor, postscale_factor,
                               process_set)
@@ -184,8 +193,8 @@ def allreduce_async_at(code: int, ndim: int, cshape, ptr, keep, name=None, op=Av
     pointer; see commlib.submit). ``keep`` is kept alive until the handle
     completes and is what ``synchronize`` returns."""
     psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
-    hid = submit(lib.COMMLIB_OP_ALLREDUCE, runtime.auto_name("allreduce", name, psid), code, ndim,
-                 cshape, ptr, ptr, op, float(prescale_factor), float(postscale_factor), 0, psid)
+    hid = submit_named(_OP_ALLREDUCE, "allreduce", name, code, ndim, cshape, ptr, ptr, op,
+                       float(prescale_factor), float(postscale_factor), 0, psid)
     return Handle(hid, None, keep, "allreduce", keep)
 
 

@@ -24,11 +24,12 @@ from ._lib import check, ffi, lib
 from .dtypes import dtype_code, numpy_dtype
 from .handle import WAIT_SLICE_S, Handle, core_result, synchronize
 from .ops import as_input
-from .submit import facts
+from .submit import cached_facts, facts
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
 
 _MAX_DIMS = 64
+_SEND, _RECV = lib.COMMLIB_OP_SEND, lib.COMMLIB_OP_RECV
 
 
 def _check_peer(peer, what: str, process_set) -> int:
@@ -73,7 +74,11 @@ def _submit(op_type: int, arr, out, peer: int, tag: int, psid: int) -> int:
 def _blocking(op_type: int, arr, out, peer: int, tag: int, psid: int) -> None:
     """Runs one request to completion in one core call; one still pending
     after a slice (long waits, so that Ctrl-C reaches Python) is synchronized."""
-    rc = lib.commlib_p2p_blocking(op_type, *_args(arr, out, peer, tag, psid), WAIT_SLICE_S)
+    _finish(lib.commlib_p2p_blocking(op_type, *_args(arr, out, peer, tag, psid), WAIT_SLICE_S), arr, out)
+
+
+def _finish(rc: int, arr, out) -> None:
+    """Raises a blocking call's error, or waits for its request still pending."""
     if rc < 0:
         check(-rc)
     elif rc > 0:
@@ -97,8 +102,30 @@ def isend(array, dst, tag=0, process_set=None) -> Handle:
     return Handle(hid, None, arr, "send")
 
 
+_TAGS = 2**63  # tags are int64 in the core
+
+
+def _fast(op_type: int, arr, out, peer, tag) -> bool:
+    """A blocking send or receive straight into the core, for the common
+    call (a numpy array whose facts are cached, int peer and tag, the global
+    set): the core checks the peer and initialisation itself, with the
+    messages the long way gives. False: take the long way."""
+    if type(peer) is not int or type(tag) is not int or not 0 <= tag < _TAGS:
+        return False
+    f = cached_facts(arr if arr is not None else out, out is not None)
+    if f is None:
+        return False
+    data = f.ptr if arr is not None else ffi.NULL
+    dst = f.ptr if out is not None else ffi.NULL
+    _finish(lib.commlib_p2p_blocking(op_type, f.code, f.ndim, f.cshape, data, dst, peer, tag, 0, WAIT_SLICE_S),
+            arr, out)
+    return True
+
+
 def send(array, dst, tag=0, process_set=None) -> None:
     """Sends ``array`` to job rank ``dst``; returns once the receiver took it."""
+    if process_set is None and type(array) is np.ndarray and _fast(_SEND, array, None, dst, tag):
+        return
     runtime.require_init()
     arr = _send_array(array)
     _blocking(lib.COMMLIB_OP_SEND, arr, None, _check_peer(dst, "dst", process_set), _check_tag(tag),
@@ -143,6 +170,8 @@ def recv(src, tag=0, out=None, process_set=None) -> np.ndarray:
     """Receives the next message from job rank ``src`` with ``tag``."""
     if out is None:
         return synchronize(irecv(src, tag, out, process_set))
+    if process_set is None and _fast(_RECV, None, out, src, tag):
+        return out
     runtime.require_init()
     _check_out(out)
     _blocking(lib.COMMLIB_OP_RECV, None, out, _check_peer(src, "src", process_set), _check_tag(tag),

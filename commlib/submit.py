@@ -15,6 +15,7 @@ import weakref
 
 import numpy as np
 
+from . import runtime
 from ._lib import check, ffi, lib
 from .dtypes import dtype_code
 
@@ -40,12 +41,64 @@ def address(addr: int):
     return ffi.cast(_VOIDP, addr) if addr else NULL
 
 
+_c_submit = lib.commlib_submit
+_c_submit_tensor = lib.commlib_submit_tensor
+
+# Given names as the core's C strings, by name: a training loop submits the
+# same names step after step, and checking and encoding them each time costs
+# more than this lookup.
+_name_bytes: dict = {}
+
+
+def name_bytes(kind: str, name, psid: int = 0) -> bytes:
+    """``runtime.auto_name(kind, name, psid)`` encoded for the core (a given
+    name checked once, then looked up; a generated one made afresh)."""
+    if type(name) is str:
+        b = _name_bytes.get(name)
+        if b is not None:
+            return b
+    b = runtime.auto_name(kind, name, psid).encode()
+    if type(name) is str:
+        if len(_name_bytes) >= 8192:
+            _name_bytes.clear()
+        _name_bytes[name] = b
+    return b
+
+
 def submit(op_type: int, name: str, code: int, ndim: int, cshape, in_ptr, out_ptr,
            reduce_op: int = 0, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
            psid: int = 0) -> int:
     """Submits one request; returns its handle id (the core's error raised)."""
-    hid = lib.commlib_submit(op_type, name.encode(), code, ndim, cshape, in_ptr, out_ptr,
-                             reduce_op, prescale, postscale, root, psid)
+    hid = _c_submit(op_type, name.encode(), code, ndim, cshape, in_ptr, out_ptr, reduce_op,
+                    prescale, postscale, root, psid)
+    if hid < 0:
+        check(-hid)
+    return hid
+
+
+def submit_named(op_type: int, kind: str, name, code: int, ndim: int, cshape, in_ptr, out_ptr,
+                 reduce_op: int, prescale: float, postscale: float, root: int, psid: int) -> int:
+    """submit() named ``runtime.auto_name(kind, name, psid)`` (see name_bytes):
+    the path of a training loop's repeated calls, kept short."""
+    b = _name_bytes.get(name) if type(name) is str else None
+    if b is None:
+        b = name_bytes(kind, name, psid)
+    hid = _c_submit(op_type, b, code, ndim, cshape, in_ptr, out_ptr, reduce_op, prescale,
+                    postscale, root, psid)
+    if hid < 0:
+        check(-hid)
+    return hid
+
+
+def submit_in_place(op_type: int, kind: str, name, f: "ArrayFacts", reduce_op: int,
+                    prescale: float, postscale: float, psid: int) -> int:
+    """submit_named() of an in-place request on the array ``f`` describes,
+    through its C description (four arguments fewer for cffi to convert)."""
+    b = _name_bytes.get(name) if type(name) is str else None
+    if b is None:
+        b = name_bytes(kind, name, psid)
+    hid = _c_submit_tensor(op_type, b, f.ctensor or f.make_ctensor(), reduce_op, prescale,
+                           postscale, psid)
     if hid < 0:
         check(-hid)
     return hid
@@ -54,7 +107,7 @@ def submit(op_type: int, name: str, code: int, ndim: int, cshape, in_ptr, out_pt
 class ArrayFacts:
     """What the core needs to know about one numpy array."""
 
-    __slots__ = ("ref", "shape", "dtype", "code", "ndim", "cshape", "ptr")
+    __slots__ = ("ref", "shape", "dtype", "code", "ndim", "cshape", "ptr", "ctensor")
 
     def __init__(self, arr: np.ndarray, key: int):
         self.ref = weakref.ref(arr, lambda _r: _facts.pop(key, None))
@@ -65,6 +118,13 @@ class ArrayFacts:
         self.cshape = shape_array(arr.shape)
         # (an address, not from_buffer's object: that would keep arr alive here)
         self.ptr = address(int(ffi.cast("uintptr_t", ffi.from_buffer(arr)))) if arr.size else NULL
+        self.ctensor = None  # all of it as one C struct: made by submit_in_place's first call
+
+    def make_ctensor(self):
+        """The facts as a commlib_tensor (pointing at cshape, held here)."""
+        self.ctensor = ffi.new("commlib_tensor *", {"dtype": self.code, "ndim": self.ndim,
+                                                    "shape": self.cshape, "data": self.ptr})
+        return self.ctensor
 
 
 _facts: dict[int, ArrayFacts] = {}

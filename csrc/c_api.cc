@@ -140,6 +140,16 @@ int64_t commlib_submit(int op_type, const char* name, int dtype, int ndim, const
   return rc == COMMLIB_OK ? handle : -int64_t(rc);
 }
 
+int64_t commlib_submit_tensor(int op_type, const char* name, const commlib_tensor* t, int reduce_op,
+                              double prescale, double postscale, int process_set) {
+  if (!t) {
+    g_last_error = "commlib_submit_tensor: no tensor given";
+    return -int64_t(COMMLIB_ERR_VALUE);
+  }
+  return commlib_submit(op_type, name, t->dtype, t->ndim, t->shape, t->data, t->data, reduce_op, prescale,
+                        postscale, 0, process_set);
+}
+
 int commlib_enqueue_allreduce_group(const char* base_name, int n, const int32_t* dtypes,
                                     const int32_t* ndims, const int64_t* shapes,
                                     void* const* inputs, void* const* outputs, int reduce_op,

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common.h"
@@ -94,7 +95,7 @@ class Writer {
 
 class Reader {
  public:
-  explicit Reader(const std::string& s) : s_(s) {}
+  explicit Reader(std::string_view s) : s_(s) {}
   template <typename T>
   T get() {
     need(sizeof(T));
@@ -106,7 +107,7 @@ class Reader {
   std::string get_string() {
     const uint32_t n = get<uint32_t>();
     need(n);
-    std::string out = s_.substr(pos_, n);
+    std::string out(s_.substr(pos_, n));
     pos_ += n;
     return out;
   }
@@ -124,7 +125,7 @@ class Reader {
   void need(size_t n) const {
     if (pos_ + n > s_.size()) throw Error(COMMLIB_ERR_INTERNAL, "truncated control message");
   }
-  const std::string& s_;
+  std::string_view s_;
   size_t pos_ = 0;
 };
 

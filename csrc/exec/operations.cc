@@ -142,6 +142,7 @@ void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries) {
   const double pre = d0.prescale;
 
   std::vector<Member> all;
+  all.reserve(entries.size());
   for (Entry* e : entries) {
     if (e->desc.group_size >= 0) {
       all.insert(all.end(), e->members.begin(), e->members.end());

@@ -64,7 +64,7 @@ void CacheProtocol::stats(int64_t out[4]) const {
 
 // Arrives at e's cache bit if the cache holds exactly this request; false when
 // it must be negotiated by the coordinator instead.
-bool CacheProtocol::try_arrive(Entry& e, bool* completes) {
+bool CacheProtocol::try_arrive(Entry& e, int64_t now, bool* completes) {
   const int op = e.desc.op_type;
   if (cache_off_ || e.desc.process_set != 0 || op == COMMLIB_OP_ADD_PROCESS_SET ||
       op == COMMLIB_OP_REMOVE_PROCESS_SET || op == COMMLIB_OP_JOIN) {
@@ -89,7 +89,7 @@ bool CacheProtocol::try_arrive(Entry& e, bool* completes) {
   counts_stat_[kHits].fetch_add(1);
   e.cache_bit = bit;
   e.cache_gen = gen;
-  e.cached_since_us = now_us();
+  e.cached_since_us = now;
   live_[bit] = request_key(e.desc);
   // (with the log, the host is the whole job)
   *completes = counts_ ? counts_->arrive(bit, gen, setup_.local_size) : true;
@@ -203,10 +203,12 @@ bool CacheProtocol::run_log() {
 
 void CacheProtocol::run_completed(const LogEntry& e) {
   Response resp;
+  resp.names.reserve(e.words.size());
   auto flush = [&] {
     if (resp.names.empty()) return;
     host_.execute(resp);  // (which ends the requests' arrivals)
     resp = Response();
+    resp.names.reserve(e.words.size());
   };
   for (uint64_t w : e.words) {
     if (LogEntry::starts_group(w)) flush();

@@ -76,8 +76,8 @@ class CacheProtocol {
   // ---- every rank ----
   // Arrives at e's cache bit if the cache holds exactly this request (true;
   // *completes when this rank was the last); false when it must be
-  // negotiated by the coordinator instead.
-  bool try_arrive(Entry& e, bool* completes);
+  // negotiated by the coordinator instead. now: the time of its submission.
+  bool try_arrive(Entry& e, int64_t now, bool* completes);
   // Requests this rank completed: one log entry, or word to rank 0.
   void complete(const std::vector<Entry*>& entries, int64_t fusion_threshold);
   // Runs what the log orders next; true when it did anything.

@@ -14,8 +14,14 @@ namespace {
 
 constexpr int kMaxDims = 64;
 
-// pid of every job rank of this host (0 for ranks elsewhere).
-std::vector<pid_t> host_pids(MPI_Comm base, MPI_Comm local, int size) {
+// Where each job rank lives: its pid and its rank on this host (0 and -1 for
+// ranks elsewhere).
+struct HostRanks {
+  std::vector<pid_t> pids;
+  std::vector<int> local_of_job;
+};
+
+HostRanks host_ranks(MPI_Comm base, MPI_Comm local, int size) {
   int n = 0;
   MPI_Comm_size(local, &n);
   std::vector<int> pids(size_t(n), 0), local_ranks(size_t(n), 0), job_ranks(size_t(n), 0);
@@ -28,13 +34,20 @@ std::vector<pid_t> host_pids(MPI_Comm base, MPI_Comm local, int size) {
   MPI_Group_translate_ranks(lg, n, local_ranks.data(), bg, job_ranks.data());
   MPI_Group_free(&lg);
   MPI_Group_free(&bg);
-  std::vector<pid_t> out(size_t(size), 0);
-  for (int i = 0; i < n; ++i)
-    if (job_ranks[size_t(i)] >= 0 && job_ranks[size_t(i)] < size) out[size_t(job_ranks[size_t(i)])] = pid_t(pids[size_t(i)]);
+  HostRanks out;
+  out.pids.assign(size_t(size), 0);
+  out.local_of_job.assign(size_t(size), -1);
+  for (int i = 0; i < n; ++i) {
+    const int j = job_ranks[size_t(i)];
+    if (j < 0 || j >= size) continue;
+    out.pids[size_t(j)] = pid_t(pids[size_t(i)]);
+    out.local_of_job[size_t(j)] = i;
+  }
   return out;
 }
 
-void validate_p2p(const commlib_request& q, const std::vector<int>& members, int size) {
+// members: the process set's ranks (null: the global set, every job rank).
+void validate_p2p(const commlib_request& q, const std::vector<int>* members, int size) {
   const bool send = q.op_type == COMMLIB_OP_SEND;
   const char* what = send ? "send" : "recv";
   const char* peer = send ? "dst" : "src";
@@ -44,10 +57,10 @@ void validate_p2p(const commlib_request& q, const std::vector<int>& members, int
     throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": " + peer + " " + std::to_string(q.peer) +
                                        " is outside the job (ranks 0.." + std::to_string(size - 1) + ")");
   }
-  if (std::find(members.begin(), members.end(), q.peer) == members.end()) {
+  if (members && std::find(members->begin(), members->end(), q.peer) == members->end()) {
     throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": " + peer + " " + std::to_string(q.peer) +
                                        " is not a member of process set " + std::to_string(q.process_set) + " " +
-                                       ranks_str(members));
+                                       ranks_str(*members));
   }
   if (q.tag < 0) throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": tag must be >= 0, got " + std::to_string(q.tag));
   const bool has_buffer = send || q.output != nullptr;
@@ -66,13 +79,17 @@ void validate_p2p(const commlib_request& q, const std::vector<int>& members, int
 }  // namespace
 
 void Engine::init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, size_t split_bytes,
-                      bool single_copy) {
-  std::vector<pid_t> pids = host_pids(base, local, topo_.size);
+                      bool single_copy, bool lanes) {
+  HostRanks host = host_ranks(base, local, topo_.size);
+  std::vector<pid_t> pids = std::move(host.pids);
   if (!single_copy) std::fill(pids.begin(), pids.end(), pid_t(0));
+  std::unique_ptr<P2PLanes> shm_lanes;
+  if (lanes && topo_.local_size > 1) shm_lanes = std::make_unique<P2PLanes>(local, std::move(host.local_of_job));
   MPI_Comm comm;
   check_mpi(MPI_Comm_dup(base, &comm), "MPI_Comm_dup(p2p)");
-  p2p_ = std::make_unique<PointToPoint>(comm, std::move(pids), eager_bytes, split_bytes,
+  p2p_ = std::make_unique<PointToPoint>(comm, std::move(pids), eager_bytes, split_bytes, std::move(shm_lanes),
                                         [this](HandleState& h, int status, const std::string& message) {
+                                          p2p_outstanding_.fetch_sub(1);
                                           outstanding_.fetch_sub(1);
                                           handles_.complete(h, status, message);
                                         });
@@ -85,11 +102,11 @@ int64_t Engine::enqueue_p2p(const commlib_request& q, bool caller_waits) {
   if (q.op_type != COMMLIB_OP_SEND && q.op_type != COMMLIB_OP_RECV)
     throw Error(COMMLIB_ERR_VALUE, "not a point-to-point operation: " + std::to_string(q.op_type));
   std::vector<int> members;
-  {
+  if (q.process_set != 0) {
     std::lock_guard<std::mutex> lock(queue_mu_);
     members = members_of(q.process_set);
   }
-  validate_p2p(q, members, topo_.size);
+  validate_p2p(q, q.process_set != 0 ? &members : nullptr, topo_.size);
   P2PRequest r;
   r.is_send = q.op_type == COMMLIB_OP_SEND;
   r.peer = q.peer;
@@ -112,6 +129,7 @@ int64_t Engine::enqueue_p2p(const commlib_request& q, bool caller_waits) {
       throw Error(code, stop_.load() ? std::string("commlib is shutting down") : dead_message_);
     }
     p2p_queue_.push_back(std::move(r));
+    p2p_outstanding_.fetch_add(1);  // (before outstanding_: drive() compares the two)
   }
   outstanding_.fetch_add(1);
   if (bg_sleeping_.load()) queue_cv_.notify_one();

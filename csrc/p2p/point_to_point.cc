@@ -62,9 +62,10 @@ bool all_done(std::vector<MPI_Request>& reqs) {
 }  // namespace
 
 PointToPoint::PointToPoint(MPI_Comm comm, std::vector<pid_t> host_pids, size_t eager_bytes,
-                           size_t split_bytes, Completion done)
+                           size_t split_bytes, std::unique_ptr<P2PLanes> lanes, Completion done)
     : comm_(comm), host_pids_(std::move(host_pids)), split_bytes_(split_bytes), eager_(eager_bytes),
-      done_(std::move(done)) {
+      done_(std::move(done)), lanes_(std::move(lanes)) {
+  poll_mpi_ = !lanes_ || lanes_->has_remote();
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
@@ -117,7 +118,12 @@ void PointToPoint::complete(P2PRequest& r, int status, const std::string& messag
   done_(*r.handle, status, message);
 }
 
-void PointToPoint::send_ctl(int peer, std::string bytes) {
+void PointToPoint::send_ctl(int peer, std::string bytes, const void* extra, size_t n) {
+  if (lanes_ && lanes_->reaches(peer)) {
+    lanes_->send(peer, std::move(bytes), extra, n);  // (a fresh segment each session: no stamp)
+    return;
+  }
+  if (n) bytes.append(static_cast<const char*>(extra), n);
   stamp_session(bytes);
   ctl_sends_.send(std::move(bytes), peer, kCtlTag, comm_, "MPI_Isend(p2p control)");
 }
@@ -150,9 +156,7 @@ void PointToPoint::post(P2PRequest r, bool sender_waits) {
   w.put<uint64_t>(nbytes);
   w.put<uint64_t>(eager ? 0 : reinterpret_cast<uint64_t>(r.data));
   w.put<int32_t>(sender_waits ? 1 : 0);
-  std::string bytes = w.take();
-  if (eager) bytes.append(static_cast<const char*>(r.data), size_t(nbytes));
-  send_ctl(r.peer, std::move(bytes));
+  send_ctl(r.peer, w.take(), eager ? r.data : nullptr, eager ? size_t(nbytes) : 0);
   const int peer = r.peer;
   Outgoing& o = outgoing_[{peer, seq}];
   o.req = std::move(r);
@@ -160,6 +164,17 @@ void PointToPoint::post(P2PRequest r, bool sender_waits) {
 }
 
 bool PointToPoint::poll_ctl() {
+  int source = 0;
+  std::string_view view;
+  if (lanes_ && lanes_->peek(&source, &view)) {
+    struct Pop {
+      P2PLanes& lanes;
+      ~Pop() { lanes.pop(); }
+    } pop{*lanes_};
+    dispatch(source, view);
+    return true;
+  }
+  if (!poll_mpi_) return false;
   int flag = 0;
   MPI_Message m;
   MPI_Status st;
@@ -170,32 +185,36 @@ bool PointToPoint::poll_ctl() {
   std::string msg(size_t(count), '\0');
   check_mpi(MPI_Mrecv(msg.data(), count, MPI_BYTE, &m, MPI_STATUS_IGNORE), "MPI_Mrecv(p2p)");
   if (!unstamp_session(msg)) return true;  // left over from an earlier session
+  dispatch(st.MPI_SOURCE, msg);
+  return true;
+}
+
+void PointToPoint::dispatch(int source, std::string_view msg) {
   int32_t kind = 0;
   if (msg.size() >= sizeof(kind)) std::memcpy(&kind, msg.data(), sizeof(kind));
   switch (kind) {
-    case kHeader: on_header(st.MPI_SOURCE, std::move(msg)); break;
-    case kAck: case kClearToSend: on_reply(st.MPI_SOURCE, msg); break;
-    case kBye: on_bye(st.MPI_SOURCE); break;
+    case kHeader: on_header(source, msg); break;
+    case kAck: case kClearToSend: on_reply(source, msg); break;
+    case kBye: on_bye(source); break;
     case kSplit: case kWritten: {
       Reader rd(msg);
       rd.get<int32_t>();
       if (kind == kSplit) {
-        on_split_request(st.MPI_SOURCE, rd);
+        on_split_request(source, rd);
       } else {
-        on_written(st.MPI_SOURCE, rd);
+        on_written(source, rd);
       }
       break;
     }
     default: throw Error(COMMLIB_ERR_INTERNAL, "unknown point-to-point message kind " + std::to_string(kind));
   }
-  return true;
 }
 
 bool PointToPoint::progress() {
   bool worked = false;
   while (poll_ctl()) worked = true;
   worked |= test_data();
-  ctl_sends_.progress();
+  progress_sends();
   return worked;
 }
 
@@ -222,7 +241,7 @@ bool PointToPoint::test_data() {
   return worked;
 }
 
-void PointToPoint::on_header(int source, std::string msg) {
+void PointToPoint::on_header(int source, std::string_view msg) {
   Reader rd(msg);
   rd.get<int32_t>();
   Incoming in;
@@ -235,11 +254,19 @@ void PointToPoint::on_header(int source, std::string msg) {
   in.nbytes = rd.get<uint64_t>();
   in.addr = rd.get<uint64_t>();
   in.sender_waits = rd.get<int32_t>() != 0;
-  if (in.addr == 0) {
-    in.offset = msg.size() - size_t(in.nbytes);
-    in.payload = std::move(msg);
-  }
   const Key key{source, set, tag};
+  const char* bytes = msg.data() + (msg.size() - size_t(in.nbytes));
+  auto p = posted_.find(key);
+  if (in.addr == 0 && p != posted_.end() && arrived_.find(key) == arrived_.end()) {
+    // Its receive waits already: straight from the message into the buffer.
+    in.view = bytes;
+    P2PRequest r = std::move(p->second.front());
+    p->second.pop_front();
+    if (p->second.empty()) posted_.erase(p);
+    deliver(r, in);
+    return;
+  }
+  if (in.addr == 0) in.payload.assign(bytes, size_t(in.nbytes));
   arrived_[key].push_back(std::move(in));
   match(key);
 }
@@ -295,7 +322,7 @@ void PointToPoint::deliver(P2PRequest& r, Incoming& in) {
       return;
     }
   } else if (in.nbytes > 0) {
-    std::memcpy(dst, in.payload.data() + in.offset, size_t(in.nbytes));
+    std::memcpy(dst, in.view ? in.view : in.payload.data(), size_t(in.nbytes));
   }
   send_ack(in.source, in.seq, COMMLIB_OK, "");
   complete(r, COMMLIB_OK, "");
@@ -327,7 +354,7 @@ void PointToPoint::start_transfer(P2PRequest& r, const Incoming& in, char* dst) 
   send_ctl(in.source, w.take());
 }
 
-void PointToPoint::on_reply(int source, const std::string& msg) {
+void PointToPoint::on_reply(int source, std::string_view msg) {
   Reader rd(msg);
   const int32_t kind = rd.get<int32_t>();
   const uint64_t seq = rd.get<uint64_t>();

@@ -2,6 +2,8 @@
 // process set) directly between them: nothing goes through rank 0.
 //
 // Protocol, on a communicator of its own (a duplicate of the job's):
+// - Control messages between ranks of one host travel through shared-memory
+//   lanes (lanes.h); between hosts through MPI under tag kCtlTag.
 // - The sender posts one header (tag kCtlTag) carrying the user tag, the set,
 //   dtype, shape and size. Small messages (<= the eager size) carry their
 //   bytes inside the header; large ones carry the address of the sender's
@@ -44,6 +46,7 @@
 #include <vector>
 
 #include "backends/mpi/pending_sends.h"
+#include "p2p/lanes.h"
 #include "message.h"
 #include "runtime/handles.h"
 
@@ -72,9 +75,11 @@ class PointToPoint {
 
   // comm: owned (a duplicate of the job's communicator). host_pids[r]: the pid
   // of job rank r when it shares this host (single-copy reads), else 0.
-  // Messages of at most eager_bytes travel inside their header.
+  // Messages of at most eager_bytes travel inside their header. lanes (may
+  // be null): control messages to and from the ranks of this host travel
+  // there instead of through MPI.
   PointToPoint(MPI_Comm comm, std::vector<pid_t> host_pids, size_t eager_bytes, size_t split_bytes,
-               Completion done);
+               std::unique_ptr<P2PLanes> lanes, Completion done);
   ~PointToPoint();
 
   // sender_waits: a thread of this rank is waiting in the engine right now
@@ -84,7 +89,10 @@ class PointToPoint {
   // Moves everything forward that can move without blocking; true when it did work.
   bool progress();
   // Only the control messages this rank sends (see progress.h's wait hook).
-  void progress_sends() { ctl_sends_.progress(); }
+  void progress_sends() {
+    ctl_sends_.progress();
+    if (lanes_) lanes_->flush();
+  }
   // Warns (stderr) once about each request unmatched for longer than limit_us;
   // fails receives unmatched for longer than timeout_us (> 0). (A send is
   // never failed so: its receiver may be reading its buffer at that moment.)
@@ -105,8 +113,8 @@ class PointToPoint {
     uint64_t nbytes;
     uint64_t addr;        // rendezvous: the sender's buffer
     bool sender_waits = false;  // the sender was waiting in its engine when it posted
-    std::string payload;  // eager: the whole message; bytes start at offset
-    size_t offset = 0;
+    std::string payload;  // eager: the bytes, when they wait for their receive
+    const char* view = nullptr;  // eager, delivered at once: the bytes in place
   };
   struct Outgoing {  // a send waiting for its receiver
     P2PRequest req;
@@ -127,10 +135,12 @@ class PointToPoint {
   };
   using Key = std::tuple<int, int, int64_t>;  // (source, process set, tag)
 
-  void send_ctl(int peer, std::string bytes);
+  // bytes, then n bytes at extra (a message's data) to `peer`.
+  void send_ctl(int peer, std::string bytes, const void* extra = nullptr, size_t n = 0);
   bool poll_ctl();
-  void on_header(int source, std::string msg);
-  void on_reply(int source, const std::string& msg);
+  void dispatch(int source, std::string_view msg);
+  void on_header(int source, std::string_view msg);
+  void on_reply(int source, std::string_view msg);
   void on_bye(int source);
   void match(const Key& key);
   void deliver(P2PRequest& r, Incoming& in);
@@ -162,6 +172,8 @@ class PointToPoint {
   std::list<Transfer> transfers_;
   std::list<Split> splits_;
   PendingSends ctl_sends_;
+  std::unique_ptr<P2PLanes> lanes_;
+  bool poll_mpi_ = true;  // some peer's control messages come through MPI
   int64_t last_stall_check_us_ = 0;
 };
 

@@ -87,7 +87,7 @@ std::vector<ConfigEntry> make_table() {
       choice_entry("COMMLIB_SHM_COLLECTIVES", "auto", "auto|always|never", &C::shm_collectives,
                    "shared-memory broadcast/allgather/reducescatter: auto (broadcast and reducescatter "
                    "always, allgather up to a 4 MiB result), always, never"),
-      bool_entry("COMMLIB_SHM", "1", &C::shm, "0 disables the shared-memory segment"),
+      bool_entry("COMMLIB_SHM", "1", &C::shm, "0 disables the shared-memory segments (collectives' and point-to-point's)"),
       int_entry("COMMLIB_SHM_PIECE_BYTES", "262144", 1, kTiB, &C::shm_piece_bytes,
                 "pipeline piece size of the shared-memory all-reduce"),
       int_entry("COMMLIB_SHM_FUSION_BYTES", "4194304", 0, kTiB, &C::shm_fusion_bytes,

@@ -22,8 +22,9 @@ bool Engine::cycle() {
   if (coordinator_) worked |= coordinate();
   worked |= run_ready();
   worked |= poll_gpu();
-  cache_.expire_waiting(now_us());
-  if (worker_) check_coordinator_alive(now_us());
+  const int64_t now = now_us();
+  cache_.expire_waiting(now);
+  if (worker_) check_coordinator_alive(now);
   control_->progress();
   throw_if_peer_lost();
   if (worked && timeline().marks_cycles()) timeline().mark("", "CYCLE", now_us());
@@ -31,18 +32,24 @@ bool Engine::cycle() {
 }
 
 bool Engine::take_requests() {
-  std::vector<Entry> batch;
+  // The queue, held_ and taken_ trade buffers rather than entries: each keeps
+  // its capacity, and a batch taken while nothing is held moves no entry.
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    batch.swap(queue_);
+    taken_.swap(queue_);
   }
-  bool worked = !batch.empty();
-  if (held_.empty() && batch.empty()) return worked;
+  bool worked = !taken_.empty();
+  if (held_.empty() && taken_.empty()) return worked;
   const int64_t now = now_us();
-  if (!batch.empty()) {
-    if (held_.empty()) held_since_us_ = now;
+  if (!taken_.empty()) {
+    if (held_.empty()) {
+      held_since_us_ = now;
+      held_.swap(taken_);
+    } else {
+      for (Entry& e : taken_) held_.push_back(std::move(e));
+      taken_.clear();
+    }
     last_arrival_us_ = now;
-    for (Entry& e : batch) held_.push_back(std::move(e));
   }
   // Report now unless more requests are still streaming in (then they are
   // negotiated, and fused, together).
@@ -88,14 +95,15 @@ bool Engine::run_ready() {
 
 void Engine::submit(std::vector<Entry>& batch) {
   std::vector<Entry*> negotiate, completed;
+  const int64_t now = now_us();  // (one clock read for the batch)
   for (Entry& e : batch) {
     std::string key = request_key(e.desc);
     Entry& p = pending_.emplace(std::move(key), std::move(e)).first->second;  // (nodes never move)
     if (p.desc.op_type == COMMLIB_OP_JOIN) ++joins_pending_;
-    p.submitted_us = now_us();
+    p.submitted_us = now;
     if (p.queued_us > 0 && timeline().on()) timeline().span(p.desc.name, "QUEUE", p.queued_us, p.submitted_us);
     bool completes = false;
-    if (cache_.enabled() && cache_.try_arrive(p, &completes)) {
+    if (cache_.enabled() && cache_.try_arrive(p, now, &completes)) {
       if (timeline().on()) timeline().mark(p.desc.name, "CACHE_HIT", p.submitted_us);
       if (completes) completed.push_back(&p);
     } else {

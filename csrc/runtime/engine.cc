@@ -22,6 +22,8 @@ namespace {
 
 // How often the background thread looks whether the waiters still drive.
 constexpr int64_t kYieldNapUs = 200;
+// How often a waiter driving only point-to-point runs the whole cycle.
+constexpr int64_t kFullCycleUs = 50;
 // How long a rank that lost contact with a peer waits at shutdown before its
 // MPI_Abort ends the job (Engine::shutdown). The ranks beyond a cut may be
 // waiting for rank 0's answer rather than for data: they give up the timeout
@@ -84,7 +86,7 @@ void Engine::init(MPI_Comm base) {
                               capacity > 0 ? OrderLog::bytes_needed(t.local_size, capacity) : 0);
   }
   topo_ = t;
-  init_p2p(base, local, size_t(cfg.p2p_eager_bytes), size_t(cfg.p2p_split_bytes), cfg.p2p_single_copy);
+  init_p2p(base, local, size_t(cfg.p2p_eager_bytes), size_t(cfg.p2p_split_bytes), cfg.p2p_single_copy, cfg.shm);
   MPI_Comm_free(&local);
   if (shm_ && t.cross_size > 1) {
     cross_ = std::make_unique<MpiTransport>(cross);  // reduce within hosts, all-reduce across
@@ -302,7 +304,7 @@ bool Engine::coordinator_may_leave(int64_t now) {
   return true;
 }
 
-bool Engine::step() {
+bool Engine::step(bool full) {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     if (dead_code_ == COMMLIB_ERR_PEER_LOST || dead_code_ == COMMLIB_ERR_INTERNAL) {
@@ -310,6 +312,11 @@ bool Engine::step() {
     }
   }
   try {
+    if (!full) {
+      const bool worked = cycle_p2p();
+      throw_if_peer_lost();
+      return worked;
+    }
     return cycle();
   } catch (const Error& e) {
     // A wait that timed out (a peer cut off or frozen mid-collective, or rank
@@ -323,7 +330,17 @@ bool Engine::step() {
 bool Engine::drive() {
   if (stop_.load() || !running_.load()) return false;  // the leave handshake is the loop's
   std::unique_lock<std::mutex> lock(cycle_mu_, std::try_to_lock);
-  return lock.owns_lock() && step();
+  if (!lock.owns_lock()) return false;
+  // With only point-to-point in flight a waiter runs just its part, which
+  // is most of a small message's latency saved; the whole cycle (this
+  // rank's share of other ranks' negotiations) still runs every
+  // kFullCycleUs, far more often than an idle background thread's naps.
+  const int64_t now = now_us();
+  if (outstanding_.load() == p2p_outstanding_.load() && now - last_full_cycle_us_ < kFullCycleUs) {
+    return step(false);
+  }
+  last_full_cycle_us_ = now;
+  return step();
 }
 
 bool Engine::wait(HandleState& h, double timeout_s) {
@@ -417,6 +434,7 @@ void Engine::fail_everything(int code, const std::string& message) {
   }
   for (Entry& e : queued) finish(e, code, message);
   for (P2PRequest& r : p2p_queued) {
+    p2p_outstanding_.fetch_sub(1);
     outstanding_.fetch_sub(1);
     handles_.complete(*r.handle, code, message);
   }

@@ -109,10 +109,12 @@ class Engine : private CacheHost {
   // The members of process set id, checking that this rank is one of them.
   // Caller holds queue_mu_.
   const std::vector<int>& members_of(int id) const;
-  int64_t push(std::vector<Entry>& entries);
+  int64_t push(Entry* e);  // (requests.cc)
   void loop();
   bool cycle();  // one pass of the background loop; true when it did work
-  bool step();   // cycle() unless communication is over, errors failing handles
+  // cycle() (or, full=false, only its point-to-point part) unless
+  // communication is over, errors failing handles.
+  bool step(bool full = true);
   bool drive();  // step() from a waiting thread, if no other thread is in one
   bool leave();  // shutdown handshake; true when the loop may end
   // cycle(), in steps; each true when it did work.
@@ -152,7 +154,9 @@ class Engine : private CacheHost {
   void abandon_gpu(int code, const std::string& message);
 
   // Point-to-point (p2p/engine_p2p.cc).
-  void init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, size_t split_bytes, bool single_copy);
+  // lanes: control messages between ranks of this host through shared memory.
+  void init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, size_t split_bytes, bool single_copy,
+                bool lanes);
   bool cycle_p2p();  // posts queued sends/receives, moves transfers on
 
   Topology topo_;
@@ -195,6 +199,8 @@ class Engine : private CacheHost {
   std::atomic<bool> bg_sleeping_{false};
   std::atomic<bool> bg_yields_{false};    // napping while a waiter drives
   std::atomic<int64_t> outstanding_{0};   // requests queued and not finished
+  std::atomic<int64_t> p2p_outstanding_{0};  // of which point-to-point
+  int64_t last_full_cycle_us_ = 0;  // a driving waiter's last whole cycle (cycle_mu_)
 
   // Held by whichever thread runs step(): the background thread, or a
   // caller thread that drives progress while it waits for a handle.
@@ -216,6 +222,7 @@ class Engine : private CacheHost {
   std::unordered_map<std::string, Entry> pending_;
   int joins_pending_ = 0;  // this rank's join() requests submitted and not complete
   std::vector<Entry> held_;  // taken from the queue, not yet reported
+  std::vector<Entry> taken_;  // take_requests' empty buffer, swapped with the queue's
   int64_t held_since_us_ = 0, last_arrival_us_ = 0;
   int64_t leave_deadline_us_ = 0;
   std::deque<Response> ready_;

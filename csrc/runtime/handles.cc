@@ -38,13 +38,17 @@ void HandleTable::complete(HandleState& h, int status, const std::string& messag
   }
 }
 
+namespace {
+constexpr int64_t kNoYieldUs = 5;
+}  // namespace
+
 bool HandleTable::wait(HandleState& h, double timeout_s, const std::function<bool()>& drive,
                        const std::function<void()>& stopped_driving) {
   auto is_done = [&] { return h.done.load(std::memory_order_acquire) != 0; };
+  if (is_done()) return true;  // (before any clock read: the common case of a finished handle)
   const int64_t start = now_us();
   const int64_t limit = timeout_s < 0 ? -1 : int64_t(timeout_s * 1e6);
   const int64_t budget = spin_budget_us();
-  if (is_done()) return true;
   waiting_.fetch_add(1);
   struct Leave {
     std::atomic<int>& w;
@@ -67,7 +71,9 @@ bool HandleTable::wait(HandleState& h, double timeout_s, const std::function<boo
       const int64_t elapsed = now_us() - start;
       if (limit >= 0 && elapsed >= limit) return false;
       if (elapsed >= budget) break;
-      if (!drive || !drive()) sched_yield();
+      // The first microseconds without yielding: a peer's answer often comes
+      // that soon, and a yield costs a system call (about 1 us here).
+      if ((!drive || !drive()) && elapsed >= kNoYieldUs) sched_yield();
     }
   }
   while (!is_done()) {

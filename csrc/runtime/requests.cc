@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
-#include <string_view>
-#include <unordered_set>
 
 #include "common.h"
 #include "reduce.h"
@@ -109,13 +107,14 @@ const std::vector<int>& Engine::members_of(int id) const {
 }
 
 Entry Engine::make_entry(const commlib_request& q) {
-  std::vector<int> members;
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    members = members_of(q.process_set);
-  }
-  validate_request(q, members);
   Entry e;
+  {
+    // (checked under the lock: the members are read in place, not copied)
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    const std::vector<int>& members = members_of(q.process_set);
+    validate_request(q, members);
+    if (q.op_type == COMMLIB_OP_ALLTOALL) e.desc.splits = alltoall_splits(q, int(members.size()));
+  }
   e.desc.process_set = q.process_set;
   e.desc.name = q.name;
   e.desc.op_type = q.op_type;
@@ -126,19 +125,19 @@ Entry Engine::make_entry(const commlib_request& q) {
   e.desc.prescale = q.prescale;
   e.desc.postscale = q.postscale;
   e.desc.shape.assign(q.shape, q.shape + q.ndim);
-  if (q.op_type == COMMLIB_OP_ALLTOALL) e.desc.splits = alltoall_splits(q, int(members.size()));
   e.input = q.input;
   e.output = q.output;
   if (q.device_type != COMMLIB_DEVICE_CPU) prepare_gpu_entry(q, e);
   return e;
 }
 
-// Queues entries that share one new handle; nothing is queued on error.
-int64_t Engine::push(std::vector<Entry>& entries) {
+// Queues e under a new handle (e null: nothing to queue, the handle is
+// complete at once); nothing is queued on error.
+int64_t Engine::push(Entry* e) {
   auto [id, handle] = handles_.create();
-  handle->remaining = int(entries.size());
-  if (entries.empty()) handle->done.store(1);
-  for (Entry& e : entries) e.handle = handle;
+  handle->remaining = e ? 1 : 0;
+  if (!e) handle->done.store(1);
+  if (e) e->handle = handle;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     std::string error;
@@ -149,37 +148,21 @@ int64_t Engine::push(std::vector<Entry>& entries) {
     } else if (dead_code_ != 0) {
       code = dead_code_;
       error = dead_message_;
-    }
-    std::vector<std::string> keys;
-    keys.reserve(entries.size());
-    for (const Entry& e : entries) keys.push_back(request_key(e.desc));
-    const std::string* dup = nullptr;
-    for (size_t i = 0; i < keys.size() && !dup; ++i) {
-      if (in_flight_.count(keys[i])) dup = &entries[i].desc.name;
-    }
-    if (!dup && keys.size() > 1) {  // (a group's own names must differ too)
-      std::unordered_set<std::string_view> seen;
-      for (size_t i = 0; i < keys.size() && !dup; ++i) {
-        if (!seen.insert(keys[i]).second) dup = &entries[i].desc.name;
-      }
-    }
-    if (!code && dup) {
+    } else if (e && !in_flight_.insert(request_key(e->desc)).second) {
       code = COMMLIB_ERR_VALUE;
-      error = "a collective named '" + *dup +
+      error = "a collective named '" + e->desc.name +
               "' is already in flight on this rank; wait for it or use another name";
     }
     if (code) {
       handles_.release(id);
       throw Error(code, error);
     }
-    const int64_t queued = timeline().on() ? now_us() : 0;
-    for (size_t i = 0; i < entries.size(); ++i) {
-      in_flight_.insert(std::move(keys[i]));
-      entries[i].queued_us = queued;
-      queue_.push_back(std::move(entries[i]));
+    if (e) {
+      e->queued_us = timeline().on() ? now_us() : 0;
+      queue_.push_back(std::move(*e));
     }
   }
-  outstanding_.fetch_add(int64_t(entries.size()));
+  if (e) outstanding_.fetch_add(1);
   if (bg_sleeping_.load()) queue_cv_.notify_one();
   return id;
 }
@@ -188,14 +171,14 @@ int64_t Engine::enqueue(const commlib_request& q) {
   if (!running_.load()) {
     throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
   }
-  std::vector<Entry> one;
+  Entry e;
   try {
-    one.push_back(make_entry(q));
-  } catch (const Error& e) {
-    if (e.code() == COMMLIB_ERR_VALUE || e.code() == COMMLIB_ERR_TYPE) abort_others(q, e.what());
+    e = make_entry(q);
+  } catch (const Error& err) {
+    if (err.code() == COMMLIB_ERR_VALUE || err.code() == COMMLIB_ERR_TYPE) abort_others(q, err.what());
     throw;
   }
-  return push(one);
+  return push(&e);
 }
 
 // The other ranks would wait for this request until the timeout: its name
@@ -270,9 +253,7 @@ int64_t Engine::enqueue_allreduce_group(const char* base, int n, const int32_t* 
     e.members.push_back({dtypes[i], size_t(count), inputs[i], outputs[i]});
     shape += ndims[i];
   }
-  std::vector<Entry> one;
-  if (n > 0) one.push_back(std::move(e));
-  return push(one);
+  return push(n > 0 ? &e : nullptr);
 }
 
 int64_t Engine::add_process_set(const int32_t* ranks, int n) {
@@ -294,9 +275,7 @@ int64_t Engine::add_process_set(const int32_t* ranks, int n) {
     std::lock_guard<std::mutex> lock(queue_mu_);
     e.desc.name = "process_set.add." + std::to_string(set_calls_++);
   }
-  std::vector<Entry> one;
-  one.push_back(std::move(e));
-  return push(one);
+  return push(&e);
 }
 
 int64_t Engine::remove_process_set(int id) {
@@ -315,9 +294,7 @@ int64_t Engine::remove_process_set(int id) {
     // rank alike: the coordinator checks, see Controller::remove_set.)
     e.desc.name = "process_set.remove." + std::to_string(set_calls_++);
   }
-  std::vector<Entry> one;
-  one.push_back(std::move(e));
-  return push(one);
+  return push(&e);
 }
 
 }  // namespace commlib

@@ -1,7 +1,8 @@
 """Point-to-point send/recv at 2 and 3 ranks: every rank checks what it
 received against numpy; the single-copy path, the MPI rendezvous path (one
 host without single copy, and pretended separate hosts) and header-carried
-messages are each covered, and so are the failure paths."""
+messages are each covered, with control messages through one host's
+shared-memory lanes and through MPI, and so are the failure paths."""
 import time
 
 import pytest
@@ -10,6 +11,7 @@ LAYOUTS = {
     "single-copy": {},
     "mpi-rendezvous": {"COMMLIB_P2P_SINGLE_COPY": "0"},
     "two-hosts": {"COMMLIB_TEST_RANKS_PER_HOST": "1"},
+    "mpi-control": {"COMMLIB_SHM": "0"},  # one host, control messages through MPI
     "all-rendezvous": {"COMMLIB_P2P_EAGER_BYTES": "0"},
 }
 

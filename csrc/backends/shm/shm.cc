@@ -12,6 +12,43 @@
 
 namespace commlib {
 
+void* map_host_segment(MPI_Comm local_comm, int local_rank, size_t bytes) {
+  // Local rank 0 picks a unique name and creates the segment.
+  char name[64] = {0};
+  int ok = 1;
+  int fd = -1;
+  static int counter = 0;
+  if (local_rank == 0) {
+    std::snprintf(name, sizeof(name), "/commlib.%d.%d", int(getpid()), counter++);
+    fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 || ftruncate(fd, off_t(bytes)) != 0) ok = 0;
+  }
+  check_mpi(MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, local_comm), "MPI_Bcast(shm name)");
+  check_mpi(MPI_Bcast(&ok, 1, MPI_INT, 0, local_comm), "MPI_Bcast(shm status)");
+  if (!ok) {
+    if (fd >= 0) {
+      close(fd);
+      shm_unlink(name);
+    }
+    throw Error(COMMLIB_ERR_INTERNAL, std::string("cannot create shared memory segment ") + name +
+                                          " of " + std::to_string(bytes) + " bytes: " + std::strerror(errno));
+  }
+  if (local_rank != 0) fd = shm_open(name, O_RDWR, 0600);
+  void* base = MAP_FAILED;
+  if (fd >= 0) {
+    base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    close(fd);
+  }
+  int mapped = base != MAP_FAILED ? 1 : 0, all_mapped = 0;
+  check_mpi(MPI_Allreduce(&mapped, &all_mapped, 1, MPI_INT, MPI_MIN, local_comm), "MPI_Allreduce(shm)");
+  if (local_rank == 0) shm_unlink(name);  // every rank has it mapped (or failed)
+  if (!all_mapped) {
+    if (base != MAP_FAILED) munmap(base, bytes);
+    throw Error(COMMLIB_ERR_INTERNAL, std::string("cannot map shared memory segment ") + name);
+  }
+  return base;
+}
+
 std::unique_ptr<ShmSegment> ShmSegment::create(MPI_Comm local_comm, size_t piece_bytes, int slots,
                                                size_t region_bytes, size_t extra_bytes) {
   std::unique_ptr<ShmSegment> seg(new ShmSegment());
@@ -28,39 +65,7 @@ std::unique_ptr<ShmSegment> ShmSegment::create(MPI_Comm local_comm, size_t piece
   extra_bytes = (extra_bytes + 63) & ~size_t(63);
   seg->bytes_ = 4096 + counters + stage + result + regions + extra_bytes;
 
-  // Local rank 0 picks a unique name and creates the segment.
-  char name[64] = {0};
-  int ok = 1;
-  int fd = -1;
-  static int counter = 0;
-  if (seg->rank_ == 0) {
-    std::snprintf(name, sizeof(name), "/commlib.%d.%d", int(getpid()), counter++);
-    fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0 || ftruncate(fd, off_t(seg->bytes_)) != 0) ok = 0;
-  }
-  check_mpi(MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, local_comm), "MPI_Bcast(shm name)");
-  check_mpi(MPI_Bcast(&ok, 1, MPI_INT, 0, local_comm), "MPI_Bcast(shm status)");
-  if (!ok) {
-    if (fd >= 0) {
-      close(fd);
-      shm_unlink(name);
-    }
-    throw Error(COMMLIB_ERR_INTERNAL, std::string("cannot create shared memory segment ") + name +
-                                          " of " + std::to_string(seg->bytes_) + " bytes: " + std::strerror(errno));
-  }
-  if (seg->rank_ != 0) fd = shm_open(name, O_RDWR, 0600);
-  void* base = MAP_FAILED;
-  if (fd >= 0) {
-    base = mmap(nullptr, seg->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    close(fd);
-  }
-  int mapped = base != MAP_FAILED ? 1 : 0, all_mapped = 0;
-  check_mpi(MPI_Allreduce(&mapped, &all_mapped, 1, MPI_INT, MPI_MIN, local_comm), "MPI_Allreduce(shm)");
-  if (seg->rank_ == 0) shm_unlink(name);  // every rank has it mapped (or failed)
-  if (!all_mapped) {
-    if (base != MAP_FAILED) munmap(base, seg->bytes_);
-    throw Error(COMMLIB_ERR_INTERNAL, std::string("cannot map shared memory segment ") + name);
-  }
+  void* base = map_host_segment(local_comm, seg->rank_, seg->bytes_);
   seg->base_ = base;
   char* p = static_cast<char*>(base) + 4096;
   seg->counters_ = reinterpret_cast<ShmCounter*>(p);

@@ -20,6 +20,11 @@
 
 namespace commlib {
 
+// Creates (local rank 0), maps (every rank of local_comm) and unlinks a shared
+// segment of `bytes` bytes; collective over local_comm. Throws Error when any
+// rank fails. The caller munmaps it.
+void* map_host_segment(MPI_Comm local_comm, int local_rank, size_t bytes);
+
 struct alignas(64) ShmCounter {
   std::atomic<uint64_t> value;
   char pad[64 - sizeof(std::atomic<uint64_t>)];

@@ -140,6 +140,18 @@ int commlib_enqueue(const commlib_request* req, int64_t* handle);
 int64_t commlib_submit(int op_type, const char* name, int dtype, int ndim, const int64_t* shape,
                        const void* input, void* output, int reduce_op, double prescale,
                        double postscale, int root, int process_set);
+/* One tensor as the Python layer caches it per array: its dtype, its shape
+ * and its data. */
+typedef struct {
+  int dtype;
+  int ndim;
+  const int64_t* shape;
+  void* data;
+} commlib_tensor;
+/* commlib_submit of an in-place request on *t (input and output t->data,
+ * root 0): fewer arguments to convert on each call of the Python layer. */
+int64_t commlib_submit_tensor(int op_type, const char* name, const commlib_tensor* t, int reduce_op,
+                              double prescale, double postscale, int process_set);
 /* Submits n allreduces as one unit with one handle: they are negotiated as
  * one request (validated member by member) and fused up to the fusion
  * threshold. Member i (named "<base_name>.<i>" in errors) has dtypes[i],

@@ -80,6 +80,18 @@ def many_outstanding_isends():
         commlib.synchronize(h)
 
 
+def mixed_sizes_in_order():
+    """Messages carried with their header (4 KiB) and read in one copy
+    (280 KiB) on one tag, 300 outstanding: one host's control lane fills and
+    wraps many times and messages wait for room; one tag stays FIFO."""
+    sizes = [70000 if i % 3 == 0 else 1024 for i in range(300)]
+    hs = [commlib.isend(np.full(s, i, dtype=np.float32), dst=right, tag=12) for i, s in enumerate(sizes)]
+    for i, s in enumerate(sizes):
+        check_equal(commlib.recv(src=left, tag=12), np.full(s, i, dtype=np.float32), f"message {i} of 300")
+    for h in hs:
+        commlib.synchronize(h)
+
+
 def receive_posted_first():
     h = commlib.irecv(src=left, tag=11, out=np.zeros(100000, dtype=np.float64))
     commlib.barrier()
@@ -147,6 +159,7 @@ variable_shapes()
 tags_out_of_order_and_fifo()
 simultaneous_exchange()
 many_outstanding_isends()
+mixed_sizes_in_order()
 receive_posted_first()
 interleaved_with_collectives()
 errors()

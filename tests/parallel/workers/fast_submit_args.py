@@ -1,0 +1,80 @@
+"""The in-place allreduce's short path (a cached array, a plain op, the
+global set: commlib.submit.submit_in_place and its cached name bytes) must
+treat every argument as the long path does: each op with its scale factors,
+names checked (also once cached) and generated alike on every rank, the
+errors of bad ops, names and scales, a name in flight, an empty array. Each
+result is checked against numpy on every rank."""
+import numpy as np
+
+import commlib
+from _common import check_equal, done, expect_raises
+
+commlib.init()
+r, n = commlib.rank(), commlib.size()
+base = np.arange(1, 7, dtype=np.float64)
+per_rank = [base * (k + 1) for k in range(n)]  # what each rank contributes
+a = np.empty(6, np.float64)
+
+
+def run(name, **kw):
+    a[:] = per_rank[r]
+    out = commlib.synchronize(commlib.allreduce_async_(a, name=name, **kw))
+    if out is not a:
+        raise SystemExit(f"rank {r}: synchronize must return the array itself")
+    return a
+
+
+run("warm", op=commlib.Sum)  # the array's facts are cached from here on
+refs = {commlib.Sum: np.sum(per_rank, axis=0), commlib.Average: np.mean(per_rank, axis=0),
+        commlib.Min: np.min(per_rank, axis=0), commlib.Max: np.max(per_rank, axis=0),
+        commlib.Product: np.prod(per_rank, axis=0)}
+for op, want in refs.items():
+    for rep in range(2):  # the second time with the name's bytes cached
+        check_equal(run(f"op.{op}", op=op), want, f"op {op} (repeat {rep})",
+                    rtol=1e-12)
+check_equal(run("scaled", op=commlib.Sum, prescale_factor=0.5, postscale_factor=3.0),
+            refs[commlib.Sum] * 1.5, "prescale and postscale", rtol=1e-12)
+check_equal(run("avg.flag", average=True), refs[commlib.Average], "average=True", rtol=1e-12)
+check_equal(run("avg.default"), refs[commlib.Average], "the default op", rtol=1e-12)
+check_equal(run("global", op=commlib.Sum, process_set=commlib.global_process_set),
+            refs[commlib.Sum], "the global process set given")
+
+
+class Name(str):
+    pass
+
+
+check_equal(run(Name("subclassed"), op=commlib.Max), refs[commlib.Max], "a str subclass as name")
+check_equal(run(None, op=commlib.Sum), refs[commlib.Sum], "a generated name")
+check_equal(run(None, op=commlib.Sum), refs[commlib.Sum], "the next generated name")
+
+# errors, before anything is sent (the same on every rank)
+expect_raises(ValueError, lambda: commlib.allreduce_async_(a, name="x\x00" + str(r), op=commlib.Sum),
+              "a name with a NUL", match="NUL")
+expect_raises(ValueError, lambda: commlib.allreduce_async_(a, name="", op=commlib.Sum),
+              "an empty name", match="non-empty")
+expect_raises(ValueError, lambda: commlib.allreduce_async_(a, name=7, op=commlib.Sum),
+              "a name that is no str", match="non-empty string")
+expect_raises(ValueError, lambda: commlib.allreduce_async_(a, name="badop", op=True),
+              "a bool as op", match="unsupported reduction op")
+expect_raises(ValueError, lambda: commlib.allreduce_async_(a, name="badop", op=17),
+              "an unknown op", match="unsupported reduction op")
+expect_raises(NotImplementedError, lambda: commlib.allreduce_async_(a, name="ada", op=commlib.Adasum),
+              "Adasum", match="Adasum")
+expect_raises(ValueError, lambda: commlib.allreduce_async_(a, name="both", op=commlib.Sum, average=True),
+              "op and average", match="not both")
+expect_raises(ValueError, lambda: commlib.allreduce_async_(a, name="nan", op=commlib.Sum,
+                                                           prescale_factor=float("nan")),
+              "a NaN scale", match="finite")
+a[:] = per_rank[r]
+h = commlib.allreduce_async_(a, name="dup", op=commlib.Sum)
+expect_raises(ValueError, lambda: commlib.allreduce_async_(a, name="dup", op=commlib.Sum),
+              "a name in flight", match="already in flight")
+check_equal(commlib.synchronize(h), refs[commlib.Sum], "the first request still completes")
+
+e = np.empty(0, np.float32)
+for rep in range(2):
+    out = commlib.synchronize(commlib.allreduce_async_(e, name="empty", op=commlib.Sum))
+    check_equal(out, np.empty(0, np.float32), f"an empty array (repeat {rep})")
+check_equal(run("after", op=commlib.Sum), refs[commlib.Sum], "a collective after the errors")
+done()
