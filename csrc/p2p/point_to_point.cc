@@ -255,9 +255,10 @@ void PointToPoint::on_header(int source, std::string_view msg) {
   in.addr = rd.get<uint64_t>();
   in.sender_waits = rd.get<int32_t>() != 0;
   const Key key{source, set, tag};
-  const char* bytes = msg.data() + (msg.size() - size_t(in.nbytes));
+  if (in.addr == 0 && msg.size() < in.nbytes) throw Error(COMMLIB_ERR_INTERNAL, "truncated point-to-point message");
+  const char* bytes = in.addr == 0 ? msg.data() + (msg.size() - size_t(in.nbytes)) : nullptr;
   auto p = posted_.find(key);
-  if (in.addr == 0 && p != posted_.end() && arrived_.find(key) == arrived_.end()) {
+  if (bytes && p != posted_.end() && arrived_.find(key) == arrived_.end()) {
     // Its receive waits already: straight from the message into the buffer.
     in.view = bytes;
     P2PRequest r = std::move(p->second.front());
@@ -266,7 +267,7 @@ void PointToPoint::on_header(int source, std::string_view msg) {
     deliver(r, in);
     return;
   }
-  if (in.addr == 0) in.payload.assign(bytes, size_t(in.nbytes));
+  if (bytes) in.payload.assign(bytes, size_t(in.nbytes));
   arrived_[key].push_back(std::move(in));
   match(key);
 }
