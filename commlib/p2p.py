@@ -105,21 +105,34 @@ def isend(array, dst, tag=0, process_set=None) -> Handle:
 _TAGS = 2**63  # tags are int64 in the core
 
 
+def plain_peer_and_tag(peer, tag) -> bool:
+    """Whether a fast path may take ``peer`` and ``tag`` as they are: ints,
+    the tag within the core's int64 (the core checks the rest)."""
+    return type(peer) is int and type(tag) is int and 0 <= tag < _TAGS
+
+
 def _fast(op_type: int, arr, out, peer, tag) -> bool:
     """A blocking send or receive straight into the core, for the common
     call (a numpy array whose facts are cached, int peer and tag, the global
     set): the core checks the peer and initialisation itself, with the
     messages the long way gives. False: take the long way."""
-    if type(peer) is not int or type(tag) is not int or not 0 <= tag < _TAGS:
+    if not plain_peer_and_tag(peer, tag):
         return False
     f = cached_facts(arr if arr is not None else out, out is not None)
     if f is None:
         return False
-    data = f.ptr if arr is not None else ffi.NULL
-    dst = f.ptr if out is not None else ffi.NULL
-    _finish(lib.commlib_p2p_blocking(op_type, f.code, f.ndim, f.cshape, data, dst, peer, tag, 0, WAIT_SLICE_S),
-            arr, out)
+    blocking_at(op_type == _SEND, f.code, f.ndim, f.cshape, f.ptr, peer, tag, (arr, out))
     return True
+
+
+def blocking_at(send: bool, code: int, ndim: int, cshape, ptr, peer: int, tag: int, keep) -> None:
+    """A blocking send of, or receive into, the memory the core's facts
+    describe (``ptr``: data address, see commlib.submit) on the global set,
+    in one core call; the core checks the peer and the tag. ``keep`` stays
+    alive while a long wait goes on. For frontends' fast paths."""
+    rc = lib.commlib_p2p_blocking(_SEND if send else _RECV, code, ndim, cshape, ptr if send else ffi.NULL,
+                                  ffi.NULL if send else ptr, peer, tag, 0, WAIT_SLICE_S)
+    _finish(rc, keep if send else None, None if send else keep)
 
 
 def send(array, dst, tag=0, process_set=None) -> None:

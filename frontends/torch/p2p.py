@@ -29,9 +29,12 @@ import numpy as np
 import torch
 
 import commlib as _c
+from commlib.p2p import blocking_at, plain_peer_and_tag
 from commlib.pipeline.tags import check_forward_tag, gradient_tag
+from commlib.submit import NULL, address, shape_array
 
 from .mpi_ops import Handle, check_tensor
+from .tensor_io import core_code
 
 __all__ = ["send", "recv", "isend", "irecv", "sendrecv", "gradient_tag"]
 
@@ -81,11 +84,30 @@ def irecv(src, tag=0, out=None, process_set=None) -> Handle:
     return Handle(h, _tensor, None)
 
 
+def _fast(send: bool, tensor, peer, tag, process_set) -> bool:
+    """A blocking send of, or receive into, a plain contiguous CPU tensor of
+    at least one dimension (int peer and tag, the global set) straight into
+    the core, without a numpy view; False: take the long way (which also
+    raises the errors)."""
+    if process_set is not None or not plain_peer_and_tag(peer, tag) or type(tensor) is not torch.Tensor:
+        return False
+    code = core_code(tensor.dtype)
+    if (code is None or not tensor.is_cpu or tensor.layout is not torch.strided or tensor.dim() == 0
+            or not tensor.is_contiguous()):
+        return False
+    ptr = address(tensor.data_ptr()) if tensor.numel() else NULL
+    blocking_at(send, code, tensor.dim(), shape_array(tensor.shape), ptr, peer, tag, tensor)
+    return True
+
+
 def _send_now(tensor, dst, tag, process_set) -> None:
-    _c.send(_array(tensor, "send"), dst, tag, process_set)
+    if not _fast(True, tensor, dst, tag, process_set):
+        _c.send(_array(tensor, "send"), dst, tag, process_set)
 
 
 def _recv_now(src, tag, out, process_set) -> torch.Tensor:
+    if out is not None and _fast(False, out, src, tag, process_set):
+        return out
     arr = _c.recv(src, tag, _out_array(out, "recv"), process_set)
     return out if out is not None else _tensor(arr)
 

@@ -16,6 +16,13 @@ from commlib.submit import NULL, address, shape_array
 SUPPORTED_DTYPES = tuple(getattr(torch, name) for name in _dtypes.SUPPORTED if hasattr(torch, name))
 _CODE_OF = {getattr(torch, name): _dtypes.code_of(name) for name in _dtypes.SUPPORTED
             if hasattr(torch, name)}
+
+
+def core_code(dtype):
+    """The core's code of a torch dtype; None when commlib cannot move it."""
+    return _CODE_OF.get(dtype)
+
+
 _SUPPORTED_NAMES = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
 _bf16 = None
 

@@ -39,6 +39,23 @@ for i, (dtype, shape) in enumerate(CASES):
     hvd.send(payload(r, i, dtype, shape), dst=right, tag=i)
     check_tensor(hvd.synchronize(h), payload(left, i, dtype, shape), f"ring {dtype}{shape}")
 
+# ---- the short path (blocking send of, and blocking recv into, a plain contiguous tensor):
+# views at a storage offset, every dtype; nothing outside the view is written
+for i, (dtype, shape) in enumerate(CASES):
+    src = torch.stack([payload(r, 80 + i, dtype, shape)] * 3)
+    src[0].zero_()
+    h = hvd.irecv(src=left, tag=80 + i)
+    hvd.send(src[1], dst=right, tag=80 + i)
+    check_tensor(hvd.synchronize(h), payload(left, 80 + i, dtype, shape), f"send of a view {dtype}{shape}")
+    big = torch.zeros((3,) + shape, dtype=dtype)
+    hs = hvd.isend(payload(r, 90 + i, dtype, shape), dst=right, tag=90 + i)
+    if hvd.recv(src=left, tag=90 + i, out=big[1]).data_ptr() != big[1].data_ptr():
+        fail("recv(out=) must return out")
+    check_tensor(big[1], payload(left, 90 + i, dtype, shape), f"recv into a view {dtype}{shape}")
+    check_tensor(big[0], torch.zeros(shape, dtype=dtype), f"recv wrote before its view {dtype}{shape}")
+    check_tensor(big[2], torch.zeros(shape, dtype=dtype), f"recv wrote after its view {dtype}{shape}")
+    hvd.synchronize(hs)
+
 # ---- non-contiguous input, out= buffers, isend handles, shapes that change per message
 x = payload(r, 50, torch.float32, (6, 4)).t()
 out = torch.empty(4, 6)
