@@ -79,8 +79,12 @@ def check_restarts(run, kills, markers, what, steps, max_lost):
         assert 0 <= kill_step - resumed <= max_lost, f"{what}: attempt {k} resumed at {resumed}"
         started = float(re.search(rf"attempt {k} started at (\S+)", run.stdout).group(1))
         first = re.search(rf"attempt {k} first step done at (\S+)", run.stdout)
-        if first is None:  # killed after the last commit was complete: nothing left to do
-            assert resumed == steps, f"{what}: attempt {k} did no step\n{run}"
+        if first is None:
+            # Nothing was left to do (killed after the last commit was complete), or
+            # the next kill came during this attempt's first step (it resumed there).
+            next_kill_step = killed[k][1] if k < len(killed) else None
+            assert resumed == steps or next_kill_step == resumed, \
+                f"{what}: attempt {k} did no step\n{run}"
             continue
         first = float(first.group(1))
         latencies.append((round(started - kill_time, 1), round(first - kill_time, 1)))
