@@ -9,6 +9,9 @@
 #include "common.h"
 
 namespace commlib {
+namespace {
+constexpr size_t kLaneBytes = ByteRing::kHeaderBytes + P2PLanes::kRingBytes;  // one ring and its counters
+}  // namespace
 
 P2PLanes::P2PLanes(MPI_Comm local_comm, std::vector<int> local_of_job) : local_of_job_(std::move(local_of_job)) {
   MPI_Comm_rank(local_comm, &me_);
@@ -24,10 +27,10 @@ P2PLanes::P2PLanes(MPI_Comm local_comm, std::vector<int> local_of_job) : local_o
   }
   if (me_ < n_) local_of_job_[size_t(job_of_local_[size_t(me_)])] = -1;  // no lane to itself
   held_.resize(size_t(n_));
-  bytes_ = size_t(n_) * size_t(n_) * (ByteRing::kHeaderBytes + kRingBytes);
+  bytes_ = size_t(n_) * size_t(n_) * kLaneBytes;
   base_ = map_host_segment(local_comm, me_, bytes_);
   for (int to = 0; to < n_; ++to) {  // the rings this rank writes: touched once, up front
-    if (to != me_) std::memset(lane(me_, to), 0, ByteRing::kHeaderBytes + kRingBytes);
+    if (to != me_) std::memset(lane(me_, to), 0, kLaneBytes);
   }
   check_mpi(MPI_Barrier(local_comm), "MPI_Barrier(p2p lanes)");
 }
@@ -37,8 +40,7 @@ P2PLanes::~P2PLanes() {
 }
 
 char* P2PLanes::lane(int from_local, int to_local) const {
-  return static_cast<char*>(base_) +
-         (size_t(from_local) * size_t(n_) + size_t(to_local)) * (ByteRing::kHeaderBytes + kRingBytes);
+  return static_cast<char*>(base_) + (size_t(from_local) * size_t(n_) + size_t(to_local)) * kLaneBytes;
 }
 
 ByteRing P2PLanes::ring(int from_local, int to_local) const {
