@@ -33,6 +33,7 @@ _EXPORTS = {
                "HostsUpdatedInterrupt"],
     "handle": ["Handle", "poll", "synchronize"],
     "p2p": ["send", "recv", "isend", "irecv", "sendrecv"],
+    "pieces_ops": ["reducescatter_pieces", "reducescatter_pieces_async"],
     "timeline": ["start_timeline", "stop_timeline"],
     "process_sets": ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"],
     "grouped_ops": ["grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",

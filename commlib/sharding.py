@@ -76,23 +76,6 @@ class Bucket:
             if lo < hi:
                 yield i, lo - s.offset, hi - s.offset, lo - a
 
-    def column_slices(self, width: int) -> list:
-        """The bucket's (world, shard) layout cut into slices of at most
-        ``width`` columns, as ``(c0, c1, rows)``: ``rows[k]`` lists the pieces
-        of row k (bucket elements ``k*shard + c0 .. k*shard + c1``) as
-        ``slots_in`` gives them (columns no slot covers are padding).
-        Reduce-scattering slice by slice leaves columns c0..c1 of its shard on
-        every rank."""
-        if width < 1:
-            raise ValueError(f"width must be >= 1, got {width}")
-        out = []
-        for c0 in range(0, self.shard, width):
-            c1 = min(self.shard, c0 + width)
-            rows = [list(self.slots_in(k * self.shard + c0, k * self.shard + c1))
-                    for k in range(self.world)]
-            out.append((c0, c1, rows))
-        return out
-
     def to_dict(self) -> dict:
         return {"dtype": self.dtype, "group": self.group, "world": self.world,
                 "slots": [[s.name, list(s.shape), s.offset] for s in self.slots]}

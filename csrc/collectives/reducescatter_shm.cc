@@ -7,17 +7,31 @@
 // contiguous window would leave all but the window's owner idle), and each
 // rank copies only the (P-1)/P of its input that others reduce, as the
 // shared-memory allreduce does. Each element is reduced by one rank only.
+// The input is read in place from its pieces (pieces.h).
 #include <algorithm>
 #include <cstring>
 
 #include "backends/shm/shm_block.h"
+#include "collectives/pieces.h"
 #include "collectives/shm_collectives.h"
 #include "common.h"
 #include "reduce.h"
 
 namespace commlib {
 
-void reducescatter_shm(ShmSegment& shm, const void* in, void* out, const std::vector<size_t>& counts,
+namespace {
+
+// acc = acc op 0, for n elements (a piece of zeros: padding).
+void reduce_with_zeros(int dtype, int op, char* acc, size_t n, size_t esize) {
+  if (op == COMMLIB_SUM || op == COMMLIB_AVERAGE) return;
+  static const char zeros[4096] = {};
+  const size_t step = sizeof(zeros) / esize;
+  for (size_t i = 0; i < n; i += step) reduce_into(dtype, op, acc + i * esize, zeros, std::min(step, n - i));
+}
+
+}  // namespace
+
+void reducescatter_shm(ShmSegment& shm, const PieceInput& in, void* out, const std::vector<size_t>& counts,
                        int dtype, int op) {
   const int P = shm.size(), me = shm.rank();
   const size_t esize = dtype_size(dtype);
@@ -32,26 +46,35 @@ void reducescatter_shm(ShmSegment& shm, const void* in, void* out, const std::ve
   size_t chunk = shm.region_bytes() / esize / size_t(P);
   const size_t align = std::max<size_t>(1, 64 / esize);
   if (chunk >= align) chunk = chunk / align * align;
-  const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   for (size_t a = 0; a < largest; a += chunk) {
     ShmBlock blk(shm);
     auto part = [&](int r) { return a < counts[r] ? std::min(chunk, counts[r] - a) : size_t(0); };
     auto piece = [&](char* region, int r) { return region + size_t(r) * chunk * esize; };
     for (int r = 0; r < P; ++r) {
-      if (r != me) std::memcpy(piece(blk.mine(), r), src + (displ[r] + a) * esize, part(r) * esize);
+      if (r != me) in.copy(displ[r] + a, part(r), piece(blk.mine(), r));
     }
     blk.post();
     const size_t n = part(me);
     char* o = dst + a * esize;
-    const char* own = src + (displ[me] + a) * esize;
     for (int r = 0; r < P; ++r) {
-      const char* from = own;
-      if (r != me) {
-        blk.wait_posted(r);
-        from = piece(blk.region(r), me);
+      if (r == me) {  // this rank's own contribution, from its input
+        if (r == 0) {
+          in.copy(displ[me] + a, n, o);
+        } else {
+          in.for_each(displ[me] + a, n, [&](const void* src, size_t k, size_t at) {
+            if (src) {
+              reduce_into(dtype, op, o + at * esize, src, k);
+            } else {
+              reduce_with_zeros(dtype, op, o + at * esize, k, esize);
+            }
+          });
+        }
+        continue;
       }
+      blk.wait_posted(r);
       if (n == 0) continue;
+      const char* from = piece(blk.region(r), me);
       if (r == 0) {
         std::memcpy(o, from, n * esize);
       } else {

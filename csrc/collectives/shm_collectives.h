@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backends/shm/shm.h"
+#include "collectives/pieces.h"
 
 namespace commlib {
 
@@ -20,7 +21,7 @@ void allgather_shm(ShmSegment& shm, const void* in, void* out, const std::vector
 // Reduces count elements (sum of counts) across ranks; rank r receives
 // counts[r] elements of the result at its offset into out. dtype is not a half
 // type and op not Average (the caller scales and widens).
-void reducescatter_shm(ShmSegment& shm, const void* in, void* out, const std::vector<size_t>& counts,
+void reducescatter_shm(ShmSegment& shm, const PieceInput& in, void* out, const std::vector<size_t>& counts,
                        int dtype, int op);
 
 }  // namespace commlib

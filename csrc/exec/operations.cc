@@ -238,16 +238,22 @@ void run_alltoall(OpContext& ctx, Entry& e, const std::vector<int64_t>& matrix) 
 
 namespace {
 
-void reduce_scatter(OpContext& ctx, const void* in, void* out, const std::vector<size_t>& counts,
+void reduce_scatter(OpContext& ctx, const PieceInput& in, void* out, const std::vector<size_t>& counts,
                     int dtype, int op) {
   // (the shared-memory path needs room for one element per rank and block)
   if (use_shm_collective(ctx, true) && ctx.shm->region_bytes() >= 64 * size_t(ctx.transport.size())) {
     note_algorithm("shm");
     reducescatter_shm(*ctx.shm, in, out, counts, dtype, op);
-  } else {
-    note_algorithm("mpi");
-    ctx.transport.reduce_scatter(in, out, counts, dtype, op);
+    return;
   }
+  note_algorithm("mpi");
+  const void* src = in.contiguous();
+  if (!src) {  // pieces: MPI wants one buffer
+    char* buf = ctx.fusion.get(in.elements() * in.esize());
+    in.copy(0, in.elements(), buf);
+    src = buf;
+  }
+  ctx.transport.reduce_scatter(src, out, counts, dtype, op);
 }
 
 }  // namespace
@@ -257,7 +263,8 @@ void run_reducescatter(OpContext& ctx, Entry& e) {
   const int size = ctx.transport.size();
   const int me = ctx.transport.rank();
   const int64_t dim0 = d.shape.empty() ? 1 : d.shape[0];
-  const size_t row_elems = row_bytes(d) / dtype_size(d.dtype);
+  const size_t esize = dtype_size(d.dtype);
+  const size_t row_elems = row_bytes(d) / esize;
   const size_t n = size_t(num_elements(d.shape));
   std::vector<size_t> counts(size);
   for (int r = 0; r < size; ++r) counts[r] = size_t(reducescatter_rows(dim0, size, r)) * row_elems;
@@ -265,23 +272,30 @@ void run_reducescatter(OpContext& ctx, Entry& e) {
   int op;
   double post;
   effective_op(d, size, &op, &post);
+  const PieceInput in = e.pieces.empty() ? PieceInput(e.input, n, esize) : PieceInput(e.pieces, esize);
 
-  if (is_half_dtype(d.dtype)) {
-    float* in = reinterpret_cast<float*>(ctx.fusion.get(n * sizeof(float)));
-    float* out = reinterpret_cast<float*>(ctx.scratch.get(mine * sizeof(float) + 1));
-    half_to_float(d.dtype, e.input, in, n, d.prescale);
-    reduce_scatter(ctx, in, out, counts, COMMLIB_FLOAT32, op);
-    float_to_half(d.dtype, out, e.output, mine, post);
-    return;
-  }
-  const void* src = e.input;
-  if (d.prescale != 1.0) {
-    char* buf = ctx.fusion.get(n * dtype_size(d.dtype));
-    std::memcpy(buf, e.input, n * dtype_size(d.dtype));
+  if (is_half_dtype(d.dtype) || d.prescale != 1.0) {  // one contiguous copy, widened or scaled
+    const void* src = in.contiguous();
+    if (!src) {
+      e.scratch.resize(n * esize);
+      in.copy(0, n, e.scratch.data());
+      src = e.scratch.data();
+    }
+    if (is_half_dtype(d.dtype)) {
+      float* wide = reinterpret_cast<float*>(ctx.fusion.get(n * sizeof(float)));
+      float* out = reinterpret_cast<float*>(ctx.scratch.get(mine * sizeof(float) + 1));
+      half_to_float(d.dtype, src, wide, n, d.prescale);
+      reduce_scatter(ctx, PieceInput(wide, n, sizeof(float)), out, counts, COMMLIB_FLOAT32, op);
+      float_to_half(d.dtype, out, e.output, mine, post);
+      return;
+    }
+    char* buf = ctx.fusion.get(n * esize);
+    std::memcpy(buf, src, n * esize);
     scale_buffer(d.dtype, buf, n, d.prescale);
-    src = buf;
+    reduce_scatter(ctx, PieceInput(buf, n, esize), e.output, counts, d.dtype, op);
+  } else {
+    reduce_scatter(ctx, in, e.output, counts, d.dtype, op);
   }
-  reduce_scatter(ctx, src, e.output, counts, d.dtype, op);
   scale_buffer(d.dtype, e.output, mine, post);
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "collectives/pieces.h"
 #include "message.h"
 #include "runtime/handles.h"
 
@@ -27,6 +28,7 @@ struct Entry {
   const void* input = nullptr;
   void* output = nullptr;
   std::vector<Member> members;  // a grouped allreduce (desc.group_size >= 0)
+  std::vector<Piece> pieces;    // a reducescatter's input in pieces (input is then NULL)
   // Arrived at this response cache bit and generation (-1: negotiated by rank 0).
   int cache_bit = -1;
   uint32_t cache_gen = 0;

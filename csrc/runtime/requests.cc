@@ -15,6 +15,27 @@ namespace commlib {
 namespace {
 
 // members: the job ranks of the request's process set.
+// A reducescatter's input in pieces: CPU only, no `input`, piece sizes that
+// add up to the tensor's elements.
+void validate_pieces(const commlib_request& q, int64_t n) {
+  if (q.op_type != COMMLIB_OP_REDUCESCATTER || q.device_type != COMMLIB_DEVICE_CPU) {
+    throw Error(COMMLIB_ERR_VALUE, "an input in pieces is supported by CPU reducescatter only");
+  }
+  if (q.npieces < 0 || !q.pieces || !q.piece_elements || q.input) {
+    throw Error(COMMLIB_ERR_VALUE, "reducescatter pieces: needs npieces > 0, the pieces and their "
+                                   "sizes, and no input buffer");
+  }
+  int64_t sum = 0;
+  for (int i = 0; i < q.npieces; ++i) {
+    if (q.piece_elements[i] < 0) throw Error(COMMLIB_ERR_VALUE, "reducescatter pieces must have non-negative sizes");
+    sum += q.piece_elements[i];
+  }
+  if (sum != n) {
+    throw Error(COMMLIB_ERR_VALUE, "reducescatter pieces hold " + std::to_string(sum) +
+                                       " elements, the tensor's shape " + std::to_string(n));
+  }
+}
+
 void validate_request(const commlib_request& q, const std::vector<int>& members) {
   if ((q.op_type < COMMLIB_OP_ALLREDUCE || q.op_type > COMMLIB_OP_BARRIER) && q.op_type != COMMLIB_OP_JOIN)
     throw Error(COMMLIB_ERR_VALUE, "unknown collective operation " + std::to_string(q.op_type));
@@ -55,7 +76,11 @@ void validate_request(const commlib_request& q, const std::vector<int>& members)
   }
   int64_t n = 1;
   for (int i = 0; i < q.ndim; ++i) n *= q.shape[i];
-  if (n > 0 && !q.input) throw Error(COMMLIB_ERR_VALUE, "input buffer is NULL");
+  if (q.npieces != 0) {
+    validate_pieces(q, n);
+  } else if (n > 0 && !q.input) {
+    throw Error(COMMLIB_ERR_VALUE, "input buffer is NULL");
+  }
   // (reducescatter: a rank may receive no rows, so its output may be NULL)
   const bool needs_output = q.op_type == COMMLIB_OP_ALLREDUCE || q.op_type == COMMLIB_OP_BROADCAST;
   if (needs_output && n > 0 && !q.output) throw Error(COMMLIB_ERR_VALUE, "output buffer is NULL");
@@ -127,6 +152,7 @@ Entry Engine::make_entry(const commlib_request& q) {
   e.desc.shape.assign(q.shape, q.shape + q.ndim);
   e.input = q.input;
   e.output = q.output;
+  for (int i = 0; i < q.npieces; ++i) e.pieces.push_back({q.pieces[i], size_t(q.piece_elements[i])});
   if (q.device_type != COMMLIB_DEVICE_CPU) prepare_gpu_entry(q, e);
   return e;
 }

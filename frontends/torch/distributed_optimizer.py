@@ -14,14 +14,13 @@ from .delayed import delayed_optimizer
 from .mpi_ops import Average, global_process_set
 from .optimizer import DistributedOptimizerBase
 from . import zero
-from .zero_staging import check_staging_bytes
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=global_process_set, staleness=0, zero_stage=0,
-                         bucket_elements=None, weight_prediction=False, staging_bytes=None):
+                         bucket_elements=None, weight_prediction=False):
     """Wraps a torch optimizer so that ``step()`` applies gradients averaged
     (``op=Average``) or summed (``op=Sum``) over all ranks (of ``process_set``).
 
@@ -58,9 +57,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             get the unsharded optimizer.
         bucket_elements: with zero_stage > 0, the largest flat bucket of
             parameters, in elements (default 2**23).
-        staging_bytes: with zero_stage=2, the persistent buffer through which
-            each bucket's gradients are reduce-scattered, slice by slice, in
-            bytes (default 4 MiB; see commlib.torch.zero_staging).
 
     On every rank (of the set) the same parameters (names, shapes, dtypes) and
     options are required: construction checks this with one small allgather and raises
@@ -86,14 +82,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if weight_prediction is not False:
         raise ValueError("weight_prediction=True needs staleness=1")
     base = optimizer.__class__
-    if zero_stage != 0 or bucket_elements is not None or staging_bytes is not None:
+    if zero_stage != 0 or bucket_elements is not None:
         bucket_elements = zero.check_arguments(zero_stage, bucket_elements, compression, groups)
-        staging_bytes = check_staging_bytes(staging_bytes)
         if included(process_set):
             cls = type(base.__name__, (zero.ZeroMixin, DistributedOptimizerBase, base),
                        {"__module__": zero.__name__, "__doc__": base.__doc__})
-            return zero.make_zero(cls, base, optimizer, zero_stage, bucket_elements, dist_args,
-                                  staging_bytes)
+            return zero.make_zero(cls, base, optimizer, zero_stage, bucket_elements, dist_args)
     cls = type(base.__name__, (DistributedOptimizerBase, base),
                {"__module__": __name__, "__doc__": base.__doc__})
     dist = cls.__new__(cls)

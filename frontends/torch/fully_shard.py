@@ -19,9 +19,8 @@ before the module's forward the shards are allgathered and the original
 parameter names point at views of the whole; after it the whole is freed
 (``reshard_after_forward=True``) and gathered again in backward, when
 autograd needs the saved parameters. The parameters' gradients are
-reduce-scattered (averaged over the set) into the shard's ``grad``, packed
-slice by slice through small persistent staging slots (zero_staging), so no
-whole-sized gradient is built.
+reduce-scattered (averaged over the set) into the shard's ``grad``, read
+where they lie (zero_pieces), so no whole-sized gradient is built.
 
 Outside forward and backward the original parameters do not exist: reading
 one raises AttributeError naming ``full_parameters``, never an empty tensor.
@@ -40,10 +39,9 @@ from commlib.process_sets import check_process_set, set_rank, set_size
 from commlib.sharding import plan_buckets
 
 from . import mpi_ops as _ops
-from .zero_staging import DEFAULT_STAGING_BYTES, GradStager
+from .zero_pieces import reducescatter_grads_async
 
 _count = itertools.count()
-_stager = GradStager(DEFAULT_STAGING_BYTES)  # shared: each backward finishes its slices
 _live: dict = {}  # storage address of a gathered whole -> its _Group (for saved tensors)
 
 
@@ -52,7 +50,7 @@ class _Gather(torch.autograd.Function):
     backward: their gradients reduce-scattered (Average) into the shard's.
     One output per parameter, so autograd hands over each parameter's
     gradient instead of building whole-sized ones from the views; they are
-    packed slice by slice through the staging slots (zero_staging)."""
+    reduce-scattered where they lie (zero_pieces)."""
 
     @staticmethod
     def forward(ctx, shard, group):
@@ -65,11 +63,8 @@ class _Gather(torch.autograd.Function):
     def backward(ctx, *grads):
         g = ctx.group
         out = torch.empty(g.plan.shard, dtype=g.shard.dtype)
-        try:
-            _stager.start(g.plan, list(grads), out, f"{g.name}.grad", _ops.Average,
-                          g.process_set)
-        finally:
-            _stager.wait_all()
+        _ops.synchronize(reducescatter_grads_async(g.plan, list(grads), out, f"{g.name}.grad",
+                                                   _ops.Average, g.process_set))
         g.release()  # the whole gathered again for backward is not needed any more
         return out, None
 

@@ -19,24 +19,24 @@ bucket's updated shards are gathered into every rank's parameters (one
 in-place broadcast per owner) while the next bucket steps.
 
 - Both stages reduce-scatter a bucket's gradients when they are all final
-  (overlapped with backward): each rank receives its shard's averaged
-  gradient. With the parameter gather after the step, that moves the bytes
-  of one allreduce.
-- Stage 1 keeps full gradients: ``p.grad`` are views of a flat gradient per
-  bucket. ``step()`` alone reduces only the shards, so after it ``p.grad``
-  holds this rank's own (local, not averaged) gradient. After an explicit
-  ``synchronize()`` the averaged shards are also gathered into the flat
-  gradient (one more gather, paid only then): every ``p.grad`` holds the
-  averaged gradient, so ``torch.nn.utils.clip_grad_norm_`` works as without
-  ZeRO (then step inside ``skip_synchronize()``), and ``p.grad`` still holds
-  it (clipped) after that step. ``zero_grad()`` (set_to_none) sets ``p.grad``
-  to None; the next backward's gradients are copied into the flat gradient.
-  Memory: parameters and gradients in full, optimizer state / size.
-- Stage 2: each rank keeps only its shard's averaged gradient, in a
-  persistent shard-sized tensor; ``p.grad`` are dropped when the reduction
-  finishes. A bucket's gradients travel in column slices through small
-  persistent staging slots (``staging_bytes``, see zero_staging), so a step
-  allocates nothing beyond the gradients autograd makes. Clip with
+  (overlapped with backward), read where autograd left them (zero_pieces:
+  no packing copy), into a persistent shard-sized gradient: each rank
+  receives its shard's averaged gradient. With the parameter gather after
+  the step, that moves the bytes of one allreduce.
+- Stage 1 keeps full gradients: ``p.grad`` are autograd's. ``step()`` alone
+  reduces only the shards, so after it ``p.grad`` holds this rank's own
+  (local, not averaged) gradient. An explicit ``synchronize()`` also gathers
+  the averaged shards into a flat gradient per bucket (made then, once) whose
+  views become ``p.grad`` (one more gather and a copy, paid only then):
+  every ``p.grad`` holds the averaged gradient, so
+  ``torch.nn.utils.clip_grad_norm_`` works as without ZeRO (then step inside
+  ``skip_synchronize()``), and ``p.grad`` still holds it (clipped) after that
+  step. From then on the next backward's gradients are copied into the flat
+  gradient (``p.grad`` stay its views). Memory: parameters and gradients in
+  full, optimizer state / size.
+- Stage 2: each rank keeps only its shard's averaged gradient; ``p.grad``
+  are dropped when the reduction finishes, so a step allocates nothing
+  beyond the gradients autograd makes. Clip with
   ``optimizer.clip_grad_norm_`` (after ``synchronize()``); ``p.grad`` is
   None after ``synchronize()``.
 
@@ -67,7 +67,7 @@ from commlib.sharding import check_zero_stage, plan_buckets
 from . import mpi_ops as _ops
 from .compression import Compression
 from .zero_buckets import FlatBucket
-from .zero_staging import DEFAULT_STAGING_BYTES, GradStager
+from .zero_pieces import reducescatter_grads_async
 from .zero_state import (group_hyperparameters, is_elementwise, shard_from_params,
                          torch_order)
 
@@ -79,10 +79,9 @@ class ZeroMixin:
 
     # ------------------------------------------------------------ set-up
 
-    def _zero_init(self, base, stage: int, bucket_elements: int, staging_bytes: int):
+    def _zero_init(self, base, stage: int, bucket_elements: int):
         self.zero_stage = stage
         self._bucket_elements = bucket_elements
-        self._stager = GradStager(staging_bytes)
         self._buckets_started = 0  # buckets whose reduce-scatter has started this step
         world, pos = set_size(self.process_set), set_rank(self.process_set)
         group_of = {p: i for i, g in enumerate(self.param_groups) for p in g["params"]}
@@ -111,8 +110,7 @@ class ZeroMixin:
             self._register_hooks(self._params)
 
     def _signature(self) -> list:
-        return super()._signature() + [("zero", self.zero_stage, self._bucket_elements,
-                                        self._staging_bytes)]
+        return super()._signature() + [("zero", self.zero_stage, self._bucket_elements)]
 
     # ------------------------------------------------------------ gradients
 
@@ -124,8 +122,7 @@ class ZeroMixin:
             b.adopt_grad(p)
         b.ready += 1
         # Buckets start in index order on every rank (a bucket ready early
-        # waits for the ones before it): stage 2's staging slots wait for
-        # slices started earlier, which must be the same slices on all ranks.
+        # waits for the ones before it), so all ranks submit them alike.
         buckets = self._buckets
         while self._buckets_started < len(buckets) and \
                 buckets[self._buckets_started].ready == len(buckets[self._buckets_started].params):
@@ -133,16 +130,9 @@ class ZeroMixin:
             self._buckets_started += 1
 
     def _start_bucket(self, b: FlatBucket):
-        pre, post = self._scales
-        name = f"{self._prefix}zero{self._buckets.index(b)}"
-        if b.grad_shard is not None:  # stage 2: through the staging slots, into grad_shard
-            self._stager.start(b.plan, b.take_grads(), b.grad_shard, name, self.op,
-                               self.process_set, (pre, post))
-            b.handle = _STAGED
-            return
-        b.handle = _ops.reducescatter_async(b.packed_grads(), name=name, op=self.op,
-                                            process_set=self.process_set,
-                                            prescale_factor=pre, postscale_factor=post)
+        b.handle = reducescatter_grads_async(b.plan, b.grads(), b.grad_shard,
+                                             f"{self._prefix}zero{self._buckets.index(b)}",
+                                             self.op, self.process_set, self._scales)
 
     def _reduce_gradients(self):
         """Finishes every bucket's reduce-scatter (starting those whose
@@ -154,21 +144,12 @@ class ZeroMixin:
                 self._start_bucket(b)
             for b in self._buckets:
                 try:
-                    if b.handle is _STAGED:
-                        b.shard.grad = b.grad_shard
-                    else:
-                        b.shard.grad = _ops.synchronize(b.handle).view(-1)
+                    b.shard.grad = _ops.synchronize(b.handle)
                 except Exception as e:  # noqa: BLE001 - wait for all, raise the first
                     first_error = first_error or e
-            try:
-                self._stager.wait_all()
-            except Exception as e:  # noqa: BLE001
-                first_error = first_error or e
         finally:
             for b in self._buckets:
                 b.handle, b.ready = None, 0
-                if b.grad_shard is not None:
-                    b.drop_grads()
             self._buckets_started = 0
             self._reset()
         if first_error is not None:
@@ -188,8 +169,11 @@ class ZeroMixin:
         ``torch.nn.utils.clip_grad_norm_`` or reading it); this costs one
         more gather of the gradients, which ``step()`` alone does not pay."""
         self._reduce_gradients()
+        if self.zero_stage == 2:
+            self._drop_grads()
         if self.zero_stage == 1:
             for b in self._buckets:
+                b.keep_flat_grad()
                 lo, hi = b.plan.owned(b.pos)
                 mine = b.grad_flat[lo:hi]
                 mine.copy_(b.shard.grad)
@@ -242,12 +226,22 @@ class ZeroMixin:
             for k, v in outer.items():
                 if k != "params":
                     inner[k] = v
-        self._step_and_gather()
+        try:
+            self._step_and_gather()
+        finally:
+            if self.zero_stage == 2:
+                self._drop_grads()
         if self.zero_stage == 1:
             for b in self._buckets:  # the averaged shard, when it is not part of the flat gradient
                 if b.shard.grad is not None and not _within(b.shard.grad, b.grad_flat):
                     b.shard.grad = None
         return loss
+
+    def _drop_grads(self):
+        """Stage 2 keeps no full gradient after the step: ``p.grad`` are
+        dropped at its end (or by ``synchronize()``)."""
+        for b in self._buckets:
+            b.drop_grads()
 
     def _step_and_gather(self):
         """Steps the shards bucket by bucket and gathers each bucket's
@@ -374,8 +368,6 @@ class ZeroMixin:
 
 ZeroMixin.step.hooked = True
 
-_STAGED = object()  # a bucket's handle while its slices are in the stager
-
 
 def _within(t: torch.Tensor, base) -> bool:
     """Whether ``t`` shares ``base``'s storage."""
@@ -393,8 +385,7 @@ def check_arguments(stage, bucket_elements, compression, groups) -> int:
     return bucket_elements
 
 
-def make_zero(cls, base, optimizer, stage: int, bucket_elements: int, dist_args: tuple,
-              staging_bytes: int = DEFAULT_STAGING_BYTES):
+def make_zero(cls, base, optimizer, stage: int, bucket_elements: int, dist_args: tuple):
     """The ZeRO DistributedOptimizer: ``cls`` is the generated class
     (ZeroMixin first, the wrapped optimizer's class ``base`` last)."""
     if optimizer.state:
@@ -404,7 +395,6 @@ def make_zero(cls, base, optimizer, stage: int, bucket_elements: int, dist_args:
     dist = cls.__new__(cls)
     dist.__dict__.update(optimizer.__dict__)
     dist.zero_stage, dist._bucket_elements = stage, bucket_elements  # for the signature
-    dist._staging_bytes = staging_bytes
     dist._dist_init(*dist_args)
-    dist._zero_init(base, stage, bucket_elements, staging_bytes)
+    dist._zero_init(base, stage, bucket_elements)
     return dist

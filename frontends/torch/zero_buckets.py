@@ -12,9 +12,10 @@ from commlib.sharding import Bucket
 class FlatBucket:
     """Parameters ``params`` (in the order of ``plan.slots``) moved into one
     flat buffer; ``shard`` (a view of this rank's part) is what the inner
-    optimizer steps. ``grad_flat`` is stage 1's persistent flat gradient
-    (``p.grad`` are views of it); both stages reduce-scatter the gradients
-    into ``shard.grad``."""
+    optimizer steps. Both stages reduce-scatter the parameters' gradients
+    into ``grad_shard``, kept across steps, which becomes ``shard.grad``.
+    ``grad_flat`` is stage 1's flat gradient, made by its first explicit
+    ``synchronize()`` (``p.grad`` are then views of it)."""
 
     def __init__(self, plan: Bucket, params: list, pos: int, keep_flat_grad: bool):
         self.plan = plan
@@ -30,13 +31,7 @@ class FlatBucket:
         a, b = plan.owned(pos)
         self.shard = torch.nn.Parameter(self.flat[a:b])
         self.grad_flat = None
-        self.grad_shard = None  # stage 2: this rank's averaged gradient, kept across steps
-        if not keep_flat_grad:
-            self.grad_shard = torch.zeros(b - a, dtype=dtype)
-        if keep_flat_grad:
-            self.grad_flat = torch.zeros(plan.padded, dtype=dtype)
-            for p in params:
-                p.grad = self.grad_view(p)
+        self.grad_shard = torch.zeros(b - a, dtype=dtype)  # this rank's averaged gradient
         self.handle = None  # the gradient collective in flight
         self.ready = 0  # parameters whose gradient is final for this step
 
@@ -46,6 +41,14 @@ class FlatBucket:
     def grad_view(self, p) -> torch.Tensor:
         s = self.slot_of(p)
         return self.grad_flat[s.offset:s.offset + s.numel].view(p.shape)
+
+    def keep_flat_grad(self) -> None:
+        """Stage 1's flat gradient (made once): ``p.grad`` become its views,
+        keeping their values (None: zero)."""
+        if self.grad_flat is None:
+            self.grad_flat = torch.zeros(self.plan.padded, dtype=self.flat.dtype)
+        for p in self.params:
+            self.adopt_grad(p)
 
     def adopt_grad(self, p) -> None:
         """Stage 1: makes ``p.grad`` the view of the flat gradient again if
@@ -60,23 +63,13 @@ class FlatBucket:
             view.copy_(g.to_dense() if g.is_sparse else g)
         p.grad = view
 
-    def packed_grads(self) -> torch.Tensor:
-        """Stage 1: the gradients in one padded (world, shard) tensor, the
-        flat gradient itself (``p.grad`` are its views, this rank's own
-        gradients)."""
-        for p in self.params:
-            self.adopt_grad(p)
-        return self.grad_flat.view(self.plan.world, self.plan.shard)
-
-    def take_grads(self) -> list:
-        """Stage 2: the parameters' gradients (dense, None where a parameter
-        has none), in slot order. ``drop_grads`` drops them once the
-        reduction has finished: they are copied out slice by slice before
-        that, but freeing them in the middle of backward, while autograd
-        allocates the next ones, made glibc return and fault in those pages
-        again (their lifetime is now that of unsharded training's)."""
-        return [None if p.grad is None else
-                p.grad.to_dense() if p.grad.is_sparse else p.grad for p in self.params]
+    def grads(self) -> list:
+        """The parameters' gradients (None where a parameter has none), in
+        slot order. Stage 2 drops them (``drop_grads``) once the reduction has
+        finished, not earlier: freeing them in the middle of backward, while
+        autograd allocates the next ones, made glibc return and fault in those
+        pages again (their lifetime is that of unsharded training's)."""
+        return [p.grad for p in self.params]
 
     def drop_grads(self) -> None:
         for p in self.params:

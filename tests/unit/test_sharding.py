@@ -65,31 +65,3 @@ def test_round_trip_and_errors():
         plan_buckets(ENTRIES, 0)
     with pytest.raises(ValueError):
         plan_buckets(ENTRIES, 2, max_elements=0)
-
-
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
-@pytest.mark.parametrize("width", [1, 2, 5, 64])
-def test_column_slices_cover_each_rank_shard_in_order(world, width):
-    """Reduce-scattering slice by slice must give rank k the columns of its
-    own shard: every element lands in row k = its owner, at its place in the
-    owner's shard, exactly once; the rest of each row is padding."""
-    for b in plan_buckets(ENTRIES, world, max_elements=20):
-        seen = {}
-        slices = b.column_slices(width)
-        assert [c0 for c0, _, _ in slices] == list(range(0, b.shard, width))
-        assert slices[-1][1] == b.shard and all(c1 - c0 <= width for c0, c1, _ in slices)
-        for c0, c1, rows in slices:
-            assert len(rows) == world
-            for k, pieces in enumerate(rows):
-                ends = [at for _, _, _, at in pieces]
-                assert ends == sorted(ends)  # in column order, not overlapping
-                for i, lo, hi, at in pieces:
-                    assert 0 <= at and at + hi - lo <= c1 - c0
-                    for e in range(lo, hi):
-                        key = (b.slots[i].name, e)
-                        assert key not in seen
-                        seen[key] = (k, c0 + at + e - lo)
-        truth = element_map([b])
-        assert seen == {key: (rank, off) for key, (rank, _, off) in truth.items()}
-    with pytest.raises(ValueError, match="width"):
-        plan_buckets(ENTRIES, 2)[0].column_slices(0)

@@ -114,6 +114,11 @@ typedef struct {
   void* stream;           /* the stream the buffers are ready on (CUDA)      */
   int64_t output_rows;    /* CUDA allgather/alltoall: dim-0 rows the caller
                              allocated in output (the negotiated result's)  */
+  void** pieces;          /* CPU reducescatter: the input as npieces buffers
+                             end to end, read in place (input must be NULL);
+                             a NULL piece stands for that many zeros        */
+  const int64_t* piece_elements;  /* elements of each piece (sum: the shape's) */
+  int npieces;            /* 0: the input is `input`                         */
 } commlib_request;
 
 /* Lifecycle. comm_handle is an MPI_Comm handle value (from mpi4py's

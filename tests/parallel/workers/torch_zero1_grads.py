@@ -110,9 +110,10 @@ for step in range(STEPS):
     if err > 1e-5:
         fail(f"step {step} (kind {kind}): parameters {err:.3g} from unsharded")
     same_everywhere(params, f"param{step}")
-opt.zero_grad()  # p.grad None, the flat gradient still allocated: the report counts it
+opt.zero_grad()  # p.grad None; the flat gradient (made by synchronize()) and the
+# shard gradient stay allocated: the report counts them
 grads = hvd.memory_report(model, opt)["gradients"]
-if grads != 4 * sum(b.plan.padded for b in opt._buckets):
+if grads != 4 * sum(b.plan.padded + b.plan.shard for b in opt._buckets):
     fail(f"memory_report gradients {grads} after zero_grad(): the flat gradients are not counted")
 print(f"rank {r}: stage 1 paths checked over {STEPS} steps", flush=True)
 done()
