@@ -35,8 +35,8 @@ in-place broadcast per owner) while the next bucket steps.
   gradient (``p.grad`` stay its views). Memory: parameters and gradients in
   full, optimizer state / size.
 - Stage 2: each rank keeps only its shard's averaged gradient; ``p.grad``
-  are dropped when the reduction finishes, so a step allocates nothing
-  beyond the gradients autograd makes. Clip with
+  are dropped at the end of ``step()``, and a step allocates nothing beyond
+  the gradients autograd makes. Clip with
   ``optimizer.clip_grad_norm_`` (after ``synchronize()``); ``p.grad`` is
   None after ``synchronize()``.
 
