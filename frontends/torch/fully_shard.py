@@ -24,7 +24,10 @@ where they lie (zero_pieces), so no whole-sized gradient is built.
 
 Outside forward and backward the original parameters do not exist: reading
 one raises AttributeError naming ``full_parameters``, never an empty tensor.
-Not done (yet): prefetching the next module's parameters, checkpoints of
+Prefetching: a module's forward starts gathering the parameters of the
+module that ran next in the previous forward, and its backward those of the
+one that ran before it, so each gather overlaps a neighbour's computation
+(``prefetch=False`` turns it off). Not done (yet): checkpoints of
 fully_shard models (save the shards per rank with ``model.state_dict()``,
 or gather with ``full_parameters``).
 """
@@ -43,6 +46,42 @@ from .zero_pieces import reducescatter_grads_async
 
 _count = itertools.count()
 _live: dict = {}  # storage address of a gathered whole -> its _Group (for saved tensors)
+
+
+class _Schedule:
+    """The order in which the groups' forwards ran, for prefetching. A pass
+    starts with the outermost forward; a gather prefetched in one pass is
+    used only in that pass (a later one waits for it and gathers afresh: the
+    optimizer may have stepped the shard in between)."""
+
+    def __init__(self):
+        self.depth = 0  # group forwards running
+        self.order = []  # this pass's groups, in the order their forwards started
+        self.last = []  # the previous pass's
+        self.done = []  # this pass's groups, in the order their forwards ended
+        self.pass_id = 0
+
+    def enter(self, group):
+        if self.depth == 0:
+            self.new_pass()
+        self.depth += 1
+        self.order.append(group)
+
+    def new_pass(self):
+        self.pass_id += 1
+        if self.order:
+            self.last, self.order, self.done = self.order, [], []
+
+    @staticmethod
+    def after(order, group, wanted=lambda g: True):
+        """The first group after ``group`` in ``order`` that is ``wanted``."""
+        for i, g in enumerate(order):
+            if g is group:
+                return next((h for h in order[i + 1:] if wanted(h)), None)
+        return None
+
+
+_schedule = _Schedule()
 
 
 class _Gather(torch.autograd.Function):
@@ -89,9 +128,13 @@ def _unpack(packed):
 class _Group:
     """The parameters one fully_shard call took, as one padded flat shard."""
 
-    def __init__(self, module, process_set, reshard_after_forward):
+    def __init__(self, module, process_set, reshard_after_forward, prefetch):
         self.process_set = process_set
         self.reshard_after_forward = reshard_after_forward
+        self.prefetch = prefetch
+        self.pending = None  # (handle, pass, shard version) of a prefetched gather
+        self.prefetches_used = 0
+        self.regathers = False  # gathered again in a backward (so worth prefetching there)
         self.name = f"fsdp{next(_count)}"
         owners = [(m, n, p) for m in _own_modules(module) for n, p in m._parameters.items()
                   if p is not None]
@@ -123,9 +166,45 @@ class _Group:
         self.whole = None  # the gathered parameters, while in use
         self.again = None  # gathered again in backward for the saved tensors
 
+    def start_gather(self) -> None:
+        """Prefetch: starts gathering the shards for this pass."""
+        if self.pending is not None and not self._fresh(self.pending):
+            self.gather()  # (waits for the stale one and drops it)
+        if self.pending is None:
+            self.pending = (_ops.allgather_async(self.shard.detach(), name=self.name,
+                                                 process_set=self.process_set),
+                            _schedule.pass_id, self.shard._version)
+
     def gather(self) -> torch.Tensor:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            whole = _ops.synchronize(pending[0])
+            if self._fresh(pending):
+                self.prefetches_used += 1
+                return whole
         return _ops.synchronize(_ops.allgather_async(self.shard.detach(), name=self.name,
                                                      process_set=self.process_set))
+
+    def _fresh(self, pending) -> bool:
+        """Whether a prefetched gather is of this pass and of the shard as it is."""
+        return pending[1] == _schedule.pass_id and pending[2] == self.shard._version
+
+    def prefetch_next(self) -> None:
+        """Forward: starts gathering the group whose forward followed this
+        one's in the previous pass, while this one computes."""
+        nxt = _schedule.after(_schedule.last, self)
+        if self.prefetch and nxt is not None and nxt.whole is None:
+            nxt.start_gather()
+
+    def prefetch_previous(self) -> None:
+        """Backward: starts gathering again the group that needs it and whose
+        forward ended before this one's in this pass (its backward comes
+        next: a module's backward follows the reverse of the order in which
+        forwards ended)."""
+        prev = _schedule.after(_schedule.done[::-1], self,
+                               lambda g: g.reshard_after_forward and g.regathers)
+        if self.prefetch and prev is not None and prev.again is None and prev.whole is None:
+            prev.start_gather()
 
     def views(self, whole) -> tuple:
         """The parameters as views of the gathered ``whole``."""
@@ -134,6 +213,8 @@ class _Group:
     def regathered(self) -> torch.Tensor:
         if self.again is None:
             self.again = self.gather()
+            self.regathers = True
+            self.prefetch_previous()
         return self.again
 
     def release(self):
@@ -184,31 +265,38 @@ def _mark_sharded(module, name):
     module.__dict__.setdefault("_commlib_sharded", set()).add(name)
 
 
-def fully_shard(module, process_set=_ops.global_process_set, reshard_after_forward=True):
+def fully_shard(module, process_set=_ops.global_process_set, reshard_after_forward=True,
+                prefetch=True):
     """Shards the parameters of ``module`` not taken by an earlier call
     across the ranks of ``process_set`` (see the module docstring). Apply it
-    to submodules first, then to the root. Returns ``module``."""
+    to submodules first, then to the root. With ``prefetch``, the module's
+    forward starts gathering the next module's parameters (in the previous
+    pass's order) and its backward the previous module's. Returns ``module``."""
     process_set = check_process_set(process_set)
     if getattr(module, "_commlib_fsdp", None) is not None:
         raise ValueError("fully_shard was already applied to this module")
-    group = _Group(module, process_set, reshard_after_forward)
+    group = _Group(module, process_set, reshard_after_forward, bool(prefetch))
     module.register_parameter("_commlib_flat_shard", group.shard)
     module._commlib_fsdp = group
     hooks = []
 
     def pre(mod, args):
+        _schedule.enter(group)
         group.unshard(torch.is_grad_enabled() and group.shard.requires_grad)
+        group.prefetch_next()
         ctx = torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
         ctx.__enter__()
         hooks.append(ctx)
 
     def post(mod, args, out):
+        _schedule.depth -= 1
+        _schedule.done.append(group)
         hooks.pop().__exit__(None, None, None)
         if reshard_after_forward:
             group.reshard()
 
     module.register_forward_pre_hook(pre)
-    module.register_forward_hook(post)
+    module.register_forward_hook(post, always_call=True)  # (also when forward raises)
     return module
 
 
@@ -219,6 +307,7 @@ def full_parameters(module, writeback=True):
     with ``writeback``, changes go back into the shards on exit."""
     groups = [m._commlib_fsdp for m in module.modules()
               if getattr(m, "_commlib_fsdp", None) is not None]
+    _schedule.new_pass()  # (a prefetched gather may predate a step)
     with torch.no_grad():
         for g in groups:
             g.unshard(grad=False)

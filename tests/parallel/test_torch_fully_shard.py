@@ -1,8 +1,13 @@
-"""fully_shard (ZeRO stage 3) on 2 and 3 ranks (workers/torch_fully_shard.py):
-20 Adam steps within 1e-5 relative of the unsharded DistributedOptimizer,
-shards in model.parameters() and the memory report, full_parameters with
-write-back, no_grad forward, a clear error when reading a sharded parameter
-outside forward, argument errors."""
+"""fully_shard (ZeRO stage 3) on 2 and 3 ranks.
+
+workers/torch_fully_shard.py: 20 Adam steps within 1e-5 relative of the
+unsharded DistributedOptimizer, shards in model.parameters() and the memory
+report, full_parameters with write-back, no_grad forward, a clear error when
+reading a sharded parameter outside forward, argument errors.
+
+workers/torch_fsdp_prefetch.py: prefetching, bitwise equal to prefetch=False
+through skipped blocks (a prefetched gather goes unused), a shard changed in
+place and a forward that raises; within 1e-5 of unsharded training."""
 import re
 
 import pytest
@@ -10,10 +15,20 @@ import pytest
 pytest.importorskip("torch")
 
 
+def run_and_check(ranks, n, worker, label):
+    run = ranks(n, worker, timeout=90)
+    run.assert_ok(n)
+    errs = [float(e) for e in re.findall(label + r" max relative error ([0-9.e+-]+)", run.stdout)]
+    assert len(errs) == n and max(errs) <= 1e-5, run
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("n", [2, 3])
 def test_fully_shard(ranks, n):
-    run = ranks(n, "torch_fully_shard.py", timeout=90)
-    run.assert_ok(n)
-    errs = [float(e) for e in re.findall(r"fully_shard max relative error (\S+)", run.stdout)]
-    assert len(errs) == n and max(errs) <= 1e-5, run
+    run_and_check(ranks, n, "torch_fully_shard.py", "fully_shard")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 3])
+def test_fully_shard_prefetch(ranks, n):
+    run_and_check(ranks, n, "torch_fsdp_prefetch.py", "prefetch")
