@@ -27,9 +27,8 @@ one raises AttributeError naming ``full_parameters``, never an empty tensor.
 Prefetching: a module's forward starts gathering the parameters of the
 module that ran next in the previous forward, and its backward those of the
 one that ran before it, so each gather overlaps a neighbour's computation
-(``prefetch=False`` turns it off). Not done (yet): checkpoints of
-fully_shard models (save the shards per rank with ``model.state_dict()``,
-or gather with ``full_parameters``).
+(``prefetch=False`` turns it off). Checkpoints: ``save_sharded`` /
+``load_sharded`` (fully_shard_checkpoint), at any world size.
 """
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ from commlib.ops import check_root
 from commlib.process_sets import set_rank, set_size
 from commlib.sharding import Bucket, locate
 
+from . import fully_shard_checkpoint as _fsdp
 from . import mpi_ops as _ops
 from .zero_state import group_hyperparameters, is_elementwise, params_from_full, torch_order
 
@@ -36,10 +37,12 @@ def _shard_path(directory, pos: int) -> str:
     return os.path.join(directory, f"shard-{pos:05d}.pt")
 
 
-def _zero(optimizer):
+def _zero(optimizer, model=None):
     if getattr(optimizer, "_buckets", None) is None:
-        raise TypeError("expected a commlib.torch.DistributedOptimizer built with zero_stage=1 "
-                        f"or 2 on this rank, got {type(optimizer).__name__}")
+        what = "DistributedOptimizer built with zero_stage=1 or 2 on this rank"
+        if model is not None:
+            what += ", or a model with fully_shard modules"
+        raise TypeError(f"expected a commlib.torch.{what}, got {type(optimizer).__name__}")
     return optimizer
 
 
@@ -55,8 +58,15 @@ def _save(obj, path):
 
 def save_sharded(directory, model, optimizer) -> None:
     """Writes this rank's shard (and, on the set's first rank, the metadata)
-    into ``directory``; returns when every rank of the set has written."""
-    opt = _zero(optimizer)
+    into ``directory``; returns when every rank of the set has written.
+    ``optimizer``: a ZeRO DistributedOptimizer (stages 1-2), or the plain
+    optimizer of a model with fully_shard modules (stage 3)."""
+    if getattr(optimizer, "_buckets", None) is None and _fsdp.groups_of(model):
+        _fsdp.save(directory, model, optimizer,
+                   lambda obj, pos: _save(obj, _shard_path(directory, pos)),
+                   lambda obj: _save(obj, os.path.join(directory, META)))
+        return
+    opt = _zero(optimizer, model)
     pos = set_rank(opt.process_set)
     os.makedirs(directory, exist_ok=True)
     shards = [{"param": b.shard.detach().clone(), "state": dict(st)}
@@ -93,14 +103,21 @@ def load_sharded(directory, model, optimizer) -> None:
     """Loads a checkpoint written by ``save_sharded`` at any world size into
     ``model`` and ``optimizer`` (a ZeRO DistributedOptimizer built the same
     way, at any zero_stage): every rank reads its parameters and its shard
-    of the optimizer state. No communication."""
-    opt = _zero(optimizer)
+    of the optimizer state. No communication. Also for a model with
+    fully_shard modules and its plain optimizer (see fully_shard_checkpoint)."""
     path = os.path.join(directory, META)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} is missing: not a directory written by save_sharded")
+    fsdp = getattr(optimizer, "_buckets", None) is None and _fsdp.groups_of(model)
+    if not fsdp:
+        _zero(optimizer, model)
     meta = torch.load(path, weights_only=True)
-    old = [Bucket.from_dict(d) for d in meta["layout"]]
     saved = _SavedShards(directory, int(meta["world"]))
+    if fsdp:
+        _fsdp.load(model, optimizer, meta, saved)
+        return
+    opt = optimizer
+    old = [Bucket.from_dict(d) for d in meta["layout"]]
     extra = meta["model_extra"]
     current = model.state_dict()
     managed = _managed(opt)

@@ -1,6 +1,7 @@
 """Sharded ZeRO checkpoints across world sizes (workers/torch_zero_checkpoint.py):
 saved at 3 ranks and loaded at 2, and the reverse (stages and bucket sizes
-differ between saving and loading too); training continues to the
+differ between saving and loading too; stage 3 is fully_shard, also loaded
+from a stage-2 checkpoint); training continues to the
 parameters of an uninterrupted run within 1e-6; full_state_dict continues
 in a plain optimizer; missing files and parameters raise."""
 import re
@@ -11,7 +12,8 @@ pytest.importorskip("torch")
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("save_n,save_stage,load_n,load_stage", [(3, 2, 2, 1), (2, 1, 3, 2)])
+@pytest.mark.parametrize("save_n,save_stage,load_n,load_stage",
+                         [(3, 2, 2, 1), (2, 1, 3, 2), (3, 3, 2, 3), (2, 2, 3, 3)])
 def test_checkpoint_across_world_sizes(ranks, tmp_path, save_n, save_stage, load_n, load_stage):
     ckpt = str(tmp_path / "ckpt")
     ranks(save_n, "torch_zero_checkpoint.py", "save", ckpt, str(save_stage),

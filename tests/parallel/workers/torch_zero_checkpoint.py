@@ -4,12 +4,16 @@
     torch_zero_checkpoint.py load DIR STAGE   load_sharded(DIR) into another
         model (another seed, another bucket size), K more steps
 
+STAGE 1 or 2: a ZeRO DistributedOptimizer; 3: fully_shard on the two layers
+(the frozen parameter and the buffer stay whole) and plain Adam over the shards.
+
 The model is float64, so that the distributed runs agree with one process on
 the combined batch to rounding (1e-12) and the 1e-6 target measures the
 resharding, not the reduction order. After loading: the parameters against
 an uninterrupted single-process run of 2K steps, the model's buffer and
 frozen parameter, identity across ranks, full_state_dict continued in a plain
 optimizer, errors."""
+import functools
 import sys
 
 import torch
@@ -67,13 +71,27 @@ def run(model, opt, steps, start, local=False):
 
 
 def zero(model, bucket):
+    if stage == 3:
+        for layer in (model.a, model.b) + ((model.extra,) if model.extra is not None else ()):
+            hvd.fully_shard(layer)
+        return adam(model)
     return hvd.DistributedOptimizer(adam(model), named_parameters=model.named_parameters(),
                                     zero_stage=stage, bucket_elements=bucket)
 
 
+def whole_state(model) -> dict:
+    """The model's state dict with every parameter whole."""
+    if stage != 3:
+        return model.state_dict()
+    with hvd.full_parameters(model):
+        out = {k: functools.reduce(getattr, k.split("."), model).detach().clone()
+               for k in ref.state_dict()}
+    return out
+
+
 def rel_err(a, b):
     return max(float((p - q).abs().max() / q.abs().max())
-               for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+               for p, q in zip(whole_state(a).values(), b.state_dict().values()))
 
 
 ref = Net(0)
@@ -98,26 +116,27 @@ else:
     print(f"rank {r}: resumed relative error {err:.3g}", flush=True)
     if err > 1e-6:
         fail(f"resumed at {n} ranks: {err} from the uninterrupted run")
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    flat = torch.cat([p.detach().reshape(-1) for p in whole_state(model).values()])
     if not all(torch.equal(row, flat) for row in hvd.allgather(flat.unsqueeze(0))):
         fail("parameters differ across ranks after loading")
-    full = hvd.full_state_dict(model, opt, root=0)
-    if (full is None) != (r != 0):
-        fail(f"full_state_dict(root=0) on rank {r}: {type(full)}")
-    run(model, opt, 1, 2 * K)
-    if r == 0:
-        plain = Net(2)
-        plain_opt = adam(plain)
-        plain.load_state_dict(full["model"])
-        plain_opt.load_state_dict(full["optimizer"])
-        run(plain, plain_opt, 1, 2 * K, local=True)
-        if rel_err(plain, model) > 1e-9:
-            fail(f"full_state_dict continued in plain Adam: {rel_err(plain, model)}")
-    expect_raises(FileNotFoundError, lambda: hvd.load_sharded(directory + "-none", model, opt),
-                  "missing directory", match="save_sharded")
-    expect_raises(TypeError, lambda: hvd.full_state_dict(ref, ref_opt), "plain optimizer",
-                  match="zero_stage")
     other = Net(0, extra=True)
     expect_raises(KeyError, lambda: hvd.load_sharded(directory, other, zero(other, 400)),
                   "a parameter the checkpoint lacks", match="not in the saved layout")
+    expect_raises(FileNotFoundError, lambda: hvd.load_sharded(directory + "-none", model, opt),
+                  "missing directory", match="save_sharded")
+    if stage != 3:  # (full_state_dict is for stages 1-2)
+        full = hvd.full_state_dict(model, opt, root=0)
+        if (full is None) != (r != 0):
+            fail(f"full_state_dict(root=0) on rank {r}: {type(full)}")
+        run(model, opt, 1, 2 * K)
+        if r == 0:
+            plain = Net(2)
+            plain_opt = adam(plain)
+            plain.load_state_dict(full["model"])
+            plain_opt.load_state_dict(full["optimizer"])
+            run(plain, plain_opt, 1, 2 * K, local=True)
+            if rel_err(plain, model) > 1e-9:
+                fail(f"full_state_dict continued in plain Adam: {rel_err(plain, model)}")
+        expect_raises(TypeError, lambda: hvd.full_state_dict(ref, ref_opt), "plain optimizer",
+                      match="zero_stage")
 done()
