@@ -28,7 +28,8 @@ Prefetching: a module's forward starts gathering the parameters of the
 module that ran next in the previous forward, and its backward those of the
 one that ran before it, so each gather overlaps a neighbour's computation
 (``prefetch=False`` turns it off). Checkpoints: ``save_sharded`` /
-``load_sharded`` (fully_shard_checkpoint), at any world size.
+``load_sharded`` at any world size, and ``full_state_dict``
+(fully_shard_checkpoint).
 """
 from __future__ import annotations
 

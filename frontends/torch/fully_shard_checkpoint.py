@@ -9,7 +9,8 @@ parameters' names in ``model`` (``blocks.0.weight``), so a checkpoint loads
 at another world size (every rank reads the pieces of its new shard by name,
 memory-mapped, with no communication) and into a model sharded by other
 fully_shard calls. The optimizer's state of a shard must be element-wise
-(SGD momentum, Adam, ...), as for ZeRO stages 1-2.
+(SGD momentum, Adam, ...), as for ZeRO stages 1-2. ``full_state_dict``
+gathers an ordinary model and optimizer state dict (``full_state``).
 """
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ import os
 
 import torch
 
+from commlib.ops import check_root
 from commlib.process_sets import set_rank, set_size
 from commlib.sharding import Bucket, Slot, locate
 
 from . import mpi_ops as _ops
-from .zero_state import group_hyperparameters, is_elementwise
+from .zero_state import group_hyperparameters, is_elementwise, params_from_full
 
 
 def groups_of(model) -> list:
@@ -119,3 +121,78 @@ def load(model, optimizer, meta, saved) -> None:
             current[k].copy_(v)
     for group, hyper in zip(optimizer.param_groups, meta["param_groups"]):
         group.update({k: v for k, v in hyper.items() if k != "params"})
+
+
+def _unsharded_names(model) -> list:
+    """The parameters' names in the order ``named_parameters()`` gives them
+    for the model before fully_shard (module by module, in registration order)."""
+    taken = {}
+    for g in groups_of(model):
+        for m, n, _ in g.places:
+            taken.setdefault(m, []).append(n)
+    out = []
+    for prefix, m in model.named_modules():
+        own = taken.get(m) or [n for n, p in m._parameters.items()
+                               if p is not None and n != "_commlib_flat_shard"]
+        out += [f"{prefix}.{n}".lstrip(".") for n in own]
+    return out
+
+
+def full_state(model, optimizer, root) -> dict | None:
+    """``full_state_dict`` of a fully_shard model: the whole parameters and
+    the optimizer state per parameter, numbered as an optimizer with the same
+    param groups over the unsharded model's parameters numbers them (each
+    group's parameters in the model's order)."""
+    groups = groups_of(model)
+    ps = _process_set(groups)
+    if root is not None:
+        check_root(root, ps)
+    _check_optimizer(optimizer, groups)
+    names = {m: k for k, m in model.named_modules()}
+    handles = []
+    for g in groups:
+        st = optimizer.state.get(g.shard, {})
+        keys = sorted(k for k, v in st.items() if is_elementwise(v, g.plan.shard))
+        handles.append((g, st, _ops.allgather_async(g.shard.detach(), name=f"{g.name}.full",
+                                                    process_set=ps),
+                        {k: _ops.allgather_async(st[k].detach(), name=f"{g.name}.full.{k}",
+                                                 process_set=ps) for k in keys}))
+    params, states = {}, {}
+    for g, st, whole_h, key_h in handles:
+        plan = _named_plan(g, names)
+        whole = _ops.synchronize(whole_h)
+        for s in plan.slots:
+            params[s.name] = whole[s.offset:s.offset + s.numel].view(s.shape).clone()
+        full = {k: (_ops.synchronize(key_h[k]) if k in key_h else v) for k, v in st.items()}
+        if full:
+            states.update(params_from_full(plan, full))
+    if root is not None and _ops.rank() != root:
+        return None
+    shards = {id(g.shard): g for g in groups}
+    order = {name: i for i, name in enumerate(_unsharded_names(model))}
+    plain_names = {id(p): k for k, p in model.named_parameters()}
+    state, groups_out, i = {}, [], 0
+    for group in optimizer.param_groups:
+        members = []
+        for p in group["params"]:
+            g = shards.get(id(p))
+            members += ([s.name for s in _named_plan(g, names).slots] if g is not None
+                        else [plain_names[id(p)]])
+        indices = []
+        for name in sorted(members, key=lambda k: order.get(k, len(order))):
+            if name in states:
+                state[i] = states[name]
+            elif name in plain_names.values():
+                p = dict(model.named_parameters())[name]
+                if p in optimizer.state:
+                    state[i] = {k: v.detach().clone() if torch.is_tensor(v) else v
+                                for k, v in optimizer.state[p].items()}
+            indices.append(i)
+            i += 1
+        groups_out.append(dict({k: v for k, v in group.items() if k != "params"},
+                               params=indices))
+    shard_ids = {id(g.shard) for g in groups}
+    model_state = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()
+                   if id(v) not in shard_ids}
+    model_state.update(params)
+    return {"model": model_state, "optimizer": {"state": state, "param_groups": groups_out}}

@@ -158,8 +158,13 @@ def _shard_state(b, old, saved) -> dict:
 def full_state_dict(model, optimizer, root=0):
     """{"model": model.state_dict(), "optimizer": an ordinary torch optimizer
     state dict} gathered on rank ``root`` (a job rank of the optimizer's set;
-    None: on every rank); None elsewhere. Collective over the set."""
-    opt = _zero(optimizer)
+    None: on every rank); None elsewhere. Collective over the set. For a
+    model with fully_shard modules (and its plain optimizer), parameters are
+    numbered as in an optimizer over the unsharded model
+    (fully_shard_checkpoint.full_state)."""
+    if getattr(optimizer, "_buckets", None) is None and _fsdp.groups_of(model):
+        return _fsdp.full_state(model, optimizer, root)
+    opt = _zero(optimizer, model)
     ps = opt.process_set
     if root is not None:
         check_root(root, ps)

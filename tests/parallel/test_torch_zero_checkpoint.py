@@ -2,8 +2,8 @@
 saved at 3 ranks and loaded at 2, and the reverse (stages and bucket sizes
 differ between saving and loading too; stage 3 is fully_shard, also loaded
 from a stage-2 checkpoint); training continues to the
-parameters of an uninterrupted run within 1e-6; full_state_dict continues
-in a plain optimizer; missing files and parameters raise."""
+parameters of an uninterrupted run within 1e-6; full_state_dict (stage 3
+too) continues in a plain optimizer; missing files and parameters raise."""
 import re
 
 import pytest
