@@ -23,7 +23,8 @@ from commlib.process_sets import set_rank, set_size
 from commlib.sharding import Bucket, Slot, locate
 
 from . import mpi_ops as _ops
-from .zero_state import group_hyperparameters, is_elementwise, params_from_full
+from .zero_state import (group_hyperparameters, is_elementwise, params_from_full,
+                         shard_state_from_saved)
 
 
 def groups_of(model) -> list:
@@ -103,17 +104,11 @@ def load(model, optimizer, meta, saved) -> None:
     with torch.no_grad():
         for g in groups:
             plan = _named_plan(g, names)
-            state = {}
             for slot, lo, hi, at in plan.owned_slots(pos):
                 for rank, obi, oat, count, dst in locate(old, slot.name, lo, hi):
-                    piece = saved.bucket(rank, obi)
-                    g.shard[at + dst:at + dst + count].copy_(piece["param"][oat:oat + count])
-                    for k, v in piece["state"].items():
-                        if is_elementwise(v, old[obi].shard):
-                            t = state.setdefault(k, torch.zeros(plan.shard, dtype=v.dtype))
-                            t[at + dst:at + dst + count].copy_(v[oat:oat + count])
-                        elif k not in state:
-                            state[k] = v.clone() if torch.is_tensor(v) else v
+                    piece = saved.bucket(rank, obi)["param"]
+                    g.shard[at + dst:at + dst + count].copy_(piece[oat:oat + count])
+            state = shard_state_from_saved(plan, pos, old, saved)
             optimizer.state.pop(g.shard, None)
             if state:
                 optimizer.state[g.shard] = state
@@ -149,6 +144,7 @@ def full_state(model, optimizer, root) -> dict | None:
         check_root(root, ps)
     _check_optimizer(optimizer, groups)
     names = {m: k for k, m in model.named_modules()}
+    plans = {id(g): _named_plan(g, names) for g in groups}
     handles = []
     for g in groups:
         st = optimizer.state.get(g.shard, {})
@@ -159,7 +155,7 @@ def full_state(model, optimizer, root) -> dict | None:
                                                  process_set=ps) for k in keys}))
     params, states = {}, {}
     for g, st, whole_h, key_h in handles:
-        plan = _named_plan(g, names)
+        plan = plans[id(g)]
         whole = _ops.synchronize(whole_h)
         for s in plan.slots:
             params[s.name] = whole[s.offset:s.offset + s.numel].view(s.shape).clone()
@@ -170,20 +166,21 @@ def full_state(model, optimizer, root) -> dict | None:
         return None
     shards = {id(g.shard): g for g in groups}
     order = {name: i for i, name in enumerate(_unsharded_names(model))}
-    plain_names = {id(p): k for k, p in model.named_parameters()}
+    plain = dict(model.named_parameters())
+    plain_names = {id(p): k for k, p in plain.items()}
     state, groups_out, i = {}, [], 0
     for group in optimizer.param_groups:
         members = []
         for p in group["params"]:
             g = shards.get(id(p))
-            members += ([s.name for s in _named_plan(g, names).slots] if g is not None
+            members += ([s.name for s in plans[id(g)].slots] if g is not None
                         else [plain_names[id(p)]])
         indices = []
         for name in sorted(members, key=lambda k: order.get(k, len(order))):
             if name in states:
                 state[i] = states[name]
-            elif name in plain_names.values():
-                p = dict(model.named_parameters())[name]
+            elif name in plain:
+                p = plain[name]
                 if p in optimizer.state:
                     state[i] = {k: v.detach().clone() if torch.is_tensor(v) else v
                                 for k, v in optimizer.state[p].items()}

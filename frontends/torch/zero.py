@@ -92,7 +92,7 @@ class ZeroMixin:
                    for p in managed]
         plans = plan_buckets(entries, world, bucket_elements)
         by_name = {self._parameter_names[p]: p for p in managed}
-        self._buckets = [FlatBucket(plan, [by_name[s.name] for s in plan.slots], pos, stage == 1)
+        self._buckets = [FlatBucket(plan, [by_name[s.name] for s in plan.slots], pos)
                          for plan in plans]
         self._bucket_of = {p: b for b in self._buckets for p in b.params}
         self._unmanaged = [p for p in self._params if p not in self._bucket_of]

@@ -17,7 +17,7 @@ class FlatBucket:
     ``grad_flat`` is stage 1's flat gradient, made by its first explicit
     ``synchronize()`` (``p.grad`` are then views of it)."""
 
-    def __init__(self, plan: Bucket, params: list, pos: int, keep_flat_grad: bool):
+    def __init__(self, plan: Bucket, params: list, pos: int):
         self.plan = plan
         self.params = params
         self._index = {id(p): i for i, p in enumerate(params)}

@@ -28,7 +28,8 @@ from commlib.sharding import Bucket, locate
 
 from . import fully_shard_checkpoint as _fsdp
 from . import mpi_ops as _ops
-from .zero_state import group_hyperparameters, is_elementwise, params_from_full, torch_order
+from .zero_state import (group_hyperparameters, is_elementwise, params_from_full,
+                         shard_state_from_saved, torch_order)
 
 META = "meta.pt"
 
@@ -46,6 +47,11 @@ def _zero(optimizer, model=None):
     return optimizer
 
 
+def _fully_shard(model, optimizer) -> bool:
+    """Whether this is a fully_shard model with its plain optimizer (stage 3)."""
+    return getattr(optimizer, "_buckets", None) is None and bool(_fsdp.groups_of(model))
+
+
 def _managed(optimizer) -> set:
     return {id(p) for b in optimizer._buckets for p in b.params}
 
@@ -61,7 +67,7 @@ def save_sharded(directory, model, optimizer) -> None:
     into ``directory``; returns when every rank of the set has written.
     ``optimizer``: a ZeRO DistributedOptimizer (stages 1-2), or the plain
     optimizer of a model with fully_shard modules (stage 3)."""
-    if getattr(optimizer, "_buckets", None) is None and _fsdp.groups_of(model):
+    if _fully_shard(model, optimizer):
         _fsdp.save(directory, model, optimizer,
                    lambda obj, pos: _save(obj, _shard_path(directory, pos)),
                    lambda obj: _save(obj, os.path.join(directory, META)))
@@ -108,7 +114,7 @@ def load_sharded(directory, model, optimizer) -> None:
     path = os.path.join(directory, META)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} is missing: not a directory written by save_sharded")
-    fsdp = getattr(optimizer, "_buckets", None) is None and _fsdp.groups_of(model)
+    fsdp = _fully_shard(model, optimizer)
     if not fsdp:
         _zero(optimizer, model)
     meta = torch.load(path, weights_only=True)
@@ -134,25 +140,11 @@ def load_sharded(directory, model, optimizer) -> None:
             view = b.flat[s.offset:s.offset + s.numel]
             for pos, obi, at, count, dst in locate(old, s.name, 0, s.numel):
                 view[dst:dst + count].copy_(saved.bucket(pos, obi)["param"][at:at + count])
-        states.append(_shard_state(b, old, saved))
+        states.append(shard_state_from_saved(b.plan, b.pos, old, saved))
     with torch.no_grad():
         for k, v in extra.items():
             current[k].copy_(v)
     opt._load_shards(states, meta["param_groups"])
-
-
-def _shard_state(b, old, saved) -> dict:
-    """Bucket ``b``'s shard state on this rank, read from the saved shards."""
-    st = {}
-    for slot, lo, hi, at in b.plan.owned_slots(b.pos):
-        for pos, obi, oat, count, dst in locate(old, slot.name, lo, hi):
-            for k, v in saved.bucket(pos, obi)["state"].items():
-                if is_elementwise(v, old[obi].shard):
-                    t = st.setdefault(k, torch.zeros(b.plan.shard, dtype=v.dtype))
-                    t[at + dst:at + dst + count].copy_(v[oat:oat + count])
-                elif k not in st:
-                    st[k] = v.clone() if torch.is_tensor(v) else v
-    return st
 
 
 def full_state_dict(model, optimizer, root=0):
@@ -162,7 +154,7 @@ def full_state_dict(model, optimizer, root=0):
     model with fully_shard modules (and its plain optimizer), parameters are
     numbered as in an optimizer over the unsharded model
     (fully_shard_checkpoint.full_state)."""
-    if getattr(optimizer, "_buckets", None) is None and _fsdp.groups_of(model):
+    if _fully_shard(model, optimizer):
         return _fsdp.full_state(model, optimizer, root)
     opt = _zero(optimizer, model)
     ps = opt.process_set

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from commlib.sharding import locate
+
 
 def is_elementwise(value, shard: int) -> bool:
     """A shard state value that holds one entry per shard element."""
@@ -83,6 +85,22 @@ def torch_order(optimizer, names: dict) -> list:
             out.append((i, p, names.get(p)))
             i += 1
     return out
+
+
+def shard_state_from_saved(plan, pos: int, old: list, saved) -> dict:
+    """Rank ``pos``'s shard state of bucket ``plan``, read by parameter name
+    from the shards of a checkpoint with layout ``old`` (``saved.bucket(rank,
+    bucket index)`` gives a saved rank's ``{"param", "state"}``)."""
+    st = {}
+    for slot, lo, hi, at in plan.owned_slots(pos):
+        for rank, obi, oat, count, dst in locate(old, slot.name, lo, hi):
+            for k, v in saved.bucket(rank, obi)["state"].items():
+                if is_elementwise(v, old[obi].shard):
+                    t = st.setdefault(k, torch.zeros(plan.shard, dtype=v.dtype))
+                    t[at + dst:at + dst + count].copy_(v[oat:oat + count])
+                elif k not in st:
+                    st[k] = v.clone() if torch.is_tensor(v) else v
+    return st
 
 
 def group_hyperparameters(optimizer) -> list:
