@@ -51,3 +51,27 @@ def run_ranks(np_: int, script: str, *args: str, timeout: float = 120, env: dict
 @pytest.fixture
 def ranks():
     return run_ranks
+
+
+def _load(name: str, path: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def gpu_emulator(tmp_path_factory) -> dict:
+    """The environment that runs commlib's NCCL executor against the GPU
+    emulator (tests/gpu_emulator/build.py), built once per session."""
+    try:
+        build_core = _load("commlib_build_core", ROOT / "bindings" / "build_core.py")
+        cxx = build_core.cxx_compiler()
+    except RuntimeError as exc:  # no MPI compiler wrapper: the core cannot be built either
+        pytest.skip(f"no toolchain: {exc}")
+    if not cxx:
+        pytest.skip("no C++ compiler")
+    emulator = _load("commlib_gpu_emulator_build", ROOT / "tests" / "gpu_emulator" / "build.py")
+    return emulator.build(tmp_path_factory.mktemp("gpu_emulator"), cxx)

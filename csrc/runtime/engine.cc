@@ -443,6 +443,7 @@ void Engine::fail_everything(int code, const std::string& message) {
   held_.clear();
   for (auto& [name, e] : pending_) finish(e, code, message);
   pending_.clear();
+  if (code == COMMLIB_ERR_NOT_INIT) drain_gpu();  // (a shutdown: what every rank launched may finish)
   abandon_gpu(code, message);
   joins_pending_ = 0;
   ready_.clear();

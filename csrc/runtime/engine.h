@@ -151,6 +151,10 @@ class Engine : private CacheHost {
   void prepare_gpu_entry(const commlib_request& q, Entry& e);
   void launch_gpu(const Response& resp, const std::vector<Entry*>& entries);
   bool poll_gpu();
+  // Waits for the CUDA collectives in flight to end (at most COMMLIB_TIMEOUT,
+  // or 10 s without one): every rank launched them, so an orderly shutdown
+  // lets them finish rather than abort them mid-flight.
+  void drain_gpu();
   void abandon_gpu(int code, const std::string& message);
 
   // Point-to-point (p2p/engine_p2p.cc).

@@ -2,7 +2,9 @@
 // (caller threads), launching negotiated ones on the NCCL executor and
 // finishing them when their completion event is reached (the engine's
 // thread). See exec/gpu_route.h and exec/gpu_executor.h.
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "common.h"
 #include "runtime/engine.h"
@@ -67,6 +69,14 @@ bool Engine::poll_gpu() {
     for (Entry& e : d.entries) finish(e, d.status, d.message);
   }
   return !done.empty();
+}
+
+void Engine::drain_gpu() {
+  if (!gpu_) return;
+  const int64_t deadline = now_us() + (timeout_us_ > 0 ? timeout_us_ : 10000000);
+  while (gpu_->busy() && now_us() < deadline) {
+    if (!poll_gpu()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 void Engine::abandon_gpu(int code, const std::string& message) {
