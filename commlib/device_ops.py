@@ -8,6 +8,10 @@ completes once the NCCL work has finished on the device. Frontends turn
 tensors into these arguments (commlib.torch: frontends/torch/cuda_nccl.py);
 where NCCL cannot run they stage through host memory instead (commlib.gpu).
 
+``synchronize(handle)`` waits on the host until the result is in place;
+``synchronize_on_stream(handle, stream)`` waits only until the collective is
+launched and makes the caller's stream wait for it on the device.
+
 Allgather and alltoall write into an ``output`` the caller allocated with
 ``output_rows`` rows (the caller learns the rows first, e.g. with a small
 host allgather of every rank's dim 0).
@@ -18,7 +22,7 @@ from typing import NamedTuple, Sequence
 
 from . import gpu
 from ._lib import check, ffi, lib
-from .handle import Handle
+from .handle import Handle, synchronize_on_stream  # noqa: F401 - synchronize_on_stream: part of this API
 
 _loaded = []
 
@@ -66,7 +70,8 @@ def submit(op_type: int, name: str, inp: DeviceBuffer, out_ptr: int, *, device: 
     req.output_rows = output_rows
     hid = ffi.new("int64_t*")
     check(lib.commlib_enqueue(req, hid))
-    return Handle(hid[0], None, (keep, keepalive), _OP_NAMES.get(op_type, "collective"), value=value)
+    return Handle(hid[0], None, (keep, keepalive), _OP_NAMES.get(op_type, "collective"), value=value,
+                  device=device)
 
 
 _OP_NAMES = {lib.COMMLIB_OP_ALLREDUCE: "allreduce", lib.COMMLIB_OP_ALLGATHER: "allgather",

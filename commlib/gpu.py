@@ -92,6 +92,21 @@ def backend(environ=None) -> str:
     return value
 
 
+SYNC_MODES = ("stream", "host")
+_sync_mode: list = []
+
+
+def sync_mode() -> str:
+    """``COMMLIB_CUDA_SYNC`` (stream|host, read once per process): how
+    frontends synchronize collectives on CUDA tensors that run through NCCL.
+    ValueError for another value."""
+    if not _sync_mode:
+        value = os.environ.get("COMMLIB_CUDA_SYNC") or "stream"
+        _check_config("COMMLIB_CUDA_SYNC", value)
+        _sync_mode.append(value)
+    return _sync_mode[0]
+
+
 def choose_path(backend_name: str, status: GpuStatus) -> tuple[str, str]:
     """``(path, why)``: "nccl" or "host" for CUDA tensors under
     ``backend_name`` given what loaded; RuntimeError when nccl is asked for and

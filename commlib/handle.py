@@ -17,12 +17,13 @@ _TIMEOUT = lib.COMMLIB_ERR_TIMEOUT
 
 
 class Handle:
-    """An in-flight collective. Pass it to ``synchronize`` for the result."""
+    """An in-flight collective. Pass it to ``synchronize`` for the result.
+    ``device``: the CUDA device of a collective on device buffers, else None."""
 
-    __slots__ = ("_id", "_finish", "_value", "_done", "op")
+    __slots__ = ("_id", "_finish", "_value", "_done", "op", "device")
 
     def __init__(self, hid: int, finish: Callable[[int], Any] | None, keepalive: Any, op: str,
-                 value: Any = None):
+                 value: Any = None, device: int | None = None):
         """``finish(hid)`` builds the result from what the core holds (an
         allgather's rows, a message's shape); without it the result is
         ``value``, known when the request was submitted (the output array)."""
@@ -31,6 +32,7 @@ class Handle:
         self._value = value
         self._done = False
         self.op = op
+        self.device = device
         _keepalive[hid] = keepalive
 
     def __repr__(self) -> str:
@@ -72,6 +74,48 @@ def synchronize(handle: Handle):
     finally:
         lib.commlib_release(hid)
         _keepalive.pop(hid, None)
+
+
+def synchronize_on_stream(handle: Handle, stream: int):
+    """``synchronize`` for a collective on CUDA buffers that leaves the
+    device work to the device: once the collective is launched (negotiated,
+    and queued on the core's NCCL stream), the caller's ``stream`` (a
+    ``cudaStream_t`` as an int; 0: the legacy default stream) is made to wait
+    for its completion, and its result is returned at once; work queued on
+    that stream afterwards sees the result. The host waits only for the
+    launch. A failure after that (the GPU-side timeout, an NCCL error) is
+    raised by the next ``synchronize`` of any handle. Other handles (CPU
+    ones, or a collective that ended before its launch was seen) are
+    synchronized as by ``synchronize``."""
+    if not isinstance(handle, Handle):
+        raise TypeError(f"expected a commlib Handle, got {type(handle).__name__}")
+    if handle._done:
+        raise ValueError("this handle has already been synchronized")
+    if handle._finish is not None:
+        return synchronize(handle)
+    hid, on_stream = handle._id, ffi.new("int*")
+    cstream = ffi.cast("void*", stream)
+    rc = lib.commlib_wait_on_stream(hid, cstream, WAIT_SLICE_S, on_stream)
+    while rc == _TIMEOUT:
+        rc = lib.commlib_wait_on_stream(hid, cstream, WAIT_SLICE_S, on_stream)
+    handle._done = True
+    keep = _keepalive.pop(hid, None)
+    _drop_completed_detached()
+    if on_stream[0]:
+        _detached[hid] = keep  # (the device may still read and write its buffers)
+    if rc != _OK:
+        raise error_for(rc, last_error())
+    return handle._value
+
+
+# Buffers of handles synchronized on a stream, by handle id, until the core
+# has completed (and released) them.
+_detached: dict[int, Any] = {}
+
+
+def _drop_completed_detached() -> None:
+    for hid in [h for h in _detached if lib.commlib_poll(h)]:
+        del _detached[hid]
 
 
 def core_result(hid: int) -> tuple[memoryview, int]:

@@ -17,6 +17,7 @@
 
 using commlib::Engine;
 using commlib::Error;
+using commlib::HandleState;
 
 namespace {
 
@@ -221,15 +222,48 @@ int commlib_poll(int64_t handle) {
   return (!h || h->done.load()) ? 1 : 0;
 }
 
+namespace {
+
+// A completed handle's status, or the failure of an earlier detached CUDA
+// collective (reported once) when it succeeded.
+int outcome(Engine& engine, const HandleState& h) {
+  int status = h.status;
+  if (status != COMMLIB_OK) {
+    g_last_error = h.message;
+  } else if (const int deferred = engine.take_deferred_error(&g_last_error)) {
+    status = deferred;
+  }
+  return status;
+}
+
+}  // namespace
+
 int commlib_wait_status(int64_t handle, double timeout_s, int release) {
   int status = COMMLIB_OK;
   const int rc = guarded([&] {
     Engine& engine = Engine::get();
     auto h = find_handle(handle);
     if (!engine.wait(*h, timeout_s)) throw Error(COMMLIB_ERR_TIMEOUT, "timed out");
-    status = h->status;
-    if (status != COMMLIB_OK) g_last_error = h->message;
+    status = outcome(engine, *h);
     if (release) engine.handles().release(handle);
+  });
+  return rc != COMMLIB_OK ? rc : status;
+}
+
+int commlib_wait_on_stream(int64_t handle, void* stream, double timeout_s, int* on_stream) {
+  int status = COMMLIB_OK;
+  const int rc = guarded([&] {
+    Engine& engine = Engine::get();
+    auto h = find_handle(handle);
+    bool waits = false;
+    if (!engine.wait_on_stream(*h, stream, timeout_s, &waits)) throw Error(COMMLIB_ERR_TIMEOUT, "timed out");
+    *on_stream = waits ? 1 : 0;
+    if (waits) {  // (the engine releases it)
+      if (const int deferred = engine.take_deferred_error(&g_last_error)) status = deferred;
+      return;
+    }
+    status = outcome(engine, *h);
+    engine.handles().release(handle);
   });
   return rc != COMMLIB_OK ? rc : status;
 }

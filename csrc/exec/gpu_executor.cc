@@ -33,7 +33,7 @@ void GpuExecutor::enqueue_calls(gpu::NcclComm& c, const Response& resp, std::vec
   }
 }
 
-void GpuExecutor::launch(const Response& resp, std::vector<Entry>& entries, Transport& t,
+std::shared_ptr<void> GpuExecutor::launch(const Response& resp, std::vector<Entry>& entries, Transport& t,
                          const std::vector<int>& members, int64_t now_us) {
   const int device = entries.at(0).device_id;
   for (const Entry& e : entries) {
@@ -54,15 +54,17 @@ void GpuExecutor::launch(const Response& resp, std::vector<Entry>& entries, Tran
   std::vector<Entry*> ptrs;
   for (Entry& e : entries) ptrs.push_back(&e);
   enqueue_calls(c, resp, ptrs);
-  gpu::cudaEvent done = nullptr;
-  check_cuda(libs_.cuda, libs_.cuda.event_create_with_flags(&done, gpu::kCudaEventDisableTiming), "cudaEventCreate");
-  check_cuda(libs_.cuda, libs_.cuda.event_record(done, c.stream()), "cudaEventRecord");
+  gpu::cudaEvent ev = nullptr;
+  check_cuda(libs_.cuda, libs_.cuda.event_create_with_flags(&ev, gpu::kCudaEventDisableTiming), "cudaEventCreate");
+  std::shared_ptr<void> done(ev, gpu::destroy_event);
+  check_cuda(libs_.cuda, libs_.cuda.event_record(ev, c.stream()), "cudaEventRecord");
   std::string what = std::string(op_type_name(resp.op_type)) + " '" + entries[0].desc.name + "'" +
                      (entries.size() > 1 ? " (fused with " + std::to_string(entries.size() - 1) + " others)" : "") +
                      " on process set " + std::to_string(resp.process_set) + " " + ranks_str(members) +
                      ", CUDA device " + std::to_string(device);
   inflight_.push_back(Launch{std::move(entries), &c, done, now_us, std::move(what), members});
   entries.clear();
+  return done;
 }
 
 std::string GpuExecutor::timeout_message(const Launch& l, int64_t timeout_us) const {
@@ -83,7 +85,6 @@ void GpuExecutor::fail_comm(gpu::NcclComm* c, int status, const std::string& mes
       ++it;
       continue;
     }
-    libs_.cuda.event_destroy(it->done);
     out.push_back(Done{std::move(it->entries), status, message});
     it = inflight_.erase(it);
   }
@@ -99,10 +100,9 @@ std::vector<GpuExecutor::Done> GpuExecutor::poll(int64_t now_us, int64_t timeout
   std::vector<Done> out;
   for (size_t i = 0; i < inflight_.size();) {
     Launch& l = inflight_[i];
-    const gpu::cudaError q = libs_.cuda.event_query(l.done);
+    const gpu::cudaError q = libs_.cuda.event_query(static_cast<gpu::cudaEvent>(l.done.get()));
     if (q == gpu::kCudaSuccess) {
       l.comm->last_progress_us = now_us;
-      libs_.cuda.event_destroy(l.done);
       out.push_back(Done{std::move(l.entries), COMMLIB_OK, ""});
       inflight_.erase(inflight_.begin() + long(i));
       continue;

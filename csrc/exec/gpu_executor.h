@@ -32,9 +32,10 @@ class GpuExecutor {
 
   // Enqueues resp (every entry on one device) over the communicator of its
   // process set, whose MPI transport t creates it if needed; members: the
-  // set's job ranks (for messages). Throws Error on failure (nothing of it
-  // is then in flight, and entries are left to the caller).
-  void launch(const Response& resp, std::vector<Entry>& entries, Transport& t, const std::vector<int>& members,
+  // set's job ranks (for messages). Returns the launch's completion event
+  // (destroyed with its last reference). Throws Error on failure (nothing of
+  // it is then in flight, and entries are left to the caller).
+  std::shared_ptr<void> launch(const Response& resp, std::vector<Entry>& entries, Transport& t, const std::vector<int>& members,
               int64_t now_us);
 
   struct Done {
@@ -53,7 +54,7 @@ class GpuExecutor {
   struct Launch {
     std::vector<Entry> entries;
     gpu::NcclComm* comm;
-    gpu::cudaEvent done;
+    std::shared_ptr<void> done;  // the completion event
     int64_t launched_us;
     std::string what;  // "allreduce 'x' on process set 0 (ranks [0, 1])"
     std::vector<int> members;

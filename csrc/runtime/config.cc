@@ -128,6 +128,10 @@ std::vector<ConfigEntry> make_table() {
       choice_entry("COMMLIB_GPU_BACKEND", "auto", "auto|nccl|host", &C::gpu_backend,
                    "CUDA tensors: auto (NCCL when it and the CUDA runtime load, else staged through host "
                    "memory), nccl (NCCL or an error), host (always staged through host memory and the CPU path)"),
+      choice_entry("COMMLIB_CUDA_SYNC", "stream", "stream|host", &C::cuda_sync,
+                   "synchronize() of a collective on CUDA tensors through NCCL: stream (returns once it is "
+                   "launched; the caller's current stream waits for it on the device), host (returns once it "
+                   "completed on the device)"),
       path_entry("COMMLIB_NCCL_LIBRARY", "", &C::nccl_library,
                  "path of the NCCL library to load (nothing else is tried); empty: the nvidia-nccl-cu* "
                  "wheel's nvidia/nccl/lib/libnccl.so.2, else the system's libnccl.so.2"),

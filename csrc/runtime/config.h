@@ -37,6 +37,7 @@ struct Config {
   std::string timeline;            // path of the Chrome-trace timeline ("": off)
   bool timeline_mark_cycles = false;
   std::string gpu_backend;         // auto|nccl|host
+  std::string cuda_sync;           // stream|host (read by the frontends' synchronize)
   std::string nccl_library;        // path of libnccl.so.2 ("": the wheel's, else the system's)
 
   // Every field at the table's default.

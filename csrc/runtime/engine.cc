@@ -62,6 +62,8 @@ void Engine::init(MPI_Comm base) {
   if (running_.load()) return;
   read_config(base);
   const Config& cfg = config_;
+  std::string stale;
+  take_deferred_error(&stale);  // (a failure of the previous session's CUDA work is not this one's)
   // A new session number, the same on every rank (session_stamp.h).
   uint32_t session = (g_session + 1) & 0xffffffu;
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, &session, 1, MPI_UINT32_T, MPI_MAX, base), "MPI_Allreduce(session)");
@@ -343,15 +345,18 @@ bool Engine::drive() {
   return step();
 }
 
-bool Engine::wait(HandleState& h, double timeout_s) {
+bool Engine::wait(HandleState& h, double timeout_s, bool until_launched) {
   // When the last driver stops with requests still open (its own, if it
   // goes to sleep; or asynchronous ones), the background thread takes over.
-  return handles_.wait(h, timeout_s, [this] { return drive(); }, [this] {
-    if (handles_.driving() == 0 && bg_yields_.load() && outstanding_.load() > 0) {
-      { std::lock_guard<std::mutex> lock(queue_mu_); }  // it is inside wait_for, or will see driving() == 0
-      queue_cv_.notify_one();
-    }
-  });
+  return handles_.wait(
+      h, timeout_s, [this] { return drive(); },
+      [this] {
+        if (handles_.driving() == 0 && bg_yields_.load() && outstanding_.load() > 0) {
+          { std::lock_guard<std::mutex> lock(queue_mu_); }  // it is inside wait_for, or will see driving() == 0
+          queue_cv_.notify_one();
+        }
+      },
+      until_launched);
 }
 
 void Engine::loop() {
@@ -412,7 +417,9 @@ void Engine::finish(Entry& e, int status, const std::string& message) {
     std::lock_guard<std::mutex> lock(queue_mu_);
     in_flight_.erase(request_key(e.desc));
   }
-  handles_.complete(*e.handle, status, message);
+  HandleState& h = *e.handle;
+  handles_.complete(h, status, message);
+  if (h.detached.load() && h.done.load() && !h.claimed.exchange(true)) settle_detached(h);
 }
 
 void Engine::fail_everything(int code, const std::string& message) {

@@ -80,7 +80,15 @@ class Engine : private CacheHost {
   int64_t remove_process_set(int id);
   HandleTable& handles() { return handles_; }
   // Waits for a handle; the waiting thread drives the engine meanwhile.
-  bool wait(HandleState& h, double timeout_s);
+  // until_launched: also returns once a CUDA request was launched.
+  bool wait(HandleState& h, double timeout_s, bool until_launched = false);
+  // A CUDA request's synchronize on the caller's stream (runtime/gpu_engine.cc,
+  // c_api.h commlib_wait_on_stream): waits until h completed or was launched;
+  // launched and not complete, makes `stream` wait for its completion event
+  // and detaches h (true in *on_stream). False on timeout.
+  bool wait_on_stream(HandleState& h, void* stream, double timeout_s, bool* on_stream);
+  // The failure of a detached handle not reported yet (0: none), taken once.
+  int take_deferred_error(std::string* message);
 
   // Response cache counters (negotiation/cache_protocol.h): hits, misses,
   // invalidations, cached requests executed; all zero when the cache is off.
@@ -156,6 +164,13 @@ class Engine : private CacheHost {
   // lets them finish rather than abort them mid-flight.
   void drain_gpu();
   void abandon_gpu(int code, const std::string& message);
+
+  // A detached CUDA handle completed: released, its failure kept for the next wait.
+  void settle_detached(HandleState& h);
+  std::mutex deferred_mu_;
+  std::atomic<bool> has_deferred_{false};
+  int deferred_code_ = 0;
+  std::string deferred_message_;
 
   // Point-to-point (p2p/engine_p2p.cc).
   // lanes: control messages between ranks of this host through shared memory.

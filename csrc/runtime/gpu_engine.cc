@@ -3,6 +3,7 @@
 // finishing them when their completion event is reached (the engine's
 // thread). See exec/gpu_route.h and exec/gpu_executor.h.
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -50,9 +51,13 @@ void Engine::launch_gpu(const Response& resp, const std::vector<Entry*>& entries
     pending_.erase(it);
   }
   if (!gpu_) gpu_ = std::make_unique<GpuExecutor>(*gpu::loaded_gpu_libs());
+  std::vector<std::shared_ptr<HandleState>> launched;
+  for (const Entry& e : taken) launched.push_back(e.handle);
   std::string message;
   try {
-    gpu_->launch(resp, taken, executor_.transport_for(resp.process_set), members, now_us());
+    std::shared_ptr<void> done = gpu_->launch(resp, taken, executor_.transport_for(resp.process_set), members,
+                                              now_us());
+    for (auto& h : launched) handles_.mark_launched(*h, done);
   } catch (const Error& e) {
     // (the other ranks' launches, if any, end by the timeout or NCCL's own error)
     message = e.what();
@@ -69,6 +74,47 @@ bool Engine::poll_gpu() {
     for (Entry& e : d.entries) finish(e, d.status, d.message);
   }
   return !done.empty();
+}
+
+bool Engine::wait_on_stream(HandleState& h, void* stream, double timeout_s, bool* on_stream) {
+  *on_stream = false;
+  if (!wait(h, timeout_s, /*until_launched=*/true)) return false;
+  if (h.done.load()) return true;
+  const gpu::GpuLibs* libs = gpu::loaded_gpu_libs();
+  gpu::check_cuda(libs->cuda,
+                  libs->cuda.stream_wait_event(static_cast<gpu::cudaStream>(stream),
+                                               static_cast<gpu::cudaEvent>(h.done_event.get()), 0),
+                  "cudaStreamWaitEvent on the caller's stream");
+  h.detached.store(true);
+  // (completed meanwhile and not settled by the engine: the caller takes the outcome)
+  *on_stream = !(h.done.load() && !h.claimed.exchange(true));
+  return true;
+}
+
+void Engine::settle_detached(HandleState& h) {
+  if (h.status != COMMLIB_OK) {
+    std::fprintf(stderr, "commlib (rank %d): ERROR: a CUDA collective failed after synchronize() had returned "
+                 "(the caller's stream waited for it on the device): %s\n", topo_.rank, h.message.c_str());
+    std::lock_guard<std::mutex> lock(deferred_mu_);
+    if (deferred_code_ == 0) {
+      deferred_code_ = h.status;
+      deferred_message_ = "a CUDA collective failed after synchronize() had returned (its results are not "
+                          "valid): " + h.message;
+      has_deferred_.store(true);
+    }
+  }
+  handles_.release(h.id);
+}
+
+int Engine::take_deferred_error(std::string* message) {
+  if (!has_deferred_.load()) return 0;
+  std::lock_guard<std::mutex> lock(deferred_mu_);
+  const int code = deferred_code_;
+  message->swap(deferred_message_);
+  deferred_message_.clear();
+  deferred_code_ = 0;
+  has_deferred_.store(false);
+  return code;
 }
 
 void Engine::drain_gpu() {

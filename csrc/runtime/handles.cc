@@ -10,6 +10,7 @@ std::pair<int64_t, std::shared_ptr<HandleState>> HandleTable::create() {
   auto h = std::make_shared<HandleState>();
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t id = next_id_++;
+  h->id = id;
   handles_[id] = h;
   return {id, h};
 }
@@ -32,6 +33,16 @@ void HandleTable::complete(HandleState& h, int status, const std::string& messag
   }
   if (--h.remaining > 0) return;
   h.done.store(1);
+  wake();
+}
+
+void HandleTable::mark_launched(HandleState& h, std::shared_ptr<void> done) {
+  h.done_event = std::move(done);
+  h.launched.store(1);
+  wake();
+}
+
+void HandleTable::wake() {
   if (sleepers_.load() > 0) {
     std::lock_guard<std::mutex> lock(wait_mu_);
     wait_cv_.notify_all();
@@ -43,8 +54,10 @@ constexpr int64_t kNoYieldUs = 5;
 }  // namespace
 
 bool HandleTable::wait(HandleState& h, double timeout_s, const std::function<bool()>& drive,
-                       const std::function<void()>& stopped_driving) {
-  auto is_done = [&] { return h.done.load(std::memory_order_acquire) != 0; };
+                       const std::function<void()>& stopped_driving, bool until_launched) {
+  auto is_done = [&] {
+    return h.done.load(std::memory_order_acquire) != 0 || (until_launched && h.launched.load() != 0);
+  };
   if (is_done()) return true;  // (before any clock read: the common case of a finished handle)
   const int64_t start = now_us();
   const int64_t limit = timeout_s < 0 ? -1 : int64_t(timeout_s * 1e6);

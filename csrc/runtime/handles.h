@@ -40,6 +40,16 @@ struct HandleState {
   // recv: the message's dtype and shape
   int dtype = -1;
   std::vector<int64_t> shape;
+  int64_t id = 0;  // in the HandleTable
+  // CUDA collectives (runtime/gpu_engine.cc): once launched on the device,
+  // the launch's completion event (a caller's stream may wait on it). A
+  // caller that let go (detached: commlib_wait_on_stream) leaves the rest to
+  // the engine, which releases the handle when it completes; claimed: the
+  // outcome was taken, by the caller or by the engine, exactly once.
+  std::shared_ptr<void> done_event;
+  std::atomic<int> launched{0};
+  std::atomic<bool> detached{false};
+  std::atomic<bool> claimed{false};
 };
 
 class HandleTable {
@@ -51,6 +61,9 @@ class HandleTable {
   // complete, and waiters wake, when its last request is done. Called only
   // by the background thread.
   void complete(HandleState& h, int status, const std::string& message);
+  // h was launched on a device with completion event `done` (background
+  // thread); wakes the threads waiting for the launch.
+  void mark_launched(HandleState& h, std::shared_ptr<void> done);
   // Threads currently inside wait(): nobody will enqueue more from them.
   int waiting() const { return waiting_.load(); }
   // Threads currently driving progress from wait() (see below).
@@ -59,11 +72,13 @@ class HandleTable {
   // drive() (the engine's progress, one cycle at a time; false when it did
   // nothing or could not run) and otherwise yields the core; after that it
   // sleeps on a condvar. stopped_driving() runs when this thread stops
-  // driving. Returns false on timeout (timeout_s < 0: none).
+  // driving. Returns false on timeout (timeout_s < 0: none). until_launched:
+  // also returns once h was launched on a device (mark_launched).
   bool wait(HandleState& h, double timeout_s, const std::function<bool()>& drive,
-            const std::function<void()>& stopped_driving);
+            const std::function<void()>& stopped_driving, bool until_launched = false);
 
  private:
+  void wake();  // the threads sleeping in wait()
   std::mutex mu_;
   std::unordered_map<int64_t, std::shared_ptr<HandleState>> handles_;
   int64_t next_id_ = 1;

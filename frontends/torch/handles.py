@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import commlib as _c
+from commlib import gpu
+from commlib.handle import synchronize_on_stream
 
 
 class Handle:
@@ -53,22 +55,37 @@ def poll(handle) -> bool:
     return _c.poll(hs)
 
 
+def _wait(h):
+    """One core handle's result. A CUDA collective through NCCL, with
+    COMMLIB_CUDA_SYNC=stream (the default): once it is launched, the current
+    stream of its device waits for it on the device, and the host goes on."""
+    if h.device is None or gpu.sync_mode() == "host":
+        return _c.synchronize(h)
+    import torch
+
+    return synchronize_on_stream(h, torch.cuda.current_stream(h.device).cuda_stream)
+
+
 def synchronize(handle):
     """Waits for an asynchronous collective and returns its result: the output
     tensor (the input tensor itself for in-place forms), a list for grouped
-    forms, ``(output, received_splits)`` for alltoall."""
+    forms, ``(output, received_splits)`` for alltoall. For CUDA tensors
+    through NCCL (COMMLIB_CUDA_SYNC=stream, the default) the host waits only
+    until the collective is launched: the caller's current stream waits for
+    it on the device, so work queued on that stream afterwards sees the
+    result."""
     hs = _core_handles(handle)
     if hs is handle:
-        return _c.synchronize(handle)
+        return _wait(handle)
     if isinstance(hs, list):
         results, first_error = [], None
         for h in hs:  # wait for every member even if one fails
             try:
-                results.append(_c.synchronize(h))
+                results.append(_wait(h))
             except Exception as e:  # noqa: BLE001 - re-raised below
                 results.append(None)
                 first_error = first_error or e
         if first_error is not None:
             raise first_error
         return handle._finish(results)
-    return handle._finish(_c.synchronize(hs))
+    return handle._finish(_wait(hs))

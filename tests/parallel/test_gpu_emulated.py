@@ -2,9 +2,12 @@
 (tests/gpu_emulator/build.py): every collective x dtype x op equals numpy and
 the CPU path, bitwise identical across ranks; fusion, process sets, the
 refusals; a collective waits for its input's ready event on the caller's
-stream and completes only once its result is in place; a stopped rank ends
+stream and completes only once its result is in place; synchronize on the
+caller's stream returns before the device ran the collective, and that
+stream sees the result; a stopped rank ends
 the others by the timeout (the GPU-side one, with ncclCommAbort, when it is
-frozen inside the collective) and the job goes on. At 2 and 3 ranks. See
+frozen inside the collective; after a synchronize on the stream, from the
+next synchronize) and the job goes on. At 2 and 3 ranks. See
 tests/parallel/workers/gpu_emulated.py. Real GPUs: tests/gpu/."""
 import time
 
@@ -28,7 +31,14 @@ def test_collective_waits_for_its_input_and_completes_with_its_result(ranks, gpu
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("how", ["sleeps", "frozen"])
+def test_synchronize_on_stream_leaves_the_wait_to_the_stream(ranks, gpu_emulator, n):
+    env = dict(gpu_emulator, COMMLIB_GPU_EMULATOR_DELAY_US="30000")
+    ranks(n, "gpu_emulated.py", "stream", timeout=150, env=env).assert_ok(n)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("how", ["sleeps", "frozen", "frozen-on-stream"])
 def test_stopped_rank_ends_the_others_by_the_timeout(ranks, gpu_emulator, n, how):
     env = dict(gpu_emulator, COMMLIB_TIMEOUT=str(T))
     start = time.monotonic()

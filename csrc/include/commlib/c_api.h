@@ -202,6 +202,16 @@ int commlib_poll(int64_t handle);
  * handle is released in the same call (a synchronize that needs nothing else
  * from the core). */
 int commlib_wait_status(int64_t handle, double timeout_s, int release);
+/* A CUDA collective's synchronize on the caller's stream: waits (as
+ * commlib_wait_status: COMMLIB_ERR_TIMEOUT while neither) until the handle
+ * completed or was launched on the device. Launched and not complete: makes
+ * `stream` (the caller's cudaStream_t; NULL: the legacy default stream) wait
+ * on the device for its completion, sets *on_stream = 1 and lets go of the
+ * handle, which the core releases when it completes; a failure after that is
+ * returned, once, by the next wait of any handle. Otherwise *on_stream = 0,
+ * and the status is returned and the handle released as by
+ * commlib_wait_status with release. */
+int commlib_wait_on_stream(int64_t handle, void* stream, double timeout_s, int* on_stream);
 /* Result of an allgather/alltoall: pointer, bytes and dim 0 rows. Ownership
  * passes to the caller, who releases it with commlib_free_result(). */
 int commlib_handle_take_result(int64_t handle, void** data, int64_t* nbytes,

@@ -14,10 +14,14 @@ argv[1]:
   an asynchronous copy on the caller's stream just before the collective is
   submitted; the collective must wait for it, and its handle must complete
   only once the result is in place;
-- sleeps, frozen (run with COMMLIB_TIMEOUT): the last rank never submits a
-  collective, or is stopped (SIGSTOP) inside it; the others fail with
-  CollectiveTimeoutError naming it within the timeout + 10 s (frozen: their
-  communicator is aborted), and the job goes on.
+- stream (run with COMMLIB_GPU_EMULATOR_DELAY_US): synchronize_on_stream
+  returns before the device has run the collective, and the caller's stream
+  sees its result;
+- sleeps, frozen, frozen-on-stream (run with COMMLIB_TIMEOUT): the last rank
+  never submits a collective, or is stopped (SIGSTOP) inside it; the others
+  fail with CollectiveTimeoutError naming it within the timeout + 10 s
+  (frozen: their communicator is aborted; on-stream: the error comes from
+  their next synchronize), and the job goes on.
 """
 import ctypes
 import os
@@ -31,7 +35,7 @@ import commlib
 from commlib import device_ops
 from commlib._lib import lib
 from commlib.device_ops import DeviceBuffer
-from commlib.handle import synchronize
+from commlib.handle import synchronize, synchronize_on_stream
 from commlib.dtypes import dtype_code
 from commlib.ops import reducescatter_rows
 from _common import check_equal, done, expect_raises, fail
@@ -257,12 +261,52 @@ def test_ordering():
     # (then done() and shutdown(): rank 0 leaves while the last rank's collective still runs)
 
 
+def copy_on_stream(dst, src, stream=0):
+    """An asynchronous copy on an emulated stream (a "kernel")."""
+    rc = EMULATOR.cudaMemcpyAsync(ctypes.c_void_p(dst.ctypes.data), ctypes.c_void_p(src.ctypes.data),
+                                  ctypes.c_size_t(dst.nbytes), 1, ctypes.c_void_p(stream))
+    if rc != 0:
+        fail(f"cudaMemcpyAsync: {rc}")
+
+
+def test_stream_sync():
+    """synchronize_on_stream returns once the collective is launched, before
+    the device has run it (its input is not even ready yet), and work queued
+    on the caller's stream afterwards sees the result."""
+    for i in range(3):
+        size = 1 << (10 + 4 * i)
+        src = np.full(size, float(r + 1 + i), np.float32)
+        x = np.zeros(size, np.float32)
+        out = np.full(size, -1.0, np.float32)
+        for _ in range(8):  # (a long "kernel": the input is ready after 9 delayed tasks, 270 ms)
+            copy_on_stream(out[:1], src[:1])
+        copy_on_stream(x, src)
+        got = synchronize_on_stream(device(lib.COMMLIB_OP_ALLREDUCE, f"on-stream.{i}", x, out,
+                                           reduce_op=commlib.Sum), 0)
+        if got is not out:
+            fail("synchronize_on_stream did not return the output")
+        if out[1] != -1.0:
+            fail("synchronize_on_stream waited for the device to finish the collective")
+        probe = np.zeros_like(out)
+        copy_on_stream(probe, out)  # queued after the synchronize: must see the result
+        EMULATOR.cudaStreamSynchronize(ctypes.c_void_p(0))
+        want = np.full(size, float(sum(q + 1 + i for q in range(n))), np.float32)
+        check_equal(probe, want, f"the caller's stream after synchronize_on_stream ({size} elements)")
+    # A CPU handle is synchronized as by synchronize.
+    h = commlib.allreduce_async(np.ones(3), op=commlib.Sum, name="cpu.on-stream")
+    check_equal(synchronize_on_stream(h, 0), np.full(3, float(n)), "a CPU handle through synchronize_on_stream")
+
+
 def test_stopped(how):
     """The last rank stops taking part: it never submits (sleeps), or it is
     stopped (SIGSTOP) inside the collective (frozen). The others fail with
     CollectiveTimeoutError naming it within the timeout + 10 s; then every
-    rank goes on (a new communicator replaces the aborted one)."""
+    rank goes on (a new communicator replaces the aborted one). With
+    frozen-on-stream the others synchronize on their stream: that returns at
+    once, their stream waits until the communicator is aborted, and the
+    timeout error comes from their next synchronize."""
     timeout = float(os.environ["COMMLIB_TIMEOUT"])
+    on_stream = how == "frozen-on-stream"
     pids = commlib.allgather(np.array([os.getpid()]), name="pids")
     x = np.ones(1 << 16, np.float32)
     synchronize(device(lib.COMMLIB_OP_ALLREDUCE, "warm-up", x, x, reduce_op=commlib.Sum))
@@ -276,20 +320,32 @@ def test_stopped(how):
         # Its own collective fails too: its peers aborted, and it has made no
         # progress for longer than the timeout.
         expect_raises(commlib.CommlibError, lambda: synchronize(h), "the stopped rank's collective")
+        if on_stream:
+            commlib.barrier()
     else:
-        if how == "frozen":
+        if how != "sleeps":
             commlib.barrier()
             if r == 0:
                 os.kill(int(pids[n - 1]), signal.SIGSTOP)
         start = time.monotonic()
-        e = expect_raises(commlib.CollectiveTimeoutError,
-                          lambda: synchronize(device(lib.COMMLIB_OP_ALLREDUCE, "stuck", x, x,
-                                                     reduce_op=commlib.Sum)),
-                          f"allreduce with rank {n - 1} stopped")
+        stuck = device(lib.COMMLIB_OP_ALLREDUCE, "stuck", x, x, reduce_op=commlib.Sum)
+        if on_stream:
+            synchronize_on_stream(stuck, 0)
+            EMULATOR.cudaStreamSynchronize(ctypes.c_void_p(0))  # (ends when the communicator is aborted)
+            time.sleep(0.5)
+            if r == 0:
+                os.kill(int(pids[n - 1]), signal.SIGCONT)
+            e = expect_raises(commlib.CollectiveTimeoutError, commlib.barrier,
+                              "the synchronize after a collective that failed on the device")
+            if "after synchronize() had returned" not in str(e):
+                fail(f"the error does not say the collective failed after its synchronize: {e}")
+        else:
+            e = expect_raises(commlib.CollectiveTimeoutError, lambda: synchronize(stuck),
+                              f"allreduce with rank {n - 1} stopped")
         took = time.monotonic() - start
         if took > timeout + 10:
             fail(f"the timeout error took {took:.1f} s (COMMLIB_TIMEOUT {timeout:.0f} s)")
-        for part in ("'stuck'", str(n - 1)) + (("ncclCommAbort",) if how == "frozen" else ()):
+        for part in ("'stuck'", str(n - 1)) + (("ncclCommAbort",) if how != "sleeps" else ()):
             if part not in str(e):
                 fail(f"the error does not name {part}: {e}")
         if r == 0 and how == "frozen":
@@ -306,7 +362,9 @@ if case == "collectives":
         test()
 elif case == "ordering":
     test_ordering()
-elif case in ("sleeps", "frozen"):
+elif case == "stream":
+    test_stream_sync()
+elif case in ("sleeps", "frozen", "frozen-on-stream"):
     test_stopped(case)
 else:
     fail(f"unknown case {case}")
