@@ -100,7 +100,7 @@ def resolve_op(op=None, average=None, default=Average) -> int:
 def _fill(req, keep: list, op_type: int, name: str, inp: np.ndarray | None,
           out: np.ndarray | None, reduce_op: int = 0, prescale: float = 1.0,
           postscale: float = 1.0, root: int = 0, splits: Sequence[int] | None = None,
-          process_set: int = 0) -> None:
+          process_set: int = 0, output_rows: int = -1) -> None:
     """Fills one commlib_request; cffi objects it points to go into keep."""
     req.op_type = op_type
     req.process_set = process_set
@@ -116,6 +116,7 @@ def _fill(req, keep: list, op_type: int, name: str, inp: np.ndarray | None,
         req.input = ffi.from_buffer(inp, require_writable=False) if inp.size else ffi.NULL
     if out is not None and out.size:
         req.output = ffi.from_buffer(out, require_writable=True)
+    req.output_rows = output_rows
     req.reduce_op = reduce_op
     req.prescale = float(prescale)
     req.postscale = float(postscale)
@@ -129,14 +130,14 @@ def _fill(req, keep: list, op_type: int, name: str, inp: np.ndarray | None,
 
 def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | None,
              reduce_op: int = 0, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
-             splits: Sequence[int] | None = None, process_set: int = 0):
+             splits: Sequence[int] | None = None, process_set: int = 0, output_rows: int = -1):
     """Submits one request; returns (handle id, cffi objects to keep alive).
     (Before init() the core refuses it with NotInitializedError.)"""
-    if splits is not None:  # (the request struct carries splits)
+    if splits is not None or output_rows >= 0:  # (the request struct carries them)
         req = ffi.new("commlib_request*")
         keep = [req]
         _fill(req, keep, op_type, name, inp, out, reduce_op, prescale, postscale, root, splits,
-              process_set)
+              process_set, output_rows)
         hid = ffi.new("int64_t*")
         check(lib.commlib_enqueue(req, hid))
         return hid[0], keep
@@ -222,17 +223,31 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 # ---------------------------------------------------------------- allgather
 
-def allgather_async(tensor, name=None, process_set=None) -> Handle:
+def allgather_async(tensor, name=None, process_set=None, out=None) -> Handle:
     """Starts concatenating every rank's ``tensor`` along dimension 0 (whose
-    size may differ across ranks; the other dimensions must agree)."""
+    size may differ across ranks; the other dimensions must agree). With
+    ``out`` (C-contiguous, writable, of the input's dtype and other
+    dimensions) the result is written there, with nothing allocated, and
+    ``out`` is returned; its rows must equal the sum of every rank's rows
+    (else ValueError on that rank). ``tensor`` may be this rank's own part of
+    ``out`` (in place: ``allgather(out[lo:hi], out=out)``)."""
     inp = as_input(tensor)
     if inp.ndim == 0:
         raise ScalarTensorError("allgather needs a tensor with at least one dimension, "
                                 "got a 0-d tensor")
     psid = _psid(process_set)
-    hid, keep = _enqueue(lib.COMMLIB_OP_ALLGATHER,
-                         runtime.auto_name("allgather", name, psid), inp, None,
-                         process_set=psid)
+    name = runtime.auto_name("allgather", name, psid)
+    if out is not None:
+        out = check_output(out, f"allgather '{name}' (out=)")
+        if out.dtype != inp.dtype:
+            raise TypeError(f"allgather '{name}': out has dtype {out.dtype}, the input {inp.dtype}")
+        if out.ndim != inp.ndim or out.shape[1:] != inp.shape[1:]:
+            raise ValueError(f"allgather '{name}': out has shape {out.shape}; the result has shape "
+                             f"(rows,) + {inp.shape[1:]}")
+        hid, keep = _enqueue(lib.COMMLIB_OP_ALLGATHER, name, inp, out, process_set=psid,
+                             output_rows=out.shape[0])
+        return Handle(hid, None, (keep, inp, out), "allgather", value=out)
+    hid, keep = _enqueue(lib.COMMLIB_OP_ALLGATHER, name, inp, None, process_set=psid)
 
     def finish(h):
         data, rows = core_result(h)
@@ -241,8 +256,8 @@ def allgather_async(tensor, name=None, process_set=None) -> Handle:
     return Handle(hid, finish, (keep, inp), "allgather")
 
 
-def allgather(tensor, name=None, process_set=None) -> np.ndarray:
-    return synchronize(allgather_async(tensor, name, process_set))
+def allgather(tensor, name=None, process_set=None, out=None) -> np.ndarray:
+    return synchronize(allgather_async(tensor, name, process_set, out))
 
 
 # ---------------------------------------------------------------- broadcast

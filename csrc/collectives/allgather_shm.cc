@@ -19,7 +19,7 @@ void allgather_shm(ShmSegment& shm, const void* in, void* out, const std::vector
     largest = std::max(largest, bytes[r]);
   }
   char* dst = static_cast<char*>(out);
-  std::memcpy(dst + displ[me], in, bytes[me]);  // my own part needs no staging
+  if (dst + displ[me] != in) std::memcpy(dst + displ[me], in, bytes[me]);  // my own part needs no staging
   for (size_t a = 0; a < largest;) {
     ShmBlock blk(shm);
     const size_t w = std::min(blk.capacity(), largest - a);

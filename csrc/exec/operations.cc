@@ -190,14 +190,33 @@ void run_allgather(OpContext& ctx, Entry& e, const std::vector<int64_t>& rows) {
     total_rows += rows[r];
   }
   HandleState& h = *e.handle;
-  char* out = h.alloc_result(size_t(total_rows) * rb);
-  if (use_shm_collective(ctx, size_t(total_rows) * rb <= kShmAllgatherMaxBytes)) {
+  const size_t total = size_t(total_rows) * rb;
+  // Into the caller's output when it holds the result; else (and when it
+  // does not: this rank still takes part, then fails alone) into one the core allocates.
+  std::string wrong;
+  if (e.output && e.output_rows != total_rows) {
+    wrong = "allgather '" + e.desc.name + "': out holds " + std::to_string(e.output_rows) +
+            " rows, and the ranks' rows add up to " + std::to_string(total_rows);
+  }
+  char* out = e.output && wrong.empty() ? static_cast<char*>(e.output) : h.alloc_result(total);
+  // An input inside the output but not at this rank's own part is read before anything is written.
+  const void* in = e.input;
+  std::vector<char> copy;
+  const char* own = out;
+  for (int r = 0; r < ctx.transport.rank(); ++r) own += bytes[r];
+  const char* src = static_cast<const char*>(e.input);
+  if (src != own && src < out + total && src + bytes[ctx.transport.rank()] > out) {
+    copy.assign(src, src + bytes[ctx.transport.rank()]);
+    in = copy.data();
+  }
+  if (use_shm_collective(ctx, total <= kShmAllgatherMaxBytes)) {
     note_algorithm("shm");
-    allgather_shm(*ctx.shm, e.input, out, bytes);
+    allgather_shm(*ctx.shm, in, out, bytes);
   } else {
     note_algorithm("mpi");
-    ctx.transport.allgatherv(e.input, out, bytes);
+    ctx.transport.allgatherv(in, out, bytes);
   }
+  if (!wrong.empty()) throw Error(COMMLIB_ERR_VALUE, wrong);
   h.rows = total_rows;
   h.splits = rows;
 }

@@ -37,9 +37,10 @@ struct Entry {
   int64_t submitted_us = 0;  // handed to the cache or to negotiation
   bool cache_expired = false;  // waited too long; its bit's invalidation is in the log
   std::vector<char> scratch;   // a joined rank's stand-in buffers (join.h)
-  // CUDA requests (desc.device_type): the device, an event recorded on the
-  // caller's stream at enqueue (the inputs are ready once it completes), and
-  // allgather/alltoall: the rows the caller allocated in output.
+  // CUDA requests (desc.device_type): the device, and an event recorded on
+  // the caller's stream at enqueue (the inputs are ready once it completes).
+  // Allgather (also on CPU, with an output) and CUDA alltoall: the rows the
+  // caller allocated in output.
   int device_id = 0;
   void* ready_event = nullptr;
   int64_t output_rows = -1;

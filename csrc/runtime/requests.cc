@@ -81,6 +81,9 @@ void validate_request(const commlib_request& q, const std::vector<int>& members)
   } else if (n > 0 && !q.input) {
     throw Error(COMMLIB_ERR_VALUE, "input buffer is NULL");
   }
+  if (q.op_type == COMMLIB_OP_ALLGATHER && q.output && q.output_rows < 0) {
+    throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": an output needs its rows (output_rows >= 0)");
+  }
   // (reducescatter: a rank may receive no rows, so its output may be NULL)
   const bool needs_output = q.op_type == COMMLIB_OP_ALLREDUCE || q.op_type == COMMLIB_OP_BROADCAST;
   if (needs_output && n > 0 && !q.output) throw Error(COMMLIB_ERR_VALUE, "output buffer is NULL");
@@ -152,6 +155,7 @@ Entry Engine::make_entry(const commlib_request& q) {
   e.desc.shape.assign(q.shape, q.shape + q.ndim);
   e.input = q.input;
   e.output = q.output;
+  if (q.op_type == COMMLIB_OP_ALLGATHER && q.output) e.output_rows = q.output_rows;
   for (int i = 0; i < q.npieces; ++i) e.pieces.push_back({q.pieces[i], size_t(q.piece_elements[i])});
   if (q.device_type != COMMLIB_DEVICE_CPU) prepare_gpu_entry(q, e);
   return e;

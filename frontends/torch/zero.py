@@ -16,7 +16,7 @@ shard i only: a shard-sized optimizer of the wrapped class, with the same
 hyperparameters (copied from ``param_groups`` at every step, so LR
 schedulers work), steps the shards in place bucket by bucket, and each
 bucket's updated shards are gathered into every rank's parameters (one
-in-place broadcast per owner) while the next bucket steps.
+in-place allgather) while the next bucket steps.
 
 - Both stages reduce-scatter a bucket's gradients when they are all final
   (overlapped with backward), read where autograd left them (zero_pieces:
@@ -61,11 +61,12 @@ import warnings
 import torch
 
 import commlib as _c
-from commlib.process_sets import members, set_rank, set_size
+from commlib.process_sets import set_rank, set_size
 from commlib.sharding import check_zero_stage, plan_buckets
 
 from . import mpi_ops as _ops
 from .compression import Compression
+from .tensor_io import as_array
 from .zero_buckets import FlatBucket
 from .zero_pieces import reducescatter_grads_async
 from .zero_state import (group_hyperparameters, is_elementwise, shard_from_params,
@@ -263,17 +264,16 @@ class ZeroMixin:
     def _gather_starts(self, flat_of, what: str, buckets=None) -> list:
         """Starts gathering every rank's shard of ``flat_of(bucket)`` into
         every rank's copy (of ``buckets``, default all): one in-place
-        broadcast per owner, written straight into the buffer, with no
-        result to copy. Returns the handles."""
-        owners = members(self.process_set)
+        allgather per bucket, this rank's shard already in its place and the
+        others' written straight into the buffer, with no result to copy.
+        Returns the handles."""
+        me = set_rank(self.process_set)
         handles = []
         for b in self._buckets if buckets is None else buckets:
-            i, flat = self._buckets.index(b), flat_of(b)
-            for k, root in enumerate(owners):
-                lo, hi = b.plan.owned(k)
-                handles.append(_ops.broadcast_async_(flat[lo:hi], root_rank=root,
-                                                     name=f"{self._prefix}zero{i}.{what}{k}",
-                                                     process_set=self.process_set))
+            i = self._buckets.index(b)
+            whole = as_array(flat_of(b)).reshape(b.plan.world, b.plan.shard)
+            handles.append(_c.allgather_async(whole[me:me + 1], name=f"{self._prefix}zero{i}.{what}",
+                                              process_set=self.process_set, out=whole))
         return handles
 
     @staticmethod

@@ -194,6 +194,8 @@ void MpiTransport::allgatherv(const void* in, void* out, const std::vector<size_
     displs[r] = to_int(off, "allgather");
     off += bytes[r];
   }
+  // (this rank's part already in place in out: MPI forbids passing it as the input too)
+  if (in == static_cast<const char*>(out) + displs[rank_]) in = MPI_IN_PLACE;
   MPI_Request r;
   check_mpi(MPI_Iallgatherv(in, counts[rank_], MPI_BYTE, out, counts.data(), displs.data(),
                             MPI_BYTE, comm_, &r),

@@ -112,8 +112,13 @@ typedef struct {
   int device_type;        /* COMMLIB_DEVICE_*; zero-initialised = CPU        */
   int device_id;          /* the device's index (CUDA)                       */
   void* stream;           /* the stream the buffers are ready on (CUDA)      */
-  int64_t output_rows;    /* CUDA allgather/alltoall: dim-0 rows the caller
-                             allocated in output (the negotiated result's)  */
+  int64_t output_rows;    /* allgather (CPU or CUDA; CPU: with output set)
+                             and CUDA alltoall: dim-0 rows the caller
+                             allocated in output, which must be the
+                             negotiated result's. A CPU allgather with an
+                             output writes there instead of a result the
+                             core allocates; its input may be this rank's
+                             own part of output (in place)                  */
   void** pieces;          /* CPU reducescatter: the input as npieces buffers
                              end to end, read in place (input must be NULL);
                              a NULL piece stands for that many zeros        */

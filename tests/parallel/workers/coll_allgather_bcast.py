@@ -50,6 +50,55 @@ want = np.concatenate([(np.arange(big_rows(q) * 2, dtype=np.float32) + q * 0.5).
 check_result(got, want, "big allgather")
 ledger.record("big allgather", got)
 
+# ------------------------------------------------------------------ allgather into out=
+# out of place and in place (the input is this rank's own part of out), small
+# and big (the shared-memory and the MPI paths), uneven rows, every dtype
+from _common import expect_raises  # noqa: E402
+
+for dt in DTYPES:
+    for rname, rows in (("2(q+1)", ROWS["2(q+1)"]), ("q%3", ROWS["q%3"]), ("big", lambda q: 70_000 * (q + 1))):
+        ins = [make_input(q, dt, (rows(q), 3), tag=("agout", rname)) for q in range(n)]
+        want = np.concatenate(ins, axis=0)
+        out = np.zeros_like(want)
+        mine = ins[r].copy()
+        got = commlib.allgather(mine, out=out)
+        check_true(got is out, f"allgather out= {dt.name} {rname}: returns out")
+        check_result(out, want, f"allgather out= {dt.name} {rname}")
+        check_result(mine, ins[r], f"allgather out= {dt.name} {rname}: input modified")
+        lo = sum(rows(q) for q in range(r))
+        inplace = np.zeros_like(want)
+        inplace[lo:lo + rows(r)] = ins[r]
+        h = commlib.allgather_async(inplace[lo:lo + rows(r)], out=inplace)
+        check_result(commlib.synchronize(h), want, f"allgather in place {dt.name} {rname}")
+        ledger.record(f"allgather out= {dt.name} {rname}", out)
+
+# an input overlapping out elsewhere than its own part is read before out is written
+buf = np.arange(4 * n * 2, dtype=np.float64).reshape(4 * n, 2) + 100 * r
+src = buf[1:5].copy()
+got = commlib.allgather(buf[1:5], out=buf)
+check_result(got, np.concatenate([np.arange(8, dtype=np.float64).reshape(4, 2)[0:4] + 2 + 100 * q
+                                  for q in range(n)]), "allgather with an overlapping input")
+check_true(np.array_equal(src, np.arange(8, dtype=np.float64).reshape(4, 2) + 2 + 100 * r), "overlap setup")
+
+# a wrong out fails on its rank alone (the others get their result), and the job goes on
+x = np.full((2, 3), float(r), np.float32)
+if r == n - 1:
+    expect_raises(ValueError, lambda: commlib.allgather(x, out=np.zeros((2 * n + 1, 3), np.float32),
+                                                        name="ag.wrong-rows"),
+                  "allgather into an out with the wrong rows", match="rows add up to")
+else:
+    got = commlib.allgather(x, out=np.zeros((2 * n, 3), np.float32), name="ag.wrong-rows")
+    check_result(got, np.repeat(np.arange(n, dtype=np.float32), 2)[:, None] * np.ones(3, np.float32),
+                 "allgather beside a rank with a wrong out")
+expect_raises(TypeError, lambda: commlib.allgather(x, out=np.zeros((2 * n, 3), np.float64)),
+              "allgather into an out of another dtype", match="dtype")
+expect_raises(ValueError, lambda: commlib.allgather(x, out=np.zeros((2 * n, 4), np.float32)),
+              "allgather into an out of other trailing dimensions", match="shape")
+expect_raises(ValueError, lambda: commlib.allgather(x, out=np.zeros((3, 2 * n), np.float32).T),
+              "allgather into a non-contiguous out", match="C-contiguous")
+got = commlib.allgather(x, out=np.zeros((2 * n, 3), np.float32), name="ag.after")
+check_result(got[::2, 0], np.arange(n, dtype=np.float32), "allgather after the errors")
+
 # ------------------------------------------------------------------ broadcast
 SHAPES = [(0,), (1,), (5,), (3, 4), (2, 3, 2)]
 for dt in DTYPES:
