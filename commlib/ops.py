@@ -370,18 +370,30 @@ def reducescatter_rows(dim0: int, process_set=None) -> int:
 
 
 def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
-                        postscale_factor=1.0, process_set=None, out=None) -> Handle:
+                        postscale_factor=1.0, process_set=None, out=None, splits=None) -> Handle:
     """Starts reducing ``tensor`` across ranks and leaves on each rank its part
     of dimension 0 (split as evenly as possible, lower ranks get the extra
-    rows). ``out``: a C-contiguous writable array of that part's shape and
-    the input's dtype to write the result into (no allocation); it is the
-    result."""
+    rows; or ``splits[i]`` rows for the set's i-th rank, the same list on
+    every rank, summing to dimension 0). ``out``: a C-contiguous writable
+    array of that part's shape and the input's dtype to write the result
+    into (no allocation); it is the result."""
     inp = as_input(tensor)
     if inp.ndim == 0:
         raise ScalarTensorError("reducescatter needs a tensor with at least one dimension, "
                                 "got a 0-d tensor")
     psid = _psid(process_set)
-    shape = (reducescatter_rows(inp.shape[0], process_set),) + inp.shape[1:]
+    if splits is None:
+        rows = reducescatter_rows(inp.shape[0], process_set)
+    else:
+        splits = [int(x) for x in splits]
+        ranks = _members(process_set)
+        if runtime.rank() not in ranks:
+            raise ValueError(f"rank {runtime.rank()} is not a member of {process_set}")
+        if len(splits) != len(ranks) or min(splits, default=0) < 0 or sum(splits) != inp.shape[0]:
+            raise ValueError(f"reducescatter splits {splits}: expected {len(ranks)} non-negative "
+                             f"entries summing to dimension 0 ({inp.shape[0]})")
+        rows = splits[ranks.index(runtime.rank())]
+    shape = (rows,) + inp.shape[1:]
     if out is None:
         out = np.empty(shape, dtype=inp.dtype)
     else:
@@ -391,14 +403,14 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
     hid, keep = _enqueue(lib.COMMLIB_OP_REDUCESCATTER,
                          runtime.auto_name("reducescatter", name, psid), inp,
                          out, reduce_op=resolve_op(op), prescale=prescale_factor,
-                         postscale=postscale_factor, process_set=psid)
+                         postscale=postscale_factor, splits=splits, process_set=psid)
     return Handle(hid, None, (keep, inp, out), "reducescatter", out)
 
 
 def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0,
-                  postscale_factor=1.0, process_set=None, out=None) -> np.ndarray:
+                  postscale_factor=1.0, process_set=None, out=None, splits=None) -> np.ndarray:
     return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
-                                           process_set, out))
+                                           process_set, out, splits))
 
 
 def check_out_part(out, shape: tuple, dtype, what: str) -> np.ndarray:

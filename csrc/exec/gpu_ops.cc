@@ -180,7 +180,7 @@ void nccl_reducescatter(gpu::NcclComm& c, Entry& e) {
   ReduceOp op(c, d);
   const gpu::NcclLib& n = c.libs().nccl;
   const int64_t dim0 = d.shape[0];
-  if (dim0 % size == 0) {
+  if (d.splits.empty() && dim0 % size == 0) {
     check_nccl(n, n.reduce_scatter(e.input, e.output, size_t(dim0 / size) * row, nccl_dtype(d.dtype), op.op(),
                                    c.comm(), c.stream()),
                "ncclReduceScatter '" + d.name + "'");
@@ -189,7 +189,7 @@ void nccl_reducescatter(gpu::NcclComm& c, Entry& e) {
   grouped(c, [&] {  // uneven rows: one reduce per rank to its slice
     size_t off = 0;
     for (int r = 0; r < size; ++r) {
-      const size_t count = size_t(reducescatter_rows(dim0, size, r)) * row;
+      const size_t count = size_t(reducescatter_rows(d, size, r)) * row;
       const char* src = static_cast<const char*>(e.input) + off * esize;
       // (only the root's receive buffer is written; the others pass their input)
       void* dst = r == c.rank() ? e.output : const_cast<char*>(src);

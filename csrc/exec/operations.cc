@@ -32,6 +32,11 @@ int64_t reducescatter_rows(int64_t dim0, int size, int r) {
   return dim0 / size + (r < dim0 % size ? 1 : 0);
 }
 
+int64_t reducescatter_rows(const RequestDesc& d, int size, int r) {
+  if (!d.splits.empty()) return d.splits.at(size_t(r));
+  return reducescatter_rows(d.shape.empty() ? 1 : d.shape[0], size, r);
+}
+
 namespace {
 
 AlgoChoice choice_of(const OpContext& ctx) {
@@ -281,12 +286,11 @@ void run_reducescatter(OpContext& ctx, Entry& e) {
   const RequestDesc& d = e.desc;
   const int size = ctx.transport.size();
   const int me = ctx.transport.rank();
-  const int64_t dim0 = d.shape.empty() ? 1 : d.shape[0];
   const size_t esize = dtype_size(d.dtype);
   const size_t row_elems = row_bytes(d) / esize;
   const size_t n = size_t(num_elements(d.shape));
   std::vector<size_t> counts(size);
-  for (int r = 0; r < size; ++r) counts[r] = size_t(reducescatter_rows(dim0, size, r)) * row_elems;
+  for (int r = 0; r < size; ++r) counts[r] = size_t(reducescatter_rows(d, size, r)) * row_elems;
   const size_t mine = counts[me];
   int op;
   double post;

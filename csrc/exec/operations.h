@@ -28,6 +28,8 @@ struct OpContext {
 
 // Rows of dim 0 that reducescatter leaves on rank r (first ranks get extras).
 int64_t reducescatter_rows(int64_t dim0, int size, int r);
+// The same for a request: its explicit splits (rows per rank) when it has them.
+int64_t reducescatter_rows(const RequestDesc& d, int size, int r);
 
 void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries);
 void run_allgather(OpContext& ctx, Entry& e, const std::vector<int64_t>& rows);

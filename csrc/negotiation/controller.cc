@@ -90,6 +90,8 @@ std::string Controller::validate(const std::vector<RequestDesc>& d, const std::v
     return fail("device", [](const RequestDesc& x) { return std::string(x.device_type ? "cuda" : "cpu"); });
   if (differs(d, [](const RequestDesc& x) { return x.dtype; }))
     return fail("dtype", [](const RequestDesc& x) { return std::string(dtype_name(x.dtype)); });
+  if (op == COMMLIB_OP_REDUCESCATTER && differs(d, [](const RequestDesc& x) { return x.splits; }))
+    return fail("splits", [](const RequestDesc& x) { return x.splits.empty() ? std::string("None") : shape_str(x.splits); });
   if (uses_reduce_op(op)) {
     if (differs(d, [](const RequestDesc& x) { return x.reduce_op; }))
       return fail("reduction op", [](const RequestDesc& x) { return std::string(reduce_op_name(x.reduce_op)); });

@@ -50,8 +50,7 @@ Entry joined_entry(const RequestDesc& d, int set_rank, int set_size) {
       e.scratch.assign(n * esize + 1, 0);
       break;
     case COMMLIB_OP_REDUCESCATTER: {
-      const int64_t dim0 = d.shape.empty() ? 1 : d.shape[0];
-      const size_t mine = size_t(reducescatter_rows(dim0, set_size, set_rank)) * row_elems * esize;
+      const size_t mine = size_t(reducescatter_rows(d, set_size, set_rank)) * row_elems * esize;
       e.scratch.assign(aligned(n * esize) + mine + 1, 0);
       e.output = e.scratch.data() + aligned(n * esize);
       break;

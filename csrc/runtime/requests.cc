@@ -89,6 +89,27 @@ void validate_request(const commlib_request& q, const std::vector<int>& members)
   if (needs_output && n > 0 && !q.output) throw Error(COMMLIB_ERR_VALUE, "output buffer is NULL");
 }
 
+// A reducescatter's explicit rows per rank (none: the even split).
+std::vector<int64_t> reducescatter_splits(const commlib_request& q, int size) {
+  if (q.nsplits == 0) return {};
+  const std::string what = std::string("reducescatter '") + (q.name ? q.name : "") + "'";
+  if (q.nsplits != size) {
+    throw Error(COMMLIB_ERR_VALUE, what + ": splits must have one entry per rank (" + std::to_string(size) +
+                                       "), got " + std::to_string(q.nsplits));
+  }
+  std::vector<int64_t> s(q.splits, q.splits + q.nsplits);
+  int64_t sum = 0;
+  for (int64_t x : s) {
+    if (x < 0) throw Error(COMMLIB_ERR_VALUE, what + ": splits must be non-negative");
+    sum += x;
+  }
+  if (sum != q.shape[0]) {
+    throw Error(COMMLIB_ERR_VALUE, what + ": splits sum to " + std::to_string(sum) + " but dimension 0 of the "
+                                       "tensor is " + std::to_string(q.shape[0]));
+  }
+  return s;
+}
+
 // Rows sent to each rank (of the process set) by an alltoall: explicit
 // splits or equal parts.
 std::vector<int64_t> alltoall_splits(const commlib_request& q, int size) {
@@ -142,6 +163,7 @@ Entry Engine::make_entry(const commlib_request& q) {
     const std::vector<int>& members = members_of(q.process_set);
     validate_request(q, members);
     if (q.op_type == COMMLIB_OP_ALLTOALL) e.desc.splits = alltoall_splits(q, int(members.size()));
+    if (q.op_type == COMMLIB_OP_REDUCESCATTER) e.desc.splits = reducescatter_splits(q, int(members.size()));
   }
   e.desc.process_set = q.process_set;
   e.desc.name = q.name;

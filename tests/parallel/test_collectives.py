@@ -110,6 +110,9 @@ def test_alltoall_and_reducescatter(ranks, n, env):
     splits refused on every rank; reducescatter for every dtype and op with
     dimension 0 in {0, n, 2n+1, 3n-1, 5n+2}, trailing dims, scaling,
     default op Average, bool Average refused, 40 in flight, 3M elements;
+    explicit splits (uneven, zeros, one rank keeping all, big, into out=),
+    bad splits refused on every rank, splits differing across ranks a
+    mismatch on every rank;
     with 1 KiB shared-memory regions, the reducescatter runs in many blocks
     of a few elements of every rank's slice."""
     run = ranks(n, "coll_alltoall_rs.py", timeout=100, env=env)

@@ -101,7 +101,9 @@ typedef struct {
   double prescale;
   double postscale;
   int root;               /* broadcast root rank                             */
-  const int64_t* splits;  /* alltoall: rows sent to each rank (size entries) */
+  const int64_t* splits;  /* alltoall: rows sent to each rank (size entries);
+                             reducescatter: rows each rank keeps (the same
+                             on every rank; none: an even split)            */
   int nsplits;            /* 0 = equal splits                                */
   int process_set;        /* 0: every rank; else an id from add_process_set. The
                              ranks of a request are then the set's members,

@@ -1,5 +1,6 @@
 """alltoall (equal and explicit splits, including zeros; received splits) and
-reducescatter (every op, dimension 0 not divisible by the ranks, scaling) for
+reducescatter (every op, dimension 0 not divisible by the ranks, scaling,
+explicit splits) for
 every dtype (results differ per rank by design, so no cross-rank identity
 check here). With the argument ``small``: only reducescatter with dimension 0
 smaller than the number of ranks (some ranks get no rows)."""
@@ -152,6 +153,43 @@ for h, ins, opname, dim0, k in reversed(hs):
     start = sum(rows_of(dim0, n, q) for q in range(r))
     check_result(got, reference_reduce(ins, opname)[start:start + rows_of(dim0, n, r)],
                  f"reducescatter_async #{k}")
+
+# explicit splits: uneven shards, zeros, one rank keeping everything, small and
+# big (the shared-memory and MPI paths), scaled, and into out=
+SPLITS = {"ragged": lambda q: 2 * q + 1, "zero-first": lambda q: 0 if q == 0 else 3,
+          "last-only": lambda q: 5 if q == n - 1 else 0, "big": lambda q: 90_000 * (q + 1)}
+for dt in DTYPES:
+    for opname in (["Sum"] if dt == np.bool_ else ["Sum", "Max", "Average"]):
+        for sname, rows in SPLITS.items():
+            if sname == "big" and dt.itemsize < 4:
+                continue
+            splits = [rows(q) for q in range(n)]
+            what = f"reducescatter {dt.name} {opname} splits={sname}"
+            ins = [make_input(q, dt, (sum(splits), 2), opname, "int", tag=("rsplit", sname)) for q in range(n)]
+            pre, post = (2.0, 0.5) if opname == "Sum" and dt != np.bool_ else (1.0, 1.0)
+            full = reference_reduce(ins, opname, pre, post)
+            start = sum(splits[:r])
+            out = np.zeros((splits[r], 2), dt)
+            got = commlib.reducescatter(ins[r], op=OPS[opname], prescale_factor=pre, postscale_factor=post,
+                                        splits=splits, out=out)
+            check_true(got is out, what + ": returns out")
+            check_result(got, full[start:start + splits[r]], what)
+got = commlib.reducescatter(np.ones((2 * n, 2)), op=commlib.Sum, splits=np.full(n, 2))
+check_result(got, np.full((2, 2), float(n)), "reducescatter with numpy splits")
+# bad splits are refused on every rank (nothing sent); splits that differ across ranks fail on every rank
+x = np.ones((n, 2))
+expect_refused(lambda: commlib.reducescatter_async(x, splits=[1] * (n + 1)), ValueError, "rs splits too long")
+expect_refused(lambda: commlib.reducescatter_async(x, splits=[-1] + [1] * (n - 2) + [2]), ValueError,
+               "rs negative split")
+expect_refused(lambda: commlib.reducescatter_async(x, splits=[n] * n), ValueError, "rs splits not summing to dim0")
+theirs = [n if q == r else 0 for q in range(n)]
+try:
+    commlib.reducescatter(x, op=commlib.Sum, splits=theirs, name="rs.splits-differ")
+    soft_fail("reducescatter with splits that differ across ranks: nothing was raised")
+except commlib.CollectiveMismatchError as e:
+    check_true("splits" in str(e), f"the mismatch error names the splits: {e}")
+check_result(commlib.reducescatter(x, op=commlib.Sum, splits=[1] * n), np.full((1, 2), float(n)),
+             "reducescatter after the splits mismatch")
 
 # big
 N = 3_000_001
