@@ -12,9 +12,9 @@ T = 10
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("case", ["sleeps", "frozen"])
-def test_stopped_rank_ends_the_others(ranks, gpu_env, n, case):
-    env = dict(gpu_env, COMMLIB_TIMEOUT=str(T))
+@pytest.mark.parametrize("case,sync", [("sleeps", "stream"), ("frozen", "stream"), ("frozen", "host")])
+def test_stopped_rank_ends_the_others(ranks, gpu_env, n, case, sync):
+    env = dict(gpu_env, COMMLIB_TIMEOUT=str(T), COMMLIB_CUDA_SYNC=sync)
     start = time.monotonic()
     run = ranks(n, "gpu_cuda_timeout.py", case, timeout=240, env=env)
     run.assert_ok(n)

@@ -2,7 +2,9 @@
 and the others' CUDA allreduce fails with CollectiveTimeoutError within the
 timeout + 10 s. argv[1]: sleeps (it never submits: the negotiation times out
 and names it) or frozen (it submits, then rank 0 stops it with SIGSTOP inside
-the NCCL collective: the GPU-side timeout aborts the communicator). Then every
+the NCCL collective: the GPU-side timeout aborts the communicator; with
+COMMLIB_CUDA_SYNC=stream, the default, the error comes from the next
+synchronize, since synchronize returned once the collective was launched). Then every
 rank goes on: the stopped rank's own collective fails (its peers aborted, and
 it made no progress for longer than the timeout), a new communicator replaces
 the aborted one, and the job shuts down normally. The same steps run on CPU
@@ -18,6 +20,7 @@ import torch
 
 from gpu_common import DEVICE
 import commlib
+import commlib.gpu
 import commlib.torch as hvd
 from _common import done, expect_raises, fail
 
@@ -37,20 +40,34 @@ elif last:
     commlib.barrier()
     time.sleep(1)  # (stopped in here by rank 0, and resumed after the others failed)
     expect_raises(commlib.CommlibError, lambda: hvd.synchronize(h), "the stopped rank's collective")
+    if commlib.gpu.sync_mode() == "stream":
+        commlib.barrier()  # (the others' next synchronize, which raises there)
 else:
     if case == "frozen":
         commlib.barrier()
         if r == 0:
             os.kill(int(pids[n - 1]), signal.SIGSTOP)
     start = time.monotonic()
-    e = expect_raises(commlib.CollectiveTimeoutError, lambda: hvd.allreduce_(x, op=hvd.Sum, name="stuck"),
-                      f"{case}: allreduce with rank {n - 1} stopped")
+    if case == "frozen" and commlib.gpu.sync_mode() == "stream":
+        # synchronize returns once the collective is launched; the current
+        # stream waits for it on the device until the communicator is aborted,
+        # and the next synchronize raises the error
+        hvd.allreduce_(x, op=hvd.Sum, name="stuck")
+        torch.cuda.current_stream().synchronize()
+        time.sleep(0.5)
+        if r == 0:
+            os.kill(int(pids[n - 1]), signal.SIGCONT)
+        e = expect_raises(commlib.CollectiveTimeoutError, commlib.barrier,
+                          "the synchronize after a collective that failed on the device")
+    else:
+        e = expect_raises(commlib.CollectiveTimeoutError, lambda: hvd.allreduce_(x, op=hvd.Sum, name="stuck"),
+                          f"{case}: allreduce with rank {n - 1} stopped")
     took = time.monotonic() - start
     if took > T + 10:
         fail(f"the timeout error took {took:.1f} s (COMMLIB_TIMEOUT {T:.0f} s)")
     if "'stuck'" not in str(e) or str(n - 1) not in str(e):
         fail(f"the error does not name the tensor and rank {n - 1}: {e}")
-    if r == 0 and case == "frozen":
+    if r == 0 and case == "frozen" and commlib.gpu.sync_mode() == "host":
         os.kill(int(pids[n - 1]), signal.SIGCONT)
     print(f"rank {r}: {case}: {e}", flush=True)
 y = torch.full((1000,), float(r), device=DEVICE)

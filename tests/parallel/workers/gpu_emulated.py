@@ -278,7 +278,7 @@ def test_stream_sync():
         src = np.full(size, float(r + 1 + i), np.float32)
         x = np.zeros(size, np.float32)
         out = np.full(size, -1.0, np.float32)
-        for _ in range(8):  # (a long "kernel": the input is ready after 9 delayed tasks, 270 ms)
+        for _ in range(16):  # (a long "kernel": the input is ready after 17 delayed tasks, 510 ms)
             copy_on_stream(out[:1], src[:1])
         copy_on_stream(x, src)
         got = synchronize_on_stream(device(lib.COMMLIB_OP_ALLREDUCE, f"on-stream.{i}", x, out,
