@@ -92,7 +92,6 @@ def backend(environ=None) -> str:
     return value
 
 
-SYNC_MODES = ("stream", "host")
 _sync_mode: list = []
 
 
