@@ -22,7 +22,9 @@ from typing import NamedTuple, Sequence
 
 from . import gpu
 from ._lib import check, ffi, lib
-from .handle import Handle, synchronize_on_stream  # noqa: F401 - synchronize_on_stream: part of this API
+from .handle import Handle, synchronize_on_stream
+
+__all__ = ["DeviceBuffer", "submit", "synchronize_on_stream"]
 
 _loaded = []
 

@@ -247,10 +247,7 @@ def test_ordering():
         x = np.zeros(size, np.float32)                     # "device" input, stale until then
         out = np.full(size, -1.0, np.float32)
         for dst in (out, out, out, x):  # (a long "kernel": the input is ready after 4 delayed tasks)
-            rc = EMULATOR.cudaMemcpyAsync(ctypes.c_void_p(dst.ctypes.data), ctypes.c_void_p(src.ctypes.data),
-                                          ctypes.c_size_t(x.nbytes), 1, ctypes.c_void_p(0))
-            if rc != 0:
-                fail(f"cudaMemcpyAsync: {rc}")
+            copy_on_stream(dst, src)
         start = time.monotonic()
         h = device(lib.COMMLIB_OP_ALLREDUCE, f"ordered.{i}", x, out, reduce_op=commlib.Sum)
         got = synchronize(h)
