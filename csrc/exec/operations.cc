@@ -11,14 +11,13 @@
 #include "reduce.h"
 
 namespace commlib {
-namespace {
-
-// Bytes of one dim-0 row (product of the other dimensions times dtype size).
 size_t row_bytes(const RequestDesc& d) {
   size_t n = dtype_size(d.dtype);
   for (size_t i = 1; i < d.shape.size(); ++i) n *= size_t(d.shape[i]);
   return n;
 }
+
+namespace {
 
 // Average is a Sum followed by a 1/size postscale.
 void effective_op(const RequestDesc& d, int size, int* op, double* post) {
@@ -185,6 +184,18 @@ void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries) {
   }
 }
 
+void allgather_blocks(OpContext& ctx, const void* in, void* out, const std::vector<size_t>& bytes) {
+  size_t total = 0;
+  for (size_t b : bytes) total += b;
+  if (use_shm_collective(ctx, total <= kShmAllgatherMaxBytes)) {
+    note_algorithm("shm");
+    allgather_shm(*ctx.shm, in, out, bytes);
+  } else {
+    note_algorithm("mpi");
+    ctx.transport.allgatherv(in, out, bytes);
+  }
+}
+
 void run_allgather(OpContext& ctx, Entry& e, const std::vector<int64_t>& rows) {
   const size_t rb = row_bytes(e.desc);
   const int size = ctx.transport.size();
@@ -214,14 +225,8 @@ void run_allgather(OpContext& ctx, Entry& e, const std::vector<int64_t>& rows) {
     copy.assign(src, src + bytes[ctx.transport.rank()]);
     in = copy.data();
   }
-  if (use_shm_collective(ctx, total <= kShmAllgatherMaxBytes)) {
-    note_algorithm("shm");
-    allgather_shm(*ctx.shm, in, out, bytes);
-  } else {
-    note_algorithm("mpi");
-    ctx.transport.allgatherv(in, out, bytes);
-  }
-  if (!wrong.empty()) throw Error(COMMLIB_ERR_VALUE, wrong);
+  allgather_blocks(ctx, in, out, bytes);
+  e.error = wrong;
   h.rows = total_rows;
   h.splits = rows;
 }
@@ -282,44 +287,50 @@ void reduce_scatter(OpContext& ctx, const PieceInput& in, void* out, const std::
 
 }  // namespace
 
-void run_reducescatter(OpContext& ctx, Entry& e) {
-  const RequestDesc& d = e.desc;
+void reducescatter_input(OpContext& ctx, const PieceInput& in, const std::vector<size_t>& counts,
+                         const RequestDesc& d, void* out, std::vector<char>& scratch) {
   const int size = ctx.transport.size();
-  const int me = ctx.transport.rank();
+  const size_t mine = counts[size_t(ctx.transport.rank())];
+  const size_t n = in.elements();
   const size_t esize = dtype_size(d.dtype);
-  const size_t row_elems = row_bytes(d) / esize;
-  const size_t n = size_t(num_elements(d.shape));
-  std::vector<size_t> counts(size);
-  for (int r = 0; r < size; ++r) counts[r] = size_t(reducescatter_rows(d, size, r)) * row_elems;
-  const size_t mine = counts[me];
   int op;
   double post;
   effective_op(d, size, &op, &post);
-  const PieceInput in = e.pieces.empty() ? PieceInput(e.input, n, esize) : PieceInput(e.pieces, esize);
-
   if (is_half_dtype(d.dtype) || d.prescale != 1.0) {  // one contiguous copy, widened or scaled
     const void* src = in.contiguous();
     if (!src) {
-      e.scratch.resize(n * esize);
-      in.copy(0, n, e.scratch.data());
-      src = e.scratch.data();
+      scratch.resize(n * esize);
+      in.copy(0, n, scratch.data());
+      src = scratch.data();
     }
     if (is_half_dtype(d.dtype)) {
       float* wide = reinterpret_cast<float*>(ctx.fusion.get(n * sizeof(float)));
-      float* out = reinterpret_cast<float*>(ctx.scratch.get(mine * sizeof(float) + 1));
+      float* own = reinterpret_cast<float*>(ctx.scratch.get(mine * sizeof(float) + 1));
       half_to_float(d.dtype, src, wide, n, d.prescale);
-      reduce_scatter(ctx, PieceInput(wide, n, sizeof(float)), out, counts, COMMLIB_FLOAT32, op);
-      float_to_half(d.dtype, out, e.output, mine, post);
+      reduce_scatter(ctx, PieceInput(wide, n, sizeof(float)), own, counts, COMMLIB_FLOAT32, op);
+      float_to_half(d.dtype, own, out, mine, post);
       return;
     }
     char* buf = ctx.fusion.get(n * esize);
     std::memcpy(buf, src, n * esize);
     scale_buffer(d.dtype, buf, n, d.prescale);
-    reduce_scatter(ctx, PieceInput(buf, n, esize), e.output, counts, d.dtype, op);
+    reduce_scatter(ctx, PieceInput(buf, n, esize), out, counts, d.dtype, op);
   } else {
-    reduce_scatter(ctx, in, e.output, counts, d.dtype, op);
+    reduce_scatter(ctx, in, out, counts, d.dtype, op);
   }
-  scale_buffer(d.dtype, e.output, mine, post);
+  scale_buffer(d.dtype, out, mine, post);
+}
+
+void run_reducescatter(OpContext& ctx, Entry& e) {
+  const RequestDesc& d = e.desc;
+  const int size = ctx.transport.size();
+  const size_t esize = dtype_size(d.dtype);
+  const size_t row_elems = row_bytes(d) / esize;
+  const size_t n = size_t(num_elements(d.shape));
+  std::vector<size_t> counts(size);
+  for (int r = 0; r < size; ++r) counts[r] = size_t(reducescatter_rows(d, size, r)) * row_elems;
+  const PieceInput in = e.pieces.empty() ? PieceInput(e.input, n, esize) : PieceInput(e.pieces, esize);
+  reducescatter_input(ctx, in, counts, d, e.output, e.scratch);
 }
 
 }  // namespace commlib

@@ -31,10 +31,29 @@ int64_t reducescatter_rows(int64_t dim0, int size, int r);
 // The same for a request: its explicit splits (rows per rank) when it has them.
 int64_t reducescatter_rows(const RequestDesc& d, int size, int r);
 
+// Bytes of one dim-0 row (product of the other dimensions times dtype size).
+size_t row_bytes(const RequestDesc& d);
+
+// Every rank's block (bytes[r] from rank r) into out, rank after rank; in
+// holds this rank's block (it may be its place in out).
+void allgather_blocks(OpContext& ctx, const void* in, void* out, const std::vector<size_t>& bytes);
+
+// The reduce-scatter of `in` (counts[r] elements for rank r, rank after
+// rank) into out (this rank's counts), with d's op, dtype and scale factors;
+// half types are reduced in float32. scratch: room for a packed copy.
+void reducescatter_input(OpContext& ctx, const PieceInput& in, const std::vector<size_t>& counts,
+                         const RequestDesc& d, void* out, std::vector<char>& scratch);
+
 void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries);
 void run_allgather(OpContext& ctx, Entry& e, const std::vector<int64_t>& rows);
 void run_broadcast(OpContext& ctx, Entry& e);
 void run_alltoall(OpContext& ctx, Entry& e, const std::vector<int64_t>& matrix);
 void run_reducescatter(OpContext& ctx, Entry& e);
+
+// Several allgathers (or reducescatters) of one fused response as one
+// collective: every rank's block holds its part of each member in turn
+// (fused_gathers.cc). rows: every member's rows (negotiation/fusion.h).
+void run_allgather_fused(OpContext& ctx, const std::vector<Entry*>& entries, const std::vector<int64_t>& rows);
+void run_reducescatter_fused(OpContext& ctx, const std::vector<Entry*>& entries);
 
 }  // namespace commlib

@@ -109,13 +109,16 @@ void CacheProtocol::complete(const std::vector<Entry*>& entries, int64_t fusion_
 // as the coordinator would fuse them.
 void CacheProtocol::append_completed(const std::vector<Entry*>& entries, int64_t fusion_threshold) {
   std::vector<const RequestDesc*> descs;
-  std::vector<bool> fusable;
+  std::vector<bool> may_fuse;
+  std::vector<int64_t> bytes;
   for (const Entry* e : entries) {
     descs.push_back(&e->desc);
-    fusable.push_back(fusable_allreduce(e->desc));
+    may_fuse.push_back(fusable(e->desc));
+    const CachedResponse* c = cache_->get(e->cache_bit, e->cache_gen);
+    bytes.push_back(fusion_bytes(e->desc, c ? c->rows : std::vector<int64_t>()));
   }
   LogEntry out{LogEntry::kCompleted, {}};
-  for (const auto& group : plan_fusion(descs, fusable, fusion_threshold)) {
+  for (const auto& group : plan_fusion(descs, may_fuse, fusion_threshold, &bytes)) {
     for (size_t k = 0; k < group.size(); ++k) {
       if (out.words.size() == OrderLog::kMaxWords) {
         append_entry(std::move(out));
@@ -223,7 +226,9 @@ void CacheProtocol::run_completed(const LogEntry& e) {
                                             "' completed without having been submitted here");
     }
     resp.op_type = c->op_type;
-    resp.rows = c->rows;
+    if (resp.names.empty() || c->op_type == COMMLIB_OP_ALLGATHER) {  // (a fused allgather: every member's)
+      resp.rows.insert(resp.rows.end(), c->rows.begin(), c->rows.end());
+    }
     resp.names.push_back(live->second);
   }
   flush();
@@ -267,7 +272,9 @@ void CacheProtocol::after_run(const Response& resp, bool ok) {
     if (!e) throw Error(COMMLIB_ERR_INTERNAL, "cache bit given to unknown request '" + resp.names[i] + "'");
     // Rows for this request only: a fused response has none.
     uint32_t evicted = 0;
-    if (cache_->install(bit, resp.names[i], e->desc, resp.op_type, resp.rows, &evicted)) {
+    const std::vector<int64_t> rows = resp.op_type == COMMLIB_OP_ALLGATHER
+                                          ? member_rows(resp.rows, resp.names.size(), i) : resp.rows;
+    if (cache_->install(bit, resp.names[i], e->desc, resp.op_type, rows, &evicted)) {
       retire_live(bit, evicted);
     }
   }
@@ -404,15 +411,19 @@ void CacheProtocol::add_cached_responses(std::vector<Response>& resps, int64_t f
   }
   completed_words_.clear();
   std::vector<const RequestDesc*> descs;
-  std::vector<bool> fusable;
+  std::vector<bool> may_fuse;
+  std::vector<int64_t> bytes;
   for (const CachedResponse* c : done) {
     descs.push_back(&c->desc);
-    fusable.push_back(fusable_allreduce(c->desc));
+    may_fuse.push_back(fusable(c->desc));
+    bytes.push_back(fusion_bytes(c->desc, c->rows));
   }
-  for (const auto& group : plan_fusion(descs, fusable, fusion_threshold)) {
+  for (const auto& group : plan_fusion(descs, may_fuse, fusion_threshold, &bytes)) {
     Response resp;
     resp.op_type = done[group[0]]->op_type;
     resp.rows = done[group[0]]->rows;
+    for (size_t k = 1; k < group.size() && resp.op_type == COMMLIB_OP_ALLGATHER; ++k)
+      resp.rows.insert(resp.rows.end(), done[group[k]]->rows.begin(), done[group[k]]->rows.end());
     for (size_t i : group) resp.names.push_back(done[i]->key);
     out.push_back(std::move(resp));
   }

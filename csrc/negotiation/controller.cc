@@ -361,7 +361,8 @@ std::vector<Response> Controller::take_ready() {
   errors_.clear();
   std::vector<Response> resps;
   std::vector<const RequestDesc*> descs;
-  std::vector<bool> fusable;
+  std::vector<bool> may_fuse;
+  std::vector<int64_t> bytes;
   // While ranks have joined, every response says what it runs (a joined rank
   // runs it with buffers of its own).
   const bool with_descs = joined_count_ > 0;
@@ -371,13 +372,16 @@ std::vector<Response> Controller::take_ready() {
     p.answered = true;
     descs.push_back(&present(p));
     if (with_descs && resps.back().kind == Response::kExecute) resps.back().descs = {present(p)};
-    fusable.push_back(resps.back().kind == Response::kExecute && fusable_allreduce(present(p)));
+    may_fuse.push_back(resps.back().kind == Response::kExecute && fusable(present(p)));
+    bytes.push_back(fusion_bytes(present(p), resps.back().rows));
   }
-  for (const auto& group : plan_fusion(descs, fusable, fusion_threshold_)) {
+  for (const auto& group : plan_fusion(descs, may_fuse, fusion_threshold_, &bytes)) {
     Response& first = resps[group[0]];
     for (size_t k = 1; k < group.size(); ++k) {
-      first.names.push_back(resps[group[k]].names[0]);
-      if (with_descs) first.descs.push_back(resps[group[k]].descs.at(0));
+      const Response& other = resps[group[k]];
+      first.names.push_back(other.names[0]);
+      if (first.op_type == COMMLIB_OP_ALLGATHER) first.rows.insert(first.rows.end(), other.rows.begin(), other.rows.end());
+      if (with_descs) first.descs.push_back(other.descs.at(0));
     }
     out.push_back(std::move(first));
   }

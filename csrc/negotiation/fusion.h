@@ -1,4 +1,4 @@
-// Fusion planning: which negotiated requests run as one fused allreduce.
+// Fusion planning: which negotiated requests run as one fused collective.
 #pragma once
 
 #include <cstddef>
@@ -9,19 +9,31 @@
 
 namespace commlib {
 
-// Which requests run as one fused allreduce: single-tensor allreduces
-// (fusable[i]) of one process set, device type, dtype, op and scale factors, up to
-// threshold bytes per group (half types count as float32, the type they are
-// reduced in). Groups come in the order of their first member; a request that
-// is not fusable is a group of its own. Both the coordinator and the response
-// cache plan with it, so a request fuses the same way on either path.
 // A request that may join a fused group: a single-tensor allreduce (a
-// grouped allreduce is already one fused unit).
-inline bool fusable_allreduce(const RequestDesc& d) {
-  return d.op_type == COMMLIB_OP_ALLREDUCE && d.group_size < 0;
-}
+// grouped allreduce is already one fused unit) on any device; an allgather
+// or a reducescatter on the host (csrc/exec/fused_gathers.cc runs those).
+bool fusable(const RequestDesc& d);
 
+// The bytes a request adds to its fused group: the reduced bytes of an
+// allreduce (half types count as float32 on the host, where they are reduced
+// in it), a reducescatter's input, an allgather's gathered result (rows: the
+// response's rows of every rank; empty: this request's own rows only).
+int64_t fusion_bytes(const RequestDesc& d, const std::vector<int64_t>& rows);
+
+// Which requests run as one fused collective: fusable[i] requests of one
+// collective, process set, device type, dtype, op and scale factors (an
+// allgather's dtype, op and scale factors do not matter), up to
+// threshold bytes per group (bytes[i], or fusion_bytes(d, {}) when bytes is
+// null). Groups come in the order of their first member; a request that is
+// not fusable is a group of its own. Any rank's plan is valid (each point of
+// the order is planned by one rank: the coordinator, or the rank of a host
+// that completed a cached batch), so they need not plan from the same bytes.
 std::vector<std::vector<size_t>> plan_fusion(const std::vector<const RequestDesc*>& descs,
-                                             const std::vector<bool>& fusable, int64_t threshold);
+                                             const std::vector<bool>& fusable, int64_t threshold,
+                                             const std::vector<int64_t>* bytes = nullptr);
+
+// A fused allgather's response carries every member's rows, one block of
+// set-size words per member in the order of its names: member i's block.
+std::vector<int64_t> member_rows(const std::vector<int64_t>& rows, size_t members, size_t i);
 
 }  // namespace commlib

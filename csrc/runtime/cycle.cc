@@ -219,7 +219,12 @@ void Engine::execute(const Response& resp) {
   for (const std::string& key : resp.names) {
     auto it = pending_.find(key);
     if (it == pending_.end()) continue;  // a joined rank's stand-in
-    finish(it->second, status, message);
+    const std::string& alone = it->second.error;
+    if (status == COMMLIB_OK && !alone.empty()) {
+      finish(it->second, COMMLIB_ERR_VALUE, alone);
+    } else {
+      finish(it->second, status, message);
+    }
     pending_.erase(it);
   }
 }

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "collectives/pieces.h"
@@ -44,6 +45,9 @@ struct Entry {
   int device_id = 0;
   void* ready_event = nullptr;
   int64_t output_rows = -1;
+  // This request alone failed on this rank, after it took part in its
+  // collective (an allgather's out of the wrong size): COMMLIB_ERR_VALUE.
+  std::string error;
 };
 
 }  // namespace commlib

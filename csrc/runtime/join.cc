@@ -66,7 +66,8 @@ Entry joined_entry(const RequestDesc& d, int set_rank, int set_size) {
   }
   if (!e.scratch.empty()) {
     e.input = e.scratch.data();
-    if (!e.output) e.output = e.scratch.data();
+    // (an allgather's result is the core's own: it sends no rows, so it has no out)
+    if (!e.output && d.op_type != COMMLIB_OP_ALLGATHER) e.output = e.scratch.data();
   }
   return e;
 }

@@ -1,4 +1,4 @@
-// Fusion planning (csrc/negotiation/fusion.h plan_fusion / fusable_allreduce) and the
+// Fusion planning (csrc/negotiation/fusion.h plan_fusion / fusable) and the
 // fusion buffer's alignment and reuse.
 //
 // csrc: negotiation/fusion.cc fusion_buffer.cc common.cc
@@ -42,13 +42,55 @@ struct Lcg {
 
 }  // namespace
 
-TEST_CASE("fusion: only single-tensor allreduces are fusable") {
+TEST_CASE("fusion: single allreduces on any device, host allgathers and reducescatters are fusable") {
   RequestDesc d = f32("a", 4);
-  CHECK(commlib::fusable_allreduce(d));
+  CHECK(commlib::fusable(d));
   d.group_size = 2;  // a grouped allreduce is already one fused unit
-  CHECK(!commlib::fusable_allreduce(d));
-  CHECK(!commlib::fusable_allreduce(commlib_test::request(COMMLIB_OP_ALLGATHER, "g", COMMLIB_FLOAT32, {4})));
-  CHECK(!commlib::fusable_allreduce(commlib_test::request(COMMLIB_OP_BROADCAST, "b", COMMLIB_FLOAT32, {4})));
+  CHECK(!commlib::fusable(d));
+  RequestDesc g = commlib_test::request(COMMLIB_OP_ALLGATHER, "g", COMMLIB_FLOAT32, {4});
+  RequestDesc rs = commlib_test::request(COMMLIB_OP_REDUCESCATTER, "rs", COMMLIB_FLOAT32, {4});
+  CHECK(commlib::fusable(g));
+  CHECK(commlib::fusable(rs));
+  g.device_type = COMMLIB_DEVICE_CUDA;  // (the NCCL executor runs them one by one)
+  rs.device_type = COMMLIB_DEVICE_CUDA;
+  CHECK(!commlib::fusable(g));
+  CHECK(!commlib::fusable(rs));
+  RequestDesc cuda = f32("c", 4);
+  cuda.device_type = COMMLIB_DEVICE_CUDA;
+  CHECK(commlib::fusable(cuda));
+  CHECK(!commlib::fusable(commlib_test::request(COMMLIB_OP_BROADCAST, "b", COMMLIB_FLOAT32, {4})));
+  CHECK(!commlib::fusable(commlib_test::request(COMMLIB_OP_ALLTOALL, "t", COMMLIB_FLOAT32, {4})));
+}
+
+TEST_CASE("fusion: collectives never mix; an allgather counts its gathered bytes") {
+  RequestDesc a = f32("a", 10), c = f32("c", 10);
+  RequestDesc g = commlib_test::request(COMMLIB_OP_ALLGATHER, "g", COMMLIB_FLOAT32, {2, 5});
+  RequestDesc g2 = commlib_test::request(COMMLIB_OP_ALLGATHER, "g2", COMMLIB_FLOAT32, {1, 5});
+  RequestDesc rs = commlib_test::request(COMMLIB_OP_REDUCESCATTER, "rs", COMMLIB_FLOAT32, {10});
+  CHECK_EQ(plan({a, g, rs, c, g2}, 1 << 20), (Groups{{0, 3}, {1, 4}, {2}}));
+  // Allgathers of any dtype fuse (bytes are gathered); reducescatters only of one.
+  RequestDesc g64 = commlib_test::request(COMMLIB_OP_ALLGATHER, "g64", COMMLIB_FLOAT64, {1});
+  RequestDesc rs64 = commlib_test::request(COMMLIB_OP_REDUCESCATTER, "rs64", COMMLIB_FLOAT64, {10});
+  CHECK_EQ(plan({g, rs, g64, rs64}, 1 << 20), (Groups{{0, 2}, {1}, {3}}));
+  // 2 + 3 + 1 rows of 5 float32: 120 bytes gathered; this rank's own 2 rows: 40.
+  CHECK_EQ(commlib::fusion_bytes(g, {2, 3, 1}), 120);
+  CHECK_EQ(commlib::fusion_bytes(g, {}), 40);
+  // Half types: reduced in float32 on the host, gathered as they are.
+  RequestDesc h = commlib_test::request(COMMLIB_OP_ALLGATHER, "h", COMMLIB_FLOAT16, {4});
+  CHECK_EQ(commlib::fusion_bytes(h, {4, 4}), 16);
+  CHECK_EQ(commlib::fusion_bytes(commlib_test::request(COMMLIB_OP_REDUCESCATTER, "r", COMMLIB_FLOAT16, {4}), {}), 16);
+  // Planned by the gathered bytes: 120 + 120 > 200, so two groups.
+  const std::vector<int64_t> bytes{120, 120};
+  std::vector<const RequestDesc*> ptrs{&g, &g2};
+  CHECK_EQ(commlib::plan_fusion(ptrs, {true, true}, 200, &bytes), (Groups{{0}, {1}}));
+  CHECK_EQ(commlib::plan_fusion(ptrs, {true, true}, 240, &bytes), (Groups{{0, 1}}));
+}
+
+TEST_CASE("fusion: a fused allgather's rows, member by member") {
+  const std::vector<int64_t> rows{1, 2, 3, 4, 5, 6};  // 2 members of 3 ranks
+  CHECK_EQ(commlib::member_rows(rows, 2, 0), (std::vector<int64_t>{1, 2, 3}));
+  CHECK_EQ(commlib::member_rows(rows, 2, 1), (std::vector<int64_t>{4, 5, 6}));
+  CHECK_EQ(commlib::member_rows(rows, 1, 0), rows);
 }
 
 TEST_CASE("fusion: a group fills up to the threshold inclusive, then a new one starts") {

@@ -1,0 +1,97 @@
+// Allgathers and reducescatters fused into one collective each (a fused
+// response, negotiation/fusion.h). Rank r's block is its part of every
+// member in the members' order, so one allgatherv (or reduce-scatter) moves
+// them all; each member's result is then cut out of the blocks.
+#include <cstring>
+
+#include "collectives/pieces.h"
+#include "common.h"
+#include "exec/operations.h"
+#include "negotiation/fusion.h"
+
+namespace commlib {
+
+void run_allgather_fused(OpContext& ctx, const std::vector<Entry*>& entries, const std::vector<int64_t>& rows) {
+  const size_t size = size_t(ctx.transport.size()), me = size_t(ctx.transport.rank());
+  const size_t k = entries.size();
+  if (rows.size() != k * size) {
+    throw Error(COMMLIB_ERR_INTERNAL, "fused allgather: " + std::to_string(rows.size()) + " rows for " +
+                                          std::to_string(k) + " members of " + std::to_string(size) + " ranks");
+  }
+  auto part = [&](size_t m, size_t r) { return size_t(rows[m * size + r]) * row_bytes(entries[m]->desc); };
+  std::vector<size_t> block(size, 0);
+  for (size_t r = 0; r < size; ++r)
+    for (size_t m = 0; m < k; ++m) block[r] += part(m, r);
+  size_t total = 0, own = 0;
+  for (size_t r = 0; r < size; ++r) {
+    if (r == me) own = total;
+    total += block[r];
+  }
+  char* buf = ctx.fusion.get(total + 1);
+  for (size_t m = 0, at = own; m < k; at += part(m, me), ++m) {
+    if (part(m, me)) std::memcpy(buf + at, entries[m]->input, part(m, me));
+  }
+  allgather_blocks(ctx, buf + own, buf, block);
+  // Each member's result: its part of every rank's block, rank after rank.
+  std::vector<size_t> at(size);
+  for (size_t r = 0, off = 0; r < size; off += block[r], ++r) at[r] = off;
+  for (size_t m = 0; m < k; ++m) {
+    Entry& e = *entries[m];
+    HandleState& h = *e.handle;
+    int64_t member_total = 0;
+    for (size_t r = 0; r < size; ++r) member_total += rows[m * size + r];
+    if (e.output && e.output_rows != member_total) {
+      e.error = "allgather '" + e.desc.name + "': out holds " + std::to_string(e.output_rows) +
+                " rows, and the ranks' rows add up to " + std::to_string(member_total);
+    }
+    char* out = e.output && e.error.empty() ? static_cast<char*>(e.output)
+                                            : h.alloc_result(size_t(member_total) * row_bytes(e.desc));
+    for (size_t r = 0; r < size; ++r) {
+      if (part(m, r)) std::memcpy(out, buf + at[r], part(m, r));
+      out += part(m, r);
+      at[r] += part(m, r);
+    }
+    h.rows = member_total;
+    h.splits = member_rows(rows, k, m);
+  }
+}
+
+void run_reducescatter_fused(OpContext& ctx, const std::vector<Entry*>& entries) {
+  const int size = ctx.transport.size(), me = ctx.transport.rank();
+  const RequestDesc& d0 = entries[0]->desc;
+  const size_t esize = dtype_size(d0.dtype);
+  // counts[m][r]: member m's elements for rank r; the fused input is, rank
+  // after rank, each member's part for that rank, read in place.
+  std::vector<std::vector<size_t>> counts(entries.size(), std::vector<size_t>(size_t(size)));
+  std::vector<size_t> fused(size_t(size), 0);
+  std::vector<Piece> pieces;
+  std::vector<PieceInput> inputs;
+  inputs.reserve(entries.size());
+  for (size_t m = 0; m < entries.size(); ++m) {
+    const Entry& e = *entries[m];
+    const size_t row_elems = row_bytes(e.desc) / esize;
+    for (int r = 0; r < size; ++r) counts[m][size_t(r)] = size_t(reducescatter_rows(e.desc, size, r)) * row_elems;
+    const size_t n = size_t(num_elements(e.desc.shape));
+    inputs.push_back(e.pieces.empty() ? PieceInput(e.input, n, esize) : PieceInput(e.pieces, esize));
+  }
+  for (int r = 0; r < size; ++r) {
+    for (size_t m = 0; m < entries.size(); ++m) {
+      size_t first = 0;
+      for (int q = 0; q < r; ++q) first += counts[m][size_t(q)];
+      inputs[m].for_each(first, counts[m][size_t(r)], [&](const void* src, size_t count, size_t) {
+        pieces.push_back({src, count});
+      });
+      fused[size_t(r)] += counts[m][size_t(r)];
+    }
+  }
+  std::vector<char> own(fused[size_t(me)] * esize + 1), scratch;
+  reducescatter_input(ctx, PieceInput(pieces, esize), fused, d0, own.data(), scratch);
+  size_t at = 0;
+  for (size_t m = 0; m < entries.size(); ++m) {
+    const size_t bytes = counts[m][size_t(me)] * esize;
+    if (bytes) std::memcpy(entries[m]->output, own.data() + at, bytes);
+    at += bytes;
+  }
+}
+
+}  // namespace commlib
