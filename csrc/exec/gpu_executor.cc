@@ -17,7 +17,9 @@ GpuExecutor::~GpuExecutor() {
 gpu::NcclComm& GpuExecutor::comm_for(int process_set, int device, Transport& t) {
   auto key = std::make_pair(process_set, device);
   auto it = comms_.find(key);
-  if (it == comms_.end()) it = comms_.emplace(key, gpu::NcclComm::create(libs_, t, device)).first;
+  if (it == comms_.end()) {
+    it = comms_.emplace(key, gpu::NcclComm::create(libs_, t, device, init_timeout_us_)).first;
+  }
   return *it->second;
 }
 

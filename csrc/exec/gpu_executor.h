@@ -27,7 +27,8 @@ namespace commlib {
 
 class GpuExecutor {
  public:
-  explicit GpuExecutor(const gpu::GpuLibs& libs) : libs_(libs) {}
+  // init_timeout_us: how long a communicator's creation may take (COMMLIB_TIMEOUT; 0: no limit).
+  GpuExecutor(const gpu::GpuLibs& libs, int64_t init_timeout_us) : libs_(libs), init_timeout_us_(init_timeout_us) {}
   ~GpuExecutor();  // destroys the communicators (abandon() first if any op is in flight)
 
   // Enqueues resp (every entry on one device) over the communicator of its
@@ -66,6 +67,7 @@ class GpuExecutor {
   std::string timeout_message(const Launch& l, int64_t timeout_us) const;
 
   const gpu::GpuLibs& libs_;
+  int64_t init_timeout_us_ = 0;
   std::map<std::pair<int, int>, std::unique_ptr<gpu::NcclComm>> comms_;  // (set, device)
   std::deque<Launch> inflight_;
 };

@@ -50,21 +50,25 @@ void Engine::launch_gpu(const Response& resp, const std::vector<Entry*>& entries
     taken.push_back(std::move(it->second));
     pending_.erase(it);
   }
-  if (!gpu_) gpu_ = std::make_unique<GpuExecutor>(*gpu::loaded_gpu_libs());
+  if (!gpu_) gpu_ = std::make_unique<GpuExecutor>(*gpu::loaded_gpu_libs(), timeout_us_);
   std::vector<std::shared_ptr<HandleState>> launched;
   for (const Entry& e : taken) launched.push_back(e.handle);
   std::string message;
+  int code = COMMLIB_ERR_INTERNAL;
   try {
     std::shared_ptr<void> done = gpu_->launch(resp, taken, executor_.transport_for(resp.process_set), members,
                                               now_us());
     for (auto& h : launched) handles_.mark_launched(*h, done);
   } catch (const Error& e) {
     // (the other ranks' launches, if any, end by the timeout or NCCL's own error)
-    message = e.what();
+    message = std::string(op_type_name(resp.op_type)) + " '" + resp.names.at(0) + "'" +
+              (resp.process_set ? " on process set " + std::to_string(resp.process_set) : std::string()) + ": " +
+              e.what();
+    if (e.code() == COMMLIB_ERR_TIMED_OUT) code = e.code();
   }
   cache_.after_run(resp, message.empty());
   if (message.empty()) return;  // (launch took the entries)
-  for (Entry& e : taken) finish(e, COMMLIB_ERR_INTERNAL, message);
+  for (Entry& e : taken) finish(e, code, message);
 }
 
 bool Engine::poll_gpu() {

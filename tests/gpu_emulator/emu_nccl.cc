@@ -27,6 +27,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -357,6 +358,12 @@ int ncclCommInitRank(Comm** out, int nranks, UniqueId id, int rank) {
   if (nranks < 1 || nranks > emu::kMaxRanks || rank < 0 || rank >= nranks || id.internal[0] != '/')
     return emu::kInvalidArgument;
   prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);  // (the others read this process's buffers)
+  // COMMLIB_GPU_EMULATOR_INIT_HANG_RANK=r: rank r of every communicator never
+  // joins it (a member frozen after the unique id went out, or a bootstrap
+  // that cannot reach the others): the others wait in their barrier.
+  if (const char* hang = std::getenv("COMMLIB_GPU_EMULATOR_INIT_HANG_RANK"); hang && std::atoi(hang) == rank) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
   const std::string name(id.internal, strnlen(id.internal, 127));
   auto* c = new Comm();
   c->rank = rank;

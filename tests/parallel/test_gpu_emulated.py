@@ -7,7 +7,8 @@ caller's stream returns before the device ran the collective, and that
 stream sees the result; a stopped rank ends
 the others by the timeout (the GPU-side one, with ncclCommAbort, when it is
 frozen inside the collective; after a synchronize on the stream, from the
-next synchronize) and the job goes on. At 2 and 3 ranks. See
+next synchronize) and the job goes on; a communicator whose creation never
+completes fails the first collective by the timeout. At 2 and 3 ranks. See
 tests/parallel/workers/gpu_emulated.py. Real GPUs: tests/gpu/."""
 import time
 
@@ -43,4 +44,13 @@ def test_stopped_rank_ends_the_others_by_the_timeout(ranks, gpu_emulator, n, how
     env = dict(gpu_emulator, COMMLIB_TIMEOUT=str(T))
     start = time.monotonic()
     ranks(n, "gpu_emulated.py", how, timeout=150, env=env).assert_ok(n)
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+def test_communicator_creation_that_hangs_ends_by_the_timeout(ranks, gpu_emulator, n):
+    env = dict(gpu_emulator, COMMLIB_TIMEOUT=str(T), COMMLIB_GPU_EMULATOR_INIT_HANG_RANK=str(n - 1))
+    start = time.monotonic()
+    ranks(n, "gpu_emulated.py", "init-hang", timeout=150, env=env).assert_ok(n)
     assert time.monotonic() - start < 60

@@ -1,6 +1,9 @@
 #include "backends/nccl/nccl_comm.h"
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "common.h"
 
@@ -59,7 +62,57 @@ DeviceGuard::~DeviceGuard() {
 NcclComm::NcclComm(const GpuLibs& libs, int device, int rank, int size)
     : libs_(libs), device_(device), rank_(rank), size_(size) {}
 
-std::unique_ptr<NcclComm> NcclComm::create(const GpuLibs& libs, Transport& t, int device) {
+namespace {
+
+// One ncclCommInitRank in flight on its helper thread.
+struct InitCall {
+  std::atomic<bool> done{false};
+  ncclResult rc = kNcclSuccess;
+  ncclComm comm = nullptr;
+};
+
+}  // namespace
+
+// ncclCommInitRank blocks until every member has joined it, and NCCL's
+// bootstrap has no deadline of its own: a member that froze or died after the
+// unique id went out, or hosts that cannot reach each other on the interface
+// NCCL picked, leave it waiting forever. It runs on a helper thread, waited
+// for at most timeout_us (0: no limit); past that the call fails with
+// COMMLIB_ERR_TIMED_OUT and the helper is left behind (nothing can interrupt
+// it; it ends with the process).
+ncclComm NcclComm::init_bounded(const GpuLibs& libs, const NcclUniqueId& id, int rank, int size, int device,
+                                int64_t timeout_us) {
+  auto call = std::make_shared<InitCall>();
+  const NcclLib* nccl = &libs.nccl;
+  const CudaRuntime* cuda = &libs.cuda;
+  std::thread([call, nccl, cuda, id, rank, size, device] {
+    if (cuda->set_device(device) != kCudaSuccess) {
+      call->rc = kNcclUnhandledCudaError;
+    } else {
+      call->rc = nccl->comm_init_rank(&call->comm, size, id, rank);
+    }
+    call->done.store(true, std::memory_order_release);
+  }).detach();
+  const auto start = std::chrono::steady_clock::now();
+  while (!call->done.load(std::memory_order_acquire)) {
+    const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start);
+    if (timeout_us > 0 && waited.count() >= timeout_us) {
+      throw Error(COMMLIB_ERR_TIMED_OUT,
+                  "ncclCommInitRank (rank " + std::to_string(rank) + " of " + std::to_string(size) + ", device " +
+                      std::to_string(device) + ") did not complete within " + std::to_string(timeout_us / 1000000) +
+                      " s (COMMLIB_TIMEOUT): a member froze or died after the communicator's unique id went out, "
+                      "or NCCL cannot reach the other ranks (check NCCL_SOCKET_IFNAME; NCCL_DEBUG=INFO shows "
+                      "where its bootstrap stops)");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(waited.count() < 10000 ? 20 : 1000));
+  }
+  check_nccl(libs.nccl, call->rc,
+             "ncclCommInitRank (rank " + std::to_string(rank) + " of " + std::to_string(size) + ", device " +
+                 std::to_string(device) + ")");
+  return call->comm;
+}
+
+std::unique_ptr<NcclComm> NcclComm::create(const GpuLibs& libs, Transport& t, int device, int64_t timeout_us) {
   const NcclUniqueId id = shared_unique_id(libs.nccl, t);
   std::unique_ptr<NcclComm> c(new NcclComm(libs, device, t.rank(), t.size()));
   DeviceGuard on(libs.cuda, device);
@@ -68,9 +121,7 @@ std::unique_ptr<NcclComm> NcclComm::create(const GpuLibs& libs, Transport& t, in
              "cudaDeviceGetStreamPriorityRange");
   check_cuda(libs.cuda, libs.cuda.stream_create_with_priority(&c->stream_, kCudaStreamNonBlocking, greatest),
              "cudaStreamCreateWithPriority");
-  check_nccl(libs.nccl, libs.nccl.comm_init_rank(&c->comm_, t.size(), id, t.rank()),
-             "ncclCommInitRank (rank " + std::to_string(t.rank()) + " of " + std::to_string(t.size()) +
-                 ", device " + std::to_string(device) + ")");
+  c->comm_ = init_bounded(libs, id, t.rank(), t.size(), device, timeout_us);
   return c;
 }
 

@@ -3,7 +3,8 @@
 //
 // create() is collective over the set's MPI transport: its rank 0 makes the
 // unique id, which travels over MPI (Transport::broadcast), and every rank
-// then joins ncclCommInitRank on its device. Called by the engine's thread
+// then joins ncclCommInitRank on its device, for at most timeout_us
+// (COMMLIB_TIMEOUT; 0: no limit), then COMMLIB_ERR_TIMED_OUT. Called by the engine's thread
 // while it executes a negotiated response, so every member creates it at the
 // same point of the same order.
 #pragma once
@@ -46,7 +47,7 @@ class DeviceGuard {
 
 class NcclComm {
  public:
-  static std::unique_ptr<NcclComm> create(const GpuLibs& libs, Transport& t, int device);
+  static std::unique_ptr<NcclComm> create(const GpuLibs& libs, Transport& t, int device, int64_t timeout_us);
   ~NcclComm();  // ncclCommDestroy (nothing left to destroy after abort())
 
   // ncclCommAbort: ends every operation in flight on the communicator; it
@@ -73,6 +74,8 @@ class NcclComm {
 
  private:
   NcclComm(const GpuLibs& libs, int device, int rank, int size);
+  static ncclComm init_bounded(const GpuLibs& libs, const NcclUniqueId& id, int rank, int size, int device,
+                               int64_t timeout_us);
   const GpuLibs& libs_;
   ncclComm comm_ = nullptr;
   cudaStream stream_ = nullptr;

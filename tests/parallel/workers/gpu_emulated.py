@@ -17,6 +17,9 @@ argv[1]:
 - stream (run with COMMLIB_GPU_EMULATOR_DELAY_US): synchronize_on_stream
   returns before the device has run the collective, and the caller's stream
   sees its result;
+- init-hang (run with COMMLIB_TIMEOUT and COMMLIB_GPU_EMULATOR_INIT_HANG_RANK):
+  the communicator's creation never completes; the first CUDA collective
+  fails by the timeout on every rank instead of hanging;
 - sleeps, frozen, frozen-on-stream (run with COMMLIB_TIMEOUT): the last rank
   never submits a collective, or is stopped (SIGSTOP) inside it; the others
   fail with CollectiveTimeoutError naming it within the timeout + 10 s
@@ -353,6 +356,30 @@ def test_stopped(how):
     check_equal(got, np.full(1000, float(sum(range(n))), np.float32), "an allreduce after the timeout")
 
 
+def test_init_hangs():
+    """The last rank never joins ncclCommInitRank (the emulator's
+    COMMLIB_GPU_EMULATOR_INIT_HANG_RANK): every rank's first CUDA collective,
+    which creates the communicator, fails with CollectiveTimeoutError naming
+    ncclCommInitRank within the timeout + 10 s, instead of waiting forever;
+    CPU collectives go on."""
+    timeout = float(os.environ["COMMLIB_TIMEOUT"])
+    x = np.ones(64, np.float32)
+    commlib.barrier()
+    start = time.monotonic()
+    e = expect_raises(commlib.CollectiveTimeoutError,
+                      lambda: synchronize(device(lib.COMMLIB_OP_ALLREDUCE, "first", x, x, reduce_op=commlib.Sum)),
+                      "a CUDA allreduce whose communicator cannot be created")
+    took = time.monotonic() - start
+    if took > timeout + 10:
+        fail(f"the timeout error took {took:.1f} s (COMMLIB_TIMEOUT {timeout:.0f} s)")
+    for part in ("ncclCommInitRank", "'first'", "COMMLIB_TIMEOUT"):
+        if part not in str(e):
+            fail(f"the error does not name {part}: {e}")
+    print(f"rank {r}: init-hang after {took:.1f} s: {e}", flush=True)
+    got = commlib.allreduce(np.full(3, float(r)), op=commlib.Sum, name="cpu.after")
+    check_equal(got, np.full(3, float(sum(range(n)))), "a CPU allreduce after the failed creation")
+
+
 if case == "collectives":
     for test in (test_allreduce, test_fusion, test_broadcast, test_allgather, test_alltoall, test_reducescatter,
                  test_process_set, test_refusals):
@@ -363,6 +390,8 @@ elif case == "stream":
     test_stream_sync()
 elif case in ("sleeps", "frozen", "frozen-on-stream"):
     test_stopped(case)
+elif case == "init-hang":
+    test_init_hangs()
 else:
     fail(f"unknown case {case}")
 done()
