@@ -30,6 +30,12 @@ def stage_in(tensor: torch.Tensor) -> torch.Tensor:
     return host
 
 
+def host_buffer(like: torch.Tensor) -> torch.Tensor:
+    """An empty host tensor of ``like``'s shape and dtype (pinned when CUDA is
+    available): where a result for ``like`` lands before it goes to the device."""
+    return torch.empty(like.shape, dtype=like.dtype, device="cpu", pin_memory=_pinned())
+
+
 def to_device(result, device: torch.device):
     """``result`` (a tensor, or a list/tuple of them) on ``device``."""
     if isinstance(result, torch.Tensor):

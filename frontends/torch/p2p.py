@@ -21,7 +21,14 @@ The gradient of a message with tag ``t`` travels back with tag
 ``gradient_tag(t)`` (t + 2**62), so differentiable messages use tags below
 2**62. ``sendrecv`` is differentiable too: its backward is the reverse
 exchange. ``isend``/``irecv`` are not differentiable (pipelines that post
-their own gradient messages use them). CPU tensors only.
+their own gradient messages use them).
+
+CUDA tensors are staged through pinned host memory (cuda_staging): a send
+copies the tensor to the host (after the kernels queued on the current
+stream) and sends that; a receive into a CUDA ``out`` receives into a host
+buffer and copies it in; ``device=`` puts a received tensor of unknown shape
+on a device, and ``sendrecv`` and the autograd pairs keep their tensors on
+the device they came from. (Point-to-point through NCCL is not built.)
 """
 from __future__ import annotations
 
@@ -33,55 +40,85 @@ from commlib.p2p import blocking_at, plain_peer_and_tag
 from commlib.pipeline.tags import check_forward_tag, gradient_tag
 from commlib.submit import NULL, address, shape_array
 
+from .cuda_staging import host_buffer, stage_in
 from .mpi_ops import Handle, check_tensor
 from .tensor_io import core_code
 
 __all__ = ["send", "recv", "isend", "irecv", "sendrecv", "gradient_tag"]
 
 
+def _staged(tensor) -> bool:
+    """Whether ``tensor`` travels through host memory (a device tensor).
+    (Tests of the staging steps on CPU-only machines stage every tensor.)"""
+    return not tensor.is_cpu
+
+
 def _array(tensor, what: str) -> np.ndarray:
-    """A numpy view of ``tensor`` (a contiguous copy when it is not); 0-d
-    tensors stay 0-d, so the receiver gets the same shape."""
+    """A numpy view of ``tensor`` (a contiguous copy when it is not; a host
+    copy of a device tensor); 0-d tensors stay 0-d, so the receiver gets the
+    same shape. The view keeps its tensor alive."""
     t = check_tensor(tensor, what).detach()
-    if not t.is_contiguous():
+    if _staged(t):
+        t = stage_in(t)
+    elif not t.is_contiguous():
         t = t.contiguous()
+    return _view(t)
+
+
+def _view(t: torch.Tensor) -> np.ndarray:
+    """The numpy view of a contiguous host tensor."""
     if t.dtype == torch.bfloat16:  # numpy has no bfloat16: ml_dtypes' (check_tensor has checked)
         import ml_dtypes
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return t.numpy()
 
 
-def _tensor(arr: np.ndarray) -> torch.Tensor:
+def _tensor(arr: np.ndarray, device=None) -> torch.Tensor:
     if not arr.flags.writeable:  # torch.from_numpy warns on read-only memory
         arr = arr.copy()
     if arr.dtype.name == "bfloat16":
-        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(arr)
+        t = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(arr)
+    return t if device is None else t.to(device)
 
 
-def _out_array(out, what: str):
+def _receiver(out, what: str, device=None):
+    """What a receive into ``out`` (or into a new tensor, put on ``device``)
+    hands the core, and how the core's result becomes the caller's tensor:
+    (numpy out or None, finish(result array) -> tensor)."""
     if out is None:
-        return None
+        if device is not None:
+            device = torch.device(device)
+            check_tensor(torch.empty(0, device=device), what)  # (a device commlib can reach)
+        return None, lambda arr: _tensor(arr, device)
+    if device is not None:
+        raise ValueError(f"{what}: pass either out= or device=, not both (out's device is used)")
     check_tensor(out, what, inplace=True)
-    return _array(out, what)
+    if not _staged(out):
+        return _array(out, what), lambda _arr: out
+    host = host_buffer(out)
+
+    def finish(_arr):
+        out.copy_(host)
+        return out
+    return _view(host), finish
 
 
 def isend(tensor, dst, tag=0, process_set=None) -> Handle:
     """Starts sending ``tensor`` to job rank ``dst``; ``synchronize`` returns
-    None once the receiver has taken it. Keep the tensor unchanged until then."""
+    None once the receiver has taken it. Keep the tensor unchanged until then
+    (a CUDA tensor is copied to the host before this returns)."""
     arr = _array(tensor, "isend")
     return Handle(_c.isend(arr, dst, tag, process_set), lambda _none: None, (tensor, arr))
 
 
-def irecv(src, tag=0, out=None, process_set=None) -> Handle:
+def irecv(src, tag=0, out=None, process_set=None, device=None) -> Handle:
     """Starts receiving the next message from job rank ``src`` with ``tag``;
     ``synchronize`` returns ``out`` (filled in) or a new tensor of the
-    message's dtype and shape."""
-    arr = _out_array(out, "irecv")
-    h = _c.irecv(src, tag, arr, process_set)
-    if out is not None:
-        return Handle(h, lambda _arr: out, out)
-    return Handle(h, _tensor, None)
+    message's dtype and shape (on ``device``, default the CPU)."""
+    arr, finish = _receiver(out, "irecv", device)
+    return Handle(_c.irecv(src, tag, arr, process_set), finish, (out, arr))
 
 
 def _fast(send: bool, tensor, peer, tag, process_set) -> bool:
@@ -105,11 +142,11 @@ def _send_now(tensor, dst, tag, process_set) -> None:
         _c.send(_array(tensor, "send"), dst, tag, process_set)
 
 
-def _recv_now(src, tag, out, process_set) -> torch.Tensor:
-    if out is not None and _fast(False, out, src, tag, process_set):
+def _recv_now(src, tag, out, process_set, device=None) -> torch.Tensor:
+    if out is not None and device is None and _fast(False, out, src, tag, process_set):
         return out
-    arr = _c.recv(src, tag, _out_array(out, "recv"), process_set)
-    return out if out is not None else _tensor(arr)
+    arr, finish = _receiver(out, "recv", device)
+    return finish(_c.recv(src, tag, arr, process_set))
 
 
 class _Send(torch.autograd.Function):
@@ -117,14 +154,14 @@ class _Send(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, dst, tag, process_set):
-        ctx.meta = (dst, tag, process_set, x.shape, x.dtype)
+        ctx.meta = (dst, tag, process_set, x.shape, x.dtype, x.device)
         _send_now(x, dst, tag, process_set)
         return x.new_zeros(())
 
     @staticmethod
     def backward(ctx, _grad_token):
-        dst, tag, process_set, shape, dtype = ctx.meta
-        grad = _recv_now(dst, gradient_tag(tag), torch.empty(shape, dtype=dtype), process_set)
+        dst, tag, process_set, shape, dtype, device = ctx.meta
+        grad = _recv_now(dst, gradient_tag(tag), torch.empty(shape, dtype=dtype, device=device), process_set)
         return grad, None, None, None
 
 
@@ -132,15 +169,15 @@ class _Recv(torch.autograd.Function):
     """Forward: receive. Backward: send the gradient to the sender."""
 
     @staticmethod
-    def forward(ctx, _anchor, src, tag, process_set):
+    def forward(ctx, _anchor, src, tag, process_set, device):
         ctx.meta = (src, tag, process_set)
-        return _recv_now(src, tag, None, process_set)
+        return _recv_now(src, tag, None, process_set, device)
 
     @staticmethod
     def backward(ctx, grad):
         src, tag, process_set = ctx.meta
         _send_now(grad, src, gradient_tag(tag), process_set)
-        return None, None, None, None
+        return None, None, None, None, None
 
 
 def send(tensor, dst, tag=0, process_set=None) -> torch.Tensor:
@@ -157,9 +194,10 @@ def send(tensor, dst, tag=0, process_set=None) -> torch.Tensor:
     return torch.zeros(())
 
 
-def recv(src, tag=0, out=None, process_set=None, requires_grad=False) -> torch.Tensor:
+def recv(src, tag=0, out=None, process_set=None, requires_grad=False, device=None) -> torch.Tensor:
     """Receives the next message from job rank ``src`` with ``tag``: ``out``
-    filled in, or a new tensor of the sender's dtype and shape.
+    filled in, or a new tensor of the sender's dtype and shape, on ``device``
+    (default the CPU; ``device="cuda"`` for a pipeline stage on a GPU).
 
     With ``requires_grad=True`` the tensor is part of the graph: its gradient
     is sent back to ``src`` during backward (the sender's token receives it).
@@ -170,8 +208,8 @@ def recv(src, tag=0, out=None, process_set=None, requires_grad=False) -> torch.T
         check_forward_tag(tag)
         anchor = torch.empty(0, requires_grad=True)
         with torch.enable_grad():
-            return _Recv.apply(anchor, src, tag, process_set)
-    return _recv_now(src, tag, out, process_set)
+            return _Recv.apply(anchor, src, tag, process_set, device)
+    return _recv_now(src, tag, out, process_set, device)
 
 
 class _SendRecv(torch.autograd.Function):
@@ -185,22 +223,24 @@ class _SendRecv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         dst, src, send_tag, recv_tag, process_set, shape, dtype = ctx.meta
-        out = torch.empty(shape, dtype=dtype)
+        out = torch.empty(shape, dtype=dtype, device=grad.device)
         g = _sendrecv_now(grad, src, dst, gradient_tag(recv_tag), gradient_tag(send_tag), out,
                           process_set)
         return g, None, None, None, None, None
 
 
 def _sendrecv_now(tensor, dst, src, send_tag, recv_tag, out, process_set) -> torch.Tensor:
-    arr = _c.sendrecv(_array(tensor, "sendrecv"), dst, src, send_tag, recv_tag,
-                      _out_array(out, "sendrecv"), process_set)
-    return out if out is not None else _tensor(arr)
+    payload = _array(tensor, "sendrecv")
+    device = tensor.device if out is None and not tensor.is_cpu else None  # (back where it came from)
+    arr, finish = _receiver(out, "sendrecv", device)
+    return finish(_c.sendrecv(payload, dst, src, send_tag, recv_tag, arr, process_set))
 
 
 def sendrecv(tensor, dst, src, send_tag=0, recv_tag=0, out=None,
              process_set=None) -> torch.Tensor:
     """Sends ``tensor`` to ``dst`` and receives from ``src`` at once (both
-    posted before either waits); returns the received tensor.
+    posted before either waits); returns the received tensor (on
+    ``tensor``'s device unless ``out`` is given).
 
     Differentiable when ``tensor`` requires grad (then on every rank of the
     exchange): backward sends the output's gradient to ``src`` and receives

@@ -37,3 +37,11 @@ def test_nccl_reducible():
     assert not can_reduce(torch.int32, Average, 1.0, 1.0)
     assert not can_reduce(torch.int32, Sum, 2.0, 1.0)
     assert not can_reduce(torch.float32, Min, 2.0, 1.0)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n", [2, 3])
+def test_point_to_point_staging_on_cpu(ranks, n):
+    """send/recv/isend/irecv/sendrecv and their autograd pairs through the
+    host-staging steps CUDA tensors take (workers/torch_p2p_staging.py)."""
+    ranks(n, "torch_p2p_staging.py", timeout=120).assert_ok(n)

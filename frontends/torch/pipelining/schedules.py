@@ -160,7 +160,7 @@ class _Run:
 
     def _post(self, a: Action):
         st = self.s.stages[a.stage]
-        return irecv(st.job_rank(peer_stage(a)), tag(a), process_set=st.process_set)
+        return irecv(st.job_rank(peer_stage(a)), tag(a), process_set=st.process_set, device=st.device)
 
     def _receive(self, a: Action) -> torch.Tensor:
         return synchronize(self.pending.pop(a) if self.pending is not None else self._post(a))

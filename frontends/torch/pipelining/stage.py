@@ -52,6 +52,15 @@ class PipelineStage:
     def pipeline_size(self) -> int:
         return len(self.group)
 
+    @property
+    def device(self) -> torch.device | None:
+        """Where the stage's module lives (its first parameter or buffer),
+        so where the tensors it receives go; None for a CPU module."""
+        first = next(iter(self.module.parameters()), None) if hasattr(self.module, "parameters") else None
+        if first is None and hasattr(self.module, "buffers"):
+            first = next(iter(self.module.buffers()), None)
+        return None if first is None or first.is_cpu else first.device
+
     def job_rank(self, stage: int) -> int:
         """The job rank that runs ``stage``."""
         return self.group[stage % len(self.group)]
