@@ -434,7 +434,7 @@ def barrier(process_set=None) -> None:
     synchronize(Handle(hid, None, keep, "barrier"))
 
 
-def join() -> int:
+def join(device: int = -1) -> int:
     """This rank has no more collectives to submit (for instance: it ran out
     of data first). Until every rank has called join(), it takes part in the
     other ranks' collectives of the job: it contributes zeros to allreduce
@@ -442,8 +442,22 @@ def join() -> int:
     no rows to allgather and alltoall, receives broadcasts (a joined rank
     cannot be a broadcast's root), and passes barriers. Returns, on every
     rank, the rank that called join() last. Generated names (``name=None``)
-    start again after it, the same on every rank."""
-    hid, keep = _enqueue(lib.COMMLIB_OP_JOIN, f"commlib.join.{runtime.name_epoch()}", None, None)
+    start again after it, the same on every rank.
+
+    ``device``: the CUDA device on which this rank stands in for the others'
+    CUDA collectives (by default the device of its own CUDA collectives; -1:
+    none given)."""
+    name = f"commlib.join.{runtime.name_epoch()}"
+    if device is None or int(device) < 0:
+        hid, keep = _enqueue(lib.COMMLIB_OP_JOIN, name, None, None)
+    else:
+        req = ffi.new("commlib_request*")
+        cname = ffi.new("char[]", name.encode())
+        req.op_type, req.name = lib.COMMLIB_OP_JOIN, cname
+        req.device_type, req.device_id = lib.COMMLIB_DEVICE_CUDA, int(device)
+        out = ffi.new("int64_t*")
+        check(lib.commlib_enqueue(req, out))
+        hid, keep = out[0], (req, cname)
     last = synchronize(Handle(hid, lambda h: core_splits(h, 1)[0], keep, "join"))
     runtime.names_after_join()
     return int(last)

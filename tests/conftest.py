@@ -21,12 +21,20 @@ class RankRun:
     def __repr__(self) -> str:
         return f"<rc={self.returncode}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}>"
 
+    def describe(self, limit: int = 6000) -> str:
+        """The job's exit code and the ends of its output, whole (pytest
+        shortens an assertion's message, which hid which rank failed how)."""
+        return (f"exit code {self.returncode}\n--- stdout (last {limit} chars) ---\n{self.stdout[-limit:]}"
+                f"\n--- stderr (last {limit} chars) ---\n{self.stderr[-limit:]}")
+
     def assert_ok(self, n: int) -> None:
         """The job succeeded and each of ranks 0..n-1 printed "rank R: OK"
         (the last line of a worker whose checks all passed)."""
-        assert self.returncode == 0, self
-        for r in range(n):
-            assert f"rank {r}: OK" in self.stdout, self
+        if self.returncode != 0:
+            pytest.fail(self.describe(), pytrace=False)
+        missing = [r for r in range(n) if f"rank {r}: OK" not in self.stdout]
+        if missing:
+            pytest.fail(f"ranks {missing} did not print their OK line\n" + self.describe(), pytrace=False)
 
 
 def run_ranks(np_: int, script: str, *args: str, timeout: float = 120, env: dict | None = None,

@@ -4,6 +4,7 @@
 
 #include "common.h"
 #include "exec/gpu_ops.h"
+#include "exec/operations.h"
 
 namespace commlib {
 
@@ -35,6 +36,37 @@ void GpuExecutor::enqueue_calls(gpu::NcclComm& c, const Response& resp, std::vec
   }
 }
 
+void GpuExecutor::stand_in_buffers(gpu::NcclComm& c, const Response& resp, Entry& e) {
+  const RequestDesc& d = e.desc;
+  if (d.group_size >= 0) {
+    throw Error(COMMLIB_ERR_INTERNAL, "a joined rank cannot stand in for the grouped CUDA allreduce '" + d.name + "'");
+  }
+  const size_t esize = dtype_size(d.dtype), bytes = size_t(num_elements(d.shape)) * esize;
+  const size_t row = row_bytes(d);
+  const int size = c.size(), me = c.rank();
+  size_t out = bytes;
+  switch (d.op_type) {
+    case COMMLIB_OP_ALLGATHER:
+      e.output_rows = 0;
+      for (int64_t r : resp.rows) e.output_rows += r;
+      out = size_t(e.output_rows) * row;
+      break;
+    case COMMLIB_OP_ALLTOALL:
+      e.output_rows = 0;
+      for (int src = 0; src < size; ++src) e.output_rows += resp.rows.at(size_t(src) * size_t(size) + size_t(me));
+      out = size_t(e.output_rows) * row;
+      break;
+    case COMMLIB_OP_REDUCESCATTER:
+      out = size_t(reducescatter_rows(d, size, me)) * row;
+      break;
+    default:
+      break;
+  }
+  e.input = c.zeros(bytes + 1);
+  e.output = c.sink(out + 1);
+  if (d.op_type == COMMLIB_OP_BROADCAST) e.input = e.output;  // (a joined rank is never the root)
+}
+
 std::shared_ptr<void> GpuExecutor::launch(const Response& resp, std::vector<Entry>& entries, Transport& t,
                          const std::vector<int>& members, int64_t now_us) {
   const int device = entries.at(0).device_id;
@@ -54,7 +86,10 @@ std::shared_ptr<void> GpuExecutor::launch(const Response& resp, std::vector<Entr
     }
   }
   std::vector<Entry*> ptrs;
-  for (Entry& e : entries) ptrs.push_back(&e);
+  for (Entry& e : entries) {
+    if (e.stand_in) stand_in_buffers(c, resp, e);
+    ptrs.push_back(&e);
+  }
   enqueue_calls(c, resp, ptrs);
   gpu::cudaEvent ev = nullptr;
   check_cuda(libs_.cuda, libs_.cuda.event_create_with_flags(&ev, gpu::kCudaEventDisableTiming), "cudaEventCreate");
@@ -69,15 +104,33 @@ std::shared_ptr<void> GpuExecutor::launch(const Response& resp, std::vector<Entr
   return done;
 }
 
-std::string GpuExecutor::timeout_message(const Launch& l, int64_t timeout_us) const {
-  const int me = l.members.at(size_t(l.comm->rank()));
+namespace {
+
+std::vector<int> other_ranks(const std::vector<int>& members, int me) {
   std::vector<int> others;
-  for (int r : l.members)
+  for (int r : members)
     if (r != me) others.push_back(r);
+  return others;
+}
+
+}  // namespace
+
+std::string GpuExecutor::timeout_message(const Launch& l, int64_t timeout_us) const {
+  const std::vector<int> others = other_ranks(l.members, l.members.at(size_t(l.comm->rank())));
   return l.what + ": no progress on the GPU for " + std::to_string(timeout_us / 1000000) +
          " s (COMMLIB_TIMEOUT); every rank submitted it, so one of ranks " + ranks_str(others) +
          " stopped inside it (frozen, killed or cut off; NCCL cannot tell which); its NCCL communicator "
          "was aborted (ncclCommAbort)";
+}
+
+std::string GpuExecutor::peer_timeout_message(const Launch& l, int64_t timeout_us, int64_t stalled_us,
+                                              const std::string& nccl_error) const {
+  const std::vector<int> others = other_ranks(l.members, l.members.at(size_t(l.comm->rank())));
+  return l.what + ": no progress on the GPU for " + std::to_string(stalled_us / 1000000) +
+         " s, then another rank aborted the communicator (NCCL: " + nccl_error + "), most likely as its " +
+         std::to_string(timeout_us / 1000000) + " s COMMLIB_TIMEOUT ran out a little sooner; every rank "
+         "submitted it, so one of ranks " + ranks_str(others) + " stopped inside it (frozen, killed or cut off); "
+         "the NCCL communicator was aborted here too (ncclCommAbort)";
 }
 
 void GpuExecutor::fail_comm(gpu::NcclComm* c, int status, const std::string& message, std::vector<Done>& out) {
@@ -110,15 +163,21 @@ std::vector<GpuExecutor::Done> GpuExecutor::poll(int64_t now_us, int64_t timeout
       continue;
     }
     const gpu::ncclResult async = l.comm->async_error();
+    const int64_t stalled = now_us - std::max(l.launched_us, l.comm->last_progress_us);
     std::string why;
     int status = COMMLIB_ERR_INTERNAL;
     if (q != gpu::kCudaErrorNotReady) {
       why = l.what + ": CUDA error " + std::to_string(q) + " (" + libs_.cuda.get_error_string(q) + ")";
-    } else if (async != gpu::kNcclSuccess && async != gpu::kNcclInProgress) {
-      why = l.what + ": NCCL error " + std::to_string(async) + " (" + l.comm->error_text(async) + ")";
-    } else if (timeout_us > 0 && now_us - std::max(l.launched_us, l.comm->last_progress_us) > timeout_us) {
+    } else if (timeout_us > 0 && stalled > timeout_us) {  // (before an async error: it says more)
       why = timeout_message(l, timeout_us);
       status = COMMLIB_ERR_TIMED_OUT;
+    } else if (async == gpu::kNcclRemoteError && timeout_us > 0 && stalled >= timeout_us / 2) {
+      // A peer aborted the communicator while this had long made no
+      // progress: most likely its own timeout ran out a little sooner.
+      why = peer_timeout_message(l, timeout_us, stalled, l.comm->error_text(async));
+      status = COMMLIB_ERR_TIMED_OUT;
+    } else if (async != gpu::kNcclSuccess && async != gpu::kNcclInProgress) {
+      why = l.what + ": NCCL error " + std::to_string(async) + " (" + l.comm->error_text(async) + ")";
     } else {
       ++i;
       continue;

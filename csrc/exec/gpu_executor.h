@@ -62,9 +62,13 @@ class GpuExecutor {
   };
   gpu::NcclComm& comm_for(int process_set, int device, Transport& t);
   void enqueue_calls(gpu::NcclComm& c, const Response& resp, std::vector<Entry*>& entries);
+  // A joined rank's stand-in: zeros in, results into the sink, the rows it receives.
+  void stand_in_buffers(gpu::NcclComm& c, const Response& resp, Entry& e);
   // Fails every launch on c (aborted) into out, and forgets c.
   void fail_comm(gpu::NcclComm* c, int status, const std::string& message, std::vector<Done>& out);
   std::string timeout_message(const Launch& l, int64_t timeout_us) const;
+  std::string peer_timeout_message(const Launch& l, int64_t timeout_us, int64_t stalled_us,
+                                   const std::string& nccl_error) const;
 
   const gpu::GpuLibs& libs_;
   int64_t init_timeout_us_ = 0;

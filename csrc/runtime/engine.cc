@@ -233,6 +233,7 @@ void Engine::shutdown() {
   g_wait_hook = nullptr;
   gpu_.reset();  // (launches in flight were failed and aborted by the loop's end)
   gpu_device_.store(-1);
+  join_device_.store(-1);
   executor_.clear();
   cache_.reset(CacheProtocol::Setup{});
   coordinator_.reset();

@@ -158,6 +158,7 @@ class Engine : private CacheHost {
   // at enqueue, the launch of a negotiated response, polling the launches.
   void prepare_gpu_entry(const commlib_request& q, Entry& e);
   void launch_gpu(const Response& resp, const std::vector<Entry*>& entries);
+  void prepare_stand_ins(std::vector<Entry>& taken);
   bool poll_gpu();
   // Waits for the CUDA collectives in flight to end (at most COMMLIB_TIMEOUT,
   // or 10 s without one): every rank launched them, so an orderly shutdown
@@ -237,6 +238,7 @@ class Engine : private CacheHost {
   Executor executor_;  // runs collectives; owns the process sets' communicators
   GpuBackend gpu_backend_ = GpuBackend::kAuto;   // COMMLIB_GPU_BACKEND
   std::atomic<int> gpu_device_{-1};              // the one CUDA device of this process's requests
+  std::atomic<int> join_device_{-1};             // the CUDA device join() named (stand-ins run there)
   std::unique_ptr<GpuExecutor> gpu_;             // created by the first CUDA launch
   std::unordered_map<std::string, Entry> pending_;
   int joins_pending_ = 0;  // this rank's join() requests submitted and not complete

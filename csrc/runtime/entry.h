@@ -45,6 +45,9 @@ struct Entry {
   int device_id = 0;
   void* ready_event = nullptr;
   int64_t output_rows = -1;
+  // A joined rank's stand-in for a request it never submitted (runtime/join.h):
+  // nobody waits on it; a CUDA one gets its buffers from the NCCL executor.
+  bool stand_in = false;
   // This request alone failed on this rank, after it took part in its
   // collective (an allgather's out of the wrong size): COMMLIB_ERR_VALUE.
   std::string error;

@@ -2,6 +2,7 @@
 // (caller threads), launching negotiated ones on the NCCL executor and
 // finishing them when their completion event is reached (the engine's
 // thread). See exec/gpu_route.h and exec/gpu_executor.h.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -43,19 +44,25 @@ void Engine::launch_gpu(const Response& resp, const std::vector<Entry*>& entries
   }
   std::vector<Entry> taken;
   for (Entry* p : entries) {
+    if (p->stand_in) {  // this rank has joined (take_entries)
+      taken.push_back(std::move(*p));
+      continue;
+    }
     auto it = pending_.find(request_key(p->desc));
     if (it == pending_.end() || &it->second != p) {
-      throw Error(COMMLIB_ERR_INTERNAL, "CUDA collectives do not take part in join() ('" + p->desc.name + "')");
+      throw Error(COMMLIB_ERR_INTERNAL, "CUDA request '" + p->desc.name + "' launched but not pending");
     }
     taken.push_back(std::move(it->second));
     pending_.erase(it);
   }
-  if (!gpu_) gpu_ = std::make_unique<GpuExecutor>(*gpu::loaded_gpu_libs(), timeout_us_);
   std::vector<std::shared_ptr<HandleState>> launched;
-  for (const Entry& e : taken) launched.push_back(e.handle);
+  for (const Entry& e : taken)
+    if (!e.stand_in) launched.push_back(e.handle);
   std::string message;
   int code = COMMLIB_ERR_INTERNAL;
   try {
+    prepare_stand_ins(taken);
+    if (!gpu_) gpu_ = std::make_unique<GpuExecutor>(*gpu::loaded_gpu_libs(), timeout_us_);
     std::shared_ptr<void> done = gpu_->launch(resp, taken, executor_.transport_for(resp.process_set), members,
                                               now_us());
     for (auto& h : launched) handles_.mark_launched(*h, done);
@@ -68,14 +75,41 @@ void Engine::launch_gpu(const Response& resp, const std::vector<Entry*>& entries
   }
   cache_.after_run(resp, message.empty());
   if (message.empty()) return;  // (launch took the entries)
-  for (Entry& e : taken) finish(e, code, message);
+  if (launched.empty()) {  // (only stand-ins: nobody here waits to hear of it)
+    std::fprintf(stderr, "commlib (rank %d): ERROR: %s\n", topo_.rank, message.c_str());
+  }
+  for (Entry& e : taken)
+    if (!e.stand_in) finish(e, code, message);
+}
+
+// A joined rank stands in for CUDA collectives on its CUDA device: the one
+// of its own CUDA requests, else the one join() named.
+void Engine::prepare_stand_ins(std::vector<Entry>& taken) {
+  if (std::none_of(taken.begin(), taken.end(), [](const Entry& e) { return e.stand_in; })) return;
+  int device = gpu_device_.load();
+  if (device < 0) device = join_device_.load();
+  const std::string who = "rank " + std::to_string(topo_.rank) + " has joined and stands in for the CUDA " +
+                          op_type_name(taken[0].desc.op_type) + " '" + taken[0].desc.name + "'";
+  if (device < 0) {
+    throw Error(COMMLIB_ERR_INTERNAL, who + ", but it knows no CUDA device: it ran no CUDA collective and join() "
+                                            "named none (commlib.torch.join() passes the current one)");
+  }
+  const gpu::GpuLibs* libs = gpu::loaded_gpu_libs();
+  if (!libs || !libs->nccl.ok || !libs->cuda.ok) libs = &gpu::load_gpu_libs(config_.nccl_library, "");
+  if (!libs->nccl.ok || !libs->cuda.ok) {
+    throw Error(COMMLIB_ERR_INTERNAL, who + ", but NCCL is not usable here: " +
+                                          (libs->nccl.ok ? libs->cuda.error : libs->nccl.error));
+  }
+  for (Entry& e : taken)
+    if (e.stand_in) e.device_id = device;
 }
 
 bool Engine::poll_gpu() {
   if (!gpu_ || !gpu_->busy()) return false;
   std::vector<GpuExecutor::Done> done = gpu_->poll(now_us(), timeout_us_);
   for (GpuExecutor::Done& d : done) {
-    for (Entry& e : d.entries) finish(e, d.status, d.message);
+    for (Entry& e : d.entries)
+      if (!e.stand_in) finish(e, d.status, d.message);
   }
   return !done.empty();
 }
@@ -132,7 +166,8 @@ void Engine::drain_gpu() {
 void Engine::abandon_gpu(int code, const std::string& message) {
   if (!gpu_) return;
   for (GpuExecutor::Done& d : gpu_->abandon(code, message)) {
-    for (Entry& e : d.entries) finish(e, code, message);
+    for (Entry& e : d.entries)
+      if (!e.stand_in) finish(e, code, message);
   }
 }
 

@@ -18,6 +18,12 @@ Entry joined_entry(const RequestDesc& d, int set_rank, int set_size) {
   Entry e;
   e.handle = std::make_shared<HandleState>();  // (nobody waits on it)
   e.desc = d;
+  e.stand_in = true;
+  if (d.op_type == COMMLIB_OP_ALLGATHER || d.op_type == COMMLIB_OP_ALLTOALL) {
+    if (!e.desc.shape.empty()) e.desc.shape[0] = 0;  // sends no rows
+    e.desc.splits.assign(size_t(set_size), 0);
+  }
+  if (d.device_type != COMMLIB_DEVICE_CPU) return e;
   const size_t esize = dtype_size(d.dtype);
   size_t row_elems = 1;
   for (size_t i = 1; i < d.shape.size(); ++i) row_elems *= size_t(d.shape[i]);
@@ -57,8 +63,6 @@ Entry joined_entry(const RequestDesc& d, int set_rank, int set_size) {
     }
     case COMMLIB_OP_ALLGATHER:
     case COMMLIB_OP_ALLTOALL:
-      if (!e.desc.shape.empty()) e.desc.shape[0] = 0;  // sends no rows
-      e.desc.splits.assign(size_t(set_size), 0);
       e.scratch.assign(1, 0);
       break;
     default:  // barrier: nothing moves

@@ -11,7 +11,8 @@
 namespace commlib {
 
 // The stand-in for request d on this rank (set_rank of set_size in d's
-// process set).
+// process set). A CUDA request's stand-in has no buffers here: the NCCL
+// executor gives it device ones (GpuExecutor::stand_in_buffers).
 Entry joined_entry(const RequestDesc& d, int set_rank, int set_size);
 
 }  // namespace commlib

@@ -179,6 +179,12 @@ Entry Engine::make_entry(const commlib_request& q) {
   e.output = q.output;
   if (q.op_type == COMMLIB_OP_ALLGATHER && q.output) e.output_rows = q.output_rows;
   for (int i = 0; i < q.npieces; ++i) e.pieces.push_back({q.pieces[i], size_t(q.piece_elements[i])});
+  if (q.op_type == COMMLIB_OP_JOIN) {
+    // (join moves no data: a CUDA device names where this rank stands in for CUDA collectives)
+    if (q.device_type == COMMLIB_DEVICE_CUDA && q.device_id >= 0) join_device_.store(q.device_id);
+    e.desc.device_type = COMMLIB_DEVICE_CPU;
+    return e;
+  }
   if (q.device_type != COMMLIB_DEVICE_CPU) prepare_gpu_entry(q, e);
   return e;
 }

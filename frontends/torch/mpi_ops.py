@@ -33,6 +33,8 @@ Differences from horovod.torch, all deliberate:
 """
 from __future__ import annotations
 
+import torch
+
 import commlib as _c
 from commlib import CommlibError  # noqa: F401 - re-exported
 from commlib.basics import init, is_homogeneous  # noqa: F401 - re-exported
@@ -80,10 +82,14 @@ def join(device=-1) -> int:
     """This rank has no more batches: until every rank has called join(), it
     takes part in the other ranks' collectives (contributing zeros to
     allreduce, so DistributedOptimizer's Average divides the others' sum by
-    the number of ranks; no rows to allgather; receiving broadcasts). Returns
-    the rank that called join() last, the same on every rank. ``device`` is
-    accepted for compatibility; only -1 (CPU) is meaningful."""
-    return _c.join()
+    the number of ranks; no rows to allgather; receiving broadcasts), CUDA
+    ones included: those run on ``device`` (default: the device of this
+    rank's own CUDA collectives, else torch's current CUDA device once CUDA
+    is in use). Returns
+    the rank that called join() last, the same on every rank."""
+    if (device is None or int(device) < 0) and torch.cuda.is_initialized():  # (never starts CUDA)
+        device = torch.cuda.current_device()
+    return _c.join(device=-1 if device is None else int(device))
 
 
 __all__ = [

@@ -253,4 +253,9 @@ int cudaMemcpyAsync(void* dst, const void* src, size_t bytes, int, void* stream)
   return 0;
 }
 
+int cudaMemsetAsync(void* dst, int value, size_t bytes, void* stream) {
+  emu::stream_of(stream)->push([=] { std::memset(dst, value, bytes); });
+  return 0;
+}
+
 }  // extern "C"

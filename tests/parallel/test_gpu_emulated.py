@@ -8,7 +8,8 @@ stream sees the result; a stopped rank ends
 the others by the timeout (the GPU-side one, with ncclCommAbort, when it is
 frozen inside the collective; after a synchronize on the stream, from the
 next synchronize) and the job goes on; a communicator whose creation never
-completes fails the first collective by the timeout. At 2 and 3 ranks. See
+completes fails the first collective by the timeout; a joined rank stands in
+for the others' CUDA collectives. At 2 and 3 ranks. See
 tests/parallel/workers/gpu_emulated.py. Real GPUs: tests/gpu/."""
 import time
 
@@ -45,6 +46,12 @@ def test_stopped_rank_ends_the_others_by_the_timeout(ranks, gpu_emulator, n, how
     start = time.monotonic()
     ranks(n, "gpu_emulated.py", how, timeout=150, env=env).assert_ok(n)
     assert time.monotonic() - start < 60
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+def test_joined_rank_stands_in_for_cuda_collectives(ranks, gpu_emulator, n):
+    ranks(n, "gpu_emulated.py", "join", timeout=150, env=gpu_emulator).assert_ok(n)
 
 
 @pytest.mark.timeout(200)

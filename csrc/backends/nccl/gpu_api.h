@@ -79,6 +79,7 @@ using FnCudaStreamWaitEvent = cudaError (*)(cudaStream, cudaEvent, unsigned);
 using FnCudaMalloc = cudaError (*)(void**, size_t);
 using FnCudaFree = cudaError (*)(void*);
 using FnCudaMemcpyAsync = cudaError (*)(void*, const void*, size_t, int, cudaStream);
+using FnCudaMemsetAsync = cudaError (*)(void*, int, size_t, cudaStream);
 
 }  // namespace gpu
 }  // namespace commlib

@@ -112,6 +112,7 @@ bool bind_cuda(void* h, CudaRuntime& c, std::string* missing) {
   sym(h, "cudaMalloc", &c.malloc, missing);
   sym(h, "cudaFree", &c.free, missing);
   sym(h, "cudaMemcpyAsync", &c.memcpy_async, missing);
+  sym(h, "cudaMemsetAsync", &c.memset_async, missing);
   return missing->empty();
 }
 

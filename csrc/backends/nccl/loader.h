@@ -60,6 +60,7 @@ struct CudaRuntime {
   FnCudaMalloc malloc = nullptr;
   FnCudaFree free = nullptr;
   FnCudaMemcpyAsync memcpy_async = nullptr;
+  FnCudaMemsetAsync memset_async = nullptr;
 };
 
 struct GpuLibs {

@@ -130,7 +130,8 @@ NcclComm::~NcclComm() {
     DeviceGuard on(libs_.cuda, device_);
     if (comm_ && !aborted_) libs_.nccl.comm_destroy(comm_);
     for (void* p : retired_) libs_.cuda.free(p);
-    if (fusion_) libs_.cuda.free(fusion_);
+    for (void* p : {fusion_, zeros_, sink_})
+      if (p) libs_.cuda.free(p);
     if (stream_) libs_.cuda.stream_destroy(stream_);
   } catch (const Error&) {
     // (the device is unusable: nothing more can be released)
@@ -150,18 +151,30 @@ ncclResult NcclComm::async_error() const {
   return rc != kNcclSuccess ? rc : err;
 }
 
-void* NcclComm::fusion_buffer(size_t bytes) {
-  if (bytes <= fusion_bytes_) return fusion_;
+void* NcclComm::grow(void** buf, size_t* have, size_t bytes) {
+  if (bytes <= *have) return *buf;
   DeviceGuard on(libs_.cuda, device_);
   // The old buffer may still be in use by an operation in flight (and
   // cudaFree would wait for it, a hang if it hangs): freed at destruction.
-  if (fusion_) retired_.push_back(fusion_);
-  fusion_ = nullptr;
-  fusion_bytes_ = 0;
+  if (*buf) retired_.push_back(*buf);
+  *buf = nullptr;
+  *have = 0;
   const size_t want = bytes < (size_t(1) << 20) ? size_t(1) << 20 : bytes;
-  check_cuda(libs_.cuda, libs_.cuda.malloc(&fusion_, want), "cudaMalloc(" + std::to_string(want) + " bytes)");
-  fusion_bytes_ = want;
-  return fusion_;
+  check_cuda(libs_.cuda, libs_.cuda.malloc(buf, want), "cudaMalloc(" + std::to_string(want) + " bytes)");
+  *have = want;
+  return *buf;
+}
+
+void* NcclComm::fusion_buffer(size_t bytes) { return grow(&fusion_, &fusion_bytes_, bytes); }
+
+void* NcclComm::sink(size_t bytes) { return grow(&sink_, &sink_bytes_, bytes); }
+
+void* NcclComm::zeros(size_t bytes) {
+  if (bytes <= zeros_bytes_) return zeros_;
+  void* z = grow(&zeros_, &zeros_bytes_, bytes);
+  DeviceGuard on(libs_.cuda, device_);
+  check_cuda(libs_.cuda, libs_.cuda.memset_async(z, 0, zeros_bytes_, stream_), "cudaMemsetAsync");
+  return z;
 }
 
 }  // namespace gpu

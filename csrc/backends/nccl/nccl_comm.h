@@ -61,6 +61,11 @@ class NcclComm {
   // At least bytes of device memory for fusion, owned by the communicator
   // (a larger one replaces it; the old one is freed with the communicator).
   void* fusion_buffer(size_t bytes);
+  // A joined rank's stand-in buffers (runtime/join.h), grown like the fusion
+  // buffer: zeros (set on the communicator's stream once, never written
+  // after) and a sink for results nobody reads.
+  void* zeros(size_t bytes);
+  void* sink(size_t bytes);
 
   const GpuLibs& libs() const { return libs_; }
   ncclComm comm() const { return comm_; }
@@ -81,8 +86,14 @@ class NcclComm {
   cudaStream stream_ = nullptr;
   int device_, rank_, size_;
   bool aborted_ = false;
+  // Device memory of at least bytes in *buf (of *have bytes), replacing a smaller one.
+  void* grow(void** buf, size_t* have, size_t bytes);
   void* fusion_ = nullptr;
   size_t fusion_bytes_ = 0;
+  void* zeros_ = nullptr;
+  size_t zeros_bytes_ = 0;
+  void* sink_ = nullptr;
+  size_t sink_bytes_ = 0;
   std::vector<void*> retired_;
 };
 

@@ -17,6 +17,7 @@ argv[1]:
 - stream (run with COMMLIB_GPU_EMULATOR_DELAY_US): synchronize_on_stream
   returns before the device has run the collective, and the caller's stream
   sees its result;
+- join: a rank that joined stands in for the others' CUDA collectives;
 - init-hang (run with COMMLIB_TIMEOUT and COMMLIB_GPU_EMULATOR_INIT_HANG_RANK):
   the communicator's creation never completes; the first CUDA collective
   fails by the timeout on every rank instead of hanging;
@@ -356,6 +357,72 @@ def test_stopped(how):
     check_equal(got, np.full(1000, float(sum(range(n))), np.float32), "an allreduce after the timeout")
 
 
+def test_join():
+    """The last rank joins at once (naming device 0, where it never ran a CUDA
+    collective); the others' CUDA collectives go on with it standing in on
+    its device, as on the CPU path: zeros into allreduce (Average still
+    divides by every rank) and reducescatter, no rows into allgather and
+    alltoall, a broadcast received; fused small allreduces too. Then a second
+    round where the joined rank stands in on its own device, after running
+    CUDA collectives itself."""
+    joined = n - 1
+    active = list(range(n - 1))
+    for rnd in range(2):
+        if rnd == 1:  # every rank ran a CUDA collective (device 0) before this round's join
+            check_allreduce(np.dtype(np.float32), "Sum", 90)
+        if r == joined:
+            last = commlib.join(device=0)
+        else:
+            x = data((5, 3), np.float32, 80 + rnd)
+            for opname in ("Sum", "Average", "Max"):
+                got = synchronize(device(lib.COMMLIB_OP_ALLREDUCE, f"j.ar.{opname}", x, np.empty_like(x),
+                                         reduce_op=OPS[opname]))
+                parts = [data((5, 3), np.float32, 80 + rnd, q) for q in active] + [np.zeros((5, 3), np.float32)]
+                want = reference(OPS[opname], parts)
+                if opname == "Average":
+                    want = (sum(p.astype(np.float64) for p in parts) / n).astype(np.float32)
+                check_equal(got, want, f"allreduce {opname} with rank {joined} joined", rtol=1e-6)
+            hs = [device(lib.COMMLIB_OP_ALLREDUCE, f"j.fused.{i}", data((i + 1,), np.int64, 85 + i),
+                         np.zeros(i + 1, np.int64), reduce_op=commlib.Sum) for i in range(12)]
+            for i, h in enumerate(hs):
+                check_equal(synchronize(h), sum(data((i + 1,), np.int64, 85 + i, q) for q in active),
+                            f"fused allreduce {i} with rank {joined} joined")
+            rows = [q + 1 for q in active]
+            g = data((rows[r], 2), np.int32, 86)
+            got = synchronize(device(lib.COMMLIB_OP_ALLGATHER, "j.ag", g, np.zeros((sum(rows), 2), np.int32),
+                                     output_rows=sum(rows)))
+            check_equal(got, np.concatenate([data((rows[q], 2), np.int32, 86, q) for q in active]),
+                        "allgather with a joined rank")
+            b = data((4,), np.float64, 87)
+            got = synchronize(device(lib.COMMLIB_OP_BROADCAST, "j.bc", b, np.zeros_like(b), root=0))
+            check_equal(got, data((4,), np.float64, 87, 0), "broadcast with a joined rank")
+            dim0 = 2 * n + 1
+            rs = data((dim0, 3), np.float32, 88)
+            mine = reducescatter_rows(dim0)
+            got = synchronize(device(lib.COMMLIB_OP_REDUCESCATTER, "j.rs", rs, np.zeros((mine, 3), np.float32),
+                                     reduce_op=commlib.Sum))
+            whole = sum(data((dim0, 3), np.float32, 88, q) for q in active)
+            start = sum(dim0 // n + (1 if q < dim0 % n else 0) for q in range(r))
+            check_equal(got, whole[start:start + mine], "reducescatter with a joined rank")
+            splits = [(r + dst) % 3 + 1 for dst in range(n)]
+            a = data((sum(splits), 2), np.float32, 89)
+            incoming = [(src + r) % 3 + 1 for src in active]
+            got = synchronize(device(lib.COMMLIB_OP_ALLTOALL, "j.a2a", a, np.zeros((sum(incoming), 2), np.float32),
+                                     splits=splits, output_rows=sum(incoming)))
+            parts = []
+            for src in active:
+                theirs_splits = [(src + dst) % 3 + 1 for dst in range(n)]
+                theirs = data((sum(theirs_splits), 2), np.float32, 89, src)
+                start = sum(theirs_splits[:r])
+                parts.append(theirs[start:start + theirs_splits[r]])
+            check_equal(got, np.concatenate(parts), "alltoall with a joined rank")
+            last = commlib.join()
+        lasts = commlib.allgather(np.array([last]), name=f"j.last.{rnd}")
+        if len(set(lasts.tolist())) != 1 or lasts[0] not in active:
+            fail(f"join returned {lasts.tolist()}: expected one of the ranks {active}, the same everywhere")
+    print(f"rank {r}: join with CUDA collectives: ok", flush=True)
+
+
 def test_init_hangs():
     """The last rank never joins ncclCommInitRank (the emulator's
     COMMLIB_GPU_EMULATOR_INIT_HANG_RANK): every rank's first CUDA collective,
@@ -392,6 +459,8 @@ elif case in ("sleeps", "frozen", "frozen-on-stream"):
     test_stopped(case)
 elif case == "init-hang":
     test_init_hangs()
+elif case == "join":
+    test_join()
 else:
     fail(f"unknown case {case}")
 done()
