@@ -84,7 +84,8 @@ void run_reducescatter_fused(OpContext& ctx, const std::vector<Entry*>& entries)
       fused[size_t(r)] += counts[m][size_t(r)];
     }
   }
-  std::vector<char> own(fused[size_t(me)] * esize + 1), scratch;
+  static thread_local std::vector<char> own, scratch;  // (kept: no page faults per call)
+  if (own.size() < fused[size_t(me)] * esize + 1) own.resize(fused[size_t(me)] * esize + 1);
   reducescatter_input(ctx, PieceInput(pieces, esize), fused, d0, own.data(), scratch);
   size_t at = 0;
   for (size_t m = 0; m < entries.size(); ++m) {

@@ -1,5 +1,6 @@
 #include "negotiation/fusion.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <tuple>
@@ -47,8 +48,9 @@ std::vector<std::vector<size_t>> plan_fusion(const std::vector<const RequestDesc
     const bool gather = d.op_type == COMMLIB_OP_ALLGATHER;
     const Key key{d.op_type, d.process_set, d.device_type, gather ? -1 : d.dtype, gather ? 0 : d.reduce_op,
                   gather ? 1.0 : d.prescale, gather ? 1.0 : d.postscale};
+    const int64_t limit = d.op_type == COMMLIB_OP_ALLREDUCE ? threshold : std::min(threshold, kGatherFusionBytes);
     auto o = open.find(key);
-    if (o != open.end() && o->second.second + b <= threshold) {
+    if (o != open.end() && o->second.second + b <= limit) {
       groups[o->second.first].push_back(i);
       o->second.second += b;
     } else {

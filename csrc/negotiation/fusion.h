@@ -20,11 +20,17 @@ bool fusable(const RequestDesc& d);
 // response's rows of every rank; empty: this request's own rows only).
 int64_t fusion_bytes(const RequestDesc& d, const std::vector<int64_t>& rows);
 
+// Allgathers and reducescatters fuse up to this many bytes per group (or the
+// threshold, if lower): a fused allgather copies every result out of the
+// fusion buffer, which costs more than the call it saves once tensors are
+// large (ZeRO's parameter buckets gather in place, unfused).
+constexpr int64_t kGatherFusionBytes = int64_t(4) << 20;
+
 // Which requests run as one fused collective: fusable[i] requests of one
 // collective, process set, device type, dtype, op and scale factors (an
 // allgather's dtype, op and scale factors do not matter), up to
 // threshold bytes per group (bytes[i], or fusion_bytes(d, {}) when bytes is
-// null). Groups come in the order of their first member; a request that is
+// null; kGatherFusionBytes for allgathers and reducescatters). Groups come in the order of their first member; a request that is
 // not fusable is a group of its own. Any rank's plan is valid (each point of
 // the order is planned by one rank: the coordinator, or the rank of a host
 // that completed a cached batch), so they need not plan from the same bytes.

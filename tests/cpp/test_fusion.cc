@@ -84,6 +84,14 @@ TEST_CASE("fusion: collectives never mix; an allgather counts its gathered bytes
   std::vector<const RequestDesc*> ptrs{&g, &g2};
   CHECK_EQ(commlib::plan_fusion(ptrs, {true, true}, 200, &bytes), (Groups{{0}, {1}}));
   CHECK_EQ(commlib::plan_fusion(ptrs, {true, true}, 240, &bytes), (Groups{{0, 1}}));
+  // Above kGatherFusionBytes they run alone, whatever the threshold; allreduces do not stop there.
+  const int64_t big = commlib::kGatherFusionBytes / 2 + 1;
+  const std::vector<int64_t> large{big, big};
+  CHECK_EQ(commlib::plan_fusion(ptrs, {true, true}, int64_t(1) << 30, &large), (Groups{{0}, {1}}));
+  const std::vector<int64_t> fits{big - 2, big - 2};
+  CHECK_EQ(commlib::plan_fusion(ptrs, {true, true}, int64_t(1) << 30, &fits), (Groups{{0, 1}}));
+  RequestDesc a1 = f32("a1", big / 4), a2 = f32("a2", big / 4);
+  CHECK_EQ(plan({a1, a2}, int64_t(1) << 30), (Groups{{0, 1}}));
 }
 
 TEST_CASE("fusion: a fused allgather's rows, member by member") {
