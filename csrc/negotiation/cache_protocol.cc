@@ -270,7 +270,7 @@ void CacheProtocol::after_run(const Response& resp, bool ok) {
     const int bit = int(resp.bits[i]);
     const Entry* e = host_.find_pending(resp.names[i]);
     if (!e) throw Error(COMMLIB_ERR_INTERNAL, "cache bit given to unknown request '" + resp.names[i] + "'");
-    // Rows for this request only: a fused response has none.
+    // Rows for this request only (a fused allgather's response holds every member's, in order).
     uint32_t evicted = 0;
     const std::vector<int64_t> rows = resp.op_type == COMMLIB_OP_ALLGATHER
                                           ? member_rows(resp.rows, resp.names.size(), i) : resp.rows;
