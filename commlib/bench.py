@@ -12,7 +12,8 @@ and 1 (blocking send then receive into a preallocated buffer, and the
 mirror image; the other ranks idle): its time is the round trip and its bus
 bandwidth the bytes moved one way per second. The ``fusion`` case submits 128 tensors of
 4 KiB asynchronously and synchronizes them, against 128 sequential
-MPI_Allreduce calls.
+MPI_Allreduce calls; the gather fusion case does the same with allgathers
+and reducescatters (against MPI_Allgather, MPI_Reduce_scatter_block).
 
 Sizes follow nccl-tests: allreduce/broadcast/alltoall move ``size`` bytes per
 rank; allgather produces ``size`` bytes (each rank contributes size/n);
@@ -279,6 +280,48 @@ def fusion_case(commlib, comm, count: int = 128, nbytes: int = 4096, iters: int 
     return tuple(comm.allreduce(statistics.median(x), op=MPI.MAX) for x in times)
 
 
+def gather_fusion_case(commlib, comm, count: int = 128, nbytes: int = 4096, iters: int = 30):
+    """count allgathers (and count reducescatters) of nbytes per rank
+    submitted asynchronously, then synchronized (the core fuses them), vs
+    sequential MPI_Allgather (MPI_Reduce_scatter_block) calls. Returns the
+    four median times: commlib allgathers, MPI's, commlib reducescatters, MPI's."""
+    from mpi4py import MPI
+
+    n = comm.Get_size()
+    xs = [np.ones(nbytes // 4, np.float32) for _ in range(count)]
+    gathered = [np.empty(n * (nbytes // 4), np.float32) for _ in range(count)]
+    parts = [np.empty(nbytes // 4 // n or 1, np.float32) for _ in range(count)]
+    whole = [np.ones(len(p) * n, np.float32) for p in parts]
+
+    def gathers():
+        hs = [commlib.allgather_async(x, name=f"gfusion.{i}") for i, x in enumerate(xs)]
+        for h in hs:
+            commlib.synchronize(h)
+
+    def mpi_gathers():
+        for x, g in zip(xs, gathered):
+            comm.Allgather(x, g)
+
+    def scatters():
+        hs = [commlib.reducescatter_async(w, op=commlib.Sum, name=f"rsfusion.{i}", out=p)
+              for i, (w, p) in enumerate(zip(whole, parts))]
+        for h in hs:
+            commlib.synchronize(h)
+
+    def mpi_scatters():
+        for w, p in zip(whole, parts):
+            comm.Reduce_scatter_block(w, p, op=MPI.SUM)
+
+    cases = (gathers, mpi_gathers, scatters, mpi_scatters)
+    for fn in cases:
+        fn()
+    times = [[] for _ in cases]
+    for _ in range(3):
+        for fn, t in zip(cases, times):
+            t += time_calls(fn, iters // 3, comm)
+    return tuple(comm.allreduce(statistics.median(x), op=MPI.MAX) for x in times)
+
+
 def plot(rows, path, n):
     import matplotlib
 
@@ -314,7 +357,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--algo", default=None, help="COMMLIB_ALLREDUCE_ALGO for this run (auto, shm, mpi, ...)")
     p.add_argument("--no-gloo", action="store_true", help="skip torch gloo even if torch is installed")
-    p.add_argument("--no-fusion", action="store_true", help="skip the 128 x 4 KiB fusion case")
+    p.add_argument("--no-fusion", action="store_true", help="skip the 128 x 4 KiB fusion cases")
     p.add_argument("--plot", metavar="PNG", help="draw bus bandwidth against size to this file")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cuda: CUDA buffers, commlib's NCCL path against torch.distributed NCCL (bench_cuda)")
@@ -371,6 +414,7 @@ def main(argv=None) -> int:
     times: dict = {}
     run(impls)
     fusion = None if args.no_fusion else fusion_case(commlib, comm)
+    gfusion = None if args.no_fusion or n < 2 else gather_fusion_case(commlib, comm)
     names = [i.name for i in impls]
     torch = None if args.no_gloo else init_gloo(comm)
     if torch is not None:
@@ -415,6 +459,12 @@ def main(argv=None) -> int:
             f"grouped_allreduce (out of place) {grouped_oop * 1e6:.1f} us "
             f"(ratio {mpi / grouped_oop:.2f}), "
             f"128 allreduce_async_ + synchronize {separate * 1e6:.1f} us (ratio {mpi / separate:.2f})")
+    if gfusion is not None:
+        ag, ag_mpi, rs, rs_mpi = gfusion
+        say(f"fusion, 128 x 4 KiB allgather_async + synchronize {ag * 1e6:.1f} us against 128 sequential "
+            f"MPI_Allgather {ag_mpi * 1e6:.1f} us (ratio {ag_mpi / ag:.2f}); 128 reducescatter_async "
+            f"{rs * 1e6:.1f} us against 128 MPI_Reduce_scatter_block {rs_mpi * 1e6:.1f} us "
+            f"(ratio {rs_mpi / rs:.2f})")
     if args.plot and me == 0:
         plot(rows, args.plot, n)
         say(f"# plot written to {args.plot}")
