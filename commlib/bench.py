@@ -246,6 +246,20 @@ def measure(impls, op, nbytes, dtype, iters, warmup, rounds, comm):
     return result
 
 
+def interleaved_medians(cases, iters: int, comm) -> tuple:
+    """Each of cases (callables) warmed up once, then timed in three
+    interleaved rounds; the median time of each, the slowest rank's."""
+    from mpi4py import MPI
+
+    for fn in cases:
+        fn()
+    times = [[] for _ in cases]
+    for _ in range(3):
+        for fn, t in zip(cases, times):
+            t += time_calls(fn, iters // 3, comm)
+    return tuple(comm.allreduce(statistics.median(x), op=MPI.MAX) for x in times)
+
+
 def fusion_case(commlib, comm, count: int = 128, nbytes: int = 4096, iters: int = 50):
     """count tensors of nbytes submitted asynchronously and synchronized, as
     one grouped call (in place, and out of place) and as count separate
@@ -271,13 +285,7 @@ def fusion_case(commlib, comm, count: int = 128, nbytes: int = 4096, iters: int 
             comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
 
     cases = (fused, fused_out_of_place, one_by_one, sequential)
-    for fn in cases:
-        fn()
-    times = [[] for _ in cases]
-    for _ in range(3):
-        for fn, t in zip(cases, times):
-            t += time_calls(fn, iters // 3, comm)
-    return tuple(comm.allreduce(statistics.median(x), op=MPI.MAX) for x in times)
+    return interleaved_medians(cases, iters, comm)
 
 
 def gather_fusion_case(commlib, comm, count: int = 128, nbytes: int = 4096, iters: int = 30):
@@ -313,13 +321,7 @@ def gather_fusion_case(commlib, comm, count: int = 128, nbytes: int = 4096, iter
             comm.Reduce_scatter_block(w, p, op=MPI.SUM)
 
     cases = (gathers, mpi_gathers, scatters, mpi_scatters)
-    for fn in cases:
-        fn()
-    times = [[] for _ in cases]
-    for _ in range(3):
-        for fn, t in zip(cases, times):
-            t += time_calls(fn, iters // 3, comm)
-    return tuple(comm.allreduce(statistics.median(x), op=MPI.MAX) for x in times)
+    return interleaved_medians(cases, iters, comm)
 
 
 def plot(rows, path, n):
