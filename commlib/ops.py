@@ -100,8 +100,9 @@ def resolve_op(op=None, average=None, default=Average) -> int:
 def _fill(req, keep: list, op_type: int, name: str, inp: np.ndarray | None,
           out: np.ndarray | None, reduce_op: int = 0, prescale: float = 1.0,
           postscale: float = 1.0, root: int = 0, splits: Sequence[int] | None = None,
-          process_set: int = 0, output_rows: int = -1) -> None:
-    """Fills one commlib_request; cffi objects it points to go into keep."""
+          process_set: int = 0, output_rows: int = -1, device: int = -1) -> None:
+    """Fills one commlib_request; cffi objects it points to go into keep.
+    ``device`` >= 0: the request names that CUDA device."""
     req.op_type = op_type
     req.process_set = process_set
     cname = ffi.new("char[]", name.encode())
@@ -126,18 +127,21 @@ def _fill(req, keep: list, op_type: int, name: str, inp: np.ndarray | None,
         keep.append(s)
         req.splits = s
         req.nsplits = len(splits)
+    if device >= 0:
+        req.device_type, req.device_id = lib.COMMLIB_DEVICE_CUDA, device
 
 
 def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | None,
              reduce_op: int = 0, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
-             splits: Sequence[int] | None = None, process_set: int = 0, output_rows: int = -1):
+             splits: Sequence[int] | None = None, process_set: int = 0, output_rows: int = -1,
+             device: int = -1):
     """Submits one request; returns (handle id, cffi objects to keep alive).
     (Before init() the core refuses it with NotInitializedError.)"""
-    if splits is not None or output_rows >= 0:  # (the request struct carries them)
+    if splits is not None or output_rows >= 0 or device >= 0:  # (the request struct carries them)
         req = ffi.new("commlib_request*")
         keep = [req]
         _fill(req, keep, op_type, name, inp, out, reduce_op, prescale, postscale, root, splits,
-              process_set, output_rows)
+              process_set, output_rows, device)
         hid = ffi.new("int64_t*")
         check(lib.commlib_enqueue(req, hid))
         return hid[0], keep
@@ -447,17 +451,8 @@ def join(device: int = -1) -> int:
     ``device``: the CUDA device on which this rank stands in for the others'
     CUDA collectives (by default the device of its own CUDA collectives; -1:
     none given)."""
-    name = f"commlib.join.{runtime.name_epoch()}"
-    if device is None or int(device) < 0:
-        hid, keep = _enqueue(lib.COMMLIB_OP_JOIN, name, None, None)
-    else:
-        req = ffi.new("commlib_request*")
-        cname = ffi.new("char[]", name.encode())
-        req.op_type, req.name = lib.COMMLIB_OP_JOIN, cname
-        req.device_type, req.device_id = lib.COMMLIB_DEVICE_CUDA, int(device)
-        out = ffi.new("int64_t*")
-        check(lib.commlib_enqueue(req, out))
-        hid, keep = out[0], (req, cname)
+    hid, keep = _enqueue(lib.COMMLIB_OP_JOIN, f"commlib.join.{runtime.name_epoch()}", None, None,
+                         device=-1 if device is None else int(device))
     last = synchronize(Handle(hid, lambda h: core_splits(h, 1)[0], keep, "join"))
     runtime.names_after_join()
     return int(last)

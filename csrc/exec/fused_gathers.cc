@@ -40,12 +40,7 @@ void run_allgather_fused(OpContext& ctx, const std::vector<Entry*>& entries, con
     HandleState& h = *e.handle;
     int64_t member_total = 0;
     for (size_t r = 0; r < size; ++r) member_total += rows[m * size + r];
-    if (e.output && e.output_rows != member_total) {
-      e.error = "allgather '" + e.desc.name + "': out holds " + std::to_string(e.output_rows) +
-                " rows, and the ranks' rows add up to " + std::to_string(member_total);
-    }
-    char* out = e.output && e.error.empty() ? static_cast<char*>(e.output)
-                                            : h.alloc_result(size_t(member_total) * row_bytes(e.desc));
+    char* out = allgather_output(e, member_total);
     for (size_t r = 0; r < size; ++r) {
       if (part(m, r)) std::memcpy(out, buf + at[r], part(m, r));
       out += part(m, r);
@@ -62,18 +57,14 @@ void run_reducescatter_fused(OpContext& ctx, const std::vector<Entry*>& entries)
   const size_t esize = dtype_size(d0.dtype);
   // counts[m][r]: member m's elements for rank r; the fused input is, rank
   // after rank, each member's part for that rank, read in place.
-  std::vector<std::vector<size_t>> counts(entries.size(), std::vector<size_t>(size_t(size)));
+  std::vector<std::vector<size_t>> counts;
+  std::vector<PieceInput> inputs;
+  for (const Entry* e : entries) {
+    counts.push_back(reducescatter_counts(e->desc, size));
+    inputs.push_back(request_input(*e));
+  }
   std::vector<size_t> fused(size_t(size), 0);
   std::vector<Piece> pieces;
-  std::vector<PieceInput> inputs;
-  inputs.reserve(entries.size());
-  for (size_t m = 0; m < entries.size(); ++m) {
-    const Entry& e = *entries[m];
-    const size_t row_elems = row_bytes(e.desc) / esize;
-    for (int r = 0; r < size; ++r) counts[m][size_t(r)] = size_t(reducescatter_rows(e.desc, size, r)) * row_elems;
-    const size_t n = size_t(num_elements(e.desc.shape));
-    inputs.push_back(e.pieces.empty() ? PieceInput(e.input, n, esize) : PieceInput(e.pieces, esize));
-  }
   for (int r = 0; r < size; ++r) {
     for (size_t m = 0; m < entries.size(); ++m) {
       size_t first = 0;

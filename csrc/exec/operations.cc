@@ -196,6 +196,15 @@ void allgather_blocks(OpContext& ctx, const void* in, void* out, const std::vect
   }
 }
 
+char* allgather_output(Entry& e, int64_t total_rows) {
+  if (e.output && e.output_rows != total_rows) {
+    e.error = "allgather '" + e.desc.name + "': out holds " + std::to_string(e.output_rows) +
+              " rows, and the ranks' rows add up to " + std::to_string(total_rows);
+  }
+  if (e.output && e.error.empty()) return static_cast<char*>(e.output);
+  return e.handle->alloc_result(size_t(total_rows) * row_bytes(e.desc));
+}
+
 void run_allgather(OpContext& ctx, Entry& e, const std::vector<int64_t>& rows) {
   const size_t rb = row_bytes(e.desc);
   const int size = ctx.transport.size();
@@ -207,14 +216,7 @@ void run_allgather(OpContext& ctx, Entry& e, const std::vector<int64_t>& rows) {
   }
   HandleState& h = *e.handle;
   const size_t total = size_t(total_rows) * rb;
-  // Into the caller's output when it holds the result; else (and when it
-  // does not: this rank still takes part, then fails alone) into one the core allocates.
-  std::string wrong;
-  if (e.output && e.output_rows != total_rows) {
-    wrong = "allgather '" + e.desc.name + "': out holds " + std::to_string(e.output_rows) +
-            " rows, and the ranks' rows add up to " + std::to_string(total_rows);
-  }
-  char* out = e.output && wrong.empty() ? static_cast<char*>(e.output) : h.alloc_result(total);
+  char* out = allgather_output(e, total_rows);
   // An input inside the output but not at this rank's own part is read before anything is written.
   const void* in = e.input;
   std::vector<char> copy;
@@ -226,7 +228,6 @@ void run_allgather(OpContext& ctx, Entry& e, const std::vector<int64_t>& rows) {
     in = copy.data();
   }
   allgather_blocks(ctx, in, out, bytes);
-  e.error = wrong;
   h.rows = total_rows;
   h.splits = rows;
 }
@@ -321,16 +322,22 @@ void reducescatter_input(OpContext& ctx, const PieceInput& in, const std::vector
   scale_buffer(d.dtype, out, mine, post);
 }
 
+std::vector<size_t> reducescatter_counts(const RequestDesc& d, int size) {
+  const size_t row_elems = row_bytes(d) / dtype_size(d.dtype);
+  std::vector<size_t> counts(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) counts[size_t(r)] = size_t(reducescatter_rows(d, size, r)) * row_elems;
+  return counts;
+}
+
+PieceInput request_input(const Entry& e) {
+  const size_t esize = dtype_size(e.desc.dtype);
+  if (!e.pieces.empty()) return PieceInput(e.pieces, esize);
+  return PieceInput(e.input, size_t(num_elements(e.desc.shape)), esize);
+}
+
 void run_reducescatter(OpContext& ctx, Entry& e) {
-  const RequestDesc& d = e.desc;
-  const int size = ctx.transport.size();
-  const size_t esize = dtype_size(d.dtype);
-  const size_t row_elems = row_bytes(d) / esize;
-  const size_t n = size_t(num_elements(d.shape));
-  std::vector<size_t> counts(size);
-  for (int r = 0; r < size; ++r) counts[r] = size_t(reducescatter_rows(d, size, r)) * row_elems;
-  const PieceInput in = e.pieces.empty() ? PieceInput(e.input, n, esize) : PieceInput(e.pieces, esize);
-  reducescatter_input(ctx, in, counts, d, e.output, e.scratch);
+  reducescatter_input(ctx, request_input(e), reducescatter_counts(e.desc, ctx.transport.size()), e.desc,
+                      e.output, e.scratch);
 }
 
 }  // namespace commlib

@@ -38,6 +38,16 @@ size_t row_bytes(const RequestDesc& d);
 // holds this rank's block (it may be its place in out).
 void allgather_blocks(OpContext& ctx, const void* in, void* out, const std::vector<size_t>& bytes);
 
+// Where an allgather's result of total_rows rows goes: the caller's out when
+// it holds exactly that many, else a buffer the core allocates (a wrong out
+// then fails this request alone, after it took part: Entry::error).
+char* allgather_output(Entry& e, int64_t total_rows);
+
+// A reducescatter's elements for each rank of a set of size.
+std::vector<size_t> reducescatter_counts(const RequestDesc& d, int size);
+// A request's input as a reduce-scatter reads it: its pieces, or its one buffer.
+PieceInput request_input(const Entry& e);
+
 // The reduce-scatter of `in` (counts[r] elements for rank r, rank after
 // rank) into out (this rank's counts), with d's op, dtype and scale factors;
 // half types are reduced in float32. scratch: room for a packed copy.

@@ -411,6 +411,7 @@ void Engine::loop() {
 }
 
 void Engine::finish(Entry& e, int status, const std::string& message) {
+  if (e.stand_in) return;  // (a joined rank's stand-in is no request of this rank's)
   if (e.ready_event) gpu::destroy_event(e.ready_event);
   if (status != COMMLIB_OK && timeline().on()) trace_failure(e, status, message, now_us());
   outstanding_.fetch_sub(1);

@@ -159,6 +159,7 @@ class Engine : private CacheHost {
   void prepare_gpu_entry(const commlib_request& q, Entry& e);
   void launch_gpu(const Response& resp, const std::vector<Entry*>& entries);
   void prepare_stand_ins(std::vector<Entry>& taken);
+  const gpu::GpuLibs* gpu_libs(bool load);
   bool poll_gpu();
   // Waits for the CUDA collectives in flight to end (at most COMMLIB_TIMEOUT,
   // or 10 s without one): every rank launched them, so an orderly shutdown

@@ -14,11 +14,16 @@
 
 namespace commlib {
 
-void Engine::prepare_gpu_entry(const commlib_request& q, Entry& e) {
+// The loaded CUDA runtime and NCCL; with load, loaded first when they are not
+// usable yet (null: none loaded and not asked to load).
+const gpu::GpuLibs* Engine::gpu_libs(bool load) {
   const gpu::GpuLibs* libs = gpu::loaded_gpu_libs();
-  if ((!libs || !libs->nccl.ok || !libs->cuda.ok) && gpu_backend_ != GpuBackend::kHost) {
-    libs = &gpu::load_gpu_libs(config_.nccl_library, "");
-  }
+  if (load && (!libs || !libs->nccl.ok || !libs->cuda.ok)) libs = &gpu::load_gpu_libs(config_.nccl_library, "");
+  return libs;
+}
+
+void Engine::prepare_gpu_entry(const commlib_request& q, Entry& e) {
+  const gpu::GpuLibs* libs = gpu_libs(gpu_backend_ != GpuBackend::kHost);
   check_device_route(q, gpu_backend_, libs);
   int expected = -1;
   if (!gpu_device_.compare_exchange_strong(expected, q.device_id) && expected != q.device_id) {
@@ -78,8 +83,7 @@ void Engine::launch_gpu(const Response& resp, const std::vector<Entry*>& entries
   if (launched.empty()) {  // (only stand-ins: nobody here waits to hear of it)
     std::fprintf(stderr, "commlib (rank %d): ERROR: %s\n", topo_.rank, message.c_str());
   }
-  for (Entry& e : taken)
-    if (!e.stand_in) finish(e, code, message);
+  for (Entry& e : taken) finish(e, code, message);
 }
 
 // A joined rank stands in for CUDA collectives on its CUDA device: the one
@@ -94,8 +98,7 @@ void Engine::prepare_stand_ins(std::vector<Entry>& taken) {
     throw Error(COMMLIB_ERR_INTERNAL, who + ", but it knows no CUDA device: it ran no CUDA collective and join() "
                                             "named none (commlib.torch.join() passes the current one)");
   }
-  const gpu::GpuLibs* libs = gpu::loaded_gpu_libs();
-  if (!libs || !libs->nccl.ok || !libs->cuda.ok) libs = &gpu::load_gpu_libs(config_.nccl_library, "");
+  const gpu::GpuLibs* libs = gpu_libs(true);
   if (!libs->nccl.ok || !libs->cuda.ok) {
     throw Error(COMMLIB_ERR_INTERNAL, who + ", but NCCL is not usable here: " +
                                           (libs->nccl.ok ? libs->cuda.error : libs->nccl.error));
@@ -108,8 +111,7 @@ bool Engine::poll_gpu() {
   if (!gpu_ || !gpu_->busy()) return false;
   std::vector<GpuExecutor::Done> done = gpu_->poll(now_us(), timeout_us_);
   for (GpuExecutor::Done& d : done) {
-    for (Entry& e : d.entries)
-      if (!e.stand_in) finish(e, d.status, d.message);
+    for (Entry& e : d.entries) finish(e, d.status, d.message);
   }
   return !done.empty();
 }
@@ -166,8 +168,7 @@ void Engine::drain_gpu() {
 void Engine::abandon_gpu(int code, const std::string& message) {
   if (!gpu_) return;
   for (GpuExecutor::Done& d : gpu_->abandon(code, message)) {
-    for (Entry& e : d.entries)
-      if (!e.stand_in) finish(e, code, message);
+    for (Entry& e : d.entries) finish(e, code, message);
   }
 }
 

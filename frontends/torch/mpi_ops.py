@@ -85,8 +85,8 @@ def join(device=-1) -> int:
     the number of ranks; no rows to allgather; receiving broadcasts), CUDA
     ones included: those run on ``device`` (default: the device of this
     rank's own CUDA collectives, else torch's current CUDA device once CUDA
-    is in use). Returns
-    the rank that called join() last, the same on every rank."""
+    is in use). Returns the rank that called join() last, the same on every
+    rank."""
     if (device is None or int(device) < 0) and torch.cuda.is_initialized():  # (never starts CUDA)
         device = torch.cuda.current_device()
     return _c.join(device=-1 if device is None else int(device))

@@ -38,14 +38,19 @@ def test_synchronize_on_stream_leaves_the_wait_to_the_stream(ranks, gpu_emulator
     ranks(n, "gpu_emulated.py", "stream", timeout=150, env=env).assert_ok(n)
 
 
+def run_bounded_by_the_timeout(ranks, gpu_emulator, n, case, **env):
+    """The worker's case with COMMLIB_TIMEOUT=T: it must pass, the whole job
+    within 60 s."""
+    start = time.monotonic()
+    ranks(n, "gpu_emulated.py", case, timeout=150, env=dict(gpu_emulator, COMMLIB_TIMEOUT=str(T), **env)).assert_ok(n)
+    assert time.monotonic() - start < 60
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("how", ["sleeps", "frozen", "frozen-on-stream"])
 def test_stopped_rank_ends_the_others_by_the_timeout(ranks, gpu_emulator, n, how):
-    env = dict(gpu_emulator, COMMLIB_TIMEOUT=str(T))
-    start = time.monotonic()
-    ranks(n, "gpu_emulated.py", how, timeout=150, env=env).assert_ok(n)
-    assert time.monotonic() - start < 60
+    run_bounded_by_the_timeout(ranks, gpu_emulator, n, how)
 
 
 @pytest.mark.timeout(200)
@@ -57,7 +62,4 @@ def test_joined_rank_stands_in_for_cuda_collectives(ranks, gpu_emulator, n):
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("n", [2, 3])
 def test_communicator_creation_that_hangs_ends_by_the_timeout(ranks, gpu_emulator, n):
-    env = dict(gpu_emulator, COMMLIB_TIMEOUT=str(T), COMMLIB_GPU_EMULATOR_INIT_HANG_RANK=str(n - 1))
-    start = time.monotonic()
-    ranks(n, "gpu_emulated.py", "init-hang", timeout=150, env=env).assert_ok(n)
-    assert time.monotonic() - start < 60
+    run_bounded_by_the_timeout(ranks, gpu_emulator, n, "init-hang", COMMLIB_GPU_EMULATOR_INIT_HANG_RANK=str(n - 1))
