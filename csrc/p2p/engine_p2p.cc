@@ -132,8 +132,18 @@ int64_t Engine::enqueue_p2p(const commlib_request& q, bool caller_waits) {
     p2p_outstanding_.fetch_add(1);  // (before outstanding_: drive() compares the two)
   }
   outstanding_.fetch_add(1);
-  if (bg_sleeping_.load()) queue_cv_.notify_one();
+  if (!caller_waits) start_p2p();
+  wake_for(caller_waits);
   return id;
+}
+
+void Engine::start_p2p() {
+  // An isend's header (or an irecv's match) goes out from the caller's
+  // thread when no other thread is in the engine: the background thread,
+  // asleep on a core that computes, can take a scheduler slice (ms) to run.
+  if (stop_.load() || !running_.load()) return;  // (the leave handshake is the loop's)
+  std::unique_lock<std::mutex> lock(cycle_mu_, std::try_to_lock);
+  if (lock.owns_lock()) step(false);
 }
 
 bool Engine::cycle_p2p() {

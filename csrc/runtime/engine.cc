@@ -20,8 +20,14 @@
 namespace commlib {
 namespace {
 
-// How often the background thread looks whether the waiters still drive.
-constexpr int64_t kYieldNapUs = 200;
+// How often the background thread looks whether the waiters still drive: as
+// long as an idle one naps. Each look is a wake-up on a core a waiter needs;
+// at 200 us, one 1 MiB transfer in eight copied at half speed (2 ranks, 2
+// cores). What the drivers leave behind wakes it at once (wake_for, wait).
+constexpr int64_t kYieldNapUs = kMaxNapUs;
+// A request queued this soon after the last driver left most likely belongs
+// to a caller that waits, and drives, next: no wake-up for it.
+constexpr int64_t kFollowUpUs = 50;
 // How often a waiter driving only point-to-point runs the whole cycle.
 constexpr int64_t kFullCycleUs = 50;
 // How long a rank that lost contact with a peer waits at shutdown before its
@@ -352,12 +358,30 @@ bool Engine::wait(HandleState& h, double timeout_s, bool until_launched) {
   return handles_.wait(
       h, timeout_s, [this] { return drive(); },
       [this] {
+        drive_ended_us_.store(now_us(), std::memory_order_relaxed);
         if (handles_.driving() == 0 && bg_yields_.load() && outstanding_.load() > 0) {
           { std::lock_guard<std::mutex> lock(queue_mu_); }  // it is inside wait_for, or will see driving() == 0
           queue_cv_.notify_one();
         }
       },
       until_launched);
+}
+
+void Engine::wake_for(bool caller_waits) {
+  // An idle background thread is woken for every request. One napping while
+  // waiters drove is woken when no one drives any more and the caller will
+  // not (an asynchronous request submitted after computing), so that the
+  // request starts now and not at the end of the nap. A caller that waits
+  // next, or one whose request follows the end of its last wait closely (a
+  // loop of blocking calls), drives it itself: a wake-up there would cost it
+  // the futex call and the background thread's turn on a core.
+  if (bg_sleeping_.load()) {
+    queue_cv_.notify_one();  // (it looks at the queues under queue_mu_ before it sleeps)
+  } else if (!caller_waits && bg_yields_.load() && handles_.driving() == 0 &&
+             now_us() - drive_ended_us_.load(std::memory_order_relaxed) >= kFollowUpUs) {
+    { std::lock_guard<std::mutex> lock(queue_mu_); }  // it is inside wait_for, or will see driving() == 0
+    queue_cv_.notify_one();
+  }
 }
 
 void Engine::loop() {
@@ -368,10 +392,9 @@ void Engine::loop() {
   for (;;) {
     if (handles_.driving() > 0 && !stop_.load()) {
       // A waiting thread drives the engine: stay off the cores it needs.
-      // The last driver to leave with requests open wakes us (Engine::wait);
-      // a thread that enqueues does not (it most likely waits, and drives,
-      // next, and a futex wake would cost it more), so asynchronous requests
-      // enqueued after the drivers left are picked up at the next look.
+      // The last driver to leave with requests open wakes us (Engine::wait),
+      // and so does a request queued later by a caller that does not drive
+      // (wake_for); the rest is picked up at the next look.
       std::unique_lock<std::mutex> lock(queue_mu_);
       bg_yields_.store(true);
       if (handles_.driving() > 0) queue_cv_.wait_for(lock, std::chrono::microseconds(kYieldNapUs));

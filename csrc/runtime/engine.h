@@ -124,6 +124,10 @@ class Engine : private CacheHost {
   // communication is over, errors failing handles.
   bool step(bool full = true);
   bool drive();  // step() from a waiting thread, if no other thread is in one
+  // After a request was queued: wakes the background thread when it must
+  // take the request up (see the definition).
+  void wake_for(bool caller_waits);
+  void start_p2p();  // one point-to-point step from a caller that does not wait
   bool leave();  // shutdown handshake; true when the loop may end
   // cycle(), in steps; each true when it did work.
   bool take_requests();  // batching: hold new requests, submit them when due
@@ -219,6 +223,7 @@ class Engine : private CacheHost {
   std::string dead_message_;
   std::atomic<bool> bg_sleeping_{false};
   std::atomic<bool> bg_yields_{false};    // napping while a waiter drives
+  std::atomic<int64_t> drive_ended_us_{0};  // when the last driving waiter left
   std::atomic<int64_t> outstanding_{0};   // requests queued and not finished
   std::atomic<int64_t> p2p_outstanding_{0};  // of which point-to-point
   int64_t last_full_cycle_us_ = 0;  // a driving waiter's last whole cycle (cycle_mu_)

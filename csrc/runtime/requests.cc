@@ -221,7 +221,7 @@ int64_t Engine::push(Entry* e) {
     }
   }
   if (e) outstanding_.fetch_add(1);
-  if (bg_sleeping_.load()) queue_cv_.notify_one();
+  wake_for(false);
   return id;
 }
 
@@ -251,17 +251,19 @@ void Engine::abort_others(const commlib_request& q, const std::string& why) {
   e.desc.process_set = q.process_set;
   e.desc.note = "rank " + std::to_string(topo_.rank) + " could not submit " + op_type_name(q.op_type) + " '" +
                 q.name + "': " + why;
-  std::lock_guard<std::mutex> lock(queue_mu_);
-  try {
-    members_of(q.process_set);
-  } catch (const Error&) {
-    return;  // (not a set this rank is in: nobody waits for it here)
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    try {
+      members_of(q.process_set);
+    } catch (const Error&) {
+      return;  // (not a set this rank is in: nobody waits for it here)
+    }
+    const std::string key = request_key(e.desc);
+    if (stop_.load() || dead_code_ != 0 || !in_flight_.insert(key).second) return;
+    queue_.push_back(std::move(e));
+    outstanding_.fetch_add(1);
   }
-  const std::string key = request_key(e.desc);
-  if (stop_.load() || dead_code_ != 0 || !in_flight_.insert(key).second) return;
-  queue_.push_back(std::move(e));
-  outstanding_.fetch_add(1);
-  if (bg_sleeping_.load()) queue_cv_.notify_one();
+  wake_for(false);  // (outside queue_mu_, which it may take)
 }
 
 int64_t Engine::enqueue_allreduce_group(const char* base, int n, const int32_t* dtypes,
