@@ -111,34 +111,35 @@ def plain_peer_and_tag(peer, tag) -> bool:
     return type(peer) is int and type(tag) is int and 0 <= tag < _TAGS
 
 
-def _fast(op_type: int, arr, out, peer, tag) -> bool:
-    """A blocking send or receive straight into the core, for the common
-    call (a numpy array whose facts are cached, int peer and tag, the global
-    set): the core checks the peer and initialisation itself, with the
-    messages the long way gives. False: take the long way."""
-    if not plain_peer_and_tag(peer, tag):
-        return False
-    f = cached_facts(arr if arr is not None else out, out is not None)
-    if f is None:
-        return False
-    blocking_at(op_type == _SEND, f.code, f.ndim, f.cshape, f.ptr, peer, tag, (arr, out))
-    return True
-
-
 def blocking_at(send: bool, code: int, ndim: int, cshape, ptr, peer: int, tag: int, keep) -> None:
     """A blocking send of, or receive into, the memory the core's facts
     describe (``ptr``: data address, see commlib.submit) on the global set,
     in one core call; the core checks the peer and the tag. ``keep`` stays
     alive while a long wait goes on. For frontends' fast paths."""
-    rc = lib.commlib_p2p_blocking(_SEND if send else _RECV, code, ndim, cshape, ptr if send else ffi.NULL,
-                                  ffi.NULL if send else ptr, peer, tag, 0, WAIT_SLICE_S)
-    _finish(rc, keep if send else None, None if send else keep)
+    rc = _c_blocking(_SEND if send else _RECV, code, ndim, cshape, ptr if send else _NULL,
+                     _NULL if send else ptr, peer, tag, 0, WAIT_SLICE_S)
+    if rc:
+        _finish(rc, keep if send else None, None if send else keep)
+
+
+_c_blocking = lib.commlib_p2p_blocking
+_NULL = ffi.NULL
 
 
 def send(array, dst, tag=0, process_set=None) -> None:
     """Sends ``array`` to job rank ``dst``; returns once the receiver took it."""
-    if process_set is None and type(array) is np.ndarray and _fast(_SEND, array, None, dst, tag):
-        return
+    # The common call (a numpy array whose facts are cached, int peer and tag,
+    # the global set) goes straight into the core, which checks the peer and
+    # initialisation itself, with the messages the long way gives; a round
+    # trip pays this path twice, so it makes as few Python calls as it can.
+    if process_set is None and type(array) is np.ndarray and type(dst) is int and type(tag) is int \
+            and 0 <= tag < _TAGS:
+        f = cached_facts(array, False)
+        if f is not None:
+            rc = _c_blocking(_SEND, f.code, f.ndim, f.cshape, f.ptr, _NULL, dst, tag, 0, WAIT_SLICE_S)
+            if rc:
+                _finish(rc, array, None)
+            return
     runtime.require_init()
     arr = _send_array(array)
     _blocking(lib.COMMLIB_OP_SEND, arr, None, _check_peer(dst, "dst", process_set), _check_tag(tag),
@@ -183,8 +184,13 @@ def recv(src, tag=0, out=None, process_set=None) -> np.ndarray:
     """Receives the next message from job rank ``src`` with ``tag``."""
     if out is None:
         return synchronize(irecv(src, tag, out, process_set))
-    if process_set is None and _fast(_RECV, None, out, src, tag):
-        return out
+    if process_set is None and type(src) is int and type(tag) is int and 0 <= tag < _TAGS:
+        f = cached_facts(out, True)  # (send's fast path, for a receive into out)
+        if f is not None:
+            rc = _c_blocking(_RECV, f.code, f.ndim, f.cshape, _NULL, f.ptr, src, tag, 0, WAIT_SLICE_S)
+            if rc:
+                _finish(rc, None, out)
+            return out
     runtime.require_init()
     _check_out(out)
     _blocking(lib.COMMLIB_OP_RECV, None, out, _check_peer(src, "src", process_set), _check_tag(tag),

@@ -178,13 +178,11 @@ int64_t commlib_p2p_blocking(int op_type, int dtype, int ndim, const int64_t* sh
   int64_t pending = 0;
   const int rc = guarded([&] {
     Engine& engine = Engine::get();
-    const int64_t id = engine.enqueue_p2p(req, true);
-    auto h = engine.handles().find(id);
+    const std::shared_ptr<HandleState> h = engine.queue_p2p(req, true);
     if (!engine.wait(*h, timeout_s)) {
-      pending = id;
+      pending = engine.handles().adopt(h);  // (Python synchronizes it by this id)
       return;
     }
-    engine.handles().release(id);
     if (h->status != COMMLIB_OK) throw Error(h->status, h->message);
   });
   return rc != COMMLIB_OK ? -int64_t(rc) : pending;

@@ -95,7 +95,9 @@ void Engine::init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, size_t 
                                         });
 }
 
-int64_t Engine::enqueue_p2p(const commlib_request& q, bool caller_waits) {
+int64_t Engine::enqueue_p2p(const commlib_request& q) { return handles_.adopt(queue_p2p(q, false)); }
+
+std::shared_ptr<HandleState> Engine::queue_p2p(const commlib_request& q, bool caller_waits) {
   if (!running_.load()) {
     throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
   }
@@ -119,22 +121,19 @@ int64_t Engine::enqueue_p2p(const commlib_request& q, bool caller_waits) {
   r.data = q.input;
   r.out = q.output;
   r.caller_waits = caller_waits;
-  auto [id, handle] = handles_.create();
+  auto handle = std::make_shared<HandleState>();
   r.handle = handle;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     int code = stop_.load() ? COMMLIB_ERR_NOT_INIT : dead_code_;
-    if (code) {
-      handles_.release(id);
-      throw Error(code, stop_.load() ? std::string("commlib is shutting down") : dead_message_);
-    }
+    if (code) throw Error(code, stop_.load() ? std::string("commlib is shutting down") : dead_message_);
     p2p_queue_.push_back(std::move(r));
     p2p_outstanding_.fetch_add(1);  // (before outstanding_: drive() compares the two)
   }
   outstanding_.fetch_add(1);
   if (!caller_waits) start_p2p();
   wake_for(caller_waits);
-  return id;
+  return handle;
 }
 
 void Engine::start_p2p() {
@@ -147,7 +146,7 @@ void Engine::start_p2p() {
 }
 
 bool Engine::cycle_p2p() {
-  std::vector<P2PRequest> batch;
+  std::vector<P2PRequest>& batch = p2p_batch_;  // (swapped with the queue: both keep their capacity)
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     batch.swap(p2p_queue_);
@@ -157,7 +156,9 @@ bool Engine::cycle_p2p() {
     const bool sender_waits = waiting || r.caller_waits;
     p2p_->post(std::move(r), sender_waits);
   }
-  bool worked = p2p_->progress() || !batch.empty();
+  const bool posted = !batch.empty();
+  batch.clear();
+  bool worked = p2p_->progress() || posted;
   p2p_->check_stalls(now_us(), stall_warning_us_, timeout_us_);
   return worked;
 }

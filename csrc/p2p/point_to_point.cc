@@ -297,8 +297,8 @@ void PointToPoint::send_ack(int peer, uint64_t seq, int status, const std::strin
 }
 
 void PointToPoint::deliver(P2PRequest& r, Incoming& in) {
-  const std::string where = tag_str(r.tag, r.process_set);
   if (r.dtype >= 0 && (r.dtype != in.dtype || num_elements(r.shape) != num_elements(in.shape))) {
+    const std::string where = tag_str(r.tag, r.process_set);
     const std::string msg = describe(in.dtype, in.shape), out = describe(r.dtype, r.shape);
     send_ack(in.source, in.seq, COMMLIB_ERR_VALUE,
              "send to rank " + std::to_string(rank_) + " (" + where + ") failed: the receiver's out is " + out +
@@ -311,7 +311,7 @@ void PointToPoint::deliver(P2PRequest& r, Incoming& in) {
   char* dst = static_cast<char*>(r.out);
   if (!dst) dst = r.handle->alloc_result(size_t(in.nbytes));
   r.handle->dtype = in.dtype;
-  r.handle->shape = in.shape;
+  r.handle->shape = std::move(in.shape);  // (what follows needs only its size)
   if (in.addr != 0) {
     const size_t src = size_t(in.source);
     if (proven_[src] && in.sender_waits && in.nbytes >= std::max<uint64_t>(split_bytes_, 1 << 16)) {

@@ -73,8 +73,11 @@ class Engine : private CacheHost {
                                   void* const* inputs, void* const* outputs, int reduce_op,
                                   double prescale, double postscale, int process_set);
   // Point-to-point send/recv (p2p/engine_p2p.cc; see c_api.h): never negotiated.
-  // caller_waits: the caller waits for it right away (a blocking send/recv).
-  int64_t enqueue_p2p(const commlib_request& req, bool caller_waits = false);
+  int64_t enqueue_p2p(const commlib_request& req);
+  // The same, its handle not in the table yet (handles().adopt() puts it
+  // there): a blocking send/recv that ends within its wait needs no id.
+  // caller_waits: the caller waits for it right away.
+  std::shared_ptr<HandleState> queue_p2p(const commlib_request& req, bool caller_waits);
   // Process sets (collective over every rank; see c_api.h).
   int64_t add_process_set(const int32_t* ranks, int n);
   int64_t remove_process_set(int id);
@@ -216,6 +219,7 @@ class Engine : private CacheHost {
   std::condition_variable queue_cv_;
   std::vector<Entry> queue_;
   std::vector<P2PRequest> p2p_queue_;
+  std::vector<P2PRequest> p2p_batch_;  // cycle_p2p's, under cycle_mu_
   std::unordered_set<std::string> in_flight_;  // request keys (message.h)
   std::map<int, std::vector<int>> sets_;        // process sets' members by id
   int64_t set_calls_ = 0;                       // add/remove calls (their names)

@@ -15,6 +15,14 @@ std::pair<int64_t, std::shared_ptr<HandleState>> HandleTable::create() {
   return {id, h};
 }
 
+int64_t HandleTable::adopt(std::shared_ptr<HandleState> h) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t id = next_id_++;
+  h->id = id;
+  handles_[id] = std::move(h);
+  return id;
+}
+
 std::shared_ptr<HandleState> HandleTable::find(int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = handles_.find(id);

@@ -55,6 +55,7 @@ struct HandleState {
 class HandleTable {
  public:
   std::pair<int64_t, std::shared_ptr<HandleState>> create();
+  int64_t adopt(std::shared_ptr<HandleState> h);  // a handle made elsewhere; its id
   std::shared_ptr<HandleState> find(int64_t id);
   void release(int64_t id);
   // Records one request's outcome (the first error wins); the handle is
