@@ -25,9 +25,10 @@ namespace {
 // at 200 us, one 1 MiB transfer in eight copied at half speed (2 ranks, 2
 // cores). What the drivers leave behind wakes it at once (wake_for, wait).
 constexpr int64_t kYieldNapUs = kMaxNapUs;
-// A request queued this soon after the last driver left most likely belongs
-// to a caller that waits, and drives, next: no wake-up for it.
+// A request queued this soon after its thread's last wait ended most likely
+// belongs to a caller that waits, and drives, next: no wake-up for it.
 constexpr int64_t kFollowUpUs = 50;
+thread_local int64_t t_wait_ended_us = -kFollowUpUs;  // this thread's last wait that drove
 // How often a waiter driving only point-to-point runs the whole cycle.
 constexpr int64_t kFullCycleUs = 50;
 // How long a rank that lost contact with a peer waits at shutdown before its
@@ -358,7 +359,7 @@ bool Engine::wait(HandleState& h, double timeout_s, bool until_launched) {
   return handles_.wait(
       h, timeout_s, [this] { return drive(); },
       [this] {
-        drive_ended_us_.store(now_us(), std::memory_order_relaxed);
+        t_wait_ended_us = now_us();
         if (handles_.driving() == 0 && bg_yields_.load() && outstanding_.load() > 0) {
           { std::lock_guard<std::mutex> lock(queue_mu_); }  // it is inside wait_for, or will see driving() == 0
           queue_cv_.notify_one();
@@ -372,13 +373,13 @@ void Engine::wake_for(bool caller_waits) {
   // waiters drove is woken when no one drives any more and the caller will
   // not (an asynchronous request submitted after computing), so that the
   // request starts now and not at the end of the nap. A caller that waits
-  // next, or one whose request follows the end of its last wait closely (a
-  // loop of blocking calls), drives it itself: a wake-up there would cost it
-  // the futex call and the background thread's turn on a core.
+  // next, or one whose request follows the end of its own last wait closely
+  // (a loop of blocking calls), drives it itself: a wake-up there would cost
+  // it the futex call and the background thread's turn on a core.
   if (bg_sleeping_.load()) {
     queue_cv_.notify_one();  // (it looks at the queues under queue_mu_ before it sleeps)
   } else if (!caller_waits && bg_yields_.load() && handles_.driving() == 0 &&
-             now_us() - drive_ended_us_.load(std::memory_order_relaxed) >= kFollowUpUs) {
+             now_us() - t_wait_ended_us >= kFollowUpUs) {
     { std::lock_guard<std::mutex> lock(queue_mu_); }  // it is inside wait_for, or will see driving() == 0
     queue_cv_.notify_one();
   }

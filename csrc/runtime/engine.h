@@ -227,7 +227,6 @@ class Engine : private CacheHost {
   std::string dead_message_;
   std::atomic<bool> bg_sleeping_{false};
   std::atomic<bool> bg_yields_{false};    // napping while a waiter drives
-  std::atomic<int64_t> drive_ended_us_{0};  // when the last driving waiter left
   std::atomic<int64_t> outstanding_{0};   // requests queued and not finished
   std::atomic<int64_t> p2p_outstanding_{0};  // of which point-to-point
   int64_t last_full_cycle_us_ = 0;  // a driving waiter's last whole cycle (cycle_mu_)
