@@ -25,6 +25,12 @@ def test_p2p_every_case_checked_on_every_rank(ranks, n, layout):
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("n", [2, 3])
+def test_p2p_and_collectives_from_several_threads(ranks, n):
+    ranks(n, "p2p_threads.py", timeout=100).assert_ok(n)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n", [2, 3])
 def test_p2p_dead_peer_raises_rank_lost(ranks, n):
     start = time.monotonic()
     run = ranks(n, "p2p_failures.py", "dead", timeout=100)
