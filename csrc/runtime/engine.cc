@@ -360,10 +360,7 @@ bool Engine::wait(HandleState& h, double timeout_s, bool until_launched) {
       h, timeout_s, [this] { return drive(); },
       [this] {
         t_wait_ended_us = now_us();
-        if (handles_.driving() == 0 && bg_yields_.load() && outstanding_.load() > 0) {
-          { std::lock_guard<std::mutex> lock(queue_mu_); }  // it is inside wait_for, or will see driving() == 0
-          queue_cv_.notify_one();
-        }
+        if (handles_.driving() == 0 && bg_yields_.load() && outstanding_.load() > 0) wake_yielding();
       },
       until_launched);
 }
@@ -380,9 +377,13 @@ void Engine::wake_for(bool caller_waits) {
     queue_cv_.notify_one();  // (it looks at the queues under queue_mu_ before it sleeps)
   } else if (!caller_waits && bg_yields_.load() && handles_.driving() == 0 &&
              now_us() - t_wait_ended_us >= kFollowUpUs) {
-    { std::lock_guard<std::mutex> lock(queue_mu_); }  // it is inside wait_for, or will see driving() == 0
-    queue_cv_.notify_one();
+    wake_yielding();
   }
+}
+
+void Engine::wake_yielding() {
+  { std::lock_guard<std::mutex> lock(queue_mu_); }  // it is inside wait_for, or will see driving() == 0
+  queue_cv_.notify_one();
 }
 
 void Engine::loop() {

@@ -130,6 +130,9 @@ class Engine : private CacheHost {
   // After a request was queued: wakes the background thread when it must
   // take the request up (see the definition).
   void wake_for(bool caller_waits);
+  // Wakes the background thread from its nap beside driving waiters (the
+  // caller saw no driver left); takes queue_mu_.
+  void wake_yielding();
   void start_p2p();  // one point-to-point step from a caller that does not wait
   bool leave();  // shutdown handshake; true when the loop may end
   // cycle(), in steps; each true when it did work.

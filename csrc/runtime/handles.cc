@@ -8,11 +8,7 @@ namespace commlib {
 
 std::pair<int64_t, std::shared_ptr<HandleState>> HandleTable::create() {
   auto h = std::make_shared<HandleState>();
-  std::lock_guard<std::mutex> lock(mu_);
-  const int64_t id = next_id_++;
-  h->id = id;
-  handles_[id] = h;
-  return {id, h};
+  return {adopt(h), h};
 }
 
 int64_t HandleTable::adopt(std::shared_ptr<HandleState> h) {
