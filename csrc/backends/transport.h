@@ -39,6 +39,8 @@ class Transport {
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
   virtual void alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                          const std::vector<size_t>& recv_bytes) = 0;
+  // alltoallv with every block block_bytes long, for every pair of ranks.
+  virtual void alltoall(const void* in, size_t block_bytes, void* out) = 0;
   virtual void reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts,
                               int dtype, int op) = 0;
 };

@@ -1,4 +1,4 @@
-// Broadcast, allgather and reduce-scatter among the ranks of one host through
+// Broadcast, allgather, alltoall and reduce-scatter among the ranks of one host through
 // the shared segment's regions, in windows of the region size (ShmBlock).
 // Each algorithm is in its own file; every local rank calls with the same
 // sizes, in the same order.
@@ -17,6 +17,13 @@ void broadcast_shm(ShmSegment& shm, void* buf, size_t bytes, int root);
 
 // Rank r contributes bytes[r]; out receives them concatenated in rank order.
 void allgather_shm(ShmSegment& shm, const void* in, void* out, const std::vector<size_t>& bytes);
+
+// Rank r's input holds send[d] bytes for each rank d in rank order; out
+// receives recv[s] bytes from each rank s in rank order. largest: the largest
+// block between two different ranks in the whole exchange (the same on every
+// rank). The region must hold 64 bytes per rank.
+void alltoall_shm(ShmSegment& shm, const void* in, const std::vector<size_t>& send, void* out,
+                  const std::vector<size_t>& recv, size_t largest);
 
 // Reduces count elements (sum of counts) across ranks; rank r receives
 // counts[r] elements of the result at its offset into out. dtype is not a half

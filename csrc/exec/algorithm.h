@@ -44,7 +44,7 @@ void allreduce_across(Transport& t, void* buf, size_t count, int dtype, int op);
 void note_algorithm(const char* name);
 std::string take_algorithms();
 
-// Where broadcast/allgather/reducescatter go through shared memory.
+// Where broadcast/allgather/alltoall/reducescatter go through shared memory.
 enum { kShmAuto = 0, kShmAlways = 1, kShmNever = 2 };
 
 // Measured here (MPICH 5 wheel, against the MPI path of the same build):
@@ -52,15 +52,26 @@ enum { kShmAuto = 0, kShmAlways = 1, kShmNever = 2 };
 //   1 MiB at 2 and 3 ranks, where the MPI path took 0.6-0.84x; even from
 //   4 MiB on (0.94-1.32x against 0.84-1.38x); so auto always uses it;
 // - allgather through shared memory: 0.56-1.37x (2 ranks) and 0.74-1.73x
-//   (3 ranks) up to a 4 MiB result, where the MPI path took 0.27-0.86x; at
-//   16 MiB it lost at 2 ranks (0.53 against 0.62x); so auto uses it up to
-//   kShmAllgatherMaxBytes of result;
+//   (3 ranks) up to a 4 MiB result, where the MPI path took 0.27-0.86x.
+//   Retaken once the MPI path called MPI_Iallgather for equal contributions
+//   (Iallgatherv is slower): 2 ranks, 1 MiB result 96 us through shared
+//   memory against 92, 4 MiB 535 against 467; 3 ranks, 1 MiB 337 against
+//   400, 4 MiB equal; so auto uses it up to kShmAllgatherMaxBytes of result;
+// - alltoall through shared memory, against MPI_Ialltoall (the MPI path for
+//   equal splits; Ialltoallv takes twice as long at 1 MiB): 2 ranks, 8.6 /
+//   9.9 / 14.3 us at 4 / 16 / 64 KiB a rank where the MPI path took 10.1 /
+//   13.4 / 15.8, but 25 against 17 at 256 KiB and 118 against 77 at 1 MiB
+//   (MPICH moves big blocks with a single copy); 3 ranks alike (64 KiB 45
+//   against 69 us, 256 KiB 108 against 85); so auto uses it up to
+//   kShmAlltoallMaxBytes sent by a rank (the largest block times the ranks,
+//   which every rank can tell from the matrix);
 // - reducescatter through shared memory beats MPI's non-blocking one at every
 //   size (64 KiB-256 MiB: 1.0-9x the MPI_Reduce_scatter time, where the MPI
 //   path took 0.15-0.9x), so auto uses it.
-// COMMLIB_SHM_COLLECTIVES=always forces all three (tests use it), =never
+// COMMLIB_SHM_COLLECTIVES=always forces all four (tests use it), =never
 // disables them.
-constexpr size_t kShmAllgatherMaxBytes = size_t(4) << 20;
+constexpr size_t kShmAllgatherMaxBytes = size_t(2) << 20;
+constexpr size_t kShmAlltoallMaxBytes = size_t(128) << 10;
 
 // What the choice depends on, for one collective.
 struct AlgoChoice {

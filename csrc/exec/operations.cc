@@ -261,8 +261,28 @@ void run_alltoall(OpContext& ctx, Entry& e, const std::vector<int64_t>& matrix) 
     recv[r] = size_t(h.splits[r]) * rb;
     total_rows += h.splits[r];
   }
-  note_algorithm("mpi");
-  ctx.transport.alltoallv(e.input, send, h.alloc_result(size_t(total_rows) * rb), recv);
+  // What every rank can tell from the matrix alone, so that all choose alike.
+  size_t largest = 0;
+  bool uniform = true;
+  for (int s = 0; s < size; ++s) {
+    for (int d = 0; d < size; ++d) {
+      const int64_t rows = matrix[size_t(s) * size + d];
+      if (s != d) largest = std::max(largest, size_t(rows) * rb);
+      uniform = uniform && rows == matrix[0];
+    }
+  }
+  char* out = h.alloc_result(size_t(total_rows) * rb);
+  if (use_shm_collective(ctx, largest * size_t(size) <= kShmAlltoallMaxBytes) &&
+      ctx.shm->region_bytes() >= 64 * size_t(size)) {
+    note_algorithm("shm");
+    alltoall_shm(*ctx.shm, e.input, send, out, recv, largest);
+  } else if (uniform) {
+    note_algorithm("mpi");
+    ctx.transport.alltoall(e.input, send[0], out);
+  } else {
+    note_algorithm("mpi");
+    ctx.transport.alltoallv(e.input, send, out, recv);
+  }
   h.rows = total_rows;
 }
 

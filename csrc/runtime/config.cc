@@ -85,8 +85,9 @@ std::vector<ConfigEntry> make_table() {
                    "tree below 16 KiB and ring above without shared memory), or always shm, ring, tree, "
                    "or mpi (the MPI library's collective)"),
       choice_entry("COMMLIB_SHM_COLLECTIVES", "auto", "auto|always|never", &C::shm_collectives,
-                   "shared-memory broadcast/allgather/reducescatter: auto (broadcast and reducescatter "
-                   "always, allgather up to a 4 MiB result), always, never"),
+                   "shared-memory broadcast/allgather/alltoall/reducescatter: auto (broadcast and "
+                   "reducescatter always, allgather up to a 2 MiB result, alltoall up to 128 KiB sent "
+                   "by a rank), always, never"),
       bool_entry("COMMLIB_SHM", "1", &C::shm, "0 disables the shared-memory segments (collectives' and point-to-point's)"),
       int_entry("COMMLIB_SHM_PIECE_BYTES", "262144", 1, kTiB, &C::shm_piece_bytes,
                 "pipeline piece size of the shared-memory all-reduce"),

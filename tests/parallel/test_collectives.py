@@ -85,12 +85,14 @@ def test_zero_dim_scalars(ranks, n):
 
 
 # COMMLIB_SHM_COLLECTIVES=always forces the shared-memory broadcast,
-# allgather and reducescatter at every size (by default only where they pay).
+# allgather, alltoall and reducescatter at every size (by default only where
+# they pay); =never sends them all through MPI.
 SHM_ALWAYS = {"COMMLIB_SHM_COLLECTIVES": "always"}
+MPI_ONLY = {"COMMLIB_SHM_COLLECTIVES": "never"}
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("n,env", [(2, {}), (3, {}), (4, {}), (3, SHM_ALWAYS)])
+@pytest.mark.parametrize("n,env", [(2, {}), (3, {}), (4, {}), (3, SHM_ALWAYS), (3, MPI_ONLY)])
 def test_allgather_and_broadcast(ranks, n, env):
     """allgather with dimension 0 differing per rank (ranks with 0 rows, all
     empty, one rank only), trailing dims incl. 0, every dtype, 60 in flight,
@@ -102,7 +104,7 @@ def test_allgather_and_broadcast(ranks, n, env):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("n,env", [(2, {}), (3, {}), (4, {}), (3, SHM_ALWAYS),
+@pytest.mark.parametrize("n,env", [(2, {}), (3, {}), (4, {}), (2, SHM_ALWAYS), (3, SHM_ALWAYS), (3, MPI_ONLY),
                                    (3, {"COMMLIB_SHM_FUSION_BYTES": "1024"})])
 def test_alltoall_and_reducescatter(ranks, n, env):
     """alltoall with equal splits and explicit splits (zeros, one-hot, to
@@ -114,7 +116,9 @@ def test_alltoall_and_reducescatter(ranks, n, env):
     bad splits refused on every rank, splits differing across ranks a
     mismatch on every rank;
     with 1 KiB shared-memory regions, the reducescatter runs in many blocks
-    of a few elements of every rank's slice."""
+    of a few elements of every rank's slice, and the small alltoalls in
+    windows of 320 bytes a destination; MPI_ONLY: MPI's alltoall for equal
+    splits and alltoallv for the others."""
     run = ranks(n, "coll_alltoall_rs.py", timeout=100, env=env)
     assert_all_ok(run, n)
 

@@ -31,6 +31,7 @@ class MpiTransport : public Transport {
   void broadcast(void* buf, size_t bytes, int root) override;
   void alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                  const std::vector<size_t>& recv_bytes) override;
+  void alltoall(const void* in, size_t block_bytes, void* out) override;
   void reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts, int dtype,
                       int op) override;
 

@@ -119,6 +119,12 @@ for q in range(n):
     off = sum(rows[q][:r])
     want.append(x[off:off + rows[q][r]])
 check_result(got, np.concatenate(want), "big alltoall")
+# big with equal splits (auto: MPI's own alltoall, 1.6 MB sent by a rank)
+x = np.arange(n * 100_000 * 4, dtype=np.float32).reshape(-1, 4) + r * 1e7
+got = commlib.alltoall(x)
+want = [(np.arange(n * 100_000 * 4, dtype=np.float32).reshape(-1, 4) + q * 1e7)[r * 100_000:(r + 1) * 100_000]
+        for q in range(n)]
+check_result(got, np.concatenate(want), "big alltoall, equal splits")
 
 # bad splits are refused on every rank (nothing sent)
 x = np.zeros((n, 2))
