@@ -2,7 +2,10 @@
 non-zero with a message naming the rank and the failed check."""
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
 
 import numpy as np
 
@@ -41,6 +44,28 @@ def expect_raises(exc_type, fn, what: str, match: str | None = None):
     except Exception as e:  # noqa: BLE001 - report the wrong type
         fail(f"{what}: expected {exc_type.__name__}, got {type(e).__name__}: {e}")
     fail(f"{what}: expected {exc_type.__name__}, nothing was raised")
+
+
+def stop_process(pid: int, seconds: float = 10.0) -> None:
+    """Sends SIGSTOP to pid and returns once every thread of it is stopped
+    (kill() returns before the stop takes hold: on a loaded machine the
+    process may otherwise run on for a while, even into the collective it
+    should be frozen before)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + seconds
+    while True:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:  # (a thread that just ended)
+                continue
+        if states and all(s in ("T", "t") for s in states):
+            return
+        if time.monotonic() > deadline:
+            fail(f"pid {pid} not stopped {seconds:.0f} s after SIGSTOP (thread states {states})")
+        time.sleep(0.001)
 
 
 def done() -> None:

@@ -22,7 +22,7 @@ from gpu_common import DEVICE
 import commlib
 import commlib.gpu
 import commlib.torch as hvd
-from _common import done, expect_raises, fail
+from _common import done, expect_raises, fail, stop_process
 
 hvd.init()
 r, n = hvd.rank(), hvd.size()
@@ -46,7 +46,7 @@ else:
     if case == "frozen":
         commlib.barrier()
         if r == 0:
-            os.kill(int(pids[n - 1]), signal.SIGSTOP)
+            stop_process(int(pids[n - 1]))
     start = time.monotonic()
     if case == "frozen" and commlib.gpu.sync_mode() == "stream":
         # synchronize returns once the collective is launched; the current

@@ -42,7 +42,7 @@ from commlib.device_ops import DeviceBuffer
 from commlib.handle import synchronize, synchronize_on_stream
 from commlib.dtypes import dtype_code
 from commlib.ops import reducescatter_rows
-from _common import check_equal, done, expect_raises, fail
+from _common import check_equal, done, expect_raises, fail, stop_process
 
 try:
     import ml_dtypes
@@ -327,7 +327,7 @@ def test_stopped(how):
         if how != "sleeps":
             commlib.barrier()
             if r == 0:
-                os.kill(int(pids[n - 1]), signal.SIGSTOP)
+                stop_process(int(pids[n - 1]))
         start = time.monotonic()
         stuck = device(lib.COMMLIB_OP_ALLREDUCE, "stuck", x, x, reduce_op=commlib.Sum)
         if on_stream:
