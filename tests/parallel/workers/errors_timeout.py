@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 import commlib
-from _common import check_equal, done, expect_raises, fail
+from _common import check_equal, done, expect_raises, fail, stop_process
 
 commlib.init()
 r, n = commlib.rank(), commlib.size()
@@ -93,7 +93,7 @@ still_works("short freeze")
 # runs again, its own request (that nobody else submits any more) fails too.
 commlib.barrier()
 if r == 0:
-    os.kill(int(pids[1]), signal.SIGSTOP)
+    stop_process(int(pids[1]))
 if r != 1:
     expect_timeout(lambda: commlib.allreduce(np.ones(2), name="long.freeze"), "long freeze", [1])
     if r == 0:
