@@ -49,6 +49,12 @@ bool use_shm_collective(const OpContext& ctx, bool pays) {
   return use_shm_collective(choice_of(ctx), ctx.transport.size(), pays);
 }
 
+// The same, for the algorithms that cut a region into a piece per rank
+// (alltoall, reducescatter): it must hold 64 bytes (a cache line) for each.
+bool use_shm_pieces(const OpContext& ctx, bool pays) {
+  return use_shm_collective(ctx, pays) && ctx.shm->region_bytes() >= 64 * size_t(ctx.transport.size());
+}
+
 // Packs the window straight into this rank's region of the shared segment
 // and reads the results from their owners' regions (allreduce_shm_fused.h).
 void reduce_window_in_shm(OpContext& ctx, const Member* first, const Member* last, size_t total,
@@ -272,16 +278,16 @@ void run_alltoall(OpContext& ctx, Entry& e, const std::vector<int64_t>& matrix) 
     }
   }
   char* out = h.alloc_result(size_t(total_rows) * rb);
-  if (use_shm_collective(ctx, largest * size_t(size) <= kShmAlltoallMaxBytes) &&
-      ctx.shm->region_bytes() >= 64 * size_t(size)) {
+  if (use_shm_pieces(ctx, largest * size_t(size) <= kShmAlltoallMaxBytes)) {
     note_algorithm("shm");
     alltoall_shm(*ctx.shm, e.input, send, out, recv, largest);
-  } else if (uniform) {
-    note_algorithm("mpi");
-    ctx.transport.alltoall(e.input, send[0], out);
   } else {
     note_algorithm("mpi");
-    ctx.transport.alltoallv(e.input, send, out, recv);
+    if (uniform) {
+      ctx.transport.alltoall(e.input, send[0], out);
+    } else {
+      ctx.transport.alltoallv(e.input, send, out, recv);
+    }
   }
   h.rows = total_rows;
 }
@@ -291,7 +297,7 @@ namespace {
 void reduce_scatter(OpContext& ctx, const PieceInput& in, void* out, const std::vector<size_t>& counts,
                     int dtype, int op) {
   // (the shared-memory path needs room for one element per rank and block)
-  if (use_shm_collective(ctx, true) && ctx.shm->region_bytes() >= 64 * size_t(ctx.transport.size())) {
+  if (use_shm_pieces(ctx, true)) {
     note_algorithm("shm");
     reducescatter_shm(*ctx.shm, in, out, counts, dtype, op);
     return;
