@@ -1,7 +1,8 @@
 """``python -m commlib.bench --device cuda``: collectives on CUDA buffers,
 commlib (NCCL in the core, through commlib.device_ops) against
 torch.distributed's NCCL backend, measured in the same run and interleaved,
-plus commlib's host-staging path for allreduce (copy to pinned host memory,
+and a ping-pong of ``sendrecv`` between ranks 0 and 1 (commlib.device_p2p
+against torch.distributed's send/recv), plus commlib's host-staging path for allreduce (copy to pinned host memory,
 the CPU path, copy back) against the CPU path on the same data plus the two
 copies measured alone.
 
@@ -20,7 +21,19 @@ import os
 
 import numpy as np
 
-CUDA_OPS = ("allreduce", "allgather", "broadcast", "reducescatter", "alltoall")
+CUDA_OPS = ("allreduce", "allgather", "broadcast", "reducescatter", "alltoall", "sendrecv")
+
+
+def _ping_pong(me: int, send, recv, sync):
+    """Rank 0 sends then receives, rank 1 receives then sends (others idle);
+    then the device is synchronized."""
+    if me == 0:
+        send()
+        recv()
+    elif me == 1:
+        recv()
+        send()
+    sync()
 
 
 def unavailable_reason() -> str:
@@ -58,6 +71,8 @@ class CommlibCuda:
     def make(self, op, count, tdtype, dev):
         from ._lib import lib
         torch, n = self.torch, self.n
+        if op == "sendrecv":  # (the core's NCCL links, as commlib.torch's send/recv use them)
+            return self._ping_pong(count, tdtype, dev)
         code = self.code(np.dtype(str(tdtype).replace("torch.", "")))
         per = max(1, count // n)
         x = torch.ones(count if op in ("allreduce", "broadcast") else per * (1 if op == "allgather" else n),
@@ -76,6 +91,23 @@ class CommlibCuda:
                                                           stream=stream, reduce_op=self.c.Sum, **extra))
 
 
+    def _ping_pong(self, count, tdtype, dev):
+        from . import device_p2p
+        torch, me = self.torch, self.c.rank()
+        code = self.code(np.dtype(str(tdtype).replace("torch.", "")))
+        x, out = torch.ones(count, dtype=tdtype, device=dev), torch.empty(count, dtype=tdtype, device=dev)
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        on = {"device": dev.index, "stream": stream}
+
+        def send():
+            self.c.synchronize(device_p2p.isend_device(x.data_ptr(), code, (count,), 1 - me, 7, **on))
+
+        def recv():
+            claimed = self.c.synchronize(device_p2p.irecv_or_claim(1 - me, 7))
+            self.c.synchronize(device_p2p.irecv_claimed(claimed, out.data_ptr(), **on))
+        return lambda: _ping_pong(me, send, recv, lambda: torch.cuda.synchronize(dev))
+
+
 class TorchNccl:
     name = "torch-nccl"
 
@@ -85,6 +117,11 @@ class TorchNccl:
     def make(self, op, count, tdtype, dev):
         torch, dist, n = self.torch, self.dist, self.n
         per = max(1, count // n)
+        if op == "sendrecv":
+            x, out, me = torch.ones(count, dtype=tdtype, device=dev), torch.empty(count, dtype=tdtype, device=dev), \
+                dist.get_rank()
+            return lambda: _ping_pong(me, lambda: dist.send(x, 1 - me), lambda: dist.recv(out, 1 - me),
+                                      lambda: torch.cuda.synchronize(dev))
         if op in ("allreduce", "broadcast"):
             x = torch.ones(count, dtype=tdtype, device=dev)
             call = (lambda: dist.all_reduce(x)) if op == "allreduce" else (lambda: dist.broadcast(x, src=0))
@@ -172,7 +209,7 @@ def main(args, ops, byte_sizes, dtype_name, tools) -> int:
     say = (lambda *a: print(*a, flush=True)) if me == 0 else (lambda *a: None)
     say(f"# commlib.bench --device cuda: {n} ranks on {torch.cuda.get_device_name(dev)}, dtype {dtype_name}; "
         "times are medians in us (slowest rank); ratio = torch-nccl time / commlib time (> 1: commlib faster)")
-    for op in [o for o in ops if o in CUDA_OPS]:
+    for op in [o for o in ops if o in CUDA_OPS and (o != "sendrecv" or n > 1)]:
         say(f"\n{'op':<14}{'size':>10} {'commlib us':>11} {'busbw':>7} {'torch us':>11} {'busbw':>7} {'ratio':>6}")
         for nbytes in byte_sizes:
             count = max(n, nbytes // esize)

@@ -29,7 +29,7 @@ __all__ = ["DeviceBuffer", "submit", "synchronize_on_stream"]
 _loaded = []
 
 
-def _ensure_loaded() -> None:
+def ensure_loaded() -> None:
     """The core finds NCCL through the wheel's path, which only Python knows."""
     if not _loaded:
         gpu.load()
@@ -51,7 +51,7 @@ def submit(op_type: int, name: str, inp: DeviceBuffer, out_ptr: int, *, device: 
     the handle completes. Errors the core finds before anything is queued (no
     NCCL, no CUDA runtime, COMMLIB_GPU_BACKEND=host, a dtype or op NCCL cannot
     run) raise here, on every rank alike."""
-    _ensure_loaded()
+    ensure_loaded()
     req = ffi.new("commlib_request*")
     keep = [req]
     cname = ffi.new("char[]", name.encode())

@@ -32,7 +32,7 @@ _MAX_DIMS = 64
 _SEND, _RECV = lib.COMMLIB_OP_SEND, lib.COMMLIB_OP_RECV
 
 
-def _check_peer(peer, what: str, process_set) -> int:
+def check_peer(peer, what: str, process_set) -> int:
     if type(peer) is not int and (isinstance(peer, bool) or not isinstance(peer, (int, np.integer))):
         raise TypeError(f"{what} must be an int rank, got {type(peer).__name__}")
     n = runtime.size()
@@ -43,7 +43,7 @@ def _check_peer(peer, what: str, process_set) -> int:
     return int(peer)
 
 
-def _check_tag(tag) -> int:
+def check_tag(tag) -> int:
     if type(tag) is not int and (isinstance(tag, bool) or not isinstance(tag, (int, np.integer))):
         raise TypeError(f"tag must be an int, got {type(tag).__name__}")
     if not 0 <= tag < 2**63:
@@ -57,7 +57,7 @@ def _args(arr, out, peer: int, tag: int, psid: int) -> tuple:
     if buf is None:
         dtype, ndim, shape, ptr = -1, 0, ffi.NULL, ffi.NULL
     else:
-        f = facts(buf)  # (checked by the caller: as_input, or _check_out for a receive)
+        f = facts(buf)  # (checked by the caller: as_input, or check_out for a receive)
         dtype, ndim, shape, ptr = f.code, f.ndim, f.cshape, f.ptr
     data = ptr if arr is not None else ffi.NULL
     dst = ptr if out is not None else ffi.NULL
@@ -97,8 +97,8 @@ def isend(array, dst, tag=0, process_set=None) -> Handle:
     None once the receiver has taken it. Keep the array unchanged until then."""
     runtime.require_init()
     arr = _send_array(array)
-    peer = _check_peer(dst, "dst", process_set)
-    hid = _submit(lib.COMMLIB_OP_SEND, arr, None, peer, _check_tag(tag), _psid(process_set))
+    peer = check_peer(dst, "dst", process_set)
+    hid = _submit(lib.COMMLIB_OP_SEND, arr, None, peer, check_tag(tag), _psid(process_set))
     return Handle(hid, None, arr, "send")
 
 
@@ -142,7 +142,7 @@ def send(array, dst, tag=0, process_set=None) -> None:
             return
     runtime.require_init()
     arr = _send_array(array)
-    _blocking(lib.COMMLIB_OP_SEND, arr, None, _check_peer(dst, "dst", process_set), _check_tag(tag),
+    _blocking(lib.COMMLIB_OP_SEND, arr, None, check_peer(dst, "dst", process_set), check_tag(tag),
               _psid(process_set))
 
 
@@ -152,15 +152,15 @@ def irecv(src, tag=0, out=None, process_set=None) -> Handle:
     new array of the message's dtype and shape."""
     runtime.require_init()
     if out is not None:
-        _check_out(out)
-    peer = _check_peer(src, "src", process_set)
-    hid = _submit(lib.COMMLIB_OP_RECV, None, out, peer, _check_tag(tag), _psid(process_set))
+        check_out(out)
+    peer = check_peer(src, "src", process_set)
+    hid = _submit(lib.COMMLIB_OP_RECV, None, out, peer, check_tag(tag), _psid(process_set))
     if out is not None:
         return Handle(hid, None, out, "recv", out)
-    return Handle(hid, _new_array, None, "recv")
+    return Handle(hid, new_array, None, "recv")
 
 
-def _check_out(out) -> None:
+def check_out(out) -> None:
     if not isinstance(out, np.ndarray):
         raise TypeError(f"recv needs a numpy.ndarray as out, got {type(out).__name__}")
     dtype_code(out.dtype)
@@ -170,7 +170,7 @@ def _check_out(out) -> None:
         raise ValueError("recv cannot write into a read-only out array")
 
 
-def _new_array(hid: int) -> np.ndarray:
+def new_array(hid: int) -> np.ndarray:
     dtype = ffi.new("int*")
     ndim = ffi.new("int*")
     shape = ffi.new("int64_t[]", _MAX_DIMS)
@@ -192,8 +192,8 @@ def recv(src, tag=0, out=None, process_set=None) -> np.ndarray:
                 _finish(rc, None, out)
             return out
     runtime.require_init()
-    _check_out(out)
-    _blocking(lib.COMMLIB_OP_RECV, None, out, _check_peer(src, "src", process_set), _check_tag(tag),
+    check_out(out)
+    _blocking(lib.COMMLIB_OP_RECV, None, out, check_peer(src, "src", process_set), check_tag(tag),
               _psid(process_set))
     return out
 
@@ -204,8 +204,8 @@ def sendrecv(array, dst, src, send_tag=0, recv_tag=0, out=None, process_set=None
     returns the received array."""
     runtime.require_init()
     array = _send_array(array)  # (checked before the receive is posted)
-    _check_peer(dst, "dst", process_set)
-    _check_tag(send_tag)
+    check_peer(dst, "dst", process_set)
+    check_tag(send_tag)
     r = irecv(src, recv_tag, out, process_set)
     s = isend(array, dst, send_tag, process_set)
     result = synchronize(r)

@@ -199,6 +199,16 @@ int commlib_handle_recv_info(int64_t handle, int* dtype, int* ndim, int64_t* sha
   });
 }
 
+int64_t commlib_handle_claim(int64_t handle) {
+  int64_t claim = 0;
+  const int rc = guarded([&] {
+    auto h = find_handle(handle);
+    if (!h->done.load()) throw Error(COMMLIB_ERR_VALUE, "handle has not completed");
+    claim = h->p2p_claim;
+  });
+  return rc ? -int64_t(rc) : claim;
+}
+
 int commlib_add_process_set(const int32_t* ranks, int n, int64_t* handle) {
   return guarded([&] { *handle = Engine::get().add_process_set(ranks, n); });
 }

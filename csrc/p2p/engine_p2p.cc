@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "backends/nccl/nccl_comm.h"
+#include "backends/nccl/nccl_links.h"
 #include "common.h"
 #include "runtime/engine.h"
 #include "runtime/progress.h"
@@ -51,8 +53,16 @@ void validate_p2p(const commlib_request& q, const std::vector<int>* members, int
   const bool send = q.op_type == COMMLIB_OP_SEND;
   const char* what = send ? "send" : "recv";
   const char* peer = send ? "dst" : "src";
-  if (q.device_type != COMMLIB_DEVICE_CPU)
-    throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": only host (CPU) buffers are supported");
+  const bool cuda = q.device_type == COMMLIB_DEVICE_CUDA;
+  if (q.device_type != COMMLIB_DEVICE_CPU && !cuda)
+    throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": unknown device type " + std::to_string(q.device_type));
+  if (cuda && !send && q.p2p_claim <= 0) {
+    throw Error(COMMLIB_ERR_VALUE, "recv into CUDA memory: it needs the claim id of a device message that a "
+                                   "may-claim recv took (commlib_handle_claim)");
+  }
+  if (!cuda && q.p2p_claim != 0) throw Error(COMMLIB_ERR_VALUE, "recv of a claimed message: its buffer must be CUDA memory");
+  if ((q.p2p_flags & COMMLIB_P2P_MAY_CLAIM) && (send || cuda))
+    throw Error(COMMLIB_ERR_VALUE, "only a recv into host memory may claim a device message");
   if (q.peer < 0 || q.peer >= size) {
     throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": " + peer + " " + std::to_string(q.peer) +
                                        " is outside the job (ranks 0.." + std::to_string(size - 1) + ")");
@@ -63,7 +73,7 @@ void validate_p2p(const commlib_request& q, const std::vector<int>* members, int
                                        ranks_str(*members));
   }
   if (q.tag < 0) throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": tag must be >= 0, got " + std::to_string(q.tag));
-  const bool has_buffer = send || q.output != nullptr;
+  const bool has_buffer = send || q.output != nullptr || q.p2p_claim || (q.dtype >= 0 && (q.p2p_flags & COMMLIB_P2P_MAY_CLAIM));
   if (!has_buffer) return;  // a recv that learns dtype and shape from the message
   if (!is_valid_dtype(q.dtype)) throw Error(COMMLIB_ERR_TYPE, "unsupported dtype code " + std::to_string(q.dtype));
   if (q.ndim < 0 || q.ndim > kMaxDims || (q.ndim > 0 && !q.shape))
@@ -74,6 +84,7 @@ void validate_p2p(const commlib_request& q, const std::vector<int>* members, int
     n *= q.shape[i];
   }
   if (send && n > 0 && !q.input) throw Error(COMMLIB_ERR_VALUE, "send: data buffer is NULL");
+  if (cuda && !send && n > 0 && !q.output) throw Error(COMMLIB_ERR_VALUE, "recv: CUDA out buffer is NULL");
 }
 
 }  // namespace
@@ -93,6 +104,14 @@ void Engine::init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, size_t 
                                           outstanding_.fetch_sub(1);
                                           handles_.complete(h, status, message);
                                         });
+  p2p_->set_device_links([this](DeviceLinks::Done done) {
+    const gpu::GpuLibs* libs = gpu_libs(true);
+    if (!libs->nccl.ok || !libs->cuda.ok) {
+      throw Error(COMMLIB_ERR_VALUE, "point-to-point on CUDA buffers needs NCCL: " +
+                                         (libs->nccl.ok ? libs->cuda.error : libs->nccl.error));
+    }
+    return gpu::make_nccl_links(*libs, timeout_us_, std::move(done));
+  });
 }
 
 int64_t Engine::enqueue_p2p(const commlib_request& q) { return handles_.adopt(queue_p2p(q, false)); }
@@ -114,13 +133,16 @@ std::shared_ptr<HandleState> Engine::queue_p2p(const commlib_request& q, bool ca
   r.peer = q.peer;
   r.tag = q.tag;
   r.process_set = q.process_set;
-  if (r.is_send || q.output) {
+  if (r.is_send || q.output || q.p2p_claim || (q.dtype >= 0 && (q.p2p_flags & COMMLIB_P2P_MAY_CLAIM))) {
     r.dtype = q.dtype;
     r.shape.assign(q.shape, q.shape + q.ndim);
   }
   r.data = q.input;
   r.out = q.output;
   r.caller_waits = caller_waits;
+  r.may_claim = (q.p2p_flags & COMMLIB_P2P_MAY_CLAIM) != 0;
+  r.claim = q.p2p_claim;
+  if (q.device_type == COMMLIB_DEVICE_CUDA) prepare_device_p2p(q, r);
   auto handle = std::make_shared<HandleState>();
   r.handle = handle;
   {
@@ -134,6 +156,23 @@ std::shared_ptr<HandleState> Engine::queue_p2p(const commlib_request& q, bool ca
   if (!caller_waits) start_p2p();
   wake_for(caller_waits);
   return handle;
+}
+
+// A send from, or a claimed receive into, CUDA memory: it runs through NCCL
+// once the caller's stream has reached this point.
+void Engine::prepare_device_p2p(const commlib_request& q, P2PRequest& r) {
+  const char* what = r.is_send ? "send" : "recv";
+  if (gpu_backend_ == GpuBackend::kHost) {
+    throw Error(COMMLIB_ERR_VALUE, std::string(what) + " of CUDA memory: COMMLIB_GPU_BACKEND=host (the frontend "
+                                                       "stages CUDA tensors through host memory)");
+  }
+  const gpu::GpuLibs* libs = gpu_libs(true);
+  if (!libs->nccl.ok || !libs->cuda.ok) {
+    throw Error(COMMLIB_ERR_VALUE, std::string(what) + " of CUDA memory needs NCCL and the CUDA runtime: " +
+                                       (libs->nccl.ok ? libs->cuda.error : libs->nccl.error));
+  }
+  r.device = q.device_id;
+  r.ready = std::shared_ptr<void>(gpu::record_event(libs->cuda, q.device_id, q.stream), gpu::destroy_event);
 }
 
 void Engine::start_p2p() {

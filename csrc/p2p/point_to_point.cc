@@ -90,7 +90,7 @@ void PointToPoint::abandon() {
 }
 
 size_t PointToPoint::pending() const {
-  size_t n = outgoing_.size() + transfers_.size() + splits_.size();
+  size_t n = outgoing_.size() + transfers_.size() + splits_.size() + (links_ ? links_->pending() : 0);
   for (const auto& [key, q] : posted_) n += q.size();
   return n;
 }
@@ -135,6 +135,7 @@ void PointToPoint::post(P2PRequest r, bool sender_waits) {
                                           (r.is_send ? "send to" : "recv from") + " it is possible");
     return;
   }
+  if (!r.is_send && r.claim) return post_claimed(std::move(r));
   if (!r.is_send) {
     const Key key{r.peer, r.process_set, r.tag};
     posted_[key].push_back(std::move(r));
@@ -145,7 +146,8 @@ void PointToPoint::post(P2PRequest r, bool sender_waits) {
   const uint64_t nbytes = uint64_t(num_elements(r.shape)) * dtype_size(r.dtype);
   // On one host a single-copy read beats carrying the bytes through MPI
   // from a few KiB on (measured: 64 KiB round trip 25 us against 47 us).
-  const bool eager = nbytes <= (host_pids_[size_t(r.peer)] ? std::min(eager_, kSameHostEager) : eager_);
+  const bool on_device = r.device >= 0;
+  const bool eager = !on_device && nbytes <= (host_pids_[size_t(r.peer)] ? std::min(eager_, kSameHostEager) : eager_);
   Writer w;
   w.put<int32_t>(kHeader);
   w.put<int32_t>(r.process_set);
@@ -154,8 +156,9 @@ void PointToPoint::post(P2PRequest r, bool sender_waits) {
   w.put<int32_t>(r.dtype);
   w.put_vec(r.shape);
   w.put<uint64_t>(nbytes);
-  w.put<uint64_t>(eager ? 0 : reinterpret_cast<uint64_t>(r.data));
+  w.put<uint64_t>(eager || on_device ? 0 : reinterpret_cast<uint64_t>(r.data));
   w.put<int32_t>(sender_waits ? 1 : 0);
+  w.put<int32_t>(on_device ? 1 : 0);
   send_ctl(r.peer, w.take(), eager ? r.data : nullptr, eager ? size_t(nbytes) : 0);
   const int peer = r.peer;
   Outgoing& o = outgoing_[{peer, seq}];
@@ -196,6 +199,7 @@ void PointToPoint::dispatch(int source, std::string_view msg) {
     case kHeader: on_header(source, msg); break;
     case kAck: case kClearToSend: on_reply(source, msg); break;
     case kBye: on_bye(source); break;
+    case kDeviceClear: on_device_clear(source, msg); break;
     case kSplit: case kWritten: {
       Reader rd(msg);
       rd.get<int32_t>();
@@ -214,6 +218,7 @@ bool PointToPoint::progress() {
   bool worked = false;
   while (poll_ctl()) worked = true;
   worked |= test_data();
+  if (links_) worked |= links_->progress(now_us());
   progress_sends();
   return worked;
 }
@@ -254,7 +259,12 @@ void PointToPoint::on_header(int source, std::string_view msg) {
   in.nbytes = rd.get<uint64_t>();
   in.addr = rd.get<uint64_t>();
   in.sender_waits = rd.get<int32_t>() != 0;
+  in.on_device = rd.get<int32_t>() != 0;
   const Key key{source, set, tag};
+  if (in.on_device) {  // (no bytes with it)
+    arrived_[key].push_back(std::move(in));
+    return match(key);
+  }
   if (in.addr == 0 && msg.size() < in.nbytes) throw Error(COMMLIB_ERR_INTERNAL, "truncated point-to-point message");
   const char* bytes = in.addr == 0 ? msg.data() + (msg.size() - size_t(in.nbytes)) : nullptr;
   auto p = posted_.find(key);
@@ -308,6 +318,7 @@ void PointToPoint::deliver(P2PRequest& r, Incoming& in) {
                                        "; pass an out of the sender's dtype and size, or none");
     return;
   }
+  if (in.on_device) return deliver_device(r, in);
   char* dst = static_cast<char*>(r.out);
   if (!dst) dst = r.handle->alloc_result(size_t(in.nbytes));
   r.handle->dtype = in.dtype;
@@ -452,6 +463,8 @@ void PointToPoint::fail_all(int code, const std::string& message) {
   for (Split& t : splits_) complete(t.req, code, message);
   splits_.clear();
   arrived_.clear();
+  claimed_.clear();
+  if (links_) links_->fail_all(code, message);
 }
 
 void PointToPoint::say_goodbye() {

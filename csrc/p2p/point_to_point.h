@@ -27,6 +27,14 @@
 //   error reaches the sender's handle.
 // - A rank that shuts down tells every rank ("bye"); receives waiting for it
 //   and sends not yet taken by it then fail instead of hanging.
+// - Device (CUDA) messages (device_messages.cc): the header says the data is
+//   in device memory and carries no bytes or address. Only a receive that
+//   may claim one takes it: its handle completes with the message's dtype
+//   and shape and a claim id, and the caller then posts a receive of that
+//   claim into device memory of the right size. That receive goes out as a
+//   "device clear to send", and both ends move the data over a device link
+//   (device_links.h). Any other receive refuses a device message (both sides
+//   fail, naming the reason).
 //
 // Only the thread that owns communication (the engine's cycle) calls post(),
 // progress() and the rest; no locking inside.
@@ -46,6 +54,7 @@
 #include <vector>
 
 #include "backends/mpi/pending_sends.h"
+#include "p2p/device_links.h"
 #include "p2p/lanes.h"
 #include "message.h"
 #include "runtime/handles.h"
@@ -66,6 +75,12 @@ struct P2PRequest {
   int64_t posted_us = 0;
   bool warned = false;
   bool caller_waits = false;  // a blocking send: its caller waits in the engine from now on
+  // Device (CUDA) buffers: data/out are device memory of `device`, ready once
+  // `ready` (an event on the caller's stream) is reached.
+  int device = -1;
+  std::shared_ptr<void> ready;
+  bool may_claim = false;  // a host receive that may claim a device message
+  int64_t claim = 0;       // a device receive of the message with this claim id
 };
 
 class PointToPoint {
@@ -103,6 +118,10 @@ class PointToPoint {
   void say_goodbye();
   void abandon();  // after a lost peer: never touch the communicator again
   size_t pending() const;
+  // Makes the device links on the first device transfer (may throw Error).
+  void set_device_links(std::function<std::unique_ptr<DeviceLinks>(DeviceLinks::Done)> make) {
+    make_links_ = std::move(make);
+  }
 
  private:
   struct Incoming {  // a header that arrived and waits for its receive
@@ -113,6 +132,7 @@ class PointToPoint {
     uint64_t nbytes;
     uint64_t addr;        // rendezvous: the sender's buffer
     bool sender_waits = false;  // the sender was waiting in its engine when it posted
+    bool on_device = false;     // the data is in the sender's device memory
     std::string payload;  // eager: the bytes, when they wait for their receive
     const char* view = nullptr;  // eager, delivered at once: the bytes in place
   };
@@ -150,6 +170,11 @@ class PointToPoint {
   void on_split_request(int source, Reader& rd);  // sender: write the second half
   void on_written(int source, Reader& rd);        // receiver: the sender's half is there
   void send_ack(int peer, uint64_t seq, int status, const std::string& message);
+  // device_messages.cc
+  void deliver_device(P2PRequest& r, Incoming& in);
+  void post_claimed(P2PRequest r);
+  void on_device_clear(int source, std::string_view msg);
+  DeviceLinks* links();
   bool test_data();
   void complete(P2PRequest& r, int status, const std::string& message);
 
@@ -175,6 +200,10 @@ class PointToPoint {
   std::unique_ptr<P2PLanes> lanes_;
   bool poll_mpi_ = true;  // some peer's control messages come through MPI
   int64_t last_stall_check_us_ = 0;
+  std::map<int64_t, Incoming> claimed_;  // device messages claimed, by claim id
+  int64_t next_claim_ = 1;
+  std::function<std::unique_ptr<DeviceLinks>(DeviceLinks::Done)> make_links_;
+  std::unique_ptr<DeviceLinks> links_;
 };
 
 }  // namespace commlib

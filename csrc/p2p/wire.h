@@ -13,7 +13,8 @@ enum CtlKind : int32_t {
   kClearToSend = 3,  // receiver -> sender: send the bytes over MPI under this tag
   kBye = 4,          // a rank stops
   kSplit = 5,        // receiver -> sender: write the second half to this address
-  kWritten = 6       // sender -> receiver: the second half is written (or not)
+  kWritten = 6,      // sender -> receiver: the second half is written (or not)
+  kDeviceClear = 7   // receiver -> sender: send a device message over the device link (and its id, when new)
 };
 
 }  // namespace commlib

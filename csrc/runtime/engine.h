@@ -133,6 +133,7 @@ class Engine : private CacheHost {
   // Wakes the background thread from its nap beside driving waiters (the
   // caller saw no driver left); takes queue_mu_.
   void wake_yielding();
+  void prepare_device_p2p(const commlib_request& q, P2PRequest& r);
   void start_p2p();  // one point-to-point step from a caller that does not wait
   bool leave();  // shutdown handshake; true when the loop may end
   // cycle(), in steps; each true when it did work.

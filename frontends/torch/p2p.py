@@ -23,12 +23,17 @@ The gradient of a message with tag ``t`` travels back with tag
 exchange. ``isend``/``irecv`` are not differentiable (pipelines that post
 their own gradient messages use them).
 
-CUDA tensors are staged through pinned host memory (cuda_staging): a send
-copies the tensor to the host (after the kernels queued on the current
-stream) and sends that; a receive into a CUDA ``out`` receives into a host
-buffer and copies it in; ``device=`` puts a received tensor of unknown shape
-on a device, and ``sendrecv`` and the autograd pairs keep their tensors on
-the device they came from. (Point-to-point through NCCL is not built.)
+CUDA tensors go through NCCL when it is usable (cuda_p2p): a send hands
+the core the tensor's device memory and current stream, and a receive in a
+process that can use NCCL takes a device message straight into device
+memory (a CUDA ``out``, or a new tensor on ``device``), a host message as
+before; senders and receivers may mix host and CUDA tensors. Without NCCL
+(or with COMMLIB_GPU_BACKEND=host) CUDA tensors are staged through pinned
+host memory (cuda_staging): a send copies the tensor to the host (after the
+kernels queued on the current stream) and sends that; a receive into a CUDA
+``out`` receives into a host buffer and copies it in. Either way ``device=``
+puts a received tensor of unknown shape on a device, and ``sendrecv`` and
+the autograd pairs keep their tensors on the device they came from.
 """
 from __future__ import annotations
 
@@ -40,7 +45,9 @@ from commlib.p2p import blocking_at, plain_peer_and_tag
 from commlib.pipeline.tags import check_forward_tag, gradient_tag
 from commlib.submit import NULL, address, shape_array
 
+from . import cuda_p2p
 from .cuda_staging import host_buffer, stage_in
+from .handles import synchronize
 from .mpi_ops import Handle, check_tensor
 from .tensor_io import core_code
 
@@ -108,7 +115,10 @@ def _receiver(out, what: str, device=None):
 def isend(tensor, dst, tag=0, process_set=None) -> Handle:
     """Starts sending ``tensor`` to job rank ``dst``; ``synchronize`` returns
     None once the receiver has taken it. Keep the tensor unchanged until then
-    (a CUDA tensor is copied to the host before this returns)."""
+    (a CUDA tensor staged through host memory is copied there before this
+    returns)."""
+    if cuda_p2p.is_nccl_tensor(tensor):
+        return cuda_p2p.isend(tensor, dst, tag, process_set)
     arr = _array(tensor, "isend")
     return Handle(_c.isend(arr, dst, tag, process_set), lambda _none: None, (tensor, arr))
 
@@ -117,6 +127,8 @@ def irecv(src, tag=0, out=None, process_set=None, device=None) -> Handle:
     """Starts receiving the next message from job rank ``src`` with ``tag``;
     ``synchronize`` returns ``out`` (filled in) or a new tensor of the
     message's dtype and shape (on ``device``, default the CPU)."""
+    if cuda_p2p.claiming():
+        return cuda_p2p.irecv(src, tag, out, process_set, device, lambda o: _array(o, "irecv"), _tensor)
     arr, finish = _receiver(out, "irecv", device)
     return Handle(_c.irecv(src, tag, arr, process_set), finish, (out, arr))
 
@@ -138,11 +150,15 @@ def _fast(send: bool, tensor, peer, tag, process_set) -> bool:
 
 
 def _send_now(tensor, dst, tag, process_set) -> None:
-    if not _fast(True, tensor, dst, tag, process_set):
+    if cuda_p2p.is_nccl_tensor(tensor):
+        synchronize(cuda_p2p.isend(tensor, dst, tag, process_set))
+    elif not _fast(True, tensor, dst, tag, process_set):
         _c.send(_array(tensor, "send"), dst, tag, process_set)
 
 
 def _recv_now(src, tag, out, process_set, device=None) -> torch.Tensor:
+    if cuda_p2p.claiming():
+        return synchronize(irecv(src, tag, out, process_set, device))
     if out is not None and device is None and _fast(False, out, src, tag, process_set):
         return out
     arr, finish = _receiver(out, "recv", device)
@@ -230,8 +246,15 @@ class _SendRecv(torch.autograd.Function):
 
 
 def _sendrecv_now(tensor, dst, src, send_tag, recv_tag, out, process_set) -> torch.Tensor:
-    payload = _array(tensor, "sendrecv")
     device = tensor.device if out is None and not tensor.is_cpu else None  # (back where it came from)
+    if cuda_p2p.claiming() or cuda_p2p.is_nccl_tensor(tensor):
+        check_tensor(tensor, "sendrecv")
+        r = irecv(src, recv_tag, out, process_set, device)
+        s = isend(tensor, dst, send_tag, process_set)
+        result = synchronize(r)
+        synchronize(s)
+        return result
+    payload = _array(tensor, "sendrecv")
     arr, finish = _receiver(out, "sendrecv", device)
     return finish(_c.sendrecv(payload, dst, src, send_tag, recv_tag, arr, process_set))
 

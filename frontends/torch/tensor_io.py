@@ -23,6 +23,14 @@ def core_code(dtype):
     return _CODE_OF.get(dtype)
 
 
+def torch_dtype(code: int):
+    """The torch dtype of a core dtype code (the inverse of core_code)."""
+    for dtype, c in _CODE_OF.items():
+        if c == code:
+            return dtype
+    raise TypeError(f"no torch dtype for the core's dtype code {code}")
+
+
 _SUPPORTED_NAMES = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
 _bf16 = None
 

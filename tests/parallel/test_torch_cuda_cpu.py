@@ -43,5 +43,5 @@ def test_nccl_reducible():
 @pytest.mark.parametrize("n", [2, 3])
 def test_point_to_point_staging_on_cpu(ranks, n):
     """send/recv/isend/irecv/sendrecv and their autograd pairs through the
-    host-staging steps CUDA tensors take (workers/torch_p2p_staging.py)."""
-    ranks(n, "torch_p2p_staging.py", timeout=120).assert_ok(n)
+    host-staging steps CUDA tensors take (workers/torch_p2p_cuda_paths.py)."""
+    ranks(n, "torch_p2p_cuda_paths.py", "staged", timeout=120).assert_ok(n)

@@ -126,7 +126,22 @@ typedef struct {
                              a NULL piece stands for that many zeros        */
   const int64_t* piece_elements;  /* elements of each piece (sum: the shape's) */
   int npieces;            /* 0: the input is `input`                         */
+  int p2p_flags;          /* recv into host memory: COMMLIB_P2P_MAY_CLAIM   */
+  int64_t p2p_claim;      /* CUDA recv: the claim id of the message (below)  */
 } commlib_request;
+
+/* Point-to-point on CUDA buffers (through NCCL): a send with device_type
+ * CUDA sends device memory. Its receiver must be a recv into host memory
+ * submitted with p2p_flags COMMLIB_P2P_MAY_CLAIM (through commlib_enqueue;
+ * out may be NULL with dtype and shape given): when the message it meets is
+ * a device message, it completes without data, and commlib_handle_claim
+ * gives the message's claim id (dtype and shape: commlib_handle_recv_info).
+ * The caller then enqueues a recv with device_type CUDA, its device, stream
+ * and output, and p2p_claim set to that id; the data moves device to device.
+ * A host message completes the may-claim recv as usual (claim id 0). Any
+ * other receive refuses a device message (both ends fail). */
+enum { COMMLIB_P2P_MAY_CLAIM = 1 };
+int64_t commlib_handle_claim(int64_t handle);
 
 /* Lifecycle. comm_handle is an MPI_Comm handle value (from mpi4py's
  * MPI._handleof) when has_comm != 0, else MPI_COMM_WORLD is used. */

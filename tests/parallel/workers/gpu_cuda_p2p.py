@@ -1,9 +1,11 @@
 """Run by tests/gpu/test_gpu_p2p.py on a GPU machine: commlib.torch's
-point-to-point on CUDA tensors (staged through pinned host memory) at 2 and
-4 ranks sharing the GPU: every dtype, unknown shapes, out= on the device,
-device=, isend/irecv, sendrecv, the autograd pairs, and a 2-stage pipeline
-schedule whose stages live on the GPU. Results are checked against the same
-exchange of CPU tensors. A ring: rank r sends to r+1, receives from r-1."""
+point-to-point on CUDA tensors at 2 and 4 ranks sharing the GPU, through
+NCCL (COMMLIB_GPU_BACKEND=auto) or staged through pinned host memory (host):
+every dtype, unknown shapes, out= on the device, device=, isend/irecv,
+sendrecv, the autograd pairs, host and CUDA tensors mixed on the two ends,
+and a 2-stage pipeline schedule whose stages live on the GPU. Results are
+checked against the same exchange of CPU tensors. A ring: rank r sends to
+r+1, receives from r-1."""
 import gpu_common  # noqa: F401  (sets the device up before anything touches CUDA)
 import torch
 
@@ -46,6 +48,20 @@ for salt, dtype in enumerate((torch.float32, torch.float16, torch.bfloat16, torc
         fail("irecv into a CUDA out did not return it")
     same(out, theirs, f"irecv {dtype} into a CUDA out")
     same(hvd.sendrecv(mine, right, left, send_tag=salt, recv_tag=salt), theirs, f"sendrecv {dtype}")
+
+# Host and CUDA tensors mixed: a CPU tensor into a device receive, a CUDA
+# tensor into a CPU out, and a large message (several NCCL chunks).
+mine, theirs = payload(r, torch.float32, 7, DEVICE), payload(left, torch.float32, 7, DEVICE)
+h = hvd.isend(mine.cpu(), right, tag=40)
+same(hvd.recv(left, tag=40, device=DEVICE), theirs, "a CPU tensor received on the device")
+hvd.synchronize(h)
+out = torch.zeros_like(theirs, device="cpu")
+h = hvd.isend(mine, right, tag=41)
+same(hvd.recv(left, tag=41, out=out), theirs.cpu(), "a CUDA tensor received into a CPU out")
+hvd.synchronize(h)
+big = torch.arange(1 << 24, device=DEVICE, dtype=torch.float32) + r
+same(hvd.sendrecv(big, right, left, send_tag=42, recv_tag=42), torch.arange(1 << 24, device=DEVICE,
+     dtype=torch.float32) + left, "a 64 MiB sendrecv")
 
 # Autograd pairs on the device.
 x = torch.ones(3, device=DEVICE, requires_grad=True)

@@ -1,14 +1,28 @@
 """commlib.torch's point-to-point on CUDA tensors, on CPU-only ranks: the
-host-staging steps CUDA tensors take (frontends/torch/p2p.py: a send copies
-the tensor to a pinned host tensor, a receive into a device `out` lands in a
-host buffer and is copied in, `device=` moves a new tensor) run here on CPU
-tensors by staging every tensor, and must give the direct path's results:
-every dtype, unknown shapes, out=, isend/irecv, sendrecv, the autograd pairs,
-and the errors. A ring: rank r sends to r+1 and receives from r-1."""
+steps CUDA tensors take run here on CPU tensors, and must give the direct
+path's results: every dtype, unknown shapes, out=, isend/irecv, sendrecv, the
+autograd pairs, and the errors. A ring: rank r sends to r+1 and receives
+from r-1.
+
+argv[1]:
+- staged: the host-staging steps (frontends/torch/p2p.py: a send copies the
+  tensor to a pinned host tensor, a receive into a device `out` lands in a
+  host buffer and is copied in, `device=` moves a new tensor), for every tensor;
+- nccl (run against the GPU emulator): the NCCL steps (frontends/torch/
+  cuda_p2p.py: every send hands the core "device" memory, every receive may
+  claim a device message and receives it into "device" memory), with the
+  emulator's NCCL moving the data; plus host messages from the numpy API into
+  those receives.
+"""
+import sys
+
+import numpy as np
 import torch
 
+import commlib
 import commlib.torch as hvd
-from commlib.torch import p2p
+from commlib import device_p2p
+from commlib.torch import cuda_p2p, p2p
 from _common import done, expect_raises, fail
 
 torch.set_num_threads(1)
@@ -22,15 +36,26 @@ _stage_in, _host_buffer = p2p.stage_in, p2p.host_buffer
 
 
 def counting(name, fn):
-    def run(t):
+    def run(*args, **kwargs):
         counts[name] += 1
-        return fn(t)
+        return fn(*args, **kwargs)
     return run
 
 
-p2p._staged = lambda t: True
-p2p.stage_in = counting("stage_in", _stage_in)
-p2p.host_buffer = counting("host_buffer", _host_buffer)
+mode = sys.argv[1]
+if mode == "staged":
+    p2p._staged = lambda t: True
+    p2p.stage_in = counting("stage_in", _stage_in)
+    p2p.host_buffer = counting("host_buffer", _host_buffer)
+else:  # every tensor stands for a CUDA tensor on device 0, its stream the emulator's stream 0
+    counts = {"isend_device": 0, "irecv_claimed": 0}
+    cuda_p2p.is_nccl_tensor = lambda t: isinstance(t, torch.Tensor)
+    cuda_p2p.claiming = lambda: True
+    cuda_p2p.device_index = lambda device: 0
+    cuda_p2p.stream_of = lambda device: 0
+    cuda_p2p.receive_device = lambda out, device: torch.device("cpu")
+    device_p2p.isend_device = counting("isend_device", device_p2p.isend_device)
+    device_p2p.irecv_claimed = counting("irecv_claimed", device_p2p.irecv_claimed)
 
 
 def same(got, want, what):
@@ -109,8 +134,18 @@ same(got.detach(), torch.full((3,), float(left + 1)), "differentiable sendrecv")
 (got * 10).sum().backward()
 same(x.grad, torch.full((3,), 10.0 * (r + 1)), "x.grad through sendrecv")
 
-if counts["stage_in"] == 0 or counts["host_buffer"] == 0:
-    fail(f"the staging steps did not run: {counts}")
+if mode == "nccl":
+    # Host messages (the numpy API) into receives that may claim device messages.
+    h = commlib.isend(np.arange(5.0) + r, right, tag=30)
+    same(hvd.recv(left, tag=30), torch.arange(5.0, dtype=torch.float64) + left, "a host message")
+    commlib.synchronize(h)
+    h = commlib.isend(np.arange(5.0) + r, right, tag=31)
+    out = torch.zeros(5, dtype=torch.float64)
+    same(hvd.synchronize(hvd.irecv(left, tag=31, out=out)), torch.arange(5.0, dtype=torch.float64) + left,
+         "a host message into out")
+    commlib.synchronize(h)
+if 0 in counts.values():
+    fail(f"the {mode} steps did not run: {counts}")
 
 # Errors: an out of the wrong size fails the receive (naming both) and the send
 # (naming the receiver); out= with device=; a device commlib cannot reach.
@@ -129,6 +164,6 @@ expect_raises(ValueError, lambda: hvd.recv(left, tag=22, device="meta"), "a meta
 expect_raises(ValueError, lambda: hvd.isend(torch.ones(2, device="meta"), right, tag=22), "a meta tensor",
               match="CPU and CUDA tensors only")
 hvd.barrier()
-print(f"rank {r}: staged {counts}", flush=True)
+print(f"rank {r}: {mode} {counts}", flush=True)
 done()
 hvd.shutdown()

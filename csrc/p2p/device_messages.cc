@@ -1,0 +1,113 @@
+// PointToPoint's device (CUDA) messages: claiming them, the device "clear
+// to send" and the hand-over to the device links (point_to_point.h).
+#include "common.h"
+#include "message.h"
+#include "p2p/point_to_point.h"
+#include "p2p/wire.h"
+
+namespace commlib {
+namespace {
+
+std::string where(int64_t tag, int process_set) {
+  std::string s = "tag " + std::to_string(tag);
+  if (process_set != 0) s += ", process set " + std::to_string(process_set);
+  return s;
+}
+
+}  // namespace
+
+DeviceLinks* PointToPoint::links() {
+  if (!links_) {
+    if (!make_links_) throw Error(COMMLIB_ERR_INTERNAL, "no device links for point-to-point");
+    links_ = make_links_([this](P2PRequest& r, int status, const std::string& message) {
+      complete(r, status, message);
+    });
+  }
+  return links_.get();
+}
+
+// A device message met a receive (whose dtype and size, if it has them, match).
+void PointToPoint::deliver_device(P2PRequest& r, Incoming& in) {
+  if (!r.may_claim) {
+    const std::string w = where(r.tag, r.process_set);
+    send_ack(in.source, in.seq, COMMLIB_ERR_VALUE,
+             "send to rank " + std::to_string(rank_) + " (" + w + ") failed: the message is in GPU memory, "
+             "and rank " + std::to_string(rank_) + "'s receive can only take host memory");
+    complete(r, COMMLIB_ERR_VALUE,
+             "recv from rank " + std::to_string(in.source) + " (" + w + "): the message is in GPU memory (a CUDA "
+             "tensor sent through NCCL), which this receive cannot take: receive it with commlib.torch in a process "
+             "that can use NCCL, or set COMMLIB_GPU_BACKEND=host on the sender (staged through host memory)");
+    return;
+  }
+  r.handle->dtype = in.dtype;
+  r.handle->shape = in.shape;
+  r.handle->p2p_claim = next_claim_++;
+  claimed_.emplace(r.handle->p2p_claim, std::move(in));
+  complete(r, COMMLIB_OK, "");
+}
+
+// A device receive of a claimed message: tell its sender to send, over the link.
+void PointToPoint::post_claimed(P2PRequest r) {
+  auto it = claimed_.find(r.claim);
+  if (it == claimed_.end()) {
+    return complete(r, COMMLIB_ERR_VALUE, "recv: no claimed device message " + std::to_string(r.claim) +
+                                              " (each claim is received once)");
+  }
+  Incoming in = std::move(it->second);
+  claimed_.erase(it);
+  r.peer = in.source;
+  const uint64_t nbytes = uint64_t(num_elements(r.shape)) * dtype_size(r.dtype);
+  r.handle->dtype = in.dtype;
+  r.handle->shape = in.shape;
+  std::string why;
+  if (departed_[size_t(in.source)]) {
+    why = "rank " + std::to_string(in.source) + " called shutdown() before this receive took its message";
+  } else if (nbytes != in.nbytes || r.dtype != in.dtype) {
+    why = "the device buffer holds " + std::to_string(nbytes) + " bytes of " + dtype_name(r.dtype) +
+          " but the message is " + std::to_string(in.nbytes) + " bytes of " + dtype_name(in.dtype);
+  } else if (nbytes == 0) {
+    send_ack(in.source, in.seq, COMMLIB_OK, "");
+    return complete(r, COMMLIB_OK, "");
+  }
+  std::string id;
+  if (why.empty()) {
+    try {
+      why = links()->receive(in.source, r, nbytes, &id);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  }
+  if (!why.empty()) {
+    const std::string w = where(r.tag, r.process_set);
+    if (!departed_[size_t(in.source)]) {
+      send_ack(in.source, in.seq, COMMLIB_ERR_VALUE, "send to rank " + std::to_string(rank_) + " (" + w +
+                                                         ") failed: its receiver could not take it: " + why);
+    }
+    return complete(r, COMMLIB_ERR_VALUE, "recv from rank " + std::to_string(in.source) + " (" + w + "): " + why);
+  }
+  Writer w;
+  w.put<int32_t>(kDeviceClear);
+  w.put<uint64_t>(in.seq);
+  w.put_string(id);
+  send_ctl(in.source, w.take());
+}
+
+// Sender: the receiver queued its end of a device message; queue ours.
+void PointToPoint::on_device_clear(int source, std::string_view msg) {
+  Reader rd(msg);
+  rd.get<int32_t>();
+  const uint64_t seq = rd.get<uint64_t>();
+  const std::string id = rd.get_string();
+  auto it = outgoing_.find({source, seq});
+  if (it == outgoing_.end()) return;  // failed here meanwhile (shutdown)
+  std::string why;
+  try {
+    why = links()->send(source, id, it->second.req, it->second.nbytes);
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  if (!why.empty()) complete(it->second.req, COMMLIB_ERR_INTERNAL, why);
+  outgoing_.erase(it);
+}
+
+}  // namespace commlib

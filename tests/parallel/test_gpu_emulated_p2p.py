@@ -1,0 +1,43 @@
+"""Point-to-point between device buffers through the core's NCCL links, on
+CPU against the GPU emulator (tests/gpu_emulator/build.py): a ring of every
+dtype in both directions at once, tags received out of order, one tag's
+order, a host message into a receive that may claim a device message, the
+refusals on both ends, a send that waits for its data on the caller's stream,
+and a stopped peer that ends a transfer by COMMLIB_TIMEOUT after which the
+two ranks go on. At 2 and 3 ranks. See tests/parallel/workers/gpu_emulated_p2p.py.
+Real GPUs: tests/gpu/test_gpu_p2p.py."""
+import time
+
+import pytest
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [2, 3])
+def test_device_messages_through_nccl_links(ranks, gpu_emulator, n):
+    ranks(n, "gpu_emulated_p2p.py", "exchange", timeout=240, env=gpu_emulator).assert_ok(n)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+def test_device_send_waits_for_the_callers_stream(ranks, gpu_emulator, n):
+    env = dict(gpu_emulator, COMMLIB_GPU_EMULATOR_DELAY_US="30000")
+    ranks(n, "gpu_emulated_p2p.py", "ordering", timeout=150, env=env).assert_ok(n)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+def test_stopped_peer_ends_a_device_transfer_by_the_timeout(ranks, gpu_emulator, n):
+    start = time.monotonic()
+    env = dict(gpu_emulator, COMMLIB_TIMEOUT="4")
+    ranks(n, "gpu_emulated_p2p.py", "frozen", timeout=150, env=env).assert_ok(n)
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+def test_torch_point_to_point_through_nccl_links(ranks, gpu_emulator, n):
+    """commlib.torch's NCCL steps (frontends/torch/cuda_p2p.py) on CPU tensors
+    standing for CUDA ones: send/recv, isend/irecv, out=, device=, sendrecv,
+    the autograd pairs, the errors, and host messages into its receives."""
+    pytest.importorskip("torch")
+    ranks(n, "torch_p2p_cuda_paths.py", "nccl", timeout=150, env=gpu_emulator).assert_ok(n)
