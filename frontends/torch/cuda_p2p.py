@@ -9,8 +9,9 @@ receive; a device message is then received straight into device memory (a
 CUDA ``out``, or a new tensor on ``device`` or the current CUDA device,
 moved to the host when the caller asked for a host tensor), while a host
 message is received as before. So senders and receivers may mix host and
-CUDA tensors freely. ``isend``/``irecv`` handles finish the device transfer
-in ``synchronize``.
+CUDA tensors freely. An ``irecv`` of a device message moves the data in
+``synchronize`` (``poll`` turns true once the message has been matched), and
+its sender's ``isend`` completes only then.
 
 The seams (which tensors take this path, the device, the stream) are
 functions here so that the same steps run on CPU tensors against the GPU
