@@ -102,9 +102,9 @@ class CommlibCuda:
         def send():
             self.c.synchronize(device_p2p.isend_device(x.data_ptr(), code, (count,), 1 - me, 7, **on))
 
-        def recv():
-            claimed = self.c.synchronize(device_p2p.irecv_or_claim(1 - me, 7))
-            self.c.synchronize(device_p2p.irecv_claimed(claimed, out.data_ptr(), **on))
+        def recv():  # (into memory of the message's size, as commlib.torch's recv(out=...))
+            self.c.synchronize(device_p2p.irecv_device(1 - me, 7, device_out=out.data_ptr(), dtype=code,
+                                                       shape=(count,), **on))
         return lambda: _ping_pong(me, send, recv, lambda: torch.cuda.synchronize(dev))
 
 

@@ -48,6 +48,14 @@ def dtype_code(dtype) -> int:
     return code
 
 
+def dtype_size(code: int) -> int:
+    """Bytes per element of one of the core's dtype codes."""
+    for name, c in _CODES.items():
+        if c == code:
+            return 2 if name == "bfloat16" else np.dtype(name).itemsize
+    raise ValueError(f"unknown dtype code {code}")
+
+
 def numpy_dtype(code: int) -> np.dtype:
     """The numpy dtype of one of the core's dtype codes (bfloat16 needs ml_dtypes)."""
     for name, c in _CODES.items():

@@ -199,14 +199,19 @@ int commlib_handle_recv_info(int64_t handle, int* dtype, int* ndim, int64_t* sha
   });
 }
 
-int64_t commlib_handle_claim(int64_t handle) {
-  int64_t claim = 0;
+int commlib_handle_p2p_result(int64_t handle, void** device_ptr) {
+  int where = 0;
   const int rc = guarded([&] {
     auto h = find_handle(handle);
     if (!h->done.load()) throw Error(COMMLIB_ERR_VALUE, "handle has not completed");
-    claim = h->p2p_claim;
+    *device_ptr = h->device_result;
+    where = h->device_result ? 2 : h->result ? 1 : 0;
   });
-  return rc ? -int64_t(rc) : claim;
+  return rc ? -rc : where;
+}
+
+int commlib_device_release(void* src, void* dst, int64_t bytes, int device, void* stream) {
+  return guarded([&] { Engine::get().release_device_result(src, dst, size_t(bytes < 0 ? 0 : bytes), device, stream); });
 }
 
 int commlib_add_process_set(const int32_t* ranks, int n, int64_t* handle) {

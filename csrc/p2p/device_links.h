@@ -27,10 +27,13 @@ class DeviceLinks {
   using Done = std::function<void(P2PRequest&, int status, const std::string& message)>;
   virtual ~DeviceLinks() = default;
 
-  // Receiver: queues r's receive of nbytes from source into r.out. Sets *id
-  // to the link's id when this starts a new link (else leaves it empty).
-  // Returns "" when queued (r was moved from), else why not (r untouched).
-  virtual std::string receive(int source, P2PRequest& r, uint64_t nbytes, std::string* id) = 0;
+  // Receiver: queues r's receive of nbytes from source into r.out (device
+  // memory of r.device), or, when r.out is null, into device memory it
+  // allocates (*allocated; the caller frees it, stream-ordered, once the
+  // receive completed). Sets *id to the link's id when this starts a new link
+  // (else leaves it empty). Returns "" when queued (r was moved from), else
+  // why not (r untouched).
+  virtual std::string receive(int source, P2PRequest& r, uint64_t nbytes, std::string* id, void** allocated) = 0;
   // Sender: queues r's send of nbytes from r.data to dest; a non-empty id
   // starts (or restarts) the link to dest. Returns as receive() does.
   virtual std::string send(int dest, const std::string& id, P2PRequest& r, uint64_t nbytes) = 0;

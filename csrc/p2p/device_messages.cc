@@ -1,5 +1,6 @@
-// PointToPoint's device (CUDA) messages: claiming them, the device "clear
-// to send" and the hand-over to the device links (point_to_point.h).
+// PointToPoint's device (CUDA) messages: a receive that takes one, the
+// device "clear to send" and the hand-over to the device links
+// (point_to_point.h).
 #include "common.h"
 #include "message.h"
 #include "p2p/point_to_point.h"
@@ -26,10 +27,11 @@ DeviceLinks* PointToPoint::links() {
   return links_.get();
 }
 
-// A device message met a receive (whose dtype and size, if it has them, match).
+// A device message met a receive (whose dtype and size, if it has them,
+// match): receive it over the device link from its sender.
 void PointToPoint::deliver_device(P2PRequest& r, Incoming& in) {
-  if (!r.may_claim) {
-    const std::string w = where(r.tag, r.process_set);
+  const std::string w = where(r.tag, r.process_set);
+  if (r.device < 0) {
     send_ack(in.source, in.seq, COMMLIB_ERR_VALUE,
              "send to rank " + std::to_string(rank_) + " (" + w + ") failed: the message is in GPU memory, "
              "and rank " + std::to_string(rank_) + "'s receive can only take host memory");
@@ -41,55 +43,30 @@ void PointToPoint::deliver_device(P2PRequest& r, Incoming& in) {
   }
   r.handle->dtype = in.dtype;
   r.handle->shape = in.shape;
-  r.handle->p2p_claim = next_claim_++;
-  claimed_.emplace(r.handle->p2p_claim, std::move(in));
-  complete(r, COMMLIB_OK, "");
-}
-
-// A device receive of a claimed message: tell its sender to send, over the link.
-void PointToPoint::post_claimed(P2PRequest r) {
-  auto it = claimed_.find(r.claim);
-  if (it == claimed_.end()) {
-    return complete(r, COMMLIB_ERR_VALUE, "recv: no claimed device message " + std::to_string(r.claim) +
-                                              " (each claim is received once)");
-  }
-  Incoming in = std::move(it->second);
-  claimed_.erase(it);
-  r.peer = in.source;
-  const uint64_t nbytes = uint64_t(num_elements(r.shape)) * dtype_size(r.dtype);
-  r.handle->dtype = in.dtype;
-  r.handle->shape = in.shape;
-  std::string why;
-  if (departed_[size_t(in.source)]) {
-    why = "rank " + std::to_string(in.source) + " called shutdown() before this receive took its message";
-  } else if (nbytes != in.nbytes || r.dtype != in.dtype) {
-    why = "the device buffer holds " + std::to_string(nbytes) + " bytes of " + dtype_name(r.dtype) +
-          " but the message is " + std::to_string(in.nbytes) + " bytes of " + dtype_name(in.dtype);
-  } else if (nbytes == 0) {
+  if (in.nbytes == 0) {
     send_ack(in.source, in.seq, COMMLIB_OK, "");
     return complete(r, COMMLIB_OK, "");
   }
-  std::string id;
-  if (why.empty()) {
-    try {
-      why = links()->receive(in.source, r, nbytes, &id);
-    } catch (const Error& e) {
-      why = e.what();
-    }
+  if (!r.out_on_device) r.out = nullptr;  // (the link allocates device memory for it)
+  HandleState& h = *r.handle;
+  std::string id, why;
+  void* allocated = nullptr;
+  try {
+    why = links()->receive(in.source, r, in.nbytes, &id, &allocated);
+  } catch (const Error& e) {
+    why = e.what();
   }
   if (!why.empty()) {
-    const std::string w = where(r.tag, r.process_set);
-    if (!departed_[size_t(in.source)]) {
-      send_ack(in.source, in.seq, COMMLIB_ERR_VALUE, "send to rank " + std::to_string(rank_) + " (" + w +
-                                                         ") failed: its receiver could not take it: " + why);
-    }
+    send_ack(in.source, in.seq, COMMLIB_ERR_VALUE, "send to rank " + std::to_string(rank_) + " (" + w +
+                                                       ") failed: its receiver could not take it: " + why);
     return complete(r, COMMLIB_ERR_VALUE, "recv from rank " + std::to_string(in.source) + " (" + w + "): " + why);
   }
-  Writer w;
-  w.put<int32_t>(kDeviceClear);
-  w.put<uint64_t>(in.seq);
-  w.put_string(id);
-  send_ctl(in.source, w.take());
+  h.device_result = allocated;
+  Writer msg;
+  msg.put<int32_t>(kDeviceClear);
+  msg.put<uint64_t>(in.seq);
+  msg.put_string(id);
+  send_ctl(in.source, msg.take());
 }
 
 // Sender: the receiver queued its end of a device message; queue ours.

@@ -56,13 +56,9 @@ void validate_p2p(const commlib_request& q, const std::vector<int>* members, int
   const bool cuda = q.device_type == COMMLIB_DEVICE_CUDA;
   if (q.device_type != COMMLIB_DEVICE_CPU && !cuda)
     throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": unknown device type " + std::to_string(q.device_type));
-  if (cuda && !send && q.p2p_claim <= 0) {
-    throw Error(COMMLIB_ERR_VALUE, "recv into CUDA memory: it needs the claim id of a device message that a "
-                                   "may-claim recv took (commlib_handle_claim)");
-  }
-  if (!cuda && q.p2p_claim != 0) throw Error(COMMLIB_ERR_VALUE, "recv of a claimed message: its buffer must be CUDA memory");
-  if ((q.p2p_flags & COMMLIB_P2P_MAY_CLAIM) && (send || cuda))
-    throw Error(COMMLIB_ERR_VALUE, "only a recv into host memory may claim a device message");
+  if (cuda && !send && !(q.p2p_flags & COMMLIB_P2P_TAKES_DEVICE))
+    throw Error(COMMLIB_ERR_VALUE, "recv into CUDA memory: set p2p_flags COMMLIB_P2P_TAKES_DEVICE");
+  if (send && q.p2p_flags) throw Error(COMMLIB_ERR_VALUE, "send: p2p_flags are a recv's");
   if (q.peer < 0 || q.peer >= size) {
     throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": " + peer + " " + std::to_string(q.peer) +
                                        " is outside the job (ranks 0.." + std::to_string(size - 1) + ")");
@@ -73,7 +69,7 @@ void validate_p2p(const commlib_request& q, const std::vector<int>* members, int
                                        ranks_str(*members));
   }
   if (q.tag < 0) throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": tag must be >= 0, got " + std::to_string(q.tag));
-  const bool has_buffer = send || q.output != nullptr || q.p2p_claim || (q.dtype >= 0 && (q.p2p_flags & COMMLIB_P2P_MAY_CLAIM));
+  const bool has_buffer = send || q.output != nullptr || (q.dtype >= 0 && q.p2p_flags);
   if (!has_buffer) return;  // a recv that learns dtype and shape from the message
   if (!is_valid_dtype(q.dtype)) throw Error(COMMLIB_ERR_TYPE, "unsupported dtype code " + std::to_string(q.dtype));
   if (q.ndim < 0 || q.ndim > kMaxDims || (q.ndim > 0 && !q.shape))
@@ -84,7 +80,7 @@ void validate_p2p(const commlib_request& q, const std::vector<int>* members, int
     n *= q.shape[i];
   }
   if (send && n > 0 && !q.input) throw Error(COMMLIB_ERR_VALUE, "send: data buffer is NULL");
-  if (cuda && !send && n > 0 && !q.output) throw Error(COMMLIB_ERR_VALUE, "recv: CUDA out buffer is NULL");
+
 }
 
 }  // namespace
@@ -133,16 +129,14 @@ std::shared_ptr<HandleState> Engine::queue_p2p(const commlib_request& q, bool ca
   r.peer = q.peer;
   r.tag = q.tag;
   r.process_set = q.process_set;
-  if (r.is_send || q.output || q.p2p_claim || (q.dtype >= 0 && (q.p2p_flags & COMMLIB_P2P_MAY_CLAIM))) {
+  if (r.is_send || q.output || (q.dtype >= 0 && q.p2p_flags)) {
     r.dtype = q.dtype;
     r.shape.assign(q.shape, q.shape + q.ndim);
   }
   r.data = q.input;
   r.out = q.output;
   r.caller_waits = caller_waits;
-  r.may_claim = (q.p2p_flags & COMMLIB_P2P_MAY_CLAIM) != 0;
-  r.claim = q.p2p_claim;
-  if (q.device_type == COMMLIB_DEVICE_CUDA) prepare_device_p2p(q, r);
+  if (q.device_type == COMMLIB_DEVICE_CUDA || (q.p2p_flags & COMMLIB_P2P_TAKES_DEVICE)) prepare_device_p2p(q, r);
   auto handle = std::make_shared<HandleState>();
   r.handle = handle;
   {
@@ -158,8 +152,9 @@ std::shared_ptr<HandleState> Engine::queue_p2p(const commlib_request& q, bool ca
   return handle;
 }
 
-// A send from, or a claimed receive into, CUDA memory: it runs through NCCL
-// once the caller's stream has reached this point.
+// A send from CUDA memory, or a receive that takes device messages (into
+// CUDA memory, or memory the core allocates on the device): the transfer runs
+// through NCCL once the caller's stream has reached this point.
 void Engine::prepare_device_p2p(const commlib_request& q, P2PRequest& r) {
   const char* what = r.is_send ? "send" : "recv";
   if (gpu_backend_ == GpuBackend::kHost) {
@@ -172,6 +167,7 @@ void Engine::prepare_device_p2p(const commlib_request& q, P2PRequest& r) {
                                        (libs->nccl.ok ? libs->cuda.error : libs->nccl.error));
   }
   r.device = q.device_id;
+  r.out_on_device = !r.is_send && q.device_type == COMMLIB_DEVICE_CUDA;
   r.ready = std::shared_ptr<void>(gpu::record_event(libs->cuda, q.device_id, q.stream), gpu::destroy_event);
 }
 

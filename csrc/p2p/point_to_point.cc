@@ -135,7 +135,6 @@ void PointToPoint::post(P2PRequest r, bool sender_waits) {
                                           (r.is_send ? "send to" : "recv from") + " it is possible");
     return;
   }
-  if (!r.is_send && r.claim) return post_claimed(std::move(r));
   if (!r.is_send) {
     const Key key{r.peer, r.process_set, r.tag};
     posted_[key].push_back(std::move(r));
@@ -319,7 +318,7 @@ void PointToPoint::deliver(P2PRequest& r, Incoming& in) {
     return;
   }
   if (in.on_device) return deliver_device(r, in);
-  char* dst = static_cast<char*>(r.out);
+  char* dst = r.out_on_device ? nullptr : static_cast<char*>(r.out);  // (a host message: host memory)
   if (!dst) dst = r.handle->alloc_result(size_t(in.nbytes));
   r.handle->dtype = in.dtype;
   r.handle->shape = std::move(in.shape);  // (what follows needs only its size)
@@ -463,7 +462,6 @@ void PointToPoint::fail_all(int code, const std::string& message) {
   for (Split& t : splits_) complete(t.req, code, message);
   splits_.clear();
   arrived_.clear();
-  claimed_.clear();
   if (links_) links_->fail_all(code, message);
 }
 

@@ -28,13 +28,14 @@
 // - A rank that shuts down tells every rank ("bye"); receives waiting for it
 //   and sends not yet taken by it then fail instead of hanging.
 // - Device (CUDA) messages (device_messages.cc): the header says the data is
-//   in device memory and carries no bytes or address. Only a receive that
-//   may claim one takes it: its handle completes with the message's dtype
-//   and shape and a claim id, and the caller then posts a receive of that
-//   claim into device memory of the right size. That receive goes out as a
-//   "device clear to send", and both ends move the data over a device link
-//   (device_links.h). Any other receive refuses a device message (both sides
-//   fail, naming the reason).
+//   in device memory and carries no bytes or address. A receive that takes
+//   device messages (it names a device) receives one into its device `out`,
+//   or into device memory the device links allocate: a "device clear to
+//   send" goes back, and both ends move the data over a device link
+//   (device_links.h), with no caller involved. Any other receive refuses a
+//   device message (both sides fail, naming the reason). A host message into
+//   a receive whose `out` is device memory lands in host memory the core
+//   allocates (the caller copies it over).
 //
 // Only the thread that owns communication (the engine's cycle) calls post(),
 // progress() and the rest; no locking inside.
@@ -75,12 +76,14 @@ struct P2PRequest {
   int64_t posted_us = 0;
   bool warned = false;
   bool caller_waits = false;  // a blocking send: its caller waits in the engine from now on
-  // Device (CUDA) buffers: data/out are device memory of `device`, ready once
-  // `ready` (an event on the caller's stream) is reached.
+  // Device (CUDA) buffers. A send: data is device memory of `device`. A
+  // receive: device messages land on `device` (-1: refused), in `out` when
+  // out_on_device, else in memory the device links allocate (owns_out).
+  // Either is ready once `ready` (an event on the caller's stream) is reached.
   int device = -1;
+  bool out_on_device = false;
+  bool owns_out = false;
   std::shared_ptr<void> ready;
-  bool may_claim = false;  // a host receive that may claim a device message
-  int64_t claim = 0;       // a device receive of the message with this claim id
 };
 
 class PointToPoint {
@@ -172,7 +175,6 @@ class PointToPoint {
   void send_ack(int peer, uint64_t seq, int status, const std::string& message);
   // device_messages.cc
   void deliver_device(P2PRequest& r, Incoming& in);
-  void post_claimed(P2PRequest r);
   void on_device_clear(int source, std::string_view msg);
   DeviceLinks* links();
   bool test_data();
@@ -200,8 +202,6 @@ class PointToPoint {
   std::unique_ptr<P2PLanes> lanes_;
   bool poll_mpi_ = true;  // some peer's control messages come through MPI
   int64_t last_stall_check_us_ = 0;
-  std::map<int64_t, Incoming> claimed_;  // device messages claimed, by claim id
-  int64_t next_claim_ = 1;
   std::function<std::unique_ptr<DeviceLinks>(DeviceLinks::Done)> make_links_;
   std::unique_ptr<DeviceLinks> links_;
 };

@@ -102,6 +102,9 @@ class Engine : private CacheHost {
   // members, run by the caller with the engine's communication lock held:
   // no collective of the set may be in flight (diagnostics and tests).
   void nccl_unique_id(int process_set, uint8_t out[128]);
+  // commlib_device_release: copies a received device message out of the
+  // core's device memory (dst null: no copy) and frees it, on stream.
+  void release_device_result(void* src, void* dst, size_t bytes, int device, void* stream);
 
   void set_fusion_threshold(int64_t bytes);
   int64_t fusion_threshold() const { return fusion_threshold_.load(); }

@@ -172,6 +172,22 @@ void Engine::abandon_gpu(int code, const std::string& message) {
   }
 }
 
+void Engine::release_device_result(void* src, void* dst, size_t bytes, int device, void* stream) {
+  const gpu::GpuLibs* libs = gpu::loaded_gpu_libs();
+  if (!libs || !libs->cuda.ok) throw Error(COMMLIB_ERR_VALUE, "no CUDA runtime is loaded");
+  gpu::DeviceGuard on(libs->cuda, device);
+  auto s = static_cast<gpu::cudaStream>(stream);
+  if (dst && bytes) {
+    gpu::check_cuda(libs->cuda, libs->cuda.memcpy_async(dst, src, bytes, gpu::kCudaMemcpyDeviceToDevice, s),
+                    "cudaMemcpyAsync (a received message)");
+  }
+  if (libs->cuda.free_async) {
+    gpu::check_cuda(libs->cuda, libs->cuda.free_async(src, s), "cudaFreeAsync (a received message)");
+  } else {
+    gpu::check_cuda(libs->cuda, libs->cuda.free(src), "cudaFree (a received message)");
+  }
+}
+
 void Engine::nccl_unique_id(int process_set, uint8_t out[128]) {
   if (!running_.load()) throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
   const gpu::GpuLibs* libs = gpu::loaded_gpu_libs();

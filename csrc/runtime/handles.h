@@ -40,7 +40,7 @@ struct HandleState {
   // recv: the message's dtype and shape
   int dtype = -1;
   std::vector<int64_t> shape;
-  int64_t p2p_claim = 0;  // a may-claim recv that took a device message: its claim id
+  void* device_result = nullptr;  // recv: a device message in device memory the core allocated
   int64_t id = 0;  // in the HandleTable
   // CUDA collectives (runtime/gpu_engine.cc): once launched on the device,
   // the launch's completion event (a caller's stream may wait on it). A

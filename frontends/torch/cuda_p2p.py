@@ -4,25 +4,23 @@ frontends/torch/p2p.py.
 A send of a CUDA tensor hands the core its device pointer and the current
 stream: the core's link waits on the device for the kernels queued before
 the send, and the handle completes once the data reached the receiver. A
-receive in a process that can use NCCL first matches the message like any
-receive; a device message is then received straight into device memory (a
-CUDA ``out``, or a new tensor on ``device`` or the current CUDA device,
-moved to the host when the caller asked for a host tensor), while a host
-message is received as before. So senders and receivers may mix host and
-CUDA tensors freely. An ``irecv`` of a device message moves the data in
-``synchronize`` (``poll`` turns true once the message has been matched), and
-its sender's ``isend`` completes only then.
+receive in a process that can use NCCL names the CUDA device device messages
+land on (a CUDA ``out``'s, a CUDA ``device``, or the current one): into a
+CUDA ``out`` directly, else into device memory the core allocates, copied
+into a new tensor (or a host ``out``) on the current stream when the handle
+is synchronized; a host message is received as before. So senders and
+receivers may mix host and CUDA tensors freely, and both ends progress in
+the background (an ``irecv`` moves its data before it is synchronized).
 
 The seams (which tensors take this path, the device, the stream) are
 functions here so that the same steps run on CPU tensors against the GPU
-emulator (tests/parallel/workers/torch_p2p_emulated.py).
+emulator (tests/parallel/workers/torch_p2p_cuda_paths.py).
 """
 from __future__ import annotations
 
 import torch
 
 from commlib import device_p2p, gpu
-from commlib.handle import synchronize
 
 from .handles import Handle
 from .tensor_io import check_tensor, core_code, torch_dtype
@@ -33,14 +31,19 @@ def is_nccl_tensor(t) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == "cuda" and gpu.cuda_path() == "nccl"
 
 
-_claims: list = []
+_takes: list = []
 
 
-def claiming() -> bool:
+def takes_device_messages() -> bool:
     """Whether this process's receives take device messages (CUDA and NCCL usable)."""
-    if not _claims:
-        _claims.append(torch.cuda.is_available() and gpu.cuda_path() == "nccl")
-    return _claims[0]
+    if not _takes:
+        _takes.append(torch.cuda.is_available() and gpu.cuda_path() == "nccl")
+    return _takes[0]
+
+
+def is_device_out(t: torch.Tensor) -> bool:
+    """Whether a receive's ``out`` is device memory the message can land in."""
+    return t.device.type == "cuda"
 
 
 def device_index(device: torch.device) -> int:
@@ -68,44 +71,44 @@ def isend(tensor, dst, tag, process_set) -> Handle:
     return Handle(h, lambda _none: None, (tensor, t))
 
 
+def copied(device: torch.device) -> None:
+    """Called after a copy out of the core's device memory was queued on
+    ``device``'s current stream: nothing to do for CUDA tensors (later work
+    on the stream, and torch's host reads, are ordered after it)."""
+
+
 def irecv(src, tag, out, process_set, device, host_view, to_tensor) -> Handle:
     """A receive that takes host and device messages. host_view(out): the
     numpy view of a host ``out``; to_tensor(array, device): a host message as
     a tensor on ``device`` (None: the CPU)."""
-    arr, code, shape = None, -1, None
-    if device is not None and out is None:
+    if out is not None and device is not None:
+        raise ValueError("irecv: pass either out= or device=, not both (out's device is used)")
+    if device is not None:
         check_tensor(torch.empty(0, device=device), "irecv")  # (a device commlib can reach)
-    if out is not None:
-        if device is not None:
-            raise ValueError("irecv: pass either out= or device=, not both (out's device is used)")
-        check_tensor(out, "irecv", inplace=True)
-        if out.device.type == "cpu":
-            arr = host_view(out)
-        else:
-            code, shape = core_code(out.dtype), tuple(out.shape)
-    core = device_p2p.irecv_or_claim(src, tag, out=arr, process_set=process_set, dtype=code, shape=shape)
+    arr = None
+    on_device = out is not None and is_device_out(check_tensor(out, "irecv", inplace=True))
+    if out is not None and not on_device:
+        arr = host_view(out)
+    on = receive_device(out, device)
+    kw = {}
+    if on_device:
+        kw = {"device_out": out.data_ptr() if out.numel() else 0, "dtype": core_code(out.dtype),
+              "shape": tuple(out.shape), "keepalive": out}
+    core = device_p2p.irecv_device(src, tag, process_set, device=device_index(on), stream=stream_of(on),
+                                   host_out=arr, **kw)
 
     def finish(got):
-        if isinstance(got, device_p2p.Claimed):
-            return _take(got, out, device)
+        if isinstance(got, device_p2p.DeviceMessage):
+            buf = torch.empty(got.shape, dtype=torch_dtype(got.dtype), device=on)
+            device_p2p.release(got, buf.data_ptr() if buf.numel() else 0, stream=stream_of(on))
+            copied(on)
+            if out is not None:
+                out.copy_(buf.view(out.shape))
+                return out
+            return buf.to(device if device is not None else "cpu")
         if out is None:
             return to_tensor(got, device)
-        if arr is None:  # (a host message into a device out)
+        if on_device and got is not None:  # (a host message into a CUDA out)
             out.copy_(to_tensor(got, None).view(out.shape))
         return out
     return Handle(core, finish, (out, arr))
-
-
-def _take(claimed, out, device):
-    """Receives a claimed device message into out, or a new tensor on device."""
-    on = receive_device(out, device)
-    direct = out is not None and out.device == on and out.is_contiguous()
-    buf = out if direct else torch.empty(claimed.shape, dtype=torch_dtype(claimed.dtype), device=on)
-    synchronize(device_p2p.irecv_claimed(claimed, buf.data_ptr() if buf.numel() else 0, device=device_index(on),
-                                         stream=stream_of(on), keepalive=buf))
-    if out is None:
-        return buf.to(device if device is not None else "cpu")
-    if not direct:
-        out.copy_(buf.view(out.shape))
-    return out
-

@@ -127,7 +127,7 @@ def irecv(src, tag=0, out=None, process_set=None, device=None) -> Handle:
     """Starts receiving the next message from job rank ``src`` with ``tag``;
     ``synchronize`` returns ``out`` (filled in) or a new tensor of the
     message's dtype and shape (on ``device``, default the CPU)."""
-    if cuda_p2p.claiming():
+    if cuda_p2p.takes_device_messages():
         return cuda_p2p.irecv(src, tag, out, process_set, device, lambda o: _array(o, "irecv"), _tensor)
     arr, finish = _receiver(out, "irecv", device)
     return Handle(_c.irecv(src, tag, arr, process_set), finish, (out, arr))
@@ -157,7 +157,7 @@ def _send_now(tensor, dst, tag, process_set) -> None:
 
 
 def _recv_now(src, tag, out, process_set, device=None) -> torch.Tensor:
-    if cuda_p2p.claiming():
+    if cuda_p2p.takes_device_messages():
         return synchronize(irecv(src, tag, out, process_set, device))
     if out is not None and device is None and _fast(False, out, src, tag, process_set):
         return out
@@ -247,7 +247,7 @@ class _SendRecv(torch.autograd.Function):
 
 def _sendrecv_now(tensor, dst, src, send_tag, recv_tag, out, process_set) -> torch.Tensor:
     device = tensor.device if out is None and not tensor.is_cpu else None  # (back where it came from)
-    if cuda_p2p.claiming() or cuda_p2p.is_nccl_tensor(tensor):
+    if cuda_p2p.takes_device_messages() or cuda_p2p.is_nccl_tensor(tensor):
         check_tensor(tensor, "sendrecv")
         r = irecv(src, recv_tag, out, process_set, device)
         s = isend(tensor, dst, send_tag, process_set)

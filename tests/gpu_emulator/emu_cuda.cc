@@ -253,6 +253,30 @@ int cudaMemcpyAsync(void* dst, const void* src, size_t bytes, int, void* stream)
   return 0;
 }
 
+// Stream-ordered allocation: the memory is there at once (usable by the
+// stream's later work), and freed when the stream reaches the free.
+int cudaMallocAsync(void** ptr, size_t bytes, void*) { return cudaMalloc(ptr, bytes); }
+
+int cudaFreeAsync(void* ptr, void* stream) {
+  if (!ptr) return 0;
+  size_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(emu::registry_mu());
+    auto it = emu::allocations().find(ptr);
+    if (it == emu::allocations().end()) return 1;
+    bytes = it->second;
+  }
+  emu::stream_of(stream)->push([ptr, bytes] {
+    {
+      std::lock_guard<std::mutex> lock(emu::registry_mu());
+      emu::allocations().erase(ptr);
+    }
+    std::memset(ptr, 0xDD, bytes);  // (a read after the free sees garbage)
+    std::free(ptr);
+  });
+  return 0;
+}
+
 int cudaMemsetAsync(void* dst, int value, size_t bytes, void* stream) {
   emu::stream_of(stream)->push([=] { std::memset(dst, value, bytes); });
   return 0;

@@ -1,8 +1,9 @@
 """Point-to-point between device buffers through the core's NCCL links, on
 CPU against the GPU emulator (tests/gpu_emulator/build.py): a ring of every
-dtype in both directions at once, tags received out of order, one tag's
-order, a host message into a receive that may claim a device message, the
-refusals on both ends, a send that waits for its data on the caller's stream,
+dtype in both directions at once (into device memory of the right size and
+into the core's), sends synchronized before their receives, tags
+synchronized out of order, one tag's order, host messages into receives that
+take device messages, the refusals on both ends, a send that waits for its data on the caller's stream,
 and a stopped peer that ends a transfer by COMMLIB_TIMEOUT after which the
 two ranks go on. At 2 and 3 ranks. See tests/parallel/workers/gpu_emulated_p2p.py.
 Real GPUs: tests/gpu/test_gpu_p2p.py."""

@@ -80,6 +80,8 @@ using FnCudaMalloc = cudaError (*)(void**, size_t);
 using FnCudaFree = cudaError (*)(void*);
 using FnCudaMemcpyAsync = cudaError (*)(void*, const void*, size_t, int, cudaStream);
 using FnCudaMemsetAsync = cudaError (*)(void*, int, size_t, cudaStream);
+using FnCudaMallocAsync = cudaError (*)(void**, size_t, cudaStream);  // CUDA >= 11.2
+using FnCudaFreeAsync = cudaError (*)(void*, cudaStream);
 
 }  // namespace gpu
 }  // namespace commlib

@@ -113,7 +113,10 @@ bool bind_cuda(void* h, CudaRuntime& c, std::string* missing) {
   sym(h, "cudaFree", &c.free, missing);
   sym(h, "cudaMemcpyAsync", &c.memcpy_async, missing);
   sym(h, "cudaMemsetAsync", &c.memset_async, missing);
-  return missing->empty();
+  const bool ok = missing->empty();
+  c.malloc_async = reinterpret_cast<FnCudaMallocAsync>(dlsym(h, "cudaMallocAsync"));  // (optional)
+  c.free_async = reinterpret_cast<FnCudaFreeAsync>(dlsym(h, "cudaFreeAsync"));
+  return ok;
 }
 
 // The process's CUDA runtime (already loaded first), or why there is none.

@@ -61,6 +61,10 @@ struct CudaRuntime {
   FnCudaFree free = nullptr;
   FnCudaMemcpyAsync memcpy_async = nullptr;
   FnCudaMemsetAsync memset_async = nullptr;
+  // Stream-ordered allocation (optional: null before CUDA 11.2, when
+  // point-to-point falls back to cudaMalloc/cudaFree).
+  FnCudaMallocAsync malloc_async = nullptr;
+  FnCudaFreeAsync free_async = nullptr;
 };
 
 struct GpuLibs {

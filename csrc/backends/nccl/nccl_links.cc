@@ -61,7 +61,7 @@ class NcclLinks final : public DeviceLinks {
     for (auto& [key, l] : links_) close(*l, l->flights.empty() && l->queued.empty() && !l->init);
   }
 
-  std::string receive(int source, P2PRequest& r, uint64_t nbytes, std::string* id) override {
+  std::string receive(int source, P2PRequest& r, uint64_t nbytes, std::string* id, void** allocated) override {
     Link* l = find(source, false);
     try {
       if (!l) {
@@ -71,10 +71,18 @@ class NcclLinks final : public DeviceLinks {
         l = open(source, false, r.device, u);
         id->assign(u.internal, sizeof(u.internal));
       }
+      if (l->device != r.device) return device_clash(*l, r);
+      if (!r.out) {
+        DeviceGuard on(libs_.cuda, l->device);
+        const cudaError rc = libs_.cuda.malloc_async ? libs_.cuda.malloc_async(&r.out, nbytes, l->stream)
+                                                     : libs_.cuda.malloc(&r.out, nbytes);
+        check_cuda(libs_.cuda, rc, "allocating " + std::to_string(nbytes) + " bytes of device memory for a message");
+        r.owns_out = true;
+        *allocated = r.out;
+      }
     } catch (const Error& e) {
       return e.what();
     }
-    if (l->device != r.device) return device_clash(*l, r);
     l->queued.push_back(Queued{std::move(r), nbytes});
     return "";
   }
@@ -260,16 +268,29 @@ class NcclLinks final : public DeviceLinks {
     l.flights.push_back(std::move(f));
   }
 
-  // Completes every request of l with code: message, and closes l.
+  // Completes every request of l with code: message (device memory it
+  // allocated for them is freed after the abort), and closes l.
   void fail(Link& l, int code, const std::string& message) {
-    close(l, false);
+    if (l.comm) libs_.nccl.comm_abort(l.comm);
+    l.comm = nullptr;
+    auto release = [&](P2PRequest& r) {
+      if (!r.owns_out || !r.out) return;
+      if (l.stream && libs_.cuda.free_async) libs_.cuda.free_async(r.out, l.stream);
+      r.handle->device_result = nullptr;  // (the caller gets the error, not the memory)
+      r.out = nullptr;
+    };
     for (Flight& f : l.flights) {
       libs_.cuda.event_destroy(f.finished);
+      release(f.req);
       done_(f.req, code, what_of(f.req) + ": " + message);
     }
     l.flights.clear();
-    for (Queued& q : l.queued) done_(q.req, code, what_of(q.req) + ": " + message);
+    for (Queued& q : l.queued) {
+      release(q.req);
+      done_(q.req, code, what_of(q.req) + ": " + message);
+    }
     l.queued.clear();
+    close(l, false);
   }
 
   // Destroys l's communicator (aborts it unless clean) and stream.

@@ -126,22 +126,30 @@ typedef struct {
                              a NULL piece stands for that many zeros        */
   const int64_t* piece_elements;  /* elements of each piece (sum: the shape's) */
   int npieces;            /* 0: the input is `input`                         */
-  int p2p_flags;          /* recv into host memory: COMMLIB_P2P_MAY_CLAIM   */
-  int64_t p2p_claim;      /* CUDA recv: the claim id of the message (below)  */
+  int p2p_flags;          /* recv: COMMLIB_P2P_TAKES_DEVICE (below)          */
 } commlib_request;
 
-/* Point-to-point on CUDA buffers (through NCCL): a send with device_type
- * CUDA sends device memory. Its receiver must be a recv into host memory
- * submitted with p2p_flags COMMLIB_P2P_MAY_CLAIM (through commlib_enqueue;
- * out may be NULL with dtype and shape given): when the message it meets is
- * a device message, it completes without data, and commlib_handle_claim
- * gives the message's claim id (dtype and shape: commlib_handle_recv_info).
- * The caller then enqueues a recv with device_type CUDA, its device, stream
- * and output, and p2p_claim set to that id; the data moves device to device.
- * A host message completes the may-claim recv as usual (claim id 0). Any
- * other receive refuses a device message (both ends fail). */
-enum { COMMLIB_P2P_MAY_CLAIM = 1 };
-int64_t commlib_handle_claim(int64_t handle);
+/* Point-to-point on CUDA buffers (through NCCL). A send with device_type
+ * CUDA sends device memory of device_id, once the work queued on `stream`
+ * before it is done. A recv takes such a device message only when it is
+ * submitted (through commlib_enqueue) with p2p_flags COMMLIB_P2P_TAKES_DEVICE
+ * and the CUDA device_id and stream the message should land on: into output
+ * when device_type is CUDA (output is then device memory; dtype and shape are
+ * output's), else into device memory the core allocates (stream-ordered). A
+ * host message into such a recv lands in output when that is host memory,
+ * else in host memory the core allocates. commlib_handle_p2p_result says
+ * where a completed recv's message went. A recv without the flag refuses a
+ * device message (both ends fail, saying why). */
+enum { COMMLIB_P2P_TAKES_DEVICE = 1 };
+/* 0: into the recv's output (or nothing to move); 1: host memory the core
+ * allocated (dtype and shape: commlib_handle_recv_info); 2: device memory the
+ * core allocated, at *device_ptr, to be handed back with
+ * commlib_device_release. */
+int commlib_handle_p2p_result(int64_t handle, void** device_ptr);
+/* Queues on `stream` (of `device`) a device-to-device copy of bytes from src
+ * (device memory of commlib_handle_p2p_result) to dst (none when dst is
+ * NULL), then src's release. */
+int commlib_device_release(void* src, void* dst, int64_t bytes, int device, void* stream);
 
 /* Lifecycle. comm_handle is an MPI_Comm handle value (from mpi4py's
  * MPI._handleof) when has_comm != 0, else MPI_COMM_WORLD is used. */

@@ -7,15 +7,17 @@ stream. Every received message is checked against what its sender made.
 argv[1]:
 - exchange: a ring of every dtype and several sizes, each rank sending to the
   next and receiving from the previous at once (at 2 ranks both directions of
-  a pair at once); tags received out of their sending order; one tag's
-  messages in order; a host message into a may-claim receive; the refusals
-  (a device message into a plain receive, a receive of the wrong size) on
-  both ends;
+  a pair at once), into device memory of the right size and into the core's
+  (copied out with release); sends synchronized before the receives (both
+  ends progress in the background); tags synchronized out of their sending
+  order; one tag's messages in order; host messages into receives that take
+  device messages; the refusals (a device message into a plain receive, a
+  receive of the wrong size) on both ends;
 - ordering (run with COMMLIB_GPU_EMULATOR_DELAY_US): the sender's data is
   written by an asynchronous copy on its stream just before the send is
   submitted; the receiver must get it;
 - frozen (run with COMMLIB_TIMEOUT): the last rank is stopped (SIGSTOP) after
-  posting a send to rank 0, which then claims and receives it: rank 0's
+  posting a send to rank 0, which then receives it: rank 0's
   receive fails with CollectiveTimeoutError naming the last rank within the
   timeout + 10 s; resumed, the last rank's send fails too (its link was
   aborted by rank 0), and a new message between them goes through.
@@ -57,16 +59,33 @@ def dsend(arr, dst, tag):
                                    device=0, stream=0, keepalive=arr)
 
 
-def claim(src, tag, **kw):
-    got = synchronize(device_p2p.irecv_or_claim(src, tag, **kw))
-    if not isinstance(got, device_p2p.Claimed):
-        fail(f"a device message from {src} (tag {tag}) was not claimed: got {type(got).__name__}")
-    return got
+def drecv(src, tag, **kw):
+    return device_p2p.irecv_device(src, tag, device=0, stream=0, **kw)
 
 
-def take(claimed):
-    out = np.full(claimed.shape, 7, numpy_dtype(claimed.dtype))
-    synchronize(device_p2p.irecv_claimed(claimed, out.ctypes.data if out.size else 0, device=0, keepalive=out))
+def copy_out(got):
+    """A message in the core's "device" memory, copied into a new array (and freed)."""
+    if isinstance(got, np.ndarray) and got.size == 0:
+        return got  # (a message of no bytes: nothing moved)
+    if not isinstance(got, device_p2p.DeviceMessage):
+        fail(f"a device message arrived as {type(got).__name__}, not in the core's device memory")
+    out = np.full(got.shape, 7, numpy_dtype(got.dtype))
+    device_p2p.release(got, out.ctypes.data if out.size else 0, stream=0)
+    EMULATOR.cudaStreamSynchronize(ctypes.c_void_p(0))  # (the copy runs on stream 0)
+    return out
+
+
+def take(src, tag):
+    return copy_out(synchronize(drecv(src, tag)))
+
+
+def take_into(src, tag, shape, dtype):
+    """A receive into "device" memory of the message's size."""
+    out = np.full(shape, 7, dtype)
+    got = synchronize(drecv(src, tag, device_out=out.ctypes.data, dtype=dtype_code(out.dtype), shape=out.shape,
+                            keepalive=out))
+    if got is not None:
+        fail(f"a device message into device_out returned {type(got).__name__}")
     return out
 
 
@@ -76,31 +95,41 @@ def test_ring():
         for shape in ((5, 3), (), (0,), (1 << 20,)):
             mine = data(shape, dtype, salt, r)
             s = dsend(mine, nxt, tag=salt)
-            got = take(claim(prv, salt))
+            if salt % 2 and int(np.prod(shape)):
+                got = take_into(prv, salt, shape, dtype)
+            else:
+                got = take(prv, salt)
             synchronize(s)
             check_equal(got, data(shape, dtype, salt, prv), f"{dtype} {shape} from rank {prv}")
+    # Sends synchronized first: the receives move their data in the background.
+    for size in (10, 1 << 18):
+        s = dsend(np.full(size, r, np.int32), nxt, tag=90)
+        h = drecv(prv, 90)
+        synchronize(s)
+        check_equal(copy_out(synchronize(h)), np.full(size, prv, np.int32), f"a send synchronized first ({size})")
 
 
 def test_tag_order():
     """Rank 0 sends tags 1, 2, 3 (and four messages of tag 4) to rank 1,
-    which claims 3, 1, 2 and receives their data in the order 2, 3, 1."""
+    which posts receives for 3, 1, 2 and synchronizes them as 2, 3, 1."""
     if r == 0:
         hs = [dsend(np.full(10 * t, t, np.int64), 1, t) for t in (1, 2, 3)]
         hs += [dsend(np.full(8, 40 + i, np.float32), 1, 4) for i in range(4)]
         for h in hs:
             synchronize(h)
     elif r == 1:
-        c = {t: claim(0, t) for t in (3, 1, 2)}
+        posted = {t: drecv(0, t) for t in (3, 1, 2)}
         for t in (2, 3, 1):
-            check_equal(take(c[t]), np.full(10 * t, t, np.int64), f"tag {t} received out of order")
+            check_equal(copy_out(synchronize(posted[t])), np.full(10 * t, t, np.int64), f"tag {t} out of order")
         for i in range(4):
-            check_equal(take(claim(0, 4)), np.full(8, 40 + i, np.float32), f"message {i} of tag 4")
+            check_equal(take_into(0, 4, (8,), np.float32), np.full(8, 40 + i, np.float32), f"message {i} of tag 4")
 
 
 def test_host_and_refusals():
     if r == 0:
-        commlib.send(np.arange(6.0), 1, tag=20)  # a host message into a may-claim receive
+        commlib.send(np.arange(6.0), 1, tag=20)  # a host message into a receive that takes device messages
         commlib.send(np.arange(4, dtype=np.int32), 1, tag=21)
+        commlib.send(np.arange(5), 1, tag=24)
         e = expect_raises(ValueError, lambda: synchronize(dsend(np.ones(3, np.float32), 1, 22)),
                           "a device message into a plain receive (sender)")
         if "GPU memory" not in str(e):
@@ -110,18 +139,21 @@ def test_host_and_refusals():
         if "float32 [4]" not in str(e) and "[4]" not in str(e):
             fail(f"the sender's error does not name the message: {e}")
     elif r == 1:
-        got = synchronize(device_p2p.irecv_or_claim(0, 20))
-        check_equal(got, np.arange(6.0), "a host message into a may-claim receive")
+        got = synchronize(drecv(0, 20))
+        check_equal(got, np.arange(6.0), "a host message into a receive that takes device messages")
         out = np.zeros(4, np.int32)
-        got = synchronize(device_p2p.irecv_or_claim(0, 21, out=out))
+        got = synchronize(drecv(0, 21, host_out=out))
         if got is not out:
-            fail("a may-claim receive with out did not return out")
-        check_equal(out, np.arange(4, dtype=np.int32), "a host message into out")
+            fail("a receive with host_out did not return it")
+        check_equal(out, np.arange(4, dtype=np.int32), "a host message into host_out")
+        dev = np.zeros(5, np.int64)
+        got = synchronize(drecv(0, 24, device_out=dev.ctypes.data, dtype=dtype_code(dev.dtype), shape=dev.shape))
+        check_equal(got, np.arange(5), "a host message into a receive with device_out (in host memory)")
         e = expect_raises(ValueError, lambda: commlib.recv(0, tag=22), "a device message into a plain receive")
         if "COMMLIB_GPU_BACKEND=host" not in str(e):
             fail(f"the receiver's error does not say what to do: {e}")
-        expect_raises(ValueError, lambda: synchronize(device_p2p.irecv_or_claim(
-            0, 23, dtype=dtype_code(np.float32), shape=(3,))), "a may-claim receive of the wrong size")
+        expect_raises(ValueError, lambda: synchronize(drecv(0, 23, dtype=dtype_code(np.float32), shape=(3,))),
+                      "a receive of the wrong size")
     commlib.barrier()
 
 
@@ -142,7 +174,7 @@ def test_ordering():
         for _ in range(3):
             copy_on_stream(x, src)  # (x is ready after 3 delayed tasks)
         s = dsend(x, nxt, i)
-        got = take(claim(prv, i))
+        got = take(prv, i)
         synchronize(s)
         check_equal(got, np.full(size, float(prv + 1 + i), np.float32), f"a message written on the stream ({size})")
 
@@ -161,12 +193,12 @@ def test_frozen():
         print(f"rank {r}: the stopped rank's send: {e}", flush=True)
         synchronize(dsend(x + 3, 0, 3))
     elif r == 0:
-        check_equal(take(claim(last, 1)), x, "the first message")
+        check_equal(take(last, 1), x, "the first message")
         commlib.barrier()
         stop_process(int(pids[last]))
         start = time.monotonic()
-        c = claim(last, 2)  # (its header came before the stop)
-        e = expect_raises(commlib.CollectiveTimeoutError, lambda: take(c), f"a receive from the stopped rank {last}")
+        e = expect_raises(commlib.CollectiveTimeoutError, lambda: take(last, 2),
+                          f"a receive from the stopped rank {last}")  # (its header came before the stop)
         took = time.monotonic() - start
         os.kill(int(pids[last]), 18)  # SIGCONT
         if took > timeout + 10:
@@ -175,7 +207,7 @@ def test_frozen():
             if part not in str(e):
                 fail(f"the error does not name {part}: {e}")
         print(f"rank 0: the receive from the stopped rank: {e}", flush=True)
-        check_equal(take(claim(last, 3)), x + 3, "a message after the timeout (a new link)")
+        check_equal(take(last, 3), x + 3, "a message after the timeout (a new link)")
     else:
         commlib.barrier()
         time.sleep(timeout + 3)  # (so that its last barrier does not time out while rank 0 waits out its receive)

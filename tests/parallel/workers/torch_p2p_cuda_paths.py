@@ -9,11 +9,15 @@ argv[1]:
   tensor to a pinned host tensor, a receive into a device `out` lands in a
   host buffer and is copied in, `device=` moves a new tensor), for every tensor;
 - nccl (run against the GPU emulator): the NCCL steps (frontends/torch/
-  cuda_p2p.py: every send hands the core "device" memory, every receive may
-  claim a device message and receives it into "device" memory), with the
-  emulator's NCCL moving the data; plus host messages from the numpy API into
-  those receives.
+  cuda_p2p.py: every send hands the core "device" memory, every receive
+  takes device messages: an `out` of even size stands for a CUDA tensor and
+  the message lands in it, one of odd size for a host tensor and the message
+  lands in the core's "device" memory and is copied over, as for a new
+  tensor), with the emulator's NCCL moving the data; plus host messages from
+  the numpy API into those receives.
 """
+import ctypes
+import os
 import sys
 
 import numpy as np
@@ -48,14 +52,18 @@ if mode == "staged":
     p2p.stage_in = counting("stage_in", _stage_in)
     p2p.host_buffer = counting("host_buffer", _host_buffer)
 else:  # every tensor stands for a CUDA tensor on device 0, its stream the emulator's stream 0
-    counts = {"isend_device": 0, "irecv_claimed": 0}
+    counts = {"isend_device": 0, "irecv_device": 0, "release": 0}
+    emulator = ctypes.CDLL(os.environ["COMMLIB_NCCL_LIBRARY"])
     cuda_p2p.is_nccl_tensor = lambda t: isinstance(t, torch.Tensor)
-    cuda_p2p.claiming = lambda: True
+    cuda_p2p.takes_device_messages = lambda: True
+    cuda_p2p.is_device_out = lambda t: t.numel() % 2 == 0
     cuda_p2p.device_index = lambda device: 0
     cuda_p2p.stream_of = lambda device: 0
     cuda_p2p.receive_device = lambda out, device: torch.device("cpu")
-    device_p2p.isend_device = counting("isend_device", device_p2p.isend_device)
-    device_p2p.irecv_claimed = counting("irecv_claimed", device_p2p.irecv_claimed)
+    # (a CUDA tensor's host read waits for its stream; the emulator's stream 0 is waited for here)
+    cuda_p2p.copied = lambda device: emulator.cudaStreamSynchronize(ctypes.c_void_p(0))
+    for name in counts:
+        setattr(device_p2p, name, counting(name, getattr(device_p2p, name)))
 
 
 def same(got, want, what):
