@@ -34,6 +34,9 @@ class DeviceLinks {
   // (else leaves it empty). Returns "" when queued (r was moved from), else
   // why not (r untouched).
   virtual std::string receive(int source, P2PRequest& r, uint64_t nbytes, std::string* id, void** allocated) = 0;
+  // A device message from this rank to itself: queues a copy of send's data
+  // into recv.out (allocated as receive() does when null) that completes both.
+  virtual std::string copy_local(P2PRequest& recv, P2PRequest& send, uint64_t nbytes, void** allocated) = 0;
   // Sender: queues r's send of nbytes from r.data to dest; a non-empty id
   // starts (or restarts) the link to dest. Returns as receive() does.
   virtual std::string send(int dest, const std::string& id, P2PRequest& r, uint64_t nbytes) = 0;

@@ -48,6 +48,7 @@ void PointToPoint::deliver_device(P2PRequest& r, Incoming& in) {
     return complete(r, COMMLIB_OK, "");
   }
   if (!r.out_on_device) r.out = nullptr;  // (the link allocates device memory for it)
+  if (in.source == rank_) return deliver_to_self(r, in);
   HandleState& h = *r.handle;
   std::string id, why;
   void* allocated = nullptr;
@@ -67,6 +68,28 @@ void PointToPoint::deliver_device(P2PRequest& r, Incoming& in) {
   msg.put<uint64_t>(in.seq);
   msg.put_string(id);
   send_ctl(in.source, msg.take());
+}
+
+// A device message from this rank to itself: one copy on the device (an NCCL
+// communicator cannot have two ranks on one device), completing both ends.
+void PointToPoint::deliver_to_self(P2PRequest& r, Incoming& in) {
+  auto it = outgoing_.find({rank_, in.seq});
+  if (it == outgoing_.end()) return complete(r, COMMLIB_ERR_INTERNAL, "recv from this rank: its send is gone");
+  HandleState& h = *r.handle;
+  void* allocated = nullptr;
+  std::string why;
+  try {
+    why = links()->copy_local(r, it->second.req, in.nbytes, &allocated);
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  if (why.empty()) {
+    h.device_result = allocated;
+  } else {
+    complete(it->second.req, COMMLIB_ERR_VALUE, "send to this rank itself (" + where(r.tag, r.process_set) + "): " + why);
+    complete(r, COMMLIB_ERR_VALUE, "recv from this rank itself (" + where(r.tag, r.process_set) + "): " + why);
+  }
+  outgoing_.erase(it);
 }
 
 // Sender: the receiver queued its end of a device message; queue ours.

@@ -80,7 +80,6 @@ void validate_p2p(const commlib_request& q, const std::vector<int>* members, int
     n *= q.shape[i];
   }
   if (send && n > 0 && !q.input) throw Error(COMMLIB_ERR_VALUE, "send: data buffer is NULL");
-
 }
 
 }  // namespace

@@ -119,6 +119,11 @@ void PointToPoint::complete(P2PRequest& r, int status, const std::string& messag
 }
 
 void PointToPoint::send_ctl(int peer, std::string bytes, const void* extra, size_t n) {
+  if (peer == rank_) {  // (a message to this rank itself: no lane, and MPI may not be polled)
+    if (n) bytes.append(static_cast<const char*>(extra), n);
+    to_self_.push_back(std::move(bytes));
+    return;
+  }
   if (lanes_ && lanes_->reaches(peer)) {
     lanes_->send(peer, std::move(bytes), extra, n);  // (a fresh segment each session: no stamp)
     return;
@@ -166,6 +171,12 @@ void PointToPoint::post(P2PRequest r, bool sender_waits) {
 }
 
 bool PointToPoint::poll_ctl() {
+  if (!to_self_.empty()) {
+    const std::string msg = std::move(to_self_.front());
+    to_self_.pop_front();
+    dispatch(rank_, msg);
+    return true;
+  }
   int source = 0;
   std::string_view view;
   if (lanes_ && lanes_->peek(&source, &view)) {
@@ -462,6 +473,7 @@ void PointToPoint::fail_all(int code, const std::string& message) {
   for (Split& t : splits_) complete(t.req, code, message);
   splits_.clear();
   arrived_.clear();
+  to_self_.clear();
   if (links_) links_->fail_all(code, message);
 }
 

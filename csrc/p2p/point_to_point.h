@@ -175,6 +175,7 @@ class PointToPoint {
   void send_ack(int peer, uint64_t seq, int status, const std::string& message);
   // device_messages.cc
   void deliver_device(P2PRequest& r, Incoming& in);
+  void deliver_to_self(P2PRequest& r, Incoming& in);
   void on_device_clear(int source, std::string_view msg);
   DeviceLinks* links();
   bool test_data();
@@ -200,6 +201,7 @@ class PointToPoint {
   std::list<Split> splits_;
   PendingSends ctl_sends_;
   std::unique_ptr<P2PLanes> lanes_;
+  std::deque<std::string> to_self_;  // control messages this rank sent itself
   bool poll_mpi_ = true;  // some peer's control messages come through MPI
   int64_t last_stall_check_us_ = 0;
   std::function<std::unique_ptr<DeviceLinks>(DeviceLinks::Done)> make_links_;

@@ -62,7 +62,7 @@ using FnNcclRedOpDestroy = ncclResult (*)(int, ncclComm);
 // ---- CUDA runtime ----
 using cudaError = int;  // cudaError_t
 enum : int { kCudaSuccess = 0, kCudaErrorNotReady = 600 };
-enum : int { kCudaMemcpyDeviceToDevice = 3 };
+enum : int { kCudaMemcpyDeviceToDevice = 3, kCudaMemcpyDefault = 4 };
 enum : unsigned { kCudaStreamNonBlocking = 1, kCudaEventDisableTiming = 2 };
 
 using FnCudaInt = cudaError (*)(int*);  // cudaRuntimeGetVersion, cudaGetDevice, cudaGetDeviceCount

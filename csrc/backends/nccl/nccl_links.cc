@@ -25,15 +25,18 @@ struct InitCall {  // one ncclCommInitRank on its helper thread
 struct Queued {
   P2PRequest req;
   uint64_t nbytes = 0;
+  std::unique_ptr<P2PRequest> partner;  // a local copy's send (req is its receive)
 };
 
 struct Flight {
   P2PRequest req;
+  std::unique_ptr<P2PRequest> partner;
   cudaEvent finished = nullptr;
   int64_t launched_us = 0;
 };
 
 struct Link {
+  bool local = false;  // copies within this process (messages to itself): no communicator
   int peer = 0;
   bool sends = false;  // this rank is the link's rank 0 (sender)
   int device = -1;
@@ -72,18 +75,32 @@ class NcclLinks final : public DeviceLinks {
         id->assign(u.internal, sizeof(u.internal));
       }
       if (l->device != r.device) return device_clash(*l, r);
-      if (!r.out) {
-        DeviceGuard on(libs_.cuda, l->device);
-        const cudaError rc = libs_.cuda.malloc_async ? libs_.cuda.malloc_async(&r.out, nbytes, l->stream)
-                                                     : libs_.cuda.malloc(&r.out, nbytes);
-        check_cuda(libs_.cuda, rc, "allocating " + std::to_string(nbytes) + " bytes of device memory for a message");
-        r.owns_out = true;
-        *allocated = r.out;
-      }
+      if (!r.out) allocate(*l, r, nbytes, allocated);
     } catch (const Error& e) {
       return e.what();
     }
-    l->queued.push_back(Queued{std::move(r), nbytes});
+    l->queued.push_back(Queued{std::move(r), nbytes, nullptr});
+    return "";
+  }
+
+  std::string copy_local(P2PRequest& recv, P2PRequest& send, uint64_t nbytes, void** allocated) override {
+    const int key = -1 - recv.device;  // (one local link per device)
+    Link* l = find(key, false);
+    try {
+      if (!l) {
+        auto made = std::make_unique<Link>();
+        made->local = true;
+        made->peer = key;
+        made->device = recv.device;
+        made->stream = new_stream(recv.device);
+        l = made.get();
+        links_[{key, false}] = std::move(made);
+      }
+      if (!recv.out) allocate(*l, recv, nbytes, allocated);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    l->queued.push_back(Queued{std::move(recv), nbytes, std::make_unique<P2PRequest>(std::move(send))});
     return "";
   }
 
@@ -105,7 +122,7 @@ class NcclLinks final : public DeviceLinks {
     }
     if (!l) return "rank " + std::to_string(dest) + " cleared a send over an NCCL link this rank no longer has";
     if (l->device != r.device) return device_clash(*l, r);
-    l->queued.push_back(Queued{std::move(r), nbytes});
+    l->queued.push_back(Queued{std::move(r), nbytes, nullptr});
     return "";
   }
 
@@ -147,19 +164,32 @@ class NcclLinks final : public DeviceLinks {
            " (point-to-point between two ranks uses one device per rank)";
   }
 
+  cudaStream new_stream(int device) {
+    DeviceGuard on(libs_.cuda, device);
+    int least = 0, greatest = 0;
+    check_cuda(libs_.cuda, libs_.cuda.get_stream_priority_range(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+    cudaStream s = nullptr;
+    check_cuda(libs_.cuda, libs_.cuda.stream_create_with_priority(&s, kCudaStreamNonBlocking, greatest),
+               "cudaStreamCreateWithPriority");
+    return s;
+  }
+
+  // Device memory for r's message, from the stream-ordered allocator on l's stream.
+  void allocate(Link& l, P2PRequest& r, uint64_t nbytes, void** allocated) {
+    DeviceGuard on(libs_.cuda, l.device);
+    const cudaError rc = libs_.cuda.malloc_async ? libs_.cuda.malloc_async(&r.out, nbytes, l.stream)
+                                                 : libs_.cuda.malloc(&r.out, nbytes);
+    check_cuda(libs_.cuda, rc, "allocating " + std::to_string(nbytes) + " bytes of device memory for a message");
+    r.owns_out = true;
+    *allocated = r.out;
+  }
+
   Link* open(int peer, bool sends, int device, const NcclUniqueId& id) {
     auto l = std::make_unique<Link>();
     l->peer = peer;
     l->sends = sends;
     l->device = device;
-    {
-      DeviceGuard on(libs_.cuda, device);
-      int least = 0, greatest = 0;
-      check_cuda(libs_.cuda, libs_.cuda.get_stream_priority_range(&least, &greatest),
-                 "cudaDeviceGetStreamPriorityRange");
-      check_cuda(libs_.cuda, libs_.cuda.stream_create_with_priority(&l->stream, kCudaStreamNonBlocking, greatest),
-                 "cudaStreamCreateWithPriority");
-    }
+    l->stream = new_stream(device);
     l->init = std::make_shared<InitCall>();
     l->started_us = now_us();
     std::thread([call = l->init, nccl = &libs_.nccl, cuda = &libs_.cuda, id, device, rank = sends ? 0 : 1] {
@@ -195,12 +225,13 @@ class NcclLinks final : public DeviceLinks {
         l.progress_us = now;
         *moved = true;
         done_(f.req, COMMLIB_OK, "");
+        if (f.partner) done_(*f.partner, COMMLIB_OK, "");
       }
     } catch (const Error& e) {
       fail(l, COMMLIB_ERR_INTERNAL, e.what());
       return false;
     }
-    if (l.flights.empty()) return true;
+    if (l.flights.empty() || l.local) return true;
     ncclResult err = kNcclSuccess;
     const ncclResult rc = libs_.nccl.comm_get_async_error(l.comm, &err);
     if (rc != kNcclSuccess || (err != kNcclSuccess && err != kNcclInProgress)) {
@@ -246,12 +277,15 @@ class NcclLinks final : public DeviceLinks {
 
   void launch(Link& l, Queued& q, int64_t now) {
     DeviceGuard on(libs_.cuda, l.device);
-    if (q.req.ready) {
-      check_cuda(libs_.cuda,
-                 libs_.cuda.stream_wait_event(l.stream, static_cast<cudaEvent>(q.req.ready.get()), 0),
+    for (const P2PRequest* r : {&q.req, q.partner.get()}) {
+      if (!r || !r->ready) continue;
+      check_cuda(libs_.cuda, libs_.cuda.stream_wait_event(l.stream, static_cast<cudaEvent>(r->ready.get()), 0),
                  "cudaStreamWaitEvent (point-to-point)");
     }
-    if (l.sends) {
+    if (l.local) {
+      check_cuda(libs_.cuda, libs_.cuda.memcpy_async(q.req.out, q.partner->data, q.nbytes, kCudaMemcpyDefault, l.stream),
+                 "cudaMemcpyAsync (a message to this rank itself)");
+    } else if (l.sends) {
       check_nccl(libs_.nccl, libs_.nccl.send(q.req.data, q.nbytes, kNcclUint8, 1, l.comm, l.stream), "ncclSend");
     } else {
       check_nccl(libs_.nccl, libs_.nccl.recv(q.req.out, q.nbytes, kNcclUint8, 0, l.comm, l.stream), "ncclRecv");
@@ -265,6 +299,7 @@ class NcclLinks final : public DeviceLinks {
     if (l.flights.empty()) l.progress_us = now;
     f.launched_us = now;
     f.req = std::move(q.req);
+    f.partner = std::move(q.partner);
     l.flights.push_back(std::move(f));
   }
 
@@ -283,11 +318,13 @@ class NcclLinks final : public DeviceLinks {
       libs_.cuda.event_destroy(f.finished);
       release(f.req);
       done_(f.req, code, what_of(f.req) + ": " + message);
+      if (f.partner) done_(*f.partner, code, what_of(*f.partner) + ": " + message);
     }
     l.flights.clear();
     for (Queued& q : l.queued) {
       release(q.req);
       done_(q.req, code, what_of(q.req) + ": " + message);
+      if (q.partner) done_(*q.partner, code, what_of(*q.partner) + ": " + message);
     }
     l.queued.clear();
     close(l, false);

@@ -8,7 +8,7 @@ argv[1]:
 - exchange: a ring of every dtype and several sizes, each rank sending to the
   next and receiving from the previous at once (at 2 ranks both directions of
   a pair at once), into device memory of the right size and into the core's
-  (copied out with release); sends synchronized before the receives (both
+  (copied out with release); messages to the rank itself; sends synchronized before the receives (both
   ends progress in the background); tags synchronized out of their sending
   order; one tag's messages in order; host messages into receives that take
   device messages; the refusals (a device message into a plain receive, a
@@ -101,6 +101,13 @@ def test_ring():
                 got = take(prv, salt)
             synchronize(s)
             check_equal(got, data(shape, dtype, salt, prv), f"{dtype} {shape} from rank {prv}")
+    # To itself: one copy on the device (no NCCL communicator), both landing places.
+    for i, shape in enumerate(((6,), (1 << 16,))):
+        mine = data(shape, np.float32, 50 + i, r)
+        s = dsend(mine, r, tag=60 + i)
+        got = take_into(r, 60 + i, shape, np.float32) if i else take(r, 60 + i)
+        synchronize(s)
+        check_equal(got, mine, f"a device message to itself {shape}")
     # Sends synchronized first: the receives move their data in the background.
     for size in (10, 1 << 18):
         s = dsend(np.full(size, r, np.int32), nxt, tag=90)

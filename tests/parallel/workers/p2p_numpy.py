@@ -1,7 +1,7 @@
 """Point-to-point on every rank, checked against numpy: every dtype and size
 (eager and rendezvous), unknown shapes, tags out of order, FIFO per tag,
 simultaneous exchange, 1000 outstanding isends, a receive posted before its
-send, interleaving with collectives and process sets, and the error paths
+send, messages to the rank itself, interleaving with collectives and process sets, and the error paths
 that raise before or while a message moves."""
 from __future__ import annotations
 
@@ -70,6 +70,18 @@ def simultaneous_exchange():
                 check_equal(commlib.recv(src=p, tag=5), np.full(shape, p, dtype=np.int64), f"exchange {shape} from {p}")
         for h in hs:
             commlib.synchronize(h)
+
+
+def to_itself():
+    """A rank's messages to itself: header-carried, read in one copy, split
+    between two copiers, and a sendrecv with itself (these once hung: no
+    shared-memory lane leads to the rank itself, and MPI was not polled)."""
+    for size in (3, 70000, 600000):
+        h = commlib.isend(np.full(size, me, dtype=np.float32), dst=me, tag=13)
+        check_equal(commlib.recv(src=me, tag=13), np.full(size, me, dtype=np.float32), f"to itself ({size})")
+        commlib.synchronize(h)
+    got = commlib.sendrecv(np.arange(5) + me, dst=me, src=me, send_tag=14, recv_tag=14)
+    check_equal(got, np.arange(5) + me, "sendrecv with itself")
 
 
 def many_outstanding_isends():
@@ -158,6 +170,7 @@ every_dtype_and_shape()
 variable_shapes()
 tags_out_of_order_and_fifo()
 simultaneous_exchange()
+to_itself()
 many_outstanding_isends()
 mixed_sizes_in_order()
 receive_posted_first()
