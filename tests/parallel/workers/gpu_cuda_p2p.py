@@ -2,7 +2,8 @@
 point-to-point on CUDA tensors at 2 and 4 ranks sharing the GPU, through
 NCCL (COMMLIB_GPU_BACKEND=auto) or staged through pinned host memory (host):
 every dtype, unknown shapes, out= on the device, device=, isend/irecv,
-sendrecv, the autograd pairs, host and CUDA tensors mixed on the two ends,
+sendrecv, the autograd pairs, host and CUDA tensors mixed on the two ends, a
+message to the rank itself,
 and a 2-stage pipeline schedule whose stages live on the GPU. Results are
 checked against the same exchange of CPU tensors. A ring: rank r sends to
 r+1, receives from r-1."""
@@ -58,6 +59,9 @@ hvd.synchronize(h)
 out = torch.zeros_like(theirs, device="cpu")
 h = hvd.isend(mine, right, tag=41)
 same(hvd.recv(left, tag=41, out=out), theirs.cpu(), "a CUDA tensor received into a CPU out")
+hvd.synchronize(h)
+h = hvd.isend(mine, r, tag=43)  # (to itself: one copy on the device)
+same(hvd.recv(r, tag=43, device=DEVICE), mine, "a CUDA tensor sent to the rank itself")
 hvd.synchronize(h)
 big = torch.arange(1 << 24, device=DEVICE, dtype=torch.float32) + r
 same(hvd.sendrecv(big, right, left, send_tag=42, recv_tag=42), torch.arange(1 << 24, device=DEVICE,
