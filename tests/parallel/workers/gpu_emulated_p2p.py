@@ -19,8 +19,9 @@ argv[1]:
 - frozen (run with COMMLIB_TIMEOUT): the last rank is stopped (SIGSTOP) after
   posting a send to rank 0, which then receives it: rank 0's
   receive fails with CollectiveTimeoutError naming the last rank within the
-  timeout + 10 s; resumed, the last rank's send fails too (its link was
-  aborted by rank 0), and a new message between them goes through.
+  timeout + 10 s; resumed, the last rank's send ends (failed, its link having
+  been aborted by rank 0, or complete), and a new message between them goes
+  through.
 """
 import ctypes
 import os
@@ -196,8 +197,14 @@ def test_frozen():
         h = dsend(x + 1, 0, 2)
         commlib.barrier()
         time.sleep(1)  # (stopped here by rank 0, resumed after its receive failed)
-        e = expect_raises(commlib.CommlibError, lambda: synchronize(h), "the stopped rank's send")
-        print(f"rank {r}: the stopped rank's send: {e}", flush=True)
+        # Its send ends, failed (its link sees the partner's abort) or complete
+        # (NCCL may complete a send whose data it took in; under load the
+        # emulator did so about once in twelve runs): either way it does not hang.
+        try:
+            synchronize(h)
+            print(f"rank {r}: the stopped rank's send completed", flush=True)
+        except commlib.CommlibError as e:
+            print(f"rank {r}: the stopped rank's send: {e}", flush=True)
         synchronize(dsend(x + 3, 0, 3))
     elif r == 0:
         check_equal(take(last, 1), x, "the first message")
