@@ -7,15 +7,6 @@
 #include "p2p/wire.h"
 
 namespace commlib {
-namespace {
-
-std::string where(int64_t tag, int process_set) {
-  std::string s = "tag " + std::to_string(tag);
-  if (process_set != 0) s += ", process set " + std::to_string(process_set);
-  return s;
-}
-
-}  // namespace
 
 DeviceLinks* PointToPoint::links() {
   if (!links_) {
@@ -30,7 +21,7 @@ DeviceLinks* PointToPoint::links() {
 // A device message met a receive (whose dtype and size, if it has them,
 // match): receive it over the device link from its sender.
 void PointToPoint::deliver_device(P2PRequest& r, Incoming& in) {
-  const std::string w = where(r.tag, r.process_set);
+  const std::string w = tag_str(r.tag, r.process_set);
   if (r.device < 0) {
     send_ack(in.source, in.seq, COMMLIB_ERR_VALUE,
              "send to rank " + std::to_string(rank_) + " (" + w + ") failed: the message is in GPU memory, "
@@ -86,8 +77,9 @@ void PointToPoint::deliver_to_self(P2PRequest& r, Incoming& in) {
   if (why.empty()) {
     h.device_result = allocated;
   } else {
-    complete(it->second.req, COMMLIB_ERR_VALUE, "send to this rank itself (" + where(r.tag, r.process_set) + "): " + why);
-    complete(r, COMMLIB_ERR_VALUE, "recv from this rank itself (" + where(r.tag, r.process_set) + "): " + why);
+    const std::string w = tag_str(r.tag, r.process_set);
+    complete(it->second.req, COMMLIB_ERR_VALUE, "send to this rank itself (" + w + "): " + why);
+    complete(r, COMMLIB_ERR_VALUE, "recv from this rank itself (" + w + "): " + why);
   }
   outgoing_.erase(it);
 }

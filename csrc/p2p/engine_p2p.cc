@@ -101,10 +101,8 @@ void Engine::init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, size_t 
                                         });
   p2p_->set_device_links([this](DeviceLinks::Done done) {
     const gpu::GpuLibs* libs = gpu_libs(true);
-    if (!libs->nccl.ok || !libs->cuda.ok) {
-      throw Error(COMMLIB_ERR_VALUE, "point-to-point on CUDA buffers needs NCCL: " +
-                                         (libs->nccl.ok ? libs->cuda.error : libs->nccl.error));
-    }
+    const std::string why = gpu::unusable_reason(*libs);
+    if (!why.empty()) throw Error(COMMLIB_ERR_VALUE, "point-to-point on CUDA buffers needs NCCL: " + why);
     return gpu::make_nccl_links(*libs, timeout_us_, std::move(done));
   });
 }
@@ -161,9 +159,9 @@ void Engine::prepare_device_p2p(const commlib_request& q, P2PRequest& r) {
                                                        "stages CUDA tensors through host memory)");
   }
   const gpu::GpuLibs* libs = gpu_libs(true);
-  if (!libs->nccl.ok || !libs->cuda.ok) {
-    throw Error(COMMLIB_ERR_VALUE, std::string(what) + " of CUDA memory needs NCCL and the CUDA runtime: " +
-                                       (libs->nccl.ok ? libs->cuda.error : libs->nccl.error));
+  const std::string why = gpu::unusable_reason(*libs);
+  if (!why.empty()) {
+    throw Error(COMMLIB_ERR_VALUE, std::string(what) + " of CUDA memory needs NCCL and the CUDA runtime: " + why);
   }
   r.device = q.device_id;
   r.out_on_device = !r.is_send && q.device_type == COMMLIB_DEVICE_CUDA;

@@ -27,12 +27,6 @@ std::string describe(int dtype, const std::vector<int64_t>& shape) {
   return std::string(dtype_name(dtype)) + " " + shape_str(shape);
 }
 
-std::string tag_str(int64_t tag, int process_set) {
-  std::string s = "tag " + std::to_string(tag);
-  if (process_set != 0) s += ", process set " + std::to_string(process_set);
-  return s;
-}
-
 // Posts MPI sends or receives of `bytes` bytes in pieces under one tag (MPI
 // keeps one tag's messages between two ranks in order).
 std::vector<MPI_Request> post_pieces(bool send, char* buf, uint64_t bytes, int peer, int tag,
@@ -60,6 +54,12 @@ bool all_done(std::vector<MPI_Request>& reqs) {
 }
 
 }  // namespace
+
+std::string tag_str(int64_t tag, int process_set) {
+  std::string s = "tag " + std::to_string(tag);
+  if (process_set != 0) s += ", process set " + std::to_string(process_set);
+  return s;
+}
 
 PointToPoint::PointToPoint(MPI_Comm comm, std::vector<pid_t> host_pids, size_t eager_bytes,
                            size_t split_bytes, std::unique_ptr<P2PLanes> lanes, Completion done)

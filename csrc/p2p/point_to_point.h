@@ -86,6 +86,9 @@ struct P2PRequest {
   std::shared_ptr<void> ready;
 };
 
+// "tag 3" or "tag 3, process set 2": where a message is, in error messages.
+std::string tag_str(int64_t tag, int process_set);
+
 class PointToPoint {
  public:
   // Completes a request's handle (the engine's bookkeeping included).

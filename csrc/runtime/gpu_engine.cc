@@ -98,11 +98,8 @@ void Engine::prepare_stand_ins(std::vector<Entry>& taken) {
     throw Error(COMMLIB_ERR_INTERNAL, who + ", but it knows no CUDA device: it ran no CUDA collective and join() "
                                             "named none (commlib.torch.join() passes the current one)");
   }
-  const gpu::GpuLibs* libs = gpu_libs(true);
-  if (!libs->nccl.ok || !libs->cuda.ok) {
-    throw Error(COMMLIB_ERR_INTERNAL, who + ", but NCCL is not usable here: " +
-                                          (libs->nccl.ok ? libs->cuda.error : libs->nccl.error));
-  }
+  const std::string why = gpu::unusable_reason(*gpu_libs(true));
+  if (!why.empty()) throw Error(COMMLIB_ERR_INTERNAL, who + ", but NCCL is not usable here: " + why);
   for (Entry& e : taken)
     if (e.stand_in) e.device_id = device;
 }

@@ -62,30 +62,25 @@ DeviceGuard::~DeviceGuard() {
 NcclComm::NcclComm(const GpuLibs& libs, int device, int rank, int size)
     : libs_(libs), device_(device), rank_(rank), size_(size) {}
 
-namespace {
+std::string unusable_reason(const GpuLibs& libs) {
+  if (!libs.nccl.ok) return libs.nccl.error;
+  return libs.cuda.ok ? std::string() : libs.cuda.error;
+}
 
-// One ncclCommInitRank in flight on its helper thread.
-struct InitCall {
-  std::atomic<bool> done{false};
-  ncclResult rc = kNcclSuccess;
-  ncclComm comm = nullptr;
-};
+cudaStream priority_stream(const CudaRuntime& cuda, int device) {
+  DeviceGuard on(cuda, device);
+  int least = 0, greatest = 0;  // (numerically lower = higher priority)
+  check_cuda(cuda, cuda.get_stream_priority_range(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+  cudaStream s = nullptr;
+  check_cuda(cuda, cuda.stream_create_with_priority(&s, kCudaStreamNonBlocking, greatest),
+             "cudaStreamCreateWithPriority");
+  return s;
+}
 
-}  // namespace
-
-// ncclCommInitRank blocks until every member has joined it, and NCCL's
-// bootstrap has no deadline of its own: a member that froze or died after the
-// unique id went out, or hosts that cannot reach each other on the interface
-// NCCL picked, leave it waiting forever. It runs on a helper thread, waited
-// for at most timeout_us (0: no limit); past that the call fails with
-// COMMLIB_ERR_TIMED_OUT and the helper is left behind (nothing can interrupt
-// it; it ends with the process).
-ncclComm NcclComm::init_bounded(const GpuLibs& libs, const NcclUniqueId& id, int rank, int size, int device,
-                                int64_t timeout_us) {
+std::shared_ptr<InitCall> start_comm_init(const GpuLibs& libs, const NcclUniqueId& id, int rank, int size,
+                                          int device) {
   auto call = std::make_shared<InitCall>();
-  const NcclLib* nccl = &libs.nccl;
-  const CudaRuntime* cuda = &libs.cuda;
-  std::thread([call, nccl, cuda, id, rank, size, device] {
+  std::thread([call, nccl = &libs.nccl, cuda = &libs.cuda, id, rank, size, device] {
     if (cuda->set_device(device) != kCudaSuccess) {
       call->rc = kNcclUnhandledCudaError;
     } else {
@@ -93,6 +88,16 @@ ncclComm NcclComm::init_bounded(const GpuLibs& libs, const NcclUniqueId& id, int
     }
     call->done.store(true, std::memory_order_release);
   }).detach();
+  return call;
+}
+
+// A member that froze or died after the unique id went out, or hosts that
+// cannot reach each other on the interface NCCL picked, leave
+// ncclCommInitRank waiting forever: it is waited for at most timeout_us (0:
+// no limit); past that the call fails with COMMLIB_ERR_TIMED_OUT.
+ncclComm NcclComm::init_bounded(const GpuLibs& libs, const NcclUniqueId& id, int rank, int size, int device,
+                                int64_t timeout_us) {
+  std::shared_ptr<InitCall> call = start_comm_init(libs, id, rank, size, device);
   const auto start = std::chrono::steady_clock::now();
   while (!call->done.load(std::memory_order_acquire)) {
     const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start);
@@ -115,12 +120,7 @@ ncclComm NcclComm::init_bounded(const GpuLibs& libs, const NcclUniqueId& id, int
 std::unique_ptr<NcclComm> NcclComm::create(const GpuLibs& libs, Transport& t, int device, int64_t timeout_us) {
   const NcclUniqueId id = shared_unique_id(libs.nccl, t);
   std::unique_ptr<NcclComm> c(new NcclComm(libs, device, t.rank(), t.size()));
-  DeviceGuard on(libs.cuda, device);
-  int least = 0, greatest = 0;  // (numerically lower = higher priority)
-  check_cuda(libs.cuda, libs.cuda.get_stream_priority_range(&least, &greatest),
-             "cudaDeviceGetStreamPriorityRange");
-  check_cuda(libs.cuda, libs.cuda.stream_create_with_priority(&c->stream_, kCudaStreamNonBlocking, greatest),
-             "cudaStreamCreateWithPriority");
+  c->stream_ = priority_stream(libs.cuda, device);
   c->comm_ = init_bounded(libs, id, t.rank(), t.size(), device, timeout_us);
   return c;
 }

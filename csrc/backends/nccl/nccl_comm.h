@@ -9,6 +9,7 @@
 // same point of the same order.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -33,6 +34,24 @@ void destroy_event(void* event);
 
 // rank 0 of t calls ncclGetUniqueId; every rank of t returns its bytes.
 NcclUniqueId shared_unique_id(const NcclLib& nccl, Transport& t);
+
+// "" when NCCL and the CUDA runtime are both usable, else why not.
+std::string unusable_reason(const GpuLibs& libs);
+
+// A non-blocking stream of device with the highest priority.
+cudaStream priority_stream(const CudaRuntime& cuda, int device);
+
+// One ncclCommInitRank running on a helper thread: it blocks until every
+// member has joined, and NCCL's bootstrap has no deadline of its own, so the
+// caller polls `done` and may give up (the thread is then left behind:
+// nothing can interrupt it; it ends with the process).
+struct InitCall {
+  std::atomic<bool> done{false};
+  ncclResult rc = kNcclSuccess;
+  ncclComm comm = nullptr;
+};
+std::shared_ptr<InitCall> start_comm_init(const GpuLibs& libs, const NcclUniqueId& id, int rank, int size,
+                                          int device);
 
 // Makes device current on the calling thread for the object's lifetime.
 class DeviceGuard {

@@ -1,11 +1,9 @@
 #include "backends/nccl/nccl_links.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <deque>
 #include <map>
-#include <thread>
 
 #include "backends/nccl/nccl_comm.h"
 #include "common.h"
@@ -15,12 +13,6 @@
 namespace commlib {
 namespace gpu {
 namespace {
-
-struct InitCall {  // one ncclCommInitRank on its helper thread
-  std::atomic<bool> done{false};
-  ncclResult rc = kNcclSuccess;
-  ncclComm comm = nullptr;
-};
 
 struct Queued {
   P2PRequest req;
@@ -50,10 +42,8 @@ struct Link {
 };
 
 std::string what_of(const P2PRequest& r) {
-  std::string s = std::string(r.is_send ? "send to" : "recv from") + " rank " + std::to_string(r.peer) + " (tag " +
-                  std::to_string(r.tag);
-  if (r.process_set) s += ", process set " + std::to_string(r.process_set);
-  return s + ", CUDA buffers through NCCL)";
+  return std::string(r.is_send ? "send to" : "recv from") + " rank " + std::to_string(r.peer) + " (" +
+         tag_str(r.tag, r.process_set) + ", CUDA buffers through NCCL)";
 }
 
 class NcclLinks final : public DeviceLinks {
@@ -92,7 +82,7 @@ class NcclLinks final : public DeviceLinks {
         made->local = true;
         made->peer = key;
         made->device = recv.device;
-        made->stream = new_stream(recv.device);
+        made->stream = priority_stream(libs_.cuda, recv.device);
         l = made.get();
         links_[{key, false}] = std::move(made);
       }
@@ -164,16 +154,6 @@ class NcclLinks final : public DeviceLinks {
            " (point-to-point between two ranks uses one device per rank)";
   }
 
-  cudaStream new_stream(int device) {
-    DeviceGuard on(libs_.cuda, device);
-    int least = 0, greatest = 0;
-    check_cuda(libs_.cuda, libs_.cuda.get_stream_priority_range(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
-    cudaStream s = nullptr;
-    check_cuda(libs_.cuda, libs_.cuda.stream_create_with_priority(&s, kCudaStreamNonBlocking, greatest),
-               "cudaStreamCreateWithPriority");
-    return s;
-  }
-
   // Device memory for r's message, from the stream-ordered allocator on l's stream.
   void allocate(Link& l, P2PRequest& r, uint64_t nbytes, void** allocated) {
     DeviceGuard on(libs_.cuda, l.device);
@@ -189,17 +169,9 @@ class NcclLinks final : public DeviceLinks {
     l->peer = peer;
     l->sends = sends;
     l->device = device;
-    l->stream = new_stream(device);
-    l->init = std::make_shared<InitCall>();
+    l->stream = priority_stream(libs_.cuda, device);
+    l->init = start_comm_init(libs_, id, sends ? 0 : 1, 2, device);
     l->started_us = now_us();
-    std::thread([call = l->init, nccl = &libs_.nccl, cuda = &libs_.cuda, id, device, rank = sends ? 0 : 1] {
-      if (cuda->set_device(device) != kCudaSuccess) {
-        call->rc = kNcclUnhandledCudaError;
-      } else {
-        call->rc = nccl->comm_init_rank(&call->comm, 2, id, rank);
-      }
-      call->done.store(true, std::memory_order_release);
-    }).detach();
     Link* raw = l.get();
     links_[{peer, sends}] = std::move(l);
     return raw;
