@@ -2,9 +2,9 @@
 commlib (NCCL in the core, through commlib.device_ops) against
 torch.distributed's NCCL backend, measured in the same run and interleaved,
 and a ping-pong of ``sendrecv`` between ranks 0 and 1 (commlib.device_p2p
-against torch.distributed's send/recv), plus commlib's host-staging path for allreduce (copy to pinned host memory,
-the CPU path, copy back) against the CPU path on the same data plus the two
-copies measured alone.
+against torch.distributed's send/recv), plus commlib's host-staging path for
+allreduce (copy to pinned host memory, the CPU path, copy back) against the
+CPU path on the same data plus the two copies measured alone.
 
 torch serves only as the CUDA allocator and the reference; commlib.torch is
 not imported (commlib/ imports no frontend). Each commlib call is submitted
@@ -71,9 +71,9 @@ class CommlibCuda:
     def make(self, op, count, tdtype, dev):
         from ._lib import lib
         torch, n = self.torch, self.n
-        if op == "sendrecv":  # (the core's NCCL links, as commlib.torch's send/recv use them)
-            return self._ping_pong(count, tdtype, dev)
         code = self.code(np.dtype(str(tdtype).replace("torch.", "")))
+        if op == "sendrecv":  # (the core's NCCL links, as commlib.torch's send/recv use them)
+            return self._ping_pong(count, code, tdtype, dev)
         per = max(1, count // n)
         x = torch.ones(count if op in ("allreduce", "broadcast") else per * (1 if op == "allgather" else n),
                        dtype=tdtype, device=dev)
@@ -90,11 +90,9 @@ class CommlibCuda:
         return lambda: self.c.synchronize(self.ops.submit(kind, name, buf, out.data_ptr(), device=dev.index,
                                                           stream=stream, reduce_op=self.c.Sum, **extra))
 
-
-    def _ping_pong(self, count, tdtype, dev):
+    def _ping_pong(self, count, code, tdtype, dev):
         from . import device_p2p
         torch, me = self.torch, self.c.rank()
-        code = self.code(np.dtype(str(tdtype).replace("torch.", "")))
         x, out = torch.ones(count, dtype=tdtype, device=dev), torch.empty(count, dtype=tdtype, device=dev)
         stream = torch.cuda.current_stream(dev).cuda_stream
         on = {"device": dev.index, "stream": stream}

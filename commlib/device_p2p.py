@@ -100,8 +100,8 @@ def irecv_device(src: int, tag: int = 0, process_set=None, *, device: int, strea
     ``device_out`` (device memory of ``dtype`` and ``shape``), a
     :class:`DeviceMessage` when it landed in device memory the core allocated,
     or the numpy array of a host message (``host_out``, a numpy array, when
-    given) or of a device message of no bytes. ``dtype``/``shape`` (or host_out's): what the message must be, else
-    both ends raise ValueError."""
+    given) or of a device message of no bytes. ``dtype``/``shape`` (or
+    host_out's): what the message must be, else both ends raise ValueError."""
     runtime.require_init()
     device_ops.ensure_loaded()
     peer = check_peer(src, "src", process_set)

@@ -23,7 +23,7 @@ import torch
 from commlib import device_p2p, gpu
 
 from .handles import Handle
-from .tensor_io import check_tensor, core_code, torch_dtype
+from .tensor_io import check_receive_target, check_tensor, core_code, torch_dtype
 
 
 def is_nccl_tensor(t) -> bool:
@@ -77,16 +77,13 @@ def copied(device: torch.device) -> None:
     on the stream, and torch's host reads, are ordered after it)."""
 
 
-def irecv(src, tag, out, process_set, device, host_view, to_tensor) -> Handle:
+def irecv(src, tag, out, process_set, device, what, host_view, to_tensor) -> Handle:
     """A receive that takes host and device messages. host_view(out): the
     numpy view of a host ``out``; to_tensor(array, device): a host message as
     a tensor on ``device`` (None: the CPU)."""
-    if out is not None and device is not None:
-        raise ValueError("irecv: pass either out= or device=, not both (out's device is used)")
-    if device is not None:
-        check_tensor(torch.empty(0, device=device), "irecv")  # (a device commlib can reach)
+    device = check_receive_target(out, device, what)
     arr = None
-    on_device = out is not None and is_device_out(check_tensor(out, "irecv", inplace=True))
+    on_device = out is not None and is_device_out(out)
     if out is not None and not on_device:
         arr = host_view(out)
     on = receive_device(out, device)

@@ -49,7 +49,7 @@ from . import cuda_p2p
 from .cuda_staging import host_buffer, stage_in
 from .handles import synchronize
 from .mpi_ops import Handle, check_tensor
-from .tensor_io import core_code
+from .tensor_io import check_receive_target, core_code
 
 __all__ = ["send", "recv", "isend", "irecv", "sendrecv", "gradient_tag"]
 
@@ -94,14 +94,9 @@ def _receiver(out, what: str, device=None):
     """What a receive into ``out`` (or into a new tensor, put on ``device``)
     hands the core, and how the core's result becomes the caller's tensor:
     (numpy out or None, finish(result array) -> tensor)."""
+    device = check_receive_target(out, device, what)
     if out is None:
-        if device is not None:
-            device = torch.device(device)
-            check_tensor(torch.empty(0, device=device), what)  # (a device commlib can reach)
         return None, lambda arr: _tensor(arr, device)
-    if device is not None:
-        raise ValueError(f"{what}: pass either out= or device=, not both (out's device is used)")
-    check_tensor(out, what, inplace=True)
     if not _staged(out):
         return _array(out, what), lambda _arr: out
     host = host_buffer(out)
@@ -128,7 +123,8 @@ def irecv(src, tag=0, out=None, process_set=None, device=None) -> Handle:
     ``synchronize`` returns ``out`` (filled in) or a new tensor of the
     message's dtype and shape (on ``device``, default the CPU)."""
     if cuda_p2p.takes_device_messages():
-        return cuda_p2p.irecv(src, tag, out, process_set, device, lambda o: _array(o, "irecv"), _tensor)
+        return cuda_p2p.irecv(src, tag, out, process_set, device, "irecv", lambda o: _array(o, "irecv"),
+                              _tensor)
     arr, finish = _receiver(out, "irecv", device)
     return Handle(_c.irecv(src, tag, arr, process_set), finish, (out, arr))
 

@@ -68,6 +68,22 @@ def check_tensor(tensor, what: str, inplace: bool = False) -> torch.Tensor:
     return tensor
 
 
+def check_receive_target(out, device, what: str):
+    """Checks where a receive puts its message: ``out`` (a tensor it writes
+    into) or ``device`` (where a new tensor goes: a device commlib can reach),
+    not both. Returns ``device`` as a torch.device (None when not given)."""
+    if out is not None:
+        if device is not None:
+            raise ValueError(f"{what}: pass either out= or device=, not both (out's device is used)")
+        check_tensor(out, what, inplace=True)
+        return None
+    if device is None:
+        return None
+    device = torch.device(device)
+    check_tensor(torch.empty(0, device=device), what)  # (a device commlib can reach)
+    return device
+
+
 def describe(tensor, what: str):
     """The core's facts of a tensor written in place (the dtype's code, the
     number of dimensions, the shape as a C array, the data pointer), checked

@@ -6,11 +6,11 @@
 // caller's stream at submission) and completes when an event recorded after
 // it on the link's stream is reached. A receive without device memory of its
 // own gets some from the stream-ordered allocator (cudaMallocAsync on the
-// link's stream; cudaMalloc before CUDA 11.2), which the caller frees. A link that makes no progress for
-// timeout_us (COMMLIB_TIMEOUT; 0: no limit), or whose creation does not
-// complete in that time, is aborted (ncclCommAbort) and its requests fail
-// with COMMLIB_ERR_TIMED_OUT naming the peer; the next message between the
-// two ranks starts a new link.
+// link's stream; cudaMalloc before CUDA 11.2), which the caller frees. A link
+// that makes no progress for timeout_us (COMMLIB_TIMEOUT; 0: no limit), or
+// whose creation does not complete in that time, is aborted (ncclCommAbort)
+// and its requests fail with COMMLIB_ERR_TIMED_OUT naming the peer; the next
+// message between the two ranks starts a new link.
 #pragma once
 
 #include <cstdint>
