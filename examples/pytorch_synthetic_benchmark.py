@@ -39,6 +39,7 @@ import argparse
 import copy
 import os
 import sys
+import time
 import timeit
 
 import numpy as np
@@ -181,14 +182,18 @@ def measure(steps, args, log, align=lambda: None):
     for step in steps.values():
         timeit.timeit(step, number=args.num_warmup_batches)
     rates = {name: [] for name in steps}
+    cpu = {name: 0.0 for name in steps}
     for i in range(args.num_iters):
         for name, step in steps.items():
             align()
+            cpu_start = time.process_time()
             t = timeit.timeit(step, number=args.num_batches_per_iter)
+            cpu[name] += time.process_time() - cpu_start
             rates[name].append(args.batch_size * args.num_batches_per_iter / t)
         log(f"Iter #{i}: " + ", ".join(f"{name} {r[-1]:.1f}" for name, r in rates.items())
             + " samples/s per rank")
-    return rates
+    steps_run = args.num_iters * args.num_batches_per_iter
+    return rates, {name: 1e3 * c / steps_run for name, c in cpu.items()}
 
 
 def main():
@@ -228,8 +233,8 @@ def main():
     log(f"Model: {args.model} ({params / 1e6:.1f}M parameters), backend: {args.backend}, "
         f"batch size: {args.batch_size} per rank, ranks: {world}, threads per rank: "
         f"{args.num_threads}")
-    rates = measure({name: step_of(models[name], optimizers[name]) for name in models}, args, log,
-                    align=average.align if len(models) > 1 else (lambda: None))
+    rates, cpu_ms = measure({name: step_of(models[name], optimizers[name]) for name in models},
+                            args, log, align=average.align if len(models) > 1 else (lambda: None))
     for name, r in rates.items():
         mean, conf = float(np.mean(r)), 1.96 * float(np.std(r))
         mean_all = average(mean)
@@ -237,6 +242,9 @@ def main():
         log(f"{prefix}Samples/s per rank: {mean_all:.1f} +-{conf:.1f}")
         log(f"{prefix}Total samples/s on {world} rank(s): {world * mean_all:.1f} "
             f"+-{world * conf:.1f}")
+        # (every thread of the rank's process: training, commlib's background thread, MPI's)
+        log(f"{prefix}CPU per step: {average(cpu_ms[name]):.1f} ms per rank, "
+            f"wall {1e3 * args.batch_size / mean_all:.1f} ms")
     for opt in optimizers.values():
         if hasattr(opt, "pending") and opt.pending:
             opt.synchronize()

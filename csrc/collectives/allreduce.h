@@ -16,8 +16,11 @@ void allreduce_mpi(Transport& t, void* buf, size_t count, int dtype, int op);
 
 // Bandwidth-optimal ring: chunked, pipelined reduce-scatter then allgather
 // (allreduce_ring.cc). Every element is reduced on exactly one rank and then
-// copied, so the result is bitwise identical on all ranks.
-void allreduce_ring(Transport& t, void* buf, size_t count, int dtype, int op);
+// copied, so the result is bitwise identical on all ranks. The one rank that
+// completes an element's reduction also multiplies it by scale (Average's
+// 1/n, a postscale factor) in the same pass, so the allgather passes on
+// final values and the caller has no scaling pass of its own to make.
+void allreduce_ring(Transport& t, void* buf, size_t count, int dtype, int op, double scale = 1.0);
 
 // Latency-optimal recursive doubling with the fold-in fix-up for rank counts
 // that are not powers of two (allreduce_tree.cc). Partners always combine as

@@ -99,7 +99,7 @@ void wait_sends_through(Transport& t, int step) {
 
 }  // namespace
 
-void allreduce_ring(Transport& t, void* buf, size_t count, int dtype, int op) {
+void allreduce_ring(Transport& t, void* buf, size_t count, int dtype, int op, double scale) {
   const int n = t.size();
   const int r = t.rank();
   if (n == 1 || count == 0) return;
@@ -150,8 +150,10 @@ void allreduce_ring(Transport& t, void* buf, size_t count, int dtype, int op) {
     const int next_ticket = recv_items.done(nxt) ? -1 : post_recv(nxt, i + 1);
     t.wait(ticket);
     char* mine = data + cur.lo * esize;
-    if (cur.step <= last_reduce_step) {
+    if (cur.step < last_reduce_step) {
       reduce_into(dtype, op, mine, slots[i % 2], cur.hi - cur.lo);
+    } else if (cur.step == last_reduce_step) {  // (this rank completes the element: scaled too)
+      reduce_into_and_copy_scaled(dtype, op, mine, slots[i % 2], nullptr, cur.hi - cur.lo, scale);
     }
     // Forward the chunk: what arrived in step t is sent in step t+1.
     if (cur.step + 1 < steps) {

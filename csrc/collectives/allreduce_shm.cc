@@ -102,8 +102,7 @@ void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, i
       }
     }
     if (cross) {
-      allreduce_across(*cross, data + off * esize, len, dtype, op);
-      scale_buffer(dtype, data + off * esize, len, post);
+      allreduce_across(*cross, data + off * esize, len, dtype, op, post);
       std::memcpy(shm.result(slot, me), data + off * esize, len * esize);
     } else if (P == 1) {
       scale_buffer(dtype, data + off * esize, len, post);

@@ -25,8 +25,11 @@ void ShmFusedAllreduce::reduce(size_t count, int dtype, int op, double postscale
   for (int r = 0; r < P; ++r) {
     if (r != me) reduce_into(dtype, op, mine, block_.region(r) + first * esize, last - first);
   }
-  if (cross) allreduce_across(*cross, mine, last - first, dtype, op);
-  scale_buffer(dtype, mine, last - first, postscale);
+  if (cross) {
+    allreduce_across(*cross, mine, last - first, dtype, op, postscale);
+  } else {
+    scale_buffer(dtype, mine, last - first, postscale);
+  }
   block_.mark_reduced();
   block_.wait_all_reduced();
 }

@@ -87,14 +87,15 @@ AllreduceAlgo choose_allreduce_algo(size_t bytes, int ranks) {
   return bytes < tree_max ? AllreduceAlgo::kTree : AllreduceAlgo::kRing;
 }
 
-void allreduce_across(Transport& t, void* buf, size_t count, int dtype, int op) {
-  if (t.size() == 1 || count == 0) return;
+void allreduce_across(Transport& t, void* buf, size_t count, int dtype, int op, double post) {
+  if (t.size() == 1 || count == 0) return scale_buffer(dtype, buf, count, post);
   if (choose_allreduce_algo(count * dtype_size(dtype), t.size()) == AllreduceAlgo::kTree) {
     note_algorithm("tree");
     allreduce_tree(t, buf, count, dtype, op);
+    scale_buffer(dtype, buf, count, post);
   } else {
     note_algorithm("ring");
-    allreduce_ring(t, buf, count, dtype, op);
+    allreduce_ring(t, buf, count, dtype, op, post);  // (scales as it reduces)
   }
 }
 
@@ -115,8 +116,10 @@ void allreduce(Transport& t, ShmSegment* shm, Transport* cross, void* buf, size_
     return allreduce_shm(*shm, cross, buf, count, dtype, op, post);  // (scales as it reduces)
   }
   switch (algo) {
-    case AllreduceAlgo::kAuto: allreduce_across(t, buf, count, dtype, op); break;
-    case AllreduceAlgo::kRing: note_algorithm("ring"); allreduce_ring(t, buf, count, dtype, op); break;
+    case AllreduceAlgo::kAuto: return allreduce_across(t, buf, count, dtype, op, post);
+    case AllreduceAlgo::kRing:
+      note_algorithm("ring");
+      return allreduce_ring(t, buf, count, dtype, op, post);  // (scales as it reduces)
     case AllreduceAlgo::kTree: note_algorithm("tree"); allreduce_tree(t, buf, count, dtype, op); break;
     case AllreduceAlgo::kMpi: note_algorithm("mpi"); allreduce_mpi(t, buf, count, dtype, op); break;
     case AllreduceAlgo::kShm: break;  // (handled above)

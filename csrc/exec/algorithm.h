@@ -30,12 +30,13 @@ AllreduceAlgo choose_allreduce_algo(size_t bytes, int ranks);
 // hosts (each local rank all-reduces its slice over cross with
 // allreduce_across); without one, the ring or the tree over t.
 // post multiplies the result (Average's 1/N, a postscale); the shared-memory
-// algorithm applies it as it reduces, the others in a pass after.
+// algorithm and the ring apply it as they reduce, the others in a pass after.
 void allreduce(Transport& t, ShmSegment* shm, Transport* cross, void* buf, size_t count,
                int dtype, int op, AllreduceAlgo algo, double post = 1.0);
 
-// The ring or the tree over t, chosen by size (the inter-host step).
-void allreduce_across(Transport& t, void* buf, size_t count, int dtype, int op);
+// The ring or the tree over t, chosen by size (the inter-host step); the
+// result multiplied by post.
+void allreduce_across(Transport& t, void* buf, size_t count, int dtype, int op, double post = 1.0);
 
 // What ran, for the timeline (runtime/timeline.h): the code that picks an
 // algorithm notes its name ("ring", "shm", "hierarchical", "mpi", ...) while

@@ -68,6 +68,7 @@ class HandleTable {
   void mark_launched(HandleState& h, std::shared_ptr<void> done);
   // Threads currently inside wait(): nobody will enqueue more from them.
   int waiting() const { return waiting_.load(); }
+  const std::atomic<int>& waiting_count() const { return waiting_; }
   // Threads currently driving progress from wait() (see below).
   int driving() const { return driving_.load(); }
   // Waits for completion. For up to the spin budget the waiting thread calls

@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <time.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -42,6 +43,16 @@ struct OtherRanks {
   std::string operator()() const { return "the other ranks of this host"; }
 };
 constexpr int64_t kMaxNapUs = 1000;
+// The longest nap between MPI progress calls of a transfer nobody waits for
+// (see poll_until): 0.2 ms is 25 KB at 1 Gbit/s, 250 KB at 10 Gbit/s, well
+// within what the kernel's socket buffers hold meanwhile.
+constexpr int64_t kMaxTransferNapUs = 200;
+
+// The engine's count of threads waiting for a handle (set for its lifetime).
+inline const std::atomic<int>* g_waiters = nullptr;
+// True on the engine's background thread while no thread waits for a
+// handle: the collective it runs is asynchronous and nobody waits for it yet.
+bool unwatched_background();
 
 inline int64_t now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -64,10 +75,15 @@ inline void nap_us(int64_t us) {
 
 // Calls done() until it returns true. Throws Error(COMMLIB_ERR_PEER_LOST) if a
 // peer of the job is found dead meanwhile (see liveness.h), and
-// Error(COMMLIB_ERR_TIMED_OUT) after stuck_timeout_us(). may_sleep=false
-// never naps: for MPI requests, whose progress happens only inside MPI_Test
-// (a large message is many steps; a nap between steps would cost up to 1 ms
-// each, which is how a 16 MiB alltoall once took 0.8 s).
+// Error(COMMLIB_ERR_TIMED_OUT) after stuck_timeout_us(). may_sleep=false is
+// for MPI requests, whose progress happens only inside MPI_Test (a large
+// message is many steps; a nap between steps would cost up to 1 ms each,
+// which is how a 16 MiB alltoall once took 0.8 s): it yields instead of
+// napping, except on the background thread when no thread waits for a
+// handle (unwatched_background): there a transfer across hosts runs beside
+// the training's computation (delayed averaging, a gradient allreduce during
+// backward), and a thread yielding for the whole transfer would take half of
+// a core from it; it naps up to kMaxTransferNapUs after its spin budget.
 template <typename Done, typename Describe = OtherRanks>
 void poll_until(Done done, bool may_sleep = true, Describe describe = Describe()) {
   if (done()) return;
@@ -80,11 +96,12 @@ void poll_until(Done done, bool may_sleep = true, Describe describe = Describe()
     throw_if_peer_lost();
     if (limit > 0 && now_us() - start > limit) throw_stuck(now_us() - start, describe());
     if (may_sleep && g_wait_hook) g_wait_hook(g_wait_hook_arg);
-    if (!may_sleep || now_us() - start < budget) {
+    if (now_us() - start < budget || (!may_sleep && !unwatched_background())) {
       sched_yield();
     } else {
       nap_us(nap);
-      if (nap < kMaxNapUs) nap *= 2;
+      const int64_t most = may_sleep ? kMaxNapUs : kMaxTransferNapUs;
+      nap = nap * 2 < most ? nap * 2 : most;
     }
   }
 }

@@ -173,6 +173,16 @@ class NetnsHosts:
         """Cuts (up=False) or heals host i's link to the bridge."""
         _ip("link", "set", self.links[i], "up" if up else "down")
 
+    def set_rate(self, i: int, rate: str | None) -> None:
+        """Limits host i's link to ``rate`` (tc's units: "200mbit") both ways,
+        or lifts the limit (None). Needs ``tc`` (iproute2)."""
+        for dev, ns in ((self.links[i], None), (self.inner_links[i], self.hosts[i])):
+            where = ["-n", ns] if ns else []
+            subprocess.run(["tc", *where, "qdisc", "del", "dev", dev, "root"], capture_output=True)
+            if rate:
+                subprocess.run(["tc", *where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+                                "burst", "64kb", "latency", "50ms"], check=True, capture_output=True)
+
     def link_bytes(self, i: int) -> tuple[int, int]:
         """(bytes sent towards host i, bytes received from it) on its link."""
         stats = Path("/sys/class/net") / self.links[i] / "statistics"

@@ -8,6 +8,7 @@ job ends non-zero with nothing left behind) and a short cut that heals.
 Skipped where network namespaces cannot be made (not root, no iproute2,
 not MPICH, or `ip netns add` refused)."""
 import re
+import shutil
 import time
 
 import pytest
@@ -49,6 +50,27 @@ def test_hierarchical_allreduce_across_hosts(ranks, hosts):
     assert "link bytes / (K*N)" in run.stdout, run
     # (and MPI's traffic did cross the links: 4 x 8 MiB at least)
     assert hosts.link_bytes(0)[0] - sent0 > 4 * (8 << 20), run
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(shutil.which("tc") is None, reason="limiting a link's rate needs tc (iproute2)")
+def test_async_transfer_leaves_the_cores(ranks, hosts):
+    """An allreduce nobody waits for, over a 200 Mbit/s link (one rank per
+    host): the background thread naps between MPI progress calls, so the
+    rank's process uses a fraction of a core while the transfer crawls
+    (yielding through it, as before, took a whole core: CPU/wall 0.9-1.0)."""
+    hosts.set_rate(1, "200mbit")
+    try:
+        run = ranks(2, "netns_async_idle.py", timeout=60, env=hosts.env(),
+                    launcher_args=("-H", hosts.host_list(1)))
+    finally:
+        hosts.set_rate(1, None)
+    run.assert_ok(2)
+    found = re.findall(r"rank (\d): transfer (\d): wall ([\d.]+) s, cpu ([\d.]+) s", run.stdout)
+    assert len(found) == 4, run
+    for rank, rep, wall, cpu in found:
+        assert float(wall) > 0.3, f"rank {rank} transfer {rep} took {wall} s: the link was not slow\n{run}"
+        assert float(cpu) < 0.5 * float(wall), f"rank {rank} transfer {rep}: {cpu} s CPU in {wall} s\n{run}"
 
 
 @pytest.mark.timeout(120)
