@@ -181,7 +181,7 @@ class NetnsHosts:
             subprocess.run(["tc", *where, "qdisc", "del", "dev", dev, "root"], capture_output=True)
             if rate:
                 subprocess.run(["tc", *where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
-                                "burst", "64kb", "latency", "50ms"], check=True, capture_output=True)
+                                "burst", "256kb", "latency", "10ms"], check=True, capture_output=True)
 
     def link_bytes(self, i: int) -> tuple[int, int]:
         """(bytes sent towards host i, bytes received from it) on its link."""
@@ -201,3 +201,44 @@ class NetnsHosts:
         while (left := self.leftover_pids()) and time.monotonic() < deadline:
             time.sleep(0.2)
         return left
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python tests/parallel/netns_hosts.py [--hosts 2] [--per-host 1]
+    [--rate 4gbit] -- PROGRAM ARGS...``: runs PROGRAM under ``commlibrun``
+    on emulated hosts (one link each limited to --rate if given), then
+    removes them. For benchmarks across hosts on one machine, e.g.
+    ``-- python examples/pytorch_synthetic_benchmark.py --mode sync,staleness1``."""
+    import argparse
+    import tempfile
+
+    p = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
+    p.add_argument("--hosts", type=int, default=2)
+    p.add_argument("--per-host", type=int, default=1, help="ranks on each host")
+    p.add_argument("--rate", default=None, help="limit every host's link (tc units: 4gbit, 200mbit)")
+    p.add_argument("program", nargs=argparse.REMAINDER, help="-- then the program and its arguments")
+    args = p.parse_args(argv)
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if not program:
+        p.error("give the program to run after --")
+    root = str(HERE.parent.parent)
+    sys.path.insert(0, root)  # (commlib, for finding mpiexec, also when not installed)
+    why = unavailable_reason()
+    if why:
+        p.error(f"cannot make network-namespace hosts here: {why}")
+    with tempfile.TemporaryDirectory() as workdir:
+        hosts = NetnsHosts(args.hosts, Path(workdir)).setup()
+        try:
+            for i in range(args.hosts):
+                hosts.set_rate(i, args.rate)
+            env = {**os.environ, **hosts.env(),
+                   "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+            cmd = [sys.executable, "-m", "commlib.launcher", "-np", str(args.hosts * args.per_host),
+                   "-H", hosts.host_list(args.per_host), *program]
+            return subprocess.run(cmd, env=env).returncode
+        finally:
+            hosts.teardown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
