@@ -13,11 +13,21 @@ collective, waiting for the other ranks included).
     commlibrun -np 2 python examples/tensorflow_synthetic_benchmark.py --backend mwms
     python examples/tensorflow_synthetic_benchmark.py          # 1 rank baseline
 
+Asynchronous exchange (commlib, model.fit): ``--mode`` sync (default),
+staleness1 (DistributedOptimizer(staleness=1)), local-sgd / diloco
+(LocalSGD with ``--period`` H), local (no communication: the ceiling), or
+several comma-separated: each mode trains its own model, one after another
+in the same run, and gets its own summary line:
+
+    commlibrun -np 2 python examples/tensorflow_synthetic_benchmark.py \
+        --mode sync,staleness1,local-sgd,local --period 8
+
 With ``--backend mwms`` the workers are started by commlibrun too (commlib
 only hands out the ports for TF_CONFIG: localhost workers); TensorFlow's own
 collectives (gRPC ring) reduce the gradients.
 """
 import argparse
+import hashlib
 import json
 import os
 import socket
@@ -42,7 +52,18 @@ def parse_args():
     p.add_argument("--num-iters", type=int, default=10)
     p.add_argument("--threads", type=int, default=1, help="TensorFlow threads per rank")
     p.add_argument("--fp16-allreduce", action="store_true", help="commlib: fp16 compression")
-    return p.parse_args()
+    p.add_argument("--mode", default="sync",
+                   help="commlib, fit loop: comma-separated of sync, staleness1, local-sgd, diloco, "
+                        "local")
+    p.add_argument("--period", type=int, default=8, help="local-sgd/diloco: steps per meeting")
+    args = p.parse_args()
+    modes = args.mode.split(",")
+    unknown = set(modes) - {"sync", "staleness1", "local-sgd", "diloco", "local"}
+    if unknown:
+        p.error(f"unknown --mode {sorted(unknown)}")
+    if modes != ["sync"] and (args.backend != "commlib" or args.loop != "fit"):
+        p.error("--mode other than sync needs --backend commlib and --loop fit")
+    return args
 
 
 def free_port() -> int:
@@ -83,21 +104,30 @@ def main():
         return keras.Sequential(layers)
 
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    modes = args.mode.split(",")
     if strategy is None:
         import commlib.tensorflow.keras as hvd
 
+        def make_optimizer(mode, model):
+            sgd = keras.optimizers.SGD(0.01)
+            if mode == "local":
+                return sgd
+            if mode in ("local-sgd", "diloco"):
+                outer = (keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
+                         if mode == "diloco" else None)
+                return hvd.LocalSGD(sgd, model, period=args.period, outer_optimizer=outer)
+            return hvd.DistributedOptimizer(
+                sgd, staleness=1 if mode == "staleness1" else 0,
+                compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none)
+
         model = build()
-        opt = hvd.DistributedOptimizer(
-            keras.optimizers.SGD(0.01),
-            compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none)
+        opt = make_optimizer(modes[0], model)
         model.compile(optimizer=opt, loss=loss)
-        callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
         batch = args.batch_size
     else:
         with strategy.scope():
             model = build()
             model.compile(optimizer=keras.optimizers.SGD(0.01), loss=loss)
-        callbacks = []
         batch = args.batch_size * size  # MWMS splits the global batch over the workers
 
     g = np.random.default_rng(rank)
@@ -126,10 +156,29 @@ def main():
                 times.append(time.perf_counter() - self.start)
                 comm.append(hvd.communication_stats()["seconds"])
 
-        model.fit(data, steps_per_epoch=args.num_warmup_batches, epochs=1, verbose=0,
-                  shuffle=False, callbacks=callbacks)  # warm-up: tracing, first allocations
-        model.fit(data, steps_per_epoch=args.num_batches_per_iter, epochs=args.num_iters,
-                  verbose=0, shuffle=False, callbacks=[Timer()])
+        for i, mode in enumerate(modes):
+            if i > 0:  # (each mode trains a model of its own, from the same start)
+                times, comm = [], []
+                model = build()
+                opt = make_optimizer(mode, model)
+                model.compile(optimizer=opt, loss=loss)
+            start_alike = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]  # (one per model)
+            model.fit(data, steps_per_epoch=args.num_warmup_batches, epochs=1, verbose=0,
+                      shuffle=False, callbacks=start_alike)  # warm-up: tracing, first allocations
+            model.fit(data, steps_per_epoch=args.num_batches_per_iter, epochs=args.num_iters,
+                      verbose=0, shuffle=False, callbacks=[Timer()])
+            if hasattr(opt, "synchronize"):  # (the pending average, a last meeting)
+                opt.synchronize()
+            prefix = f"[{mode}] " if len(modes) > 1 else ""
+            report(args, rank, size, times, comm, prefix)
+            if mode != "local":  # (replicas must agree after the last average)
+                from commlib.objects import allgather_object
+
+                digest = hashlib.sha256(b"".join(np.asarray(v).tobytes() for v in model.weights))
+                same = len(set(allgather_object(digest.hexdigest()))) == 1
+                if rank == 0:
+                    print(f"{prefix}weights identical on all ranks: {same}", flush=True)
+        return
     else:
         # A custom loop (Horovod's tensorflow2_synthetic_benchmark.py); Keras 3's
         # model.fit does not run under MultiWorkerMirroredStrategy (keras#20585).
@@ -182,18 +231,27 @@ def main():
             if strategy is None:
                 comm.append(hvd_tf.communication_stats()["seconds"])
 
+    report(args, rank, size, times, comm if strategy is None else None)
+
+
+def report(args, rank, size, times, comm, prefix=""):
+    """Prints samples/s per rank (mean over the ranks' own means) and, with
+    commlib, each rank's share of the step time spent in its collectives."""
+    import commlib
+
     rates = np.array([args.batch_size * args.num_batches_per_iter / t for t in times])
     step_ms = 1000 * np.mean(times) / args.num_batches_per_iter
-    if strategy is None:
+    mean = float(commlib.allreduce(np.array([rates.mean()]), op=commlib.Average, name="bench.rate")[0])
+    if comm is not None:
         share = float(np.sum(comm) / np.sum(times))
-        shares = commlib.allgather(np.array([share], np.float64))
+        shares = commlib.allgather(np.array([share], np.float64), name="bench.share")
     if rank == 0:
-        print(f"Img/sec per rank: {rates.mean():.1f} +-{1.96 * rates.std():.1f}, "
+        print(f"{prefix}Img/sec per rank: {mean:.1f} +-{1.96 * rates.std():.1f}, "
               f"step {step_ms:.1f} ms", flush=True)
-        print(f"Total samples/s on {size} rank(s): {size * rates.mean():.1f} "
+        print(f"{prefix}Total samples/s on {size} rank(s): {size * mean:.1f} "
               f"+-{size * 1.96 * rates.std():.1f}", flush=True)
-        if strategy is None:
-            print("Communication share of the step time (per rank): "
+        if comm is not None:
+            print(f"{prefix}Communication share of the step time (per rank): "
                   + ", ".join(f"{s:.1%}" for s in shares), flush=True)
 
 

@@ -27,3 +27,20 @@ def test_tf_gradient_tape(ranks):
     m = re.search(r"loss (\S+) -> (\S+), ([\d,]+) samples/s, weights identical on all ranks: "
                   r"True", run.stdout)
     assert m and float(m.group(2)) < 0.5 * float(m.group(1)), run
+
+
+@pytest.mark.timeout(240)
+def test_synthetic_benchmark_modes(ranks):
+    """Every --mode of the Keras synthetic benchmark trains and reports, and
+    the replicas agree after the last average (sync, staleness 1 after
+    synchronize(), local SGD and DiLoCo after their last meeting)."""
+    modes = ["sync", "staleness1", "local-sgd", "diloco", "local"]
+    run = ranks(2, str(EXAMPLES / "tensorflow_synthetic_benchmark.py"), "--model", "small-mlp",
+                "--mode", ",".join(modes), "--period", "3", "--num-warmup-batches", "2",
+                "--num-iters", "2", "--num-batches-per-iter", "4", timeout=200)
+    assert run.returncode == 0, run
+    for mode in modes:
+        assert re.search(rf"\[{mode}\] Total samples/s on 2 rank\(s\): \d", run.stdout), run
+    for mode in modes[:-1]:
+        assert f"[{mode}] weights identical on all ranks: True" in run.stdout, run
+    assert "[local] weights identical" not in run.stdout, run
