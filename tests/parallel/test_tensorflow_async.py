@@ -18,3 +18,8 @@ def test_keras_delayed_averaging_and_local_sgd(ranks, n):
     run.assert_ok(n)
     m = re.search(r"keras async max relative error (\S+)", run.stdout)
     assert m and float(m.group(1)) <= 1e-5, run
+
+
+@pytest.mark.timeout(120)
+def test_delayed_buffers_are_reused_only_when_released(ranks):
+    ranks(2, "tf_delayed_buffers.py", timeout=90).assert_ok(2)
