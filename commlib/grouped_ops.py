@@ -13,22 +13,30 @@ from . import runtime
 from ._lib import check, ffi, lib
 from .dtypes import dtype_code
 from .handle import Handle, synchronize
-from .ops import check_output, as_input, resolve_op
+from .ops import as_input, check_output, check_result_like, resolve_op
 from .process_sets import process_set_id as _psid
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0, process_set=None) -> Handle:
+                            postscale_factor=1.0, process_set=None, out=None) -> Handle:
     """Starts reducing a list of tensors as one unit: they are negotiated
     together and fused. One handle; synchronize returns the list of results
-    (views of one new buffer)."""
+    (views of one new buffer), or with ``out`` (a list of arrays, each
+    C-contiguous, writable and like its input) writes them there and returns
+    ``out``."""
     ins = tensors if isinstance(tensors, list) else list(tensors)
     layout = _cached_layout(ins, inplace=False)  # (its arrays were checked)
     if layout is None:
         ins = [as_input(t) for t in ins]
         layout = _layout_for(ins, inplace=False)
+    if out is not None:
+        out = list(out)
+        if len(out) != len(ins):
+            raise ValueError(f"grouped_allreduce: out has {len(out)} arrays for {len(ins)} tensors")
+        out = [check_result_like(o, i, f"grouped_allreduce (tensor {k})")
+               for k, (o, i) in enumerate(zip(out, ins))]
     return _grouped(ins, False, layout, average, name, op, prescale_factor, postscale_factor,
-                    process_set)
+                    process_set, out)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -123,9 +131,9 @@ def _layout_for(arrays, inplace: bool) -> _GroupLayout:
 
 
 def _grouped(ins, inplace: bool, src: _GroupLayout, average, name, op, prescale, postscale,
-             process_set) -> Handle:
+             process_set, out=None) -> Handle:
     """Submits a group described by ``src`` (the layout of ``ins``); in place
-    the results go into ``ins``, else into new arrays."""
+    the results go into ``ins``, else into ``out`` (checked) or new arrays."""
     runtime.require_init()
     rop = resolve_op(op, average)
     psid = _psid(process_set)
@@ -133,6 +141,9 @@ def _grouped(ins, inplace: bool, src: _GroupLayout, average, name, op, prescale,
     if inplace:
         outs, dst = ins, src.ptrs
         keep = dst
+    elif out is not None:
+        outs = out
+        dst = keep = _pointers(out)
     else:  # (outputs: the inputs' dtypes and shapes)
         outs, keep = src.outputs()
         dst = keep[0]
@@ -144,9 +155,9 @@ def _grouped(ins, inplace: bool, src: _GroupLayout, average, name, op, prescale,
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0, process_set=None) -> list[np.ndarray]:
+                      postscale_factor=1.0, process_set=None, out=None) -> list[np.ndarray]:
     return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                               postscale_factor, process_set))
+                                               postscale_factor, process_set, out))
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,

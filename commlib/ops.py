@@ -163,13 +163,26 @@ def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | 
 
 # ---------------------------------------------------------------- allreduce
 
+def check_result_like(out, inp, what: str) -> np.ndarray:
+    """``out`` as a collective's result for input ``inp``: C-contiguous and
+    writable (check_output), of its dtype (TypeError) and shape (ValueError)."""
+    out = check_output(out, f"{what} (out=)")
+    if out.dtype != inp.dtype:
+        raise TypeError(f"{what}: out has dtype {out.dtype}, the input {inp.dtype}")
+    if out.shape != inp.shape:
+        raise ValueError(f"{what}: out has shape {out.shape}, the input {inp.shape}")
+    return out
+
+
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0, process_set=None) -> Handle:
+                    postscale_factor=1.0, process_set=None, out=None) -> Handle:
     """Starts reducing ``tensor`` across ranks (of ``process_set``, default
-    every rank); the result is a new array."""
+    every rank); the result is a new array, or with ``out`` (C-contiguous,
+    writable, the input's dtype and shape) is written there and ``out`` is
+    returned."""
     inp = as_input(tensor)
-    return _allreduce(inp, np.empty_like(inp), average, name, op, prescale_factor, postscale_factor,
-                      process_set)
+    out = np.empty_like(inp) if out is None else check_result_like(out, inp, "allreduce")
+    return _allreduce(inp, out, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -213,10 +226,11 @@ def _allreduce(inp, out, average, name, op, prescale, postscale, process_set) ->
 
 
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-              postscale_factor=1.0, process_set=None) -> np.ndarray:
-    """The reduction (default Average) of ``tensor`` over all ranks."""
+              postscale_factor=1.0, process_set=None, out=None) -> np.ndarray:
+    """The reduction (default Average) of ``tensor`` over all ranks (written
+    into ``out`` if given, see allreduce_async)."""
     return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
-                                       process_set))
+                                       process_set, out))
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,

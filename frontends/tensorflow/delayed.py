@@ -13,20 +13,16 @@ no previous average and ``average`` is zeros.
 Used by the Keras ``DistributedOptimizer(..., staleness=1)`` and
 ``DistributedGradientTape(..., staleness=1)``.
 
-Memory: the copies live in 64-byte aligned buffers that are reused from step
-to step. Fresh buffers cost more than the copy itself (a page fault per
-4 KiB, about 25 ms a step for 50 MB of gradients on the test VM: staleness 1
-ran slower than synchronous averaging), and aligned ones let TensorFlow use
-an average's memory for the op's output tensor instead of copying it again.
-A set of buffers is reused only when nothing else holds it any more (the
-tensors made from it are gone: its reference count says so); otherwise new
-ones are allocated, so an average a caller keeps is never overwritten.
+Memory: the copies live in aligned buffers (see buffers.py) that are reused
+from step to step, two sets in turn: a set is reused only when nothing else
+holds it any more (the tensors made from it are gone); otherwise new ones are
+allocated, so an average a caller keeps is never overwritten. (With a fresh
+copy every step, staleness 1 ran slower than synchronous averaging.)
 """
 from __future__ import annotations
 
 import collections
 import itertools
-import sys
 
 import numpy as np
 import tensorflow as tf
@@ -34,26 +30,10 @@ import tensorflow as tf
 import commlib
 from commlib.process_sets import check_process_set, included, set_size
 
+from .buffers import aligned_empty, unshared
 from .execution import check_dtype, execute
 
 _instances = collections.defaultdict(itertools.count)
-_ALIGN = 64  # (TensorFlow shares an ndarray's memory with a tensor when it is this aligned)
-
-
-def _aligned_empty(shape, dtype) -> np.ndarray:
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(nbytes + _ALIGN, np.uint8)
-    start = -raw.ctypes.data % _ALIGN
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
-
-
-def _unshared(arrays) -> bool:
-    """Whether no one but the caller's list references these arrays (the
-    list, the loop variable and getrefcount's argument: 3)."""
-    return all(sys.getrefcount(a) <= 3 for a in arrays)
-
-
 class DelayedExchange:
     """The pending average of one optimizer (see the module's docstring).
     Built on every rank (of ``process_set``) in the same order: the i-th one
@@ -75,8 +55,8 @@ class DelayedExchange:
         spare, self._spare = self._spare, None
         if (spare is None or len(spare) != len(arrays)
                 or any(b.shape != a.shape or b.dtype != a.dtype for b, a in zip(spare, arrays))
-                or not _unshared(spare)):
-            spare = [_aligned_empty(a.shape, a.dtype) for a in arrays]
+                or not unshared(spare)):
+            spare = [aligned_empty(a.shape, a.dtype) for a in arrays]
         for b, a in zip(spare, arrays):
             np.copyto(b, a)
         return spare

@@ -60,6 +60,7 @@ from commlib.process_sets import (  # noqa: F401 - re-exported
     check_process_set, global_process_set, included, process_set_by_id, set_rank, set_size)
 from commlib.reduce_args import resolve_op
 
+from . import buffers
 from .compression import Compression
 from .execution import check_dtype, execute, from_bytes, needs_bytes, to_bytes
 
@@ -76,9 +77,9 @@ def _as_tensor(value):
 def _allreduce_raw(t, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False,
                    process_set=None):
     def fn(cname, x):
-        return [commlib.allreduce(x, name=cname, op=op, prescale_factor=pre,
-                                  postscale_factor=post,
-                                  process_set=process_set).reshape(x.shape)]
+        (out,) = buffers.outputs.take([x])
+        return [commlib.allreduce(x, name=cname, op=op, prescale_factor=pre, postscale_factor=post,
+                                  process_set=process_set, out=out)]
 
     (y,) = execute(fn, [t], [t.dtype], "CommlibAllreduce", name, ignore_name_scope,
                     process_set)
@@ -89,9 +90,9 @@ def _allreduce_raw(t, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False,
 def grouped_allreduce_raw(ts, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False,
                            process_set=None):
     def fn(cname, *xs):
-        outs = commlib.grouped_allreduce(list(xs), name=cname, op=op, prescale_factor=pre,
-                                         postscale_factor=post, process_set=process_set)
-        return [o.reshape(x.shape) for o, x in zip(outs, xs)]
+        return commlib.grouped_allreduce(list(xs), name=cname, op=op, prescale_factor=pre,
+                                         postscale_factor=post, process_set=process_set,
+                                         out=buffers.outputs.take(xs))
 
     ys = execute(fn, ts, [t.dtype for t in ts], "CommlibGroupedAllreduce", name,
                   ignore_name_scope, process_set)

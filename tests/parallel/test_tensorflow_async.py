@@ -21,5 +21,5 @@ def test_keras_delayed_averaging_and_local_sgd(ranks, n):
 
 
 @pytest.mark.timeout(120)
-def test_delayed_buffers_are_reused_only_when_released(ranks):
-    ranks(2, "tf_delayed_buffers.py", timeout=90).assert_ok(2)
+def test_result_buffers_are_reused_only_when_released(ranks):
+    ranks(2, "tf_result_buffers.py", timeout=90).assert_ok(2)

@@ -126,6 +126,21 @@ for opname in ("Average", "Sum", "Max"):
         check_result(m, reference_reduce(x, opname), what)
         ledger.record(what, m)
 
+    # out=: the results written into given arrays, which are returned
+    given = [np.full(x[r].shape, 7, x[r].dtype) for x in ins]
+    outs = commlib.grouped_allreduce([x[r] for x in ins], out=given, name=f"grp.out.{opname}", **kw)
+    for k, (x, g, got) in enumerate(zip(ins, given, outs)):
+        what = f"grouped out= {opname} #{k} {x[0].dtype.name}"
+        check_true(got is g, f"{what}: the result is not the given array")
+        check_result(g, reference_reduce(x, opname), what)
+        ledger.record(what, g)
+    x0 = ins[0]
+    single = np.empty_like(x0[r])
+    got = commlib.allreduce(x0[r], out=single, name=f"out.{opname}", **kw)
+    check_true(got is single, f"allreduce out= {opname}: the result is not the given array")
+    check_result(single, reference_reduce(x0, opname), f"allreduce out= {opname}")
+    ledger.record(f"allreduce out= {opname}", single)
+
     # scaled (no bool: bool cannot be scaled), two groups in flight
     sins = [x for x in ins if x[0].dtype != np.bool_]
     hs = [commlib.grouped_allreduce_async([x[r] for x in sins], op=OPS[opname],
@@ -137,6 +152,20 @@ for opname in ("Average", "Sum", "Max"):
             what = f"grouped async {opname} #{k} {x[0].dtype.name} round {j}"
             check_result(got, reference_reduce(x, opname, 2.0, 0.5), what)
             ledger.record(what, got)
+
+# out= that cannot take the result: refused on every rank before anything is sent
+a = np.arange(12, dtype=np.float32).reshape(3, 4)
+readonly = np.empty_like(a)
+readonly.flags.writeable = False
+for bad, exc, why in [(np.empty((3, 4), np.float64), TypeError, "dtype"),
+                      (np.empty((4, 3), np.float32), ValueError, "shape"),
+                      (np.empty((3, 8), np.float32)[:, ::2], ValueError, "strided"),
+                      (readonly, ValueError, "read-only"), ([1.0] * 12, TypeError, "a list")]:
+    soft_raises(exc, lambda: commlib.allreduce(a, out=bad), f"allreduce out= {why}")
+    soft_raises(exc, lambda: commlib.grouped_allreduce([a, a], out=[np.empty_like(a), bad]),
+                f"grouped_allreduce out= {why}")
+soft_raises(ValueError, lambda: commlib.grouped_allreduce([a, a], out=[np.empty_like(a)]),
+            "grouped_allreduce out= one array short")
 
 # 4. Repeated bursts reuse the fusion buffer with different layouts.
 for rep in range(5):
