@@ -5,19 +5,21 @@ swaps this step's gradients for the previous step's average.
 ``DelayedExchange.swap_op(grads)`` is one ordered commlib op (eagerly, or a
 numpy_function inside tf.function): it waits for the pending average (started
 by the previous step, so it had the whole forward and backward pass to
-travel), starts averaging copies of ``grads`` (progressed by the core's
-background thread while TensorFlow goes on), and returns ``(have, average)``:
+travel), starts averaging ``grads`` into buffers of its own (progressed by the
+core's background thread while TensorFlow goes on; the gradients are read
+there, in place, and kept alive until then), and returns ``(have, average)``:
 ``have`` is False at the first step (and after ``finish()``), when there is
 no previous average and ``average`` is zeros.
 
 Used by the Keras ``DistributedOptimizer(..., staleness=1)`` and
 ``DistributedGradientTape(..., staleness=1)``.
 
-Memory: the copies live in aligned buffers (see buffers.py) that are reused
-from step to step, two sets in turn: a set is reused only when nothing else
-holds it any more (the tensors made from it are gone); otherwise new ones are
-allocated, so an average a caller keeps is never overwritten. (With a fresh
-copy every step, staleness 1 ran slower than synchronous averaging.)
+Memory: the averages live in aligned buffers (see buffers.py) that are
+reused from step to step, two sets in turn: a set is reused only when nothing
+else holds it any more (the tensors made from it are gone); otherwise new
+ones are allocated, so an average a caller keeps is never overwritten. (With
+a fresh copy of the gradients every step, staleness 1 ran slower than
+synchronous averaging.)
 """
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ from .buffers import aligned_empty, unshared
 from .execution import check_dtype, execute
 
 _instances = collections.defaultdict(itertools.count)
+
+
 class DelayedExchange:
     """The pending average of one optimizer (see the module's docstring).
     Built on every rank (of ``process_set``) in the same order: the i-th one
@@ -51,29 +55,32 @@ class DelayedExchange:
     def pending(self) -> bool:
         return self._pending is not None
 
-    def _buffers_for(self, arrays) -> list:
+    def _buffers_like(self, arrays) -> list:
         spare, self._spare = self._spare, None
         if (spare is None or len(spare) != len(arrays)
                 or any(b.shape != a.shape or b.dtype != a.dtype for b, a in zip(spare, arrays))
                 or not unshared(spare)):
             spare = [aligned_empty(a.shape, a.dtype) for a in arrays]
-        for b, a in zip(spare, arrays):
-            np.copyto(b, a)
         return spare
 
     def start(self, arrays) -> None:
-        """Starts averaging copies of ``arrays`` (numpy)."""
+        """Starts averaging ``arrays`` (numpy) into buffers of its own. The
+        arrays are read by the background thread after this returns: the
+        handle keeps them alive meanwhile (TensorFlow's memory behind them,
+        which it neither reuses nor updates in place while they live)."""
         if self._pending is not None:
             raise RuntimeError("an average is already pending; finish() it first")
         arrays = [np.asarray(a) for a in arrays]
-        bufs = self._buffers_for(arrays)
+        bufs = self._buffers_like(arrays)
         handle = None
         if self.communicate and bufs:
             pre, post = self.scales
-            handle = commlib.grouped_allreduce_async_(bufs, name=self.name, op=self.op,
-                                                      prescale_factor=pre,
-                                                      postscale_factor=post,
-                                                      process_set=self.process_set)
+            handle = commlib.grouped_allreduce_async(arrays, name=self.name, op=self.op,
+                                                     prescale_factor=pre, postscale_factor=post,
+                                                     process_set=self.process_set, out=bufs)
+        else:  # (no one to average with: the average is a copy of this rank's own)
+            for b, a in zip(bufs, arrays):
+                np.copyto(b, a)
         self._pending = (handle, bufs)
 
     def _wait(self):
