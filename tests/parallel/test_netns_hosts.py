@@ -152,3 +152,26 @@ def test_cut_link_fails_every_rank_in_time(ranks, hosts, tmp_path, count):
         assert any(named_by.values()), f"no rank of host {host} named a rank beyond the cut: {lines}"
     # rank 0 waits up to COMMLIB_TIMEOUT + 10 s for silent ranks before aborting
     assert ended - cut_at[0] <= 2 * TIMEOUT + 30, f"the job ended {ended - cut_at[0]:.1f} s after the cut\n{run}"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(shutil.which("tc") is None, reason="limiting a link's rate needs tc (iproute2)")
+def test_command_line_runs_a_program_on_emulated_hosts():
+    """``python tests/parallel/netns_hosts.py --rate R -- PROGRAM``: the
+    program's ranks see one host each, and the hosts are gone afterwards."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent / "netns_hosts.py"
+    code = ("import socket, commlib; commlib.init(); "
+            "print('rank', commlib.rank(), 'of', commlib.size(), 'cross', commlib.cross_size(), "
+            "'local', commlib.local_size(), 'host', socket.gethostname(), flush=True)")
+    run = subprocess.run([sys.executable, str(script), "--rate", "100mbit", "--", sys.executable,
+                          "-c", code], capture_output=True, text=True, timeout=100)
+    assert run.returncode == 0, run
+    lines = re.findall(r"rank (\d) of 2 cross 2 local 1 host (cln\w+h\d)", run.stdout)
+    assert sorted(r for r, _ in lines) == ["0", "1"], run
+    assert len({h for _, h in lines}) == 2, run
+    leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(h in leftover for _, h in lines), leftover
