@@ -15,7 +15,8 @@ collective, waiting for the other ranks included).
 
 Asynchronous exchange (commlib, model.fit): ``--mode`` sync (default),
 staleness1 (DistributedOptimizer(staleness=1)), local-sgd / diloco
-(LocalSGD with ``--period`` H), local (no communication: the ceiling), or
+(LocalSGD with ``--period`` H; local-sgd-stream / diloco-stream: streaming
+meetings), local (no communication: the ceiling), or
 several comma-separated: each mode trains its own model, one after another
 in the same run, and gets its own summary line:
 
@@ -54,11 +55,12 @@ def parse_args():
     p.add_argument("--fp16-allreduce", action="store_true", help="commlib: fp16 compression")
     p.add_argument("--mode", default="sync",
                    help="commlib, fit loop: comma-separated of sync, staleness1, local-sgd, diloco, "
-                        "local")
+                        "local-sgd-stream, diloco-stream, local")
     p.add_argument("--period", type=int, default=8, help="local-sgd/diloco: steps per meeting")
     args = p.parse_args()
     modes = args.mode.split(",")
-    unknown = set(modes) - {"sync", "staleness1", "local-sgd", "diloco", "local"}
+    unknown = set(modes) - {"sync", "staleness1", "local-sgd", "diloco", "local-sgd-stream",
+                            "diloco-stream", "local"}
     if unknown:
         p.error(f"unknown --mode {sorted(unknown)}")
     if modes != ["sync"] and (args.backend != "commlib" or args.loop != "fit"):
@@ -112,10 +114,11 @@ def main():
             sgd = keras.optimizers.SGD(0.01)
             if mode == "local":
                 return sgd
-            if mode in ("local-sgd", "diloco"):
+            if mode.startswith(("local-sgd", "diloco")):
                 outer = (keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
-                         if mode == "diloco" else None)
-                return hvd.LocalSGD(sgd, model, period=args.period, outer_optimizer=outer)
+                         if mode.startswith("diloco") else None)
+                return hvd.LocalSGD(sgd, model, period=args.period, outer_optimizer=outer,
+                                    streaming=mode.endswith("-stream"))
             return hvd.DistributedOptimizer(
                 sgd, staleness=1 if mode == "staleness1" else 0,
                 compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none)

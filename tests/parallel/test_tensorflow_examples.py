@@ -34,7 +34,7 @@ def test_synthetic_benchmark_modes(ranks):
     """Every --mode of the Keras synthetic benchmark trains and reports, and
     the replicas agree after the last average (sync, staleness 1 after
     synchronize(), local SGD and DiLoCo after their last meeting)."""
-    modes = ["sync", "staleness1", "local-sgd", "diloco", "local"]
+    modes = ["sync", "staleness1", "local-sgd", "diloco", "local-sgd-stream", "local"]
     run = ranks(2, str(EXAMPLES / "tensorflow_synthetic_benchmark.py"), "--model", "small-mlp",
                 "--mode", ",".join(modes), "--period", "3", "--num-warmup-batches", "2",
                 "--num-iters", "2", "--num-batches-per-iter", "4", timeout=200)

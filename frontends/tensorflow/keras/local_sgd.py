@@ -20,7 +20,16 @@ averaged before the inner step). Replicas are identical after every meeting.
 
 The wrapper is a copy of the inner optimizer (an instance of a subclass of
 its class); the schedule runs inside the compiled train step (tf.cond on a
-step counter). The meeting is synchronous (no streaming overlap).
+step counter).
+
+``streaming=True`` overlaps each meeting with the next round (one round
+stale), as commlib.torch.LocalSGD's: at the end of round k every rank starts
+averaging a snapshot s_k of its weights and trains on; at the end of round
+k+1 it waits for that average, takes the meeting step with it (the average,
+or DiLoCo's outer step from the anchor) and keeps its own progress since the
+snapshot: w <- new + (w - s_k); then it starts averaging its new snapshot.
+Replicas differ by their last round's progress until ``synchronize()``
+(the pending average, then a synchronous meeting if steps were taken since).
 """
 from __future__ import annotations
 
@@ -35,6 +44,7 @@ from commlib.signature import check_same_everywhere
 
 from .. import mpi_ops as _ops
 from ..gradient_tape import make_allreduce_grads
+from ..streaming import StreamingMeetings
 
 
 def _run_if(pred, fn):
@@ -54,13 +64,15 @@ def _run_if(pred, fn):
 class _LocalSGDMixin:
     """Placed in front of the inner optimizer's class."""
 
-    def _commlib_local_setup(self, model_vars, period, outer, warmup, process_set):
+    def _commlib_local_setup(self, model_vars, period, outer, warmup, process_set, streaming):
         s = functools.partial(object.__setattr__, self)
         s("_commlib_model_vars", list(model_vars))
         s("period", period)
         s("warmup_steps", warmup)
         s("outer_optimizer", outer)
         s("process_set", process_set)
+        s("streaming", streaming)
+        s("_commlib_stream", StreamingMeetings(process_set) if streaming else None)
         s("_commlib_communicate", included(process_set) and set_size(process_set) > 1)
         s("_commlib_allreduce", make_allreduce_grads(op=Average, process_set=process_set,
                                                      name="LocalSGDWarmup"))
@@ -100,7 +112,8 @@ class _LocalSGDMixin:
         local = step >= self.warmup_steps
         self._commlib_local.assign_add(tf.cast(local, tf.int64))
         _run_if(tf.logical_and(local, tf.equal(tf.math.floormod(
-            step - self.warmup_steps + 1, self.period), 0)), self._meet)
+            step - self.warmup_steps + 1, self.period), 0)),
+            self._stream_meet if self.streaming else self._meet)
 
     def _warmup_grads(self, grads, variables, in_warmup):
         present = [i for i, g in enumerate(grads) if g is not None]
@@ -121,29 +134,58 @@ class _LocalSGDMixin:
             a.assign(v)
 
     def _meet(self):
-        """Averages the model's weights across ranks and, with an outer
-        optimizer, takes its step from the anchor."""
-        model_vars = self._commlib_model_vars
-        values = [tf.convert_to_tensor(v) for v in model_vars]
+        """Averages the model's weights across ranks and takes the meeting
+        step with the average."""
+        values = [tf.convert_to_tensor(v) for v in self._commlib_model_vars]
         if self._commlib_communicate:
             values = _ops.grouped_allreduce_raw(values, Average, name="LocalSGDMeet",
                                                 process_set=self.process_set)
+        self._meeting_step(values)
+        self._commlib_local.assign(0)
+
+    def _meeting_step(self, average):
+        """The weights become the average or, with an outer optimizer, its
+        step from the anchor (the result is the new anchor)."""
+        model_vars = self._commlib_model_vars
         if self.outer_optimizer is None:
-            for v, a in zip(model_vars, values):
+            for v, a in zip(model_vars, average):
                 v.assign(a)
-        else:
-            anchors = self._commlib_anchor
-            pseudo = [tf.convert_to_tensor(a) - avg for a, avg in zip(anchors, values)]
-            for v, a in zip(model_vars, anchors):
-                v.assign(a)
-            self.outer_optimizer.apply(pseudo, model_vars)
-            for a, v in zip(anchors, model_vars):
-                a.assign(v)
+            return
+        anchors = self._commlib_anchor
+        pseudo = [tf.convert_to_tensor(a) - avg for a, avg in zip(anchors, average)]
+        for v, a in zip(model_vars, anchors):
+            v.assign(a)
+        self.outer_optimizer.apply(pseudo, model_vars)
+        for a, v in zip(anchors, model_vars):
+            a.assign(v)
+
+    def _finish_stream(self):
+        """Waits for the pending streaming average and takes the meeting step
+        with it, keeping this rank's progress since the snapshot."""
+        model_vars = self._commlib_model_vars
+        have, average, snapshot = self._commlib_stream.finish_op(model_vars)
+
+        def take():
+            progress = [tf.convert_to_tensor(v) - s for v, s in zip(model_vars, snapshot)]
+            self._meeting_step(average)
+            for v, d in zip(model_vars, progress):
+                v.assign_add(d)
+
+        _run_if(have, take)
+
+    def _stream_meet(self):
+        """A streaming meeting: the previous one's average is applied, the
+        averaging of this one's snapshot starts."""
+        self._finish_stream()
+        self._commlib_stream.start_op(self._commlib_model_vars)
         self._commlib_local.assign(0)
 
     def synchronize(self):
-        """A meeting now, if steps were taken since the last one (eager:
-        call it after fit(), before evaluating or saving)."""
+        """Applies a pending streaming average, then holds a meeting now if
+        steps were taken since the last one (eager: call it after fit(),
+        before evaluating or saving)."""
+        if self._commlib_stream is not None and self._commlib_stream.pending:
+            self._finish_stream()
         if self._commlib_local is not None and int(self._commlib_local) > 0:
             self._meet()
 
@@ -159,7 +201,8 @@ def _check_int(value, what, minimum):
         raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
 
 
-def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, process_set=None):
+def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, process_set=None,
+             streaming=False):
     """A copy of the Keras ``optimizer`` that trains locally and meets every
     ``period`` steps (see the module's docstring); pass it to
     ``model.compile`` or call its ``apply`` in a custom loop. ``model``'s
@@ -180,6 +223,8 @@ def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, pro
         raise ValueError("the model has no trainable variables (build it first)")
     _check_int(period, "period", 1)
     _check_int(warmup_steps, "warmup_steps", 0)
+    if not isinstance(streaming, bool):
+        raise ValueError(f"streaming must be True or False, got {streaming!r}")
     if outer_optimizer is not None:
         if not isinstance(outer_optimizer, keras.optimizers.Optimizer):
             raise ValueError(f"outer_optimizer must be a Keras optimizer, got "
@@ -187,19 +232,20 @@ def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, pro
         if outer_optimizer is optimizer:
             raise ValueError("outer_optimizer must be a separate optimizer from the inner one")
     if included(process_set) and set_size(process_set) > 1:
-        _check_same_everywhere(model, period, outer_optimizer, warmup_steps, process_set)
+        _check_same_everywhere(model, period, outer_optimizer, warmup_steps, process_set,
+                               streaming)
     new = _local_sgd_class(type(optimizer)).from_config(optimizer.get_config())
     new._commlib_local_setup(model.trainable_variables, period, outer_optimizer, warmup_steps,
-                             process_set)
+                             process_set, streaming)
     return new
 
 
-def _check_same_everywhere(model, period, outer, warmup, process_set):
+def _check_same_everywhere(model, period, outer, warmup, process_set, streaming):
     """CollectiveMismatchError on every rank if the options or the model's
     variables (shapes, dtypes) differ across ranks (a meeting on some ranks
     only would otherwise stall)."""
-    sig = [("options: period, warmup_steps, outer optimizer", period, warmup,
-            type(outer).__name__ if outer is not None else None)]
+    sig = [("options: period, warmup_steps, outer optimizer, streaming", period, warmup,
+            type(outer).__name__ if outer is not None else None, streaming)]
     sig += [(f"variable {i}", tuple(v.shape), str(v.dtype))
             for i, v in enumerate(model.trainable_variables)]
     check_same_everywhere(sig, "LocalSGD: the options or the model's variables",

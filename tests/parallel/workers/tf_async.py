@@ -1,10 +1,11 @@
 """Asynchronous gradient exchange in commlib.tensorflow.keras on every rank:
 DistributedOptimizer(staleness=1) in model.fit (compiled and run_eagerly),
 DistributedGradientTape(staleness=1) in a custom loop (eager and tf.function;
-step 0 applies nothing) and LocalSGD (local SGD, DiLoCo with warm-up) in
-model.fit, each checked after every step against a single-process simulation of its rule computed
-from all ranks' data (within 1e-5) and bitwise identical across ranks (every
-step for delayed averaging, after every meeting for LocalSGD); synchronize();
+step 0 applies nothing) and LocalSGD (local SGD, DiLoCo with warm-up, both
+also streaming) in model.fit, each checked after every step against a
+single-process simulation of its rule computed from all ranks' data (within
+1e-5) and bitwise identical across ranks (every step for delayed averaging,
+after every meeting for synchronous LocalSGD, after synchronize() for all);
 error cases."""
 import keras
 import numpy as np
@@ -179,25 +180,42 @@ tape_model, tape_state = tape_delayed(ADAM, SIMULATED["Adam"], "tape Adam tf.fun
 
 # ---------------------------------------------------------------- local SGD and DiLoCo
 
-def simulate_local(make_inner, make_outer, period, warmup):
+def simulate_local(make_inner, make_outer, period, warmup, streaming=False):
     """One replica per rank; weights of this rank's replica after each step,
-    and after the final meeting of synchronize()."""
+    and after synchronize() (the pending streaming meeting, then a final
+    meeting if steps were taken since the last)."""
     replicas = [make_model() for _ in range(n)]
     inner = [make_inner() for _ in range(n)]
     anchor = make_model()
     outer = make_outer() if make_outer else None
 
-    def meet():
-        avg = average([m.trainable_variables for m in replicas])
+    def meeting_step(avg):
         if outer is None:
-            new = avg
-        else:
-            pseudo = [a - v for a, v in zip(anchor.trainable_variables, avg)]
-            outer.apply(pseudo, anchor.trainable_variables)
-            new = anchor.trainable_variables
+            return avg
+        pseudo = [a - v for a, v in zip(anchor.trainable_variables, avg)]
+        outer.apply(pseudo, anchor.trainable_variables)
+        return [tf.convert_to_tensor(a) for a in anchor.trainable_variables]
+
+    def meet():
+        new = meeting_step(average([m.trainable_variables for m in replicas]))
         for m in replicas:
             for v, w in zip(m.trainable_variables, new):
                 v.assign(w)
+
+    pending = []  # streaming: [every replica's snapshot] of the last meeting
+
+    def finish_stream():
+        if not pending:
+            return
+        snaps = pending.pop()
+        new = meeting_step(average(snaps))
+        for m, snap in zip(replicas, snaps):
+            for v, w, sv in zip(m.trainable_variables, new, snap):
+                v.assign(w + (tf.convert_to_tensor(v) - sv))
+
+    def stream_meet():
+        finish_stream()
+        pending.append([[tf.identity(v) for v in m.trainable_variables] for m in replicas])
 
     out = []
     for t in range(STEPS):
@@ -211,20 +229,24 @@ def simulate_local(make_inner, make_outer, period, warmup):
             for k, (m, o) in enumerate(zip(replicas, inner)):
                 o.apply(grads_of(m, k, t), m.trainable_variables)
             if (t - warmup + 1) % period == 0:
-                meet()
+                stream_meet() if streaming else meet()
         out.append(weights(replicas[r]))
+    finish_stream()
     if (STEPS - warmup) % period:
         meet()
     return out, weights(replicas[r])
 
 
-def local_sgd(make_inner, make_outer, period, warmup, what):
-    expected, final = simulate_local(make_inner, make_outer, period, warmup)
+def local_sgd(make_inner, make_outer, period, warmup, what, streaming=False, run_eagerly=False):
+    expected, final = simulate_local(make_inner, make_outer, period, warmup, streaming)
     model = make_model()
     opt = hvd.LocalSGD(make_inner(), model, period=period,
-                       outer_optimizer=make_outer() if make_outer else None, warmup_steps=warmup)
+                       outer_optimizer=make_outer() if make_outer else None, warmup_steps=warmup,
+                       streaming=streaming)
+    # (streaming: replicas differ by their last round's progress until synchronize())
     fit(model, opt, what, expected,
-        lambda t: t < warmup or (t - warmup + 1) % period == 0)
+        lambda t: t < warmup or (not streaming and (t - warmup + 1) % period == 0),
+        run_eagerly=run_eagerly)
     opt.synchronize()
     err = max_rel_err(weights(model), final)
     if not err <= 1e-5:
@@ -237,6 +259,10 @@ def local_sgd(make_inner, make_outer, period, warmup, what):
 local_sgd(lambda: keras.optimizers.SGD(0.1, momentum=0.9), None, 4, 0, "local SGD")
 local_sgd(lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01),
           lambda: keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True), 6, 3, "DiLoCo warm-up")
+local_sgd(lambda: keras.optimizers.SGD(0.1, momentum=0.9), None, 3, 0, "streaming local SGD",
+          streaming=True)
+local_sgd(lambda: keras.optimizers.SGD(0.1), lambda: keras.optimizers.SGD(0.7, momentum=0.9,
+          nesterov=True), 4, 2, "streaming DiLoCo warm-up, eager", streaming=True, run_eagerly=True)
 
 # ---------------------------------------------------------------- errors
 
@@ -285,6 +311,8 @@ expect_raises(ValueError, lambda: hvd.LocalSGD(sgd, m, period=2, outer_optimizer
               "outer is inner", "separate")
 expect_raises(ValueError, lambda: hvd.LocalSGD(sgd, "model", period=2), "not a model",
               "keras.Model")
+expect_raises(ValueError, lambda: hvd.LocalSGD(sgd, m, period=2, streaming=1), "streaming=1",
+              "streaming")
 err = expect_raises(hvd.CollectiveMismatchError, lambda: hvd.LocalSGD(sgd, m, period=2 + r),
                     "period differs across ranks")
 if "period" not in str(err):

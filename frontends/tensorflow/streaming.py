@@ -1,0 +1,93 @@
+"""The pending meeting of ``LocalSGD(..., streaming=True)`` for TensorFlow:
+a snapshot of the model's weights whose averaging across ranks runs on the
+core's background thread during the next round (see keras/local_sgd.py).
+
+Two ordered commlib ops (eagerly, or numpy_functions inside tf.function):
+``finish_op(like)`` waits for the pending average and returns ``(have,
+average, snapshot)`` (zeros shaped like ``like`` and have False when none is
+pending), and ``start_op(values)`` copies ``values`` into a snapshot and
+starts averaging it. The snapshot and the average live in reused aligned
+buffers (buffers.py): a set is reused only once nothing refers to it.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+
+import numpy as np
+import tensorflow as tf
+
+import commlib
+from commlib.process_sets import included, set_size
+
+from .buffers import OutputPool
+from .execution import execute
+
+_instances = collections.defaultdict(itertools.count)
+
+
+class StreamingMeetings:
+    """Built on every rank (of ``process_set``) in the same order: the i-th
+    one of a set names its allreduces ``LocalSGDStream<i>``."""
+
+    def __init__(self, process_set):
+        self.process_set = process_set
+        self.communicate = included(process_set) and set_size(process_set) > 1
+        self.name = f"LocalSGDStream{next(_instances[process_set.process_set_id])}"
+        self._pending = None  # (handle or None, snapshot, average)
+        self._pool = OutputPool(layouts=1, per_layout=4)  # (pending and lent: two sets each)
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def start(self, arrays) -> None:
+        if self._pending is not None:
+            raise RuntimeError("a streaming meeting is already pending; finish it first")
+        arrays = [np.asarray(a) for a in arrays]
+        snapshot, average = self._pool.take(arrays), self._pool.take(arrays)
+        for s, a in zip(snapshot, arrays):
+            np.copyto(s, a)
+        handle = None
+        if self.communicate and arrays:
+            handle = commlib.grouped_allreduce_async(snapshot, name=self.name, op=commlib.Average,
+                                                     process_set=self.process_set, out=average)
+        else:  # (no one to average with)
+            for v, s in zip(average, snapshot):
+                np.copyto(v, s)
+        self._pending = (handle, snapshot, average)
+
+    def finish(self):
+        """(True, average, snapshot), or (False, None, None) when none is pending."""
+        if self._pending is None:
+            return False, None, None
+        (handle, snapshot, average), self._pending = self._pending, None
+        if handle is not None:
+            commlib.synchronize(handle)
+        return True, average, snapshot
+
+    def finish_op(self, like):
+        like = [tf.convert_to_tensor(t) for t in like]
+
+        def fn(_cname):
+            have, average, snapshot = self.finish()
+            if not have:
+                average = snapshot = [np.zeros(t.shape, t.dtype.as_numpy_dtype) for t in like]
+            return [np.array(have)] + list(average) + list(snapshot)
+
+        outs = execute(fn, [], [tf.bool] + [t.dtype for t in like] * 2, "CommlibStreamFinish",
+                       process_set=self.process_set)
+        outs[0].set_shape(())
+        for o, t in zip(outs[1:], like + like):
+            o.set_shape(t.shape)
+        n = len(like)
+        return outs[0], outs[1:1 + n], outs[1 + n:]
+
+    def start_op(self, values):
+        values = [tf.convert_to_tensor(t) for t in values]
+
+        def fn(_cname, *arrays):
+            self.start(list(arrays))
+            return [np.array(True)]
+
+        execute(fn, values, [tf.bool], "CommlibStreamStart", process_set=self.process_set)
