@@ -58,7 +58,7 @@ def parse_args():
                         "local-sgd-stream, diloco-stream, local")
     p.add_argument("--period", type=int, default=8, help="local-sgd/diloco: steps per meeting")
     args = p.parse_args()
-    modes = args.mode.split(",")
+    args.modes = modes = args.mode.split(",")
     unknown = set(modes) - {"sync", "staleness1", "local-sgd", "diloco", "local-sgd-stream",
                             "diloco-stream", "local"}
     if unknown:
@@ -106,7 +106,7 @@ def main():
         return keras.Sequential(layers)
 
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    modes = args.mode.split(",")
+    modes = args.modes
     if strategy is None:
         import commlib.tensorflow.keras as hvd
 

@@ -150,10 +150,9 @@ void allreduce_ring(Transport& t, void* buf, size_t count, int dtype, int op, do
     const int next_ticket = recv_items.done(nxt) ? -1 : post_recv(nxt, i + 1);
     t.wait(ticket);
     char* mine = data + cur.lo * esize;
-    if (cur.step < last_reduce_step) {
-      reduce_into(dtype, op, mine, slots[i % 2], cur.hi - cur.lo);
-    } else if (cur.step == last_reduce_step) {  // (this rank completes the element: scaled too)
-      reduce_into_and_copy_scaled(dtype, op, mine, slots[i % 2], nullptr, cur.hi - cur.lo, scale);
+    if (cur.step <= last_reduce_step) {  // (the last reduction completes the element: scaled)
+      reduce_into_and_copy_scaled(dtype, op, mine, slots[i % 2], nullptr, cur.hi - cur.lo,
+                                  cur.step == last_reduce_step ? scale : 1.0);
     }
     // Forward the chunk: what arrived in step t is sent in step t+1.
     if (cur.step + 1 < steps) {

@@ -32,7 +32,7 @@ import tensorflow as tf
 import commlib
 from commlib.process_sets import check_process_set, included, set_size
 
-from .buffers import aligned_empty, unshared
+from .buffers import OutputPool
 from .execution import check_dtype, execute
 
 _instances = collections.defaultdict(itertools.count)
@@ -49,19 +49,11 @@ class DelayedExchange:
         self.communicate = included(self.process_set) and set_size(self.process_set) > 1
         self.name = f"delayed{next(_instances[self.process_set.process_set_id])}"
         self._pending = None  # (handle or None, arrays)
-        self._spare = None  # the buffers lent out by the previous swap, to reuse when released
+        self._pool = OutputPool(layouts=1, per_layout=2)  # (pending, lent out: a set each)
 
     @property
     def pending(self) -> bool:
         return self._pending is not None
-
-    def _buffers_like(self, arrays) -> list:
-        spare, self._spare = self._spare, None
-        if (spare is None or len(spare) != len(arrays)
-                or any(b.shape != a.shape or b.dtype != a.dtype for b, a in zip(spare, arrays))
-                or not unshared(spare)):
-            spare = [aligned_empty(a.shape, a.dtype) for a in arrays]
-        return spare
 
     def start(self, arrays) -> None:
         """Starts averaging ``arrays`` (numpy) into buffers of its own. The
@@ -71,7 +63,7 @@ class DelayedExchange:
         if self._pending is not None:
             raise RuntimeError("an average is already pending; finish() it first")
         arrays = [np.asarray(a) for a in arrays]
-        bufs = self._buffers_like(arrays)
+        bufs = self._pool.take(arrays)
         handle = None
         if self.communicate and bufs:
             pre, post = self.scales
@@ -83,7 +75,9 @@ class DelayedExchange:
                 np.copyto(b, a)
         self._pending = (handle, bufs)
 
-    def _wait(self):
+    def finish(self):
+        """Waits for the pending average: (True, arrays), or (False, None)
+        when none is pending."""
         if self._pending is None:
             return False, None
         (handle, bufs), self._pending = self._pending, None
@@ -91,25 +85,15 @@ class DelayedExchange:
             commlib.synchronize(handle)
         return True, bufs
 
-    def finish(self):
-        """Waits for the pending average: (True, arrays), or (False, None)
-        when none is pending."""
-        have, bufs = self._wait()
-        if have:
-            self._spare = bufs
-        return have, bufs
-
     def swap(self, arrays):
         """finish() then start(arrays); the previous average must have the
         same shapes and dtypes (ValueError otherwise)."""
-        have, prev = self._wait()
+        have, prev = self.finish()
         arrays = [np.asarray(a) for a in arrays]
         if have and [(a.shape, a.dtype) for a in prev] != [(a.shape, a.dtype) for a in arrays]:
             raise ValueError("staleness=1: the gradients of this step do not match the pending "
                              "ones (the variables with a gradient changed between steps)")
         self.start(arrays)  # (into the buffers the previous swap lent out, if released)
-        if have:
-            self._spare = prev
         return have, prev
 
     def swap_op(self, tensors):

@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as workdir:
         hosts = NetnsHosts(args.hosts, Path(workdir)).setup()
         try:
-            for i in range(args.hosts):
+            for i in range(args.hosts if args.rate else 0):
                 hosts.set_rate(i, args.rate)
             env = {**os.environ, **hosts.env(),
                    "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
