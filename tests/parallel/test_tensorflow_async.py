@@ -23,3 +23,12 @@ def test_keras_delayed_averaging_and_local_sgd(ranks, n):
 @pytest.mark.timeout(120)
 def test_result_buffers_are_reused_only_when_released(ranks):
     ranks(2, "tf_result_buffers.py", timeout=90).assert_ok(2)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n", [2, 3])
+def test_keras_weight_prediction_matches_its_simulation(ranks, n):
+    run = ranks(n, "tf_weight_prediction.py", timeout=120)
+    run.assert_ok(n)
+    m = re.search(r"keras weight prediction max relative error (\S+)", run.stdout)
+    assert m and float(m.group(1)) <= 1e-5, run

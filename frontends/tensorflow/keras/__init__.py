@@ -77,7 +77,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                          gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=None, scale_local_gradients=True, local_layers=None,
-                         staleness=0, zero_stage=0, bucket_elements=None):
+                         staleness=0, zero_stage=0, bucket_elements=None,
+                         weight_prediction=False):
     """A copy of the Keras ``optimizer`` that averages (``op``) gradients across
     ranks (of ``process_set``; on ranks outside it, gradients stay local)
     before applying them.
@@ -98,6 +99,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     staleness: 0 (synchronous) or 1: one-step delayed averaging, each step
     applies the previous step's average while this one's travels (see
     commlib.tensorflow.keras.delayed; ``synchronize()`` applies the last one).
+    weight_prediction: with staleness=1, compute the gradients at the
+    predicted weights w + (w - w_prev) that they will be applied to (opt-in;
+    see commlib.tensorflow.keras.weight_prediction).
     zero_stage: 0 (every rank holds the whole optimizer state), 1 or 2: ZeRO,
     each rank keeps the state of 1/size of the elements (flat buckets of at
     most ``bucket_elements``); both stages reduce-scatter the gradients and
@@ -129,6 +133,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
 
         check_staleness_options(staleness, backward_passes_per_step, groups, local_layers,
                                 compression)
+    if not isinstance(weight_prediction, bool):
+        raise ValueError(f"weight_prediction must be True or False, got {weight_prediction!r}")
+    if weight_prediction and staleness == 0:
+        raise ValueError("weight_prediction=True needs staleness=1")
     if zero_stage != 0:
         from .zero import check_zero_options
 
@@ -145,7 +153,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     new._commlib_setup(allreduce_grads, backward_passes_per_step, average_aggregated_gradients,
                        scale_local_gradients)
     if staleness:
-        new._commlib_delayed_setup(op, gradient_predivide_factor, process_set)
+        new._commlib_delayed_setup(op, gradient_predivide_factor, process_set, weight_prediction)
     if zero_stage != 0:
         new._commlib_zero_setup(type(optimizer), zero_stage, bucket_elements, op,
                                 *predivide_scales(op, gradient_predivide_factor))

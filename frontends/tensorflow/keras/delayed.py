@@ -14,6 +14,11 @@ nothing (the wrapped optimizer is not stepped: ``iterations`` stays 0).
 ``synchronize()`` (eager) waits for the pending average and applies it; the
 step after it applies nothing again. Replicas stay identical.
 
+``weight_prediction=True`` (opt-in) computes each step's gradients at the
+predicted weights w + (w - w_prev) they will be applied to (see
+commlib.tensorflow.keras.weight_prediction; ``synchronize()`` puts the true
+weights back).
+
 IndexedSlices gradients are averaged as dense tensors. The variables with a
 gradient must be the same at every step (and on every rank). Not combined
 with backward_passes_per_step > 1, groups, local_layers or compression.
@@ -30,17 +35,37 @@ from commlib.reduce_args import predivide_scales
 from ..compression import Compression
 from ..delayed import DelayedExchange
 from .optimizer_base import DistributedOptimizerMixin
+from .weight_prediction import WeightPrediction
 
 
 class DelayedOptimizerMixin(DistributedOptimizerMixin):
     """Placed in front of the wrapped optimizer's class."""
 
-    def _commlib_delayed_setup(self, op, gradient_predivide_factor, process_set):
+    _commlib_prediction = None  # WeightPrediction, built with the optimizer
+
+    def _commlib_delayed_setup(self, op, gradient_predivide_factor, process_set,
+                               weight_prediction=False):
         pre, post = predivide_scales(op, gradient_predivide_factor)
         s = functools.partial(object.__setattr__, self)
         s("_commlib_exchange", DelayedExchange(op, pre, post, process_set))
         s("_commlib_pending_vars", None)  # (variables, positions) of the pending average
         s("staleness", 1)
+        s("weight_prediction", weight_prediction)
+
+    def build(self, variables):
+        super().build(variables)
+        if getattr(self, "weight_prediction", False) and self._commlib_prediction is None:
+            object.__setattr__(self, "_commlib_prediction", WeightPrediction(self, variables))
+
+    def _commlib_update(self, grads, variables, predict):
+        """The wrapped optimizer's rule on the true weights; with weight
+        prediction and ``predict`` the model then holds the prediction."""
+        prediction = self._commlib_prediction
+        if prediction is not None:
+            prediction.before_update()
+        super(DistributedOptimizerMixin, self).apply(grads, variables)
+        if prediction is not None and predict:
+            prediction.predict()
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
@@ -66,7 +91,7 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
             full[i] = g
 
         def update():
-            parent_apply(full, variables)
+            self._commlib_update(full, variables, predict=True)
             return tf.constant(True)
 
         if tf.executing_eagerly():
@@ -77,15 +102,18 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
 
     def synchronize(self):
         """Waits for the pending average and applies it (eagerly: call it
-        after fit(), before evaluating or saving)."""
+        after fit(), before evaluating or saving); with weight prediction the
+        model then holds the true weights."""
         have, arrays = self._commlib_exchange.finish()
         if not have:
+            if self._commlib_prediction is not None:
+                self._commlib_prediction.restore()
             return
         variables, present = self._commlib_pending_vars
         full = [None] * len(variables)
         for i, a in zip(present, arrays):
             full[i] = tf.convert_to_tensor(a)
-        super(DistributedOptimizerMixin, self).apply(full, variables)
+        self._commlib_update(full, variables, predict=False)
 
     @property
     def pending(self) -> bool:

@@ -1,0 +1,91 @@
+"""Weight prediction for the Keras delayed optimizer:
+``DistributedOptimizer(..., staleness=1, weight_prediction=True)``.
+
+The rule of ``commlib.torch.weight_prediction``: with one step of delay the
+gradient computed at w_t is applied to w_{t+1}, so after a step that applied
+an update the model holds the predicted weights
+
+    w^ = w + (w - w_prev)        (w: the weights after the update,
+                                  w_prev: the weights before it)
+
+for the next forward and backward, and the true weights are kept aside in
+optimizer variables (one per trainable variable, ``commlib_true_weights``);
+the next update puts them back before the wrapped optimizer's rule runs.
+After a step that applied nothing (step 0, the step after ``synchronize()``)
+the model holds the true weights. ``synchronize()`` puts them back (call it
+before evaluating, saving or loading weights: a prediction left in the model
+would be saved, and weights loaded under one would be overwritten).
+
+Works eagerly and inside the compiled train step (the flag saying whether
+the model holds a prediction is an optimizer variable). Costs one copy of the
+trainable variables and, per step, four passes over them (put back, the
+extrapolation, keep aside, put the prediction in). Replicas stay bitwise
+identical (every rank does the same arithmetic).
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def branch(flag, if_true, if_false):
+    """``if_true()`` or ``if_false()`` on a boolean (Python or tensor):
+    eagerly a Python ``if``, in a graph ``tf.cond``."""
+    if tf.executing_eagerly():
+        (if_true if bool(flag) else if_false)()
+    else:
+        tf.cond(flag, lambda: (if_true(), tf.constant(True))[1],
+                lambda: (if_false(), tf.constant(False))[1])
+
+
+class WeightPrediction:
+    """The true weights of the variables an optimizer is built for while
+    the model holds a prediction (see the module's docstring); created in
+    the optimizer's ``build``."""
+
+    def __init__(self, optimizer, variables):
+        self._pairs = [(v, optimizer.add_variable_from_reference(v, name="commlib_true_weights"))
+                       for v in variables]
+        self._predicting = optimizer.add_variable(shape=(), dtype="int64", initializer="zeros",
+                                                  name="commlib_predicting")
+
+    @property
+    def predicting(self):
+        """A bool tensor: whether the model holds a prediction."""
+        return tf.not_equal(tf.convert_to_tensor(self._predicting), 0)
+
+    def before_update(self) -> None:
+        """Puts the true weights back (or, holding none aside, keeps the
+        current ones): afterwards the slots hold w_prev."""
+        pairs = self._pairs
+
+        def put_back():
+            for v, s in pairs:
+                v.assign(s)
+
+        def keep():
+            for v, s in pairs:
+                s.assign(v)
+
+        branch(self.predicting, put_back, keep)
+        self._predicting.assign(0)
+
+    def predict(self) -> None:
+        """After an update from w_prev (in the slots) to w: keeps w aside and
+        puts w + (w - w_prev) into the variables."""
+        for v, s in self._pairs:
+            w = tf.convert_to_tensor(v)
+            guess = w + (w - tf.convert_to_tensor(s))
+            s.assign(w)
+            v.assign(guess)
+        self._predicting.assign(1)
+
+    def restore(self) -> None:
+        """Puts the true weights back if the model holds a prediction."""
+        pairs = self._pairs
+
+        def put_back():
+            for v, s in pairs:
+                v.assign(s)
+
+        branch(self.predicting, put_back, lambda: None)
+        self._predicting.assign(0)

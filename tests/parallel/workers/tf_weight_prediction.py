@@ -1,0 +1,141 @@
+"""Keras DistributedOptimizer(..., staleness=1, weight_prediction=True) in
+model.fit (compiled and run_eagerly) on every rank against a single-process
+simulation of the rule: the gradients of step t are taken at the predicted
+weights w + (w - w_prev) (w after the last applied update, w_prev before it;
+the true weights after a step that applied nothing), averaged, and applied
+one step later to the true weights. After every step the model holds the
+simulation's predicted weights (within 1e-5, bitwise identical across
+ranks); synchronize() puts the true weights back; the step after it applies
+and predicts nothing; error cases."""
+import keras
+import numpy as np
+from tf_common import done, expect_raises, fail, max_rel_err, same_on_all_ranks
+
+import commlib.keras as hvd
+
+r, n = hvd.rank(), hvd.size()
+B, STEPS, D_IN = 8, 20, 6
+worst = {}
+
+
+def data(k):
+    rng = np.random.default_rng(300 + k)
+    x = rng.normal(size=(STEPS * B, D_IN)).astype(np.float32)
+    y = (np.sin(x[:, :2]) + 0.1 * rng.normal(size=(len(x), 2))).astype(np.float32)
+    return x, y
+
+
+DATA = [data(k) for k in range(n)]
+
+
+def make_model():
+    keras.utils.set_random_seed(11)
+    return keras.Sequential([keras.layers.Input((D_IN,)), keras.layers.Dense(12, activation="tanh"),
+                             keras.layers.Dense(2)])
+
+
+def weights(model):
+    return [v.numpy().copy() for v in model.trainable_variables]
+
+
+def set_weights(model, values):
+    for v, w in zip(model.trainable_variables, values):
+        v.assign(w)
+
+
+def grads_at(model, k, t):
+    import tensorflow as tf
+
+    x, y = DATA[k]
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x[t * B:(t + 1) * B]) - y[t * B:(t + 1) * B]))
+    return tape.gradient(loss, model.trainable_variables)
+
+
+class Simulation:
+    """The rule on one process: ``true`` holds the true weights, the
+    gradients are taken on ``at`` (set to the predicted weights)."""
+
+    def __init__(self, make_opt):
+        self.true, self.at, self.opt = make_model(), make_model(), make_opt()
+        self.prev = None  # the true weights before the last applied update
+        self.pending = None
+
+    def predicted(self):
+        w = weights(self.true)
+        return w if self.prev is None else [a + (a - b) for a, b in zip(w, self.prev)]
+
+    def apply(self, grads, predict):
+        before = weights(self.true)
+        self.opt.apply(grads, self.true.trainable_variables)
+        self.prev = before if predict else None
+
+    def step(self, t):
+        set_weights(self.at, self.predicted())
+        lists = [grads_at(self.at, k, t) for k in range(n)]
+        avg = [sum(gs) / len(gs) for gs in zip(*lists)]
+        if self.pending is not None:
+            self.apply(self.pending, predict=True)
+        else:
+            self.prev = None
+        self.pending = avg
+
+    def synchronize(self):
+        if self.pending is not None:
+            self.apply(self.pending, predict=False)
+        self.pending, self.prev = None, None
+
+
+def check(model, want, what):
+    err = max_rel_err(weights(model), want)
+    worst[what] = max(worst.get(what, 0.0), err)
+    if not err <= 1e-5:
+        fail(f"{what}: max relative error {err:.3g} against the simulation")
+
+
+def train(make_opt, what, run_eagerly=False):
+    sim = Simulation(make_opt)
+    model = make_model()
+    opt = hvd.DistributedOptimizer(make_opt(), staleness=1, weight_prediction=True)
+
+    class Check(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            sim.step(batch)
+            check(model, sim.predicted(), f"{what} step {batch}")
+            same_on_all_ranks(weights(model), f"{what} step {batch}")
+
+    model.compile(optimizer=opt, loss="mse", run_eagerly=run_eagerly)
+    x, y = DATA[r]
+    model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0, callbacks=[Check()])
+    if max_rel_err(weights(model), weights(sim.true)) < 1e-3:
+        fail(f"{what}: the model holds the true weights between steps, not a prediction")
+    opt.synchronize()
+    sim.synchronize()
+    check(model, weights(sim.true), f"{what} after synchronize")
+    same_on_all_ranks(weights(model), f"{what} synchronize")
+    # The step after synchronize() applies nothing and predicts nothing.
+    before, iterations = weights(model), int(opt.iterations)
+    model.fit(x[:B], y[:B], batch_size=B, epochs=1, shuffle=False, verbose=0)
+    if max_rel_err(weights(model), before) != 0.0 or int(opt.iterations) != iterations:
+        fail(f"{what}: the step after synchronize() changed the weights")
+    sim.step(0)
+    opt.synchronize()
+    sim.synchronize()
+    check(model, weights(sim.true), f"{what} second synchronize")
+    opt.synchronize()  # nothing pending, no prediction: nothing changes
+    check(model, weights(sim.true), f"{what} idle synchronize")
+
+
+train(lambda: keras.optimizers.SGD(0.1, momentum=0.9), "SGD momentum")
+train(lambda: keras.optimizers.Adam(0.01), "Adam eager", run_eagerly=True)
+train(lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05), "AdamW")
+
+sgd = keras.optimizers.SGD(0.1)
+expect_raises(ValueError, lambda: hvd.DistributedOptimizer(sgd, weight_prediction=True),
+              "weight_prediction without staleness", "needs staleness=1")
+expect_raises(ValueError, lambda: hvd.DistributedOptimizer(sgd, staleness=1,
+                                                           weight_prediction="yes"),
+              "weight_prediction not a bool", "True or False")
+if r == 0:
+    print(f"keras weight prediction max relative error {max(worst.values()):.3g}", flush=True)
+done()
