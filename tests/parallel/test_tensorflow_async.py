@@ -2,8 +2,10 @@
 ranks (workers/tf_async.py): DistributedOptimizer(staleness=1) and LocalSGD
 (local SGD, DiLoCo with warm-up) in model.fit, and DistributedGradientTape(
 staleness=1) with DelayedGradients in a custom loop (eager and tf.function),
-match a single-process simulation of their rule within 1e-5 after every one
-of 20 steps, with bitwise identical replicas; error cases."""
+and DistributedOptimizer(staleness=1, weight_prediction=True)
+(workers/tf_weight_prediction.py) match a single-process simulation of their
+rule within 1e-5 after every one of 20 steps, with bitwise identical
+replicas; error cases."""
 import re
 
 import pytest
@@ -13,22 +15,17 @@ pytest.importorskip("tensorflow")
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("n", [2, 3])
-def test_keras_delayed_averaging_and_local_sgd(ranks, n):
-    run = ranks(n, "tf_async.py", timeout=170)
+@pytest.mark.parametrize("worker, reports", [
+    ("tf_async.py", "keras async"),  # delayed averaging, the tape, LocalSGD
+    ("tf_weight_prediction.py", "keras weight prediction"),
+])
+def test_keras_asynchronous_exchange_matches_its_simulation(ranks, n, worker, reports):
+    run = ranks(n, worker, timeout=170)
     run.assert_ok(n)
-    m = re.search(r"keras async max relative error (\S+)", run.stdout)
+    m = re.search(reports + r" max relative error (\S+)", run.stdout)
     assert m and float(m.group(1)) <= 1e-5, run
 
 
 @pytest.mark.timeout(120)
 def test_result_buffers_are_reused_only_when_released(ranks):
     ranks(2, "tf_result_buffers.py", timeout=90).assert_ok(2)
-
-
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("n", [2, 3])
-def test_keras_weight_prediction_matches_its_simulation(ranks, n):
-    run = ranks(n, "tf_weight_prediction.py", timeout=120)
-    run.assert_ok(n)
-    m = re.search(r"keras weight prediction max relative error (\S+)", run.stdout)
-    assert m and float(m.group(1)) <= 1e-5, run

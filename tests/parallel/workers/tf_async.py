@@ -15,42 +15,10 @@ from tf_common import done, expect_raises, fail, max_rel_err, same_on_all_ranks
 import commlib.keras as hvd
 import commlib.tensorflow as htf
 
+from tf_async_common import B, DATA, STEPS, average, grads_of, make_model, weights
+
 r, n = hvd.rank(), hvd.size()
-B, STEPS, D_IN = 8, 20, 6
 worst = {}
-
-
-def data(k):
-    """Rank k's STEPS batches, from rank k's seed."""
-    rng = np.random.default_rng(100 + k)
-    x = rng.normal(size=(STEPS * B, D_IN)).astype(np.float32)
-    y = (np.sin(x[:, :2]) + 0.1 * rng.normal(size=(len(x), 2))).astype(np.float32)
-    return x, y
-
-
-DATA = [data(k) for k in range(n)]
-
-
-def make_model():
-    keras.utils.set_random_seed(7)
-    return keras.Sequential([keras.layers.Input((D_IN,)), keras.layers.Dense(12, activation="tanh"),
-                             keras.layers.Dense(2)])
-
-
-def grads_of(model, k, t):
-    x, y = DATA[k]
-    xb, yb = x[t * B:(t + 1) * B], y[t * B:(t + 1) * B]
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.square(model(xb) - yb))
-    return tape.gradient(loss, model.trainable_variables)
-
-
-def average(lists):
-    return [tf.add_n(list(gs)) / len(gs) for gs in zip(*lists)]
-
-
-def weights(model):
-    return [v.numpy().copy() for v in model.trainable_variables]
 
 
 class Check(keras.callbacks.Callback):

@@ -8,48 +8,18 @@ simulation's predicted weights (within 1e-5, bitwise identical across
 ranks); synchronize() puts the true weights back; the step after it applies
 and predicts nothing; error cases."""
 import keras
-import numpy as np
+from tf_async_common import B, DATA, average, grads_of, make_model, weights
 from tf_common import done, expect_raises, fail, max_rel_err, same_on_all_ranks
 
 import commlib.keras as hvd
 
 r, n = hvd.rank(), hvd.size()
-B, STEPS, D_IN = 8, 20, 6
 worst = {}
-
-
-def data(k):
-    rng = np.random.default_rng(300 + k)
-    x = rng.normal(size=(STEPS * B, D_IN)).astype(np.float32)
-    y = (np.sin(x[:, :2]) + 0.1 * rng.normal(size=(len(x), 2))).astype(np.float32)
-    return x, y
-
-
-DATA = [data(k) for k in range(n)]
-
-
-def make_model():
-    keras.utils.set_random_seed(11)
-    return keras.Sequential([keras.layers.Input((D_IN,)), keras.layers.Dense(12, activation="tanh"),
-                             keras.layers.Dense(2)])
-
-
-def weights(model):
-    return [v.numpy().copy() for v in model.trainable_variables]
 
 
 def set_weights(model, values):
     for v, w in zip(model.trainable_variables, values):
         v.assign(w)
-
-
-def grads_at(model, k, t):
-    import tensorflow as tf
-
-    x, y = DATA[k]
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.square(model(x[t * B:(t + 1) * B]) - y[t * B:(t + 1) * B]))
-    return tape.gradient(loss, model.trainable_variables)
 
 
 class Simulation:
@@ -72,8 +42,7 @@ class Simulation:
 
     def step(self, t):
         set_weights(self.at, self.predicted())
-        lists = [grads_at(self.at, k, t) for k in range(n)]
-        avg = [sum(gs) / len(gs) for gs in zip(*lists)]
+        avg = average([grads_of(self.at, k, t) for k in range(n)])
         if self.pending is not None:
             self.apply(self.pending, predict=True)
         else:
