@@ -20,7 +20,7 @@ class Handle:
     """An in-flight collective. Pass it to ``synchronize`` for the result.
     ``device``: the CUDA device of a collective on device buffers, else None."""
 
-    __slots__ = ("_id", "_finish", "_value", "_done", "op", "device")
+    __slots__ = ("_id", "_finish", "_value", "_done", "_error", "op", "device")
 
     def __init__(self, hid: int, finish: Callable[[int], Any] | None, keepalive: Any, op: str,
                  value: Any = None, device: int | None = None):
@@ -31,6 +31,7 @@ class Handle:
         self._finish = finish
         self._value = value
         self._done = False
+        self._error = None  # the error it raised (raised again by a later synchronize)
         self.op = op
         self.device = device
         _keepalive[hid] = keepalive
@@ -49,10 +50,14 @@ def poll(handle: Handle) -> bool:
 
 def synchronize(handle: Handle):
     """Waits for the collective (the GIL is released while waiting) and returns
-    its result, or raises its error. A handle can be synchronized once."""
+    its result, or raises its error. A handle can be synchronized once; one
+    that failed raises its error again (so a caller that kept it, like a
+    delayed average, cannot mistake it for a result later)."""
     if not isinstance(handle, Handle):
         raise TypeError(f"expected a commlib Handle, got {type(handle).__name__}")
     if handle._done:
+        if handle._error is not None:
+            raise handle._error
         raise ValueError("this handle has already been synchronized")
     hid = handle._id
     finish = handle._finish
@@ -65,11 +70,13 @@ def synchronize(handle: Handle):
     if finish is None:
         _keepalive.pop(hid, None)
         if rc != _OK:
-            raise error_for(rc, last_error())
+            handle._error = error_for(rc, last_error())
+            raise handle._error
         return handle._value
     try:
         if rc != _OK:
-            raise error_for(rc, last_error())
+            handle._error = error_for(rc, last_error())
+            raise handle._error
         return finish(hid)
     finally:
         lib.commlib_release(hid)
@@ -89,10 +96,8 @@ def synchronize_on_stream(handle: Handle, stream: int):
     synchronized as by ``synchronize``."""
     if not isinstance(handle, Handle):
         raise TypeError(f"expected a commlib Handle, got {type(handle).__name__}")
-    if handle._done:
-        raise ValueError("this handle has already been synchronized")
-    if handle._finish is not None:
-        return synchronize(handle)
+    if handle._done or handle._finish is not None:
+        return synchronize(handle)  # (raises a failed handle's error again)
     hid, on_stream = handle._id, ffi.new("int*")
     cstream = ffi.cast("void*", stream)
     rc = lib.commlib_wait_on_stream(hid, cstream, WAIT_SLICE_S, on_stream)
@@ -104,7 +109,8 @@ def synchronize_on_stream(handle: Handle, stream: int):
     if on_stream[0]:
         _detached[hid] = keep  # (the device may still read and write its buffers)
     if rc != _OK:
-        raise error_for(rc, last_error())
+        handle._error = error_for(rc, last_error())
+        raise handle._error
     return handle._value
 
 

@@ -80,9 +80,10 @@ class DelayedExchange:
         when none is pending."""
         if self._pending is None:
             return False, None
-        (handle, bufs), self._pending = self._pending, None
+        handle, bufs = self._pending
         if handle is not None:
-            commlib.synchronize(handle)
+            commlib.synchronize(handle)  # a failed one stays pending: its error again
+        self._pending = None
         return True, bufs
 
     def swap(self, arrays):

@@ -61,9 +61,10 @@ class StreamingMeetings:
         """(True, average, snapshot), or (False, None, None) when none is pending."""
         if self._pending is None:
             return False, None, None
-        (handle, snapshot, average), self._pending = self._pending, None
+        handle, snapshot, average = self._pending
         if handle is not None:
-            commlib.synchronize(handle)
+            commlib.synchronize(handle)  # a failed one stays pending: its error again
+        self._pending = None
         return True, average, snapshot
 
     def finish_op(self, like):

@@ -60,8 +60,8 @@ class PendingGradients:
         """The averaged gradients, in the order of ``params`` (None for a
         parameter without a gradient on every rank)."""
         if self._handle is not None:
-            handle, self._handle = self._handle, None
-            _ops.synchronize(handle)
+            _ops.synchronize(self._handle)  # a failed one raises again at every wait()
+            self._handle = None
             for i, (buf, cctx) in enumerate(self._wire):
                 if buf is not self._grads[i]:
                     self._grads[i].copy_(self._compression.decompress(buf, cctx))

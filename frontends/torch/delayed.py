@@ -41,6 +41,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+from commlib.errors import CommlibError
+
 from ._grad_exchange import PendingGradients, assign_grads
 from .mpi_ops import Average, Sum
 from .optimizer import DistributedOptimizerBase
@@ -98,9 +100,12 @@ class _DelayedOptimizer(DistributedOptimizerBase):
 
             with torch.enable_grad():
                 loss = closure()
-        previous, self._pending = self._pending, None
+        previous = self._pending
         if previous is not None:
-            previous.wait()  # done before the next request of the same name starts
+            # Done before the next request of the same name starts; a failed
+            # one stays pending and raises again at every step/synchronize().
+            previous.wait()
+        self._pending = None
         self._start_pending()
         if previous is not None:
             self._apply(previous, predict=True)
@@ -111,8 +116,10 @@ class _DelayedOptimizer(DistributedOptimizerBase):
     def synchronize(self):
         """Waits for the pending average and applies it (before evaluating or
         saving the model); does nothing when none is pending."""
-        previous, self._pending = self._pending, None
+        previous = self._pending
         if previous is not None:
+            previous.wait()  # (a failed one stays pending: its error again)
+            self._pending = None
             self._apply(previous)
         elif self._prediction is not None:
             self._prediction.restore()
@@ -135,10 +142,14 @@ class _DelayedOptimizer(DistributedOptimizerBase):
 
     def load_state_dict(self, state_dict):
         """Loads the state; a pending average (of the state before) is waited
-        for and dropped."""
+        for and dropped, a failed one too (after a lost rank, as an elastic
+        restore does)."""
         previous, self._pending = self._pending, None
         if previous is not None:
-            previous.wait()
+            try:
+                previous.wait()
+            except CommlibError:
+                pass
         if self._prediction is not None:
             self._prediction.drop()
         return super().load_state_dict(state_dict)

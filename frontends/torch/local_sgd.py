@@ -51,6 +51,7 @@ import itertools
 
 import torch
 
+from commlib.errors import CommlibError
 from commlib.process_sets import check_process_set, included, set_size
 from commlib.signature import check_same_everywhere
 
@@ -219,11 +220,13 @@ class LocalSGD:
     def _finish_stream(self):
         """Waits for the pending streaming average and takes the meeting step
         with it, keeping this rank's progress since the snapshot."""
-        pending, self._stream = self._stream, None
+        pending = self._stream
         if pending is None:
             return
+        average = pending.wait()  # a failed one stays pending: its error again
+        self._stream = None
         progress = [p - s for p, s in zip(self._params, pending.snapshot)]
-        for p, a in zip(self._params, pending.wait()):
+        for p, a in zip(self._params, average):
             p.copy_(a)
         self._outer_step()
         for p, d in zip(self._params, progress):
@@ -253,7 +256,10 @@ class LocalSGD:
     def load_state_dict(self, state: dict) -> None:
         pending, self._stream = self._stream, None
         if pending is not None:
-            pending.wait()  # dropped: it belongs to the state before
+            try:
+                pending.wait()  # dropped: it belongs to the state before
+            except CommlibError:
+                pass  # (failed, after a lost rank: an elastic restore)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.outer_optimizer is not None and state.get("outer_optimizer") is not None:
             self.outer_optimizer.load_state_dict(state["outer_optimizer"])

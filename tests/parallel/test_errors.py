@@ -60,6 +60,25 @@ def test_dead_rank_is_named_and_job_ends(ranks, n, victim):
     assert f"rank {victim}" in run.stderr and "SIGKILL" in run.stderr, run
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("mode,n,victim", [("torch-staleness", 3, 1), ("torch-stream", 2, 0),
+                                           ("keras-staleness", 2, 1), ("keras-stream", 3, 0)])
+def test_dead_rank_during_asynchronous_exchange(ranks, mode, n, victim):
+    """SIGKILL a rank while a delayed average or a streaming meeting is in
+    flight: the survivors' next step, synchronize() and a later collective
+    raise RankLostError naming it (exit code 3 after the checks), within 60 s."""
+    if mode.startswith("keras"):
+        pytest.importorskip("tensorflow")
+    else:
+        pytest.importorskip("torch")
+    run = ranks(n, "async_dead_rank.py", mode, str(victim), timeout=100)
+    assert run.returncode == 137, run
+    for r in range(n):
+        if r != victim:
+            assert f"rank {r}: RankLostError in training" in run.stdout, run
+            assert f"rank {r}: synchronize() and a later collective also raised" in run.stdout, run
+
+
 @pytest.mark.timeout(200)
 def test_exit_with_unsynchronized_handles_does_not_hang(ranks):
     # Timing-dependent before the shutdown handshake (2-4 hangs in 10 runs).

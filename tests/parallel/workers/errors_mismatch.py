@@ -1,6 +1,6 @@
 """Requests that differ across ranks: every rank raises CollectiveMismatchError
 naming the tensor, the field and the ranks that differ, and the next
-collective works."""
+collective works; a failed handle raises its error again."""
 import numpy as np
 
 import commlib
@@ -47,6 +47,23 @@ for tag, (fn, fragments) in cases.items():
             from _common import fail
             fail(f"mismatch {tag}: message lacks {frag!r}: {err}")
     after_error_still_works(tag)
+
+# A failed handle raises its error at every synchronize (a caller that keeps
+# it, like a delayed average, never takes it for a result); a completed one
+# refuses a second synchronize.
+h = commlib.allreduce_async(np.ones(5 if odd else 4), name="t.again")
+first = expect_raises(commlib.CollectiveMismatchError, lambda: commlib.synchronize(h),
+                      "async mismatch")
+again = expect_raises(commlib.CollectiveMismatchError, lambda: commlib.synchronize(h),
+                      "second synchronize of a failed handle")
+if again is not first:
+    from _common import fail
+    fail(f"the second synchronize raised another error: {again!r}")
+h = commlib.allreduce_async(np.ones(4), name="t.once")
+commlib.synchronize(h)
+expect_raises(ValueError, lambda: commlib.synchronize(h), "second synchronize",
+              "already been synchronized")
+after_error_still_works("async")
 
 # The same name may be reused once the failed request is gone.
 check_equal(commlib.allreduce(np.ones(4), name="t.shape", op=commlib.Sum), np.full(4, float(n)),
