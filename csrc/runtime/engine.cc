@@ -206,7 +206,7 @@ void Engine::start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mo
     for (int r = 0; r < t.size; ++r) sets_[0].push_back(r);
     set_calls_ = 0;
   }
-  g_waiters = &handles_.waiting_count();
+  g_drivers = &handles_.driving_count();
   g_wait_hook_arg = this;
   g_wait_hook = [](void* engine) {
     Engine& e = *static_cast<Engine*>(engine);
@@ -239,7 +239,7 @@ void Engine::shutdown() {
     p2p_->abandon();
   }
   g_wait_hook = nullptr;
-  g_waiters = nullptr;
+  g_drivers = nullptr;
   gpu_.reset();  // (launches in flight were failed and aborted by the loop's end)
   gpu_device_.store(-1);
   join_device_.store(-1);

@@ -71,6 +71,7 @@ class HandleTable {
   const std::atomic<int>& waiting_count() const { return waiting_; }
   // Threads currently driving progress from wait() (see below).
   int driving() const { return driving_.load(); }
+  const std::atomic<int>& driving_count() const { return driving_; }
   // Waits for completion. For up to the spin budget the waiting thread calls
   // drive() (the engine's progress, one cycle at a time; false when it did
   // nothing or could not run) and otherwise yields the core; after that it

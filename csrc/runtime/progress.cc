@@ -43,8 +43,8 @@ void set_bg_spin_budget_us(int64_t us) { bg_budget().store(us, std::memory_order
 
 void mark_background_thread() { t_background = true; }
 
-bool unwatched_background() {
-  return t_background && (g_waiters == nullptr || g_waiters->load(std::memory_order_relaxed) == 0);
+bool transfer_may_nap() {
+  return !t_background || g_drivers == nullptr || g_drivers->load(std::memory_order_relaxed) == 0;
 }
 
 }  // namespace commlib

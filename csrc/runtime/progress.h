@@ -43,16 +43,21 @@ struct OtherRanks {
   std::string operator()() const { return "the other ranks of this host"; }
 };
 constexpr int64_t kMaxNapUs = 1000;
-// The longest nap between MPI progress calls of a transfer nobody waits for
-// (see poll_until): 0.2 ms is 25 KB at 1 Gbit/s, 250 KB at 10 Gbit/s, well
-// within what the kernel's socket buffers hold meanwhile.
+// The longest nap between MPI progress calls of a long transfer (see
+// poll_until): 0.2 ms is 25 KB at 1 Gbit/s, 250 KB at 10 Gbit/s, well within
+// what the kernel's socket buffers hold meanwhile.
 constexpr int64_t kMaxTransferNapUs = 200;
 
-// The engine's count of threads waiting for a handle (set for its lifetime).
-inline const std::atomic<int>* g_waiters = nullptr;
-// True on the engine's background thread while no thread waits for a
-// handle: the collective it runs is asynchronous and nobody waits for it yet.
-bool unwatched_background();
+// The engine's count of threads spinning in a wait for a handle (driving
+// the engine; a waiter that sleeps after its spin budget does not count). Set
+// for the engine's lifetime.
+inline const std::atomic<int>* g_drivers = nullptr;
+// Whether an MPI wait that outlasted its spin budget may nap: on the
+// engine's background thread, while no thread spins waiting for a handle
+// (nobody waits for the collective, or its waiter already sleeps and pays a
+// condvar wake-up anyway); on any other thread (one that runs the collective
+// it waits for itself), always.
+bool transfer_may_nap();
 
 inline int64_t now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -78,12 +83,12 @@ inline void nap_us(int64_t us) {
 // Error(COMMLIB_ERR_TIMED_OUT) after stuck_timeout_us(). may_sleep=false is
 // for MPI requests, whose progress happens only inside MPI_Test (a large
 // message is many steps; a nap between steps would cost up to 1 ms each,
-// which is how a 16 MiB alltoall once took 0.8 s): it yields instead of
-// napping, except on the background thread when no thread waits for a
-// handle (unwatched_background): there a transfer across hosts runs beside
-// the training's computation (delayed averaging, a gradient allreduce during
-// backward), and a thread yielding for the whole transfer would take half of
-// a core from it; it naps up to kMaxTransferNapUs after its spin budget.
+// which is how a 16 MiB alltoall once took 0.8 s): after its spin budget it
+// naps at most kMaxTransferNapUs, and only where transfer_may_nap(), else it
+// yields. A transfer across hosts runs beside the training's computation
+// (delayed averaging, a gradient allreduce during backward) or beside the
+// kernel's TCP work, and a thread yielding through the whole transfer takes
+// half of a core from them.
 template <typename Done, typename Describe = OtherRanks>
 void poll_until(Done done, bool may_sleep = true, Describe describe = Describe()) {
   if (done()) return;
@@ -96,7 +101,7 @@ void poll_until(Done done, bool may_sleep = true, Describe describe = Describe()
     throw_if_peer_lost();
     if (limit > 0 && now_us() - start > limit) throw_stuck(now_us() - start, describe());
     if (may_sleep && g_wait_hook) g_wait_hook(g_wait_hook_arg);
-    if (now_us() - start < budget || (!may_sleep && !unwatched_background())) {
+    if (now_us() - start < budget || (!may_sleep && !transfer_may_nap())) {
       sched_yield();
     } else {
       nap_us(nap);

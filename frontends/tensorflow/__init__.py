@@ -167,10 +167,12 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
                          device_sparse='', compression=Compression.none, sparse_as_dense=False,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=None, scale_local_gradients=True):
+                         process_set=None, scale_local_gradients=True, **keras_options):
     """Wraps a Keras optimizer (see commlib.tensorflow.keras.DistributedOptimizer)
     or a TF1 ``tf.compat.v1.train.Optimizer`` so that gradients are averaged
-    across ranks before they are applied."""
+    across ranks before they are applied. ``keras_options``: the Keras
+    wrapper's own options (staleness, weight_prediction, zero_stage,
+    bucket_elements, local_layers), for Keras optimizers only."""
     process_set = check_process_set(process_set, member=False)
     op = resolve_op(op)
     predivide_scales(op, gradient_predivide_factor)
@@ -184,8 +186,12 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
             gradient_predivide_factor=gradient_predivide_factor, op=op,
             backward_passes_per_step=backward_passes_per_step,
             average_aggregated_gradients=average_aggregated_gradients, groups=groups,
-            process_set=process_set, scale_local_gradients=scale_local_gradients)
+            process_set=process_set, scale_local_gradients=scale_local_gradients,
+            **keras_options)
     if is_tf_legacy_optimizer(optimizer):
+        if keras_options:
+            raise ValueError(f"{', '.join(sorted(keras_options))}: options of Keras optimizers "
+                             f"only, not of a TF1 optimizer")
         if backward_passes_per_step != 1:
             raise NotImplementedError("backward_passes_per_step > 1 is only supported for Keras "
                                       "optimizers")

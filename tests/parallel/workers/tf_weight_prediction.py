@@ -8,10 +8,13 @@ simulation's predicted weights (within 1e-5, bitwise identical across
 ranks); synchronize() puts the true weights back; the step after it applies
 and predicts nothing; error cases."""
 import keras
+import tensorflow as tf
 from tf_async_common import B, DATA, average, grads_of, make_model, weights
 from tf_common import done, expect_raises, fail, max_rel_err, same_on_all_ranks
 
+import commlib
 import commlib.keras as hvd
+import commlib.tensorflow
 
 r, n = hvd.rank(), hvd.size()
 worst = {}
@@ -62,10 +65,10 @@ def check(model, want, what):
         fail(f"{what}: max relative error {err:.3g} against the simulation")
 
 
-def train(make_opt, what, run_eagerly=False):
+def train(make_opt, what, run_eagerly=False, wrap=hvd.DistributedOptimizer):
     sim = Simulation(make_opt)
     model = make_model()
-    opt = hvd.DistributedOptimizer(make_opt(), staleness=1, weight_prediction=True)
+    opt = wrap(make_opt(), staleness=1, weight_prediction=True)
 
     class Check(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -95,9 +98,13 @@ def train(make_opt, what, run_eagerly=False):
     check(model, weights(sim.true), f"{what} idle synchronize")
 
 
+# (commlib.tensorflow's and commlib's DistributedOptimizer pass the Keras
+# wrapper's options on.)
 train(lambda: keras.optimizers.SGD(0.1, momentum=0.9), "SGD momentum")
-train(lambda: keras.optimizers.Adam(0.01), "Adam eager", run_eagerly=True)
-train(lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05), "AdamW")
+train(lambda: keras.optimizers.Adam(0.01), "Adam eager", run_eagerly=True,
+      wrap=commlib.tensorflow.DistributedOptimizer)
+train(lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05), "AdamW",
+      wrap=commlib.DistributedOptimizer)
 
 sgd = keras.optimizers.SGD(0.1)
 expect_raises(ValueError, lambda: hvd.DistributedOptimizer(sgd, weight_prediction=True),
@@ -105,6 +112,11 @@ expect_raises(ValueError, lambda: hvd.DistributedOptimizer(sgd, weight_predictio
 expect_raises(ValueError, lambda: hvd.DistributedOptimizer(sgd, staleness=1,
                                                            weight_prediction="yes"),
               "weight_prediction not a bool", "True or False")
+expect_raises(ValueError, lambda: commlib.tensorflow.DistributedOptimizer(
+    tf.compat.v1.train.GradientDescentOptimizer(0.1), staleness=1), "staleness for TF1",
+    "Keras optimizers only")
+expect_raises(TypeError, lambda: commlib.tensorflow.DistributedOptimizer(sgd, stalenes=1),
+              "misspelt option", "stalenes")
 if r == 0:
     print(f"keras weight prediction max relative error {max(worst.values()):.3g}", flush=True)
 done()
