@@ -55,7 +55,7 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
     def build(self, variables):
         super().build(variables)
         if getattr(self, "weight_prediction", False) and self._commlib_prediction is None:
-            object.__setattr__(self, "_commlib_prediction", WeightPrediction(self, variables))
+            object.__setattr__(self, "_commlib_prediction", WeightPrediction(variables))
 
     def _commlib_update(self, grads, variables, predict):
         """The wrapped optimizer's rule on the true weights; with weight

@@ -5,7 +5,8 @@ optimizer, with the field names of commlib.torch.memory_report.
     # {'parameters': ..., 'gradients': ..., 'optimizer_state': ..., 'total': ...}
 
 - parameters: the model's variables (trainable or not), plus a ZeRO
-  optimizer's shard copies of them;
+  optimizer's shard copies of them and weight prediction's copy of the
+  true weights;
 - gradients: TensorFlow keeps no gradient between steps, so this is the
   averaged gradient a step materialises on this rank: every trainable
   variable's for a plain optimizer, this rank's shards only for ZeRO
@@ -21,8 +22,9 @@ import numpy as np
 
 
 def _nbytes(variables) -> int:
-    return sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(str(v.dtype)).itemsize
-               for v in variables)
+    # (a Keras variable's dtype is a string, a tf.Variable's a tf.DType)
+    return sum(int(np.prod(v.shape, dtype=np.int64))
+               * np.dtype(getattr(v.dtype, "name", str(v.dtype))).itemsize for v in variables)
 
 
 def _accumulators(optimizer) -> list:
@@ -41,6 +43,9 @@ def memory_report(model, optimizer=None) -> dict:
         acc_ids = {id(a) for a in acc}
         state = _nbytes([v for v in optimizer.variables if id(v) not in acc_ids])
         grads_extra = _nbytes(acc)
+        prediction = getattr(optimizer, "_commlib_prediction", None)
+        if prediction is not None:
+            params += _nbytes(prediction.variables)
         shards = getattr(optimizer, "_zero_shards", None)
         if shards is not None:
             params += _nbytes(shards)

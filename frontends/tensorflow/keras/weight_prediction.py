@@ -9,15 +9,17 @@ an update the model holds the predicted weights
                                   w_prev: the weights before it)
 
 for the next forward and backward, and the true weights are kept aside in
-optimizer variables (one per trainable variable, ``commlib_true_weights``);
-the next update puts them back before the wrapped optimizer's rule runs.
+variables of their own (one per trainable variable; not the optimizer's:
+its saved state stays that of the wrapped optimizer, which a plain one
+loads); the next update puts them back before the wrapped optimizer's rule
+runs.
 After a step that applied nothing (step 0, the step after ``synchronize()``)
 the model holds the true weights. ``synchronize()`` puts them back (call it
 before evaluating, saving or loading weights: a prediction left in the model
 would be saved, and weights loaded under one would be overwritten).
 
 Works eagerly and inside the compiled train step (the flag saying whether
-the model holds a prediction is an optimizer variable). Costs one copy of the
+the model holds a prediction is a variable too). Costs one copy of the
 trainable variables and, per step, four passes over them (put back, the
 extrapolation, keep aside, put the prediction in). Replicas stay bitwise
 identical (every rank does the same arithmetic).
@@ -40,13 +42,19 @@ def branch(flag, if_true, if_false):
 class WeightPrediction:
     """The true weights of the variables an optimizer is built for while
     the model holds a prediction (see the module's docstring); created in
-    the optimizer's ``build``."""
+    the optimizer's ``build``, with ``variables``: the Keras variables."""
 
-    def __init__(self, optimizer, variables):
-        self._pairs = [(v, optimizer.add_variable_from_reference(v, name="commlib_true_weights"))
-                       for v in variables]
-        self._predicting = optimizer.add_variable(shape=(), dtype="int64", initializer="zeros",
-                                                  name="commlib_predicting")
+    def __init__(self, variables):
+        with tf.init_scope():  # (built inside the first traced train step)
+            self._pairs = [(v, tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                                           name="commlib_true_weights")) for v in variables]
+            self._predicting = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                           name="commlib_predicting")
+
+    @property
+    def variables(self) -> list:
+        """The copies of the weights (for memory_report)."""
+        return [s for _, s in self._pairs]
 
     @property
     def predicting(self):

@@ -6,8 +6,13 @@ the true weights after a step that applied nothing), averaged, and applied
 one step later to the true weights. After every step the model holds the
 simulation's predicted weights (within 1e-5, bitwise identical across
 ranks); synchronize() puts the true weights back; the step after it applies
-and predicts nothing; error cases."""
+and predicts nothing; a saved model's optimizer state is the wrapped
+optimizer's; error cases."""
+import os
+import tempfile
+
 import keras
+import numpy as np
 import tensorflow as tf
 from tf_async_common import B, DATA, average, grads_of, make_model, weights
 from tf_common import done, expect_raises, fail, max_rel_err, same_on_all_ranks
@@ -96,6 +101,24 @@ def train(make_opt, what, run_eagerly=False, wrap=hvd.DistributedOptimizer):
     check(model, weights(sim.true), f"{what} second synchronize")
     opt.synchronize()  # nothing pending, no prediction: nothing changes
     check(model, weights(sim.true), f"{what} idle synchronize")
+    return model, opt
+
+
+def saved_state_is_the_wrapped_optimizers(model, opt):
+    """The prediction's copies are not optimizer variables: a saved model's
+    optimizer state loads into the plain optimizer (all of it), and
+    memory_report counts the copies as parameters."""
+    path = os.path.join(tempfile.mkdtemp(), f"rank{r}.keras")
+    model.save(path)
+    loaded = hvd.load_model(path)
+    got = [v.numpy() for v in loaded.optimizer.variables]
+    want = [v.numpy() for v in opt.variables]
+    if len(got) != len(want) or any(not np.array_equal(a, b) for a, b in zip(got, want)):
+        fail(f"the loaded optimizer state differs: {len(got)} variables, saved {len(want)}")
+    report = hvd.memory_report(model, opt)
+    weight_bytes = sum(w.nbytes for w in weights(model))
+    if report["parameters"] != 2 * weight_bytes:
+        fail(f"memory_report parameters {report['parameters']}, expected 2 x {weight_bytes}")
 
 
 # (commlib.tensorflow's and commlib's DistributedOptimizer pass the Keras
@@ -103,8 +126,9 @@ def train(make_opt, what, run_eagerly=False, wrap=hvd.DistributedOptimizer):
 train(lambda: keras.optimizers.SGD(0.1, momentum=0.9), "SGD momentum")
 train(lambda: keras.optimizers.Adam(0.01), "Adam eager", run_eagerly=True,
       wrap=commlib.tensorflow.DistributedOptimizer)
-train(lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05), "AdamW",
-      wrap=commlib.DistributedOptimizer)
+saved_state_is_the_wrapped_optimizers(*train(
+    lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05), "AdamW",
+    wrap=commlib.DistributedOptimizer))
 
 sgd = keras.optimizers.SGD(0.1)
 expect_raises(ValueError, lambda: hvd.DistributedOptimizer(sgd, weight_prediction=True),
