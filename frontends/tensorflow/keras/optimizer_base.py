@@ -25,7 +25,6 @@ class DistributedOptimizerMixin:
     def _commlib_setup(self, allreduce_grads, backward_passes_per_step,
                        average_aggregated_gradients, scale_local_gradients):
         # object.__setattr__: plain attributes, outside Keras/TF tracking
-        # (the accumulators are tracked as optimizer variables by add_variable).
         s = functools.partial(object.__setattr__, self)
         s("_commlib_allreduce", allreduce_grads)
         s("_commlib_bpps", int(backward_passes_per_step))
@@ -43,10 +42,15 @@ class DistributedOptimizerMixin:
     def build(self, variables):
         super().build(variables)
         if getattr(self, "_commlib_bpps", 1) > 1 and self._commlib_acc is None:
-            acc = [self.add_variable_from_reference(v, name="commlib_accumulator")
-                   for v in variables]
-            counter = self.add_variable(shape=(), dtype="int64", initializer="zeros",
-                                        name="commlib_backward_passes")
+            # Variables of their own, not the optimizer's: its saved state
+            # stays the wrapped optimizer's, which a plain one loads whole
+            # (Keras skips all of it on a count mismatch). A checkpoint taken
+            # between updates drops the partial sum, as Horovod's does.
+            with tf.init_scope():  # (built inside the first traced train step)
+                acc = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                                   name="commlib_accumulator") for v in variables]
+                counter = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                      name="commlib_backward_passes")
             object.__setattr__(self, "_commlib_acc", acc)
             object.__setattr__(self, "_commlib_counter", counter)
 

@@ -72,6 +72,12 @@ for avg in (True, False):
                                                                   ref.get_weights())
     if int(model.optimizer.iterations.numpy()) != 2 * STEPS:  # counts batches, as Horovod
         fail(f"backward_passes_per_step: iterations {model.optimizer.iterations.numpy()}")
+# Its saved optimizer state is the wrapped optimizer's (the accumulators are
+# not part of it), so load_model's plain optimizer loads it whole.
+path = os.path.join(tempfile.mkdtemp(prefix=f"commlib_tf_bpps_{r}_"), "model.keras")
+model.save(path)
+if int(hvd.load_model(path).optimizer.iterations.numpy()) != 2 * STEPS:
+    fail("load_model lost the state of an optimizer with backward_passes_per_step")
 
 # steps_per_execution: the train step runs inside a tf.while_loop
 model, ref = make_model(seed=5), make_model(seed=5)
