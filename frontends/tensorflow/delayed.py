@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 import commlib
+from commlib.errors import CommlibError
 from commlib.process_sets import check_process_set, included, set_size
 
 from .buffers import OutputPool
@@ -85,6 +86,18 @@ class DelayedExchange:
             commlib.synchronize(handle)  # a failed one stays pending: its error again
         self._pending = None
         return True, bufs
+
+    def drop(self) -> None:
+        """Waits for a pending average, if any, and forgets it (failed or
+        not): the weights it was for were replaced."""
+        if self._pending is None:
+            return
+        (handle, _), self._pending = self._pending, None
+        if handle is not None:
+            try:
+                commlib.synchronize(handle)
+            except CommlibError:
+                pass
 
     def swap(self, arrays):
         """finish() then start(arrays); the previous average must have the

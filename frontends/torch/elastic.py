@@ -52,6 +52,14 @@ class TorchState(State):
         snap = {}
         if self.model is not None:
             snap["model"] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            # Weight prediction (staleness=1): the model holds predicted
+            # weights between steps; commit the true ones (restoring loads the
+            # optimizer's state after the model's, which drops the prediction).
+            prediction = getattr(self.optimizer, "_prediction", None)
+            true = prediction.true_weights() if prediction is not None else {}
+            for name, p in self.model.named_parameters():
+                if id(p) in true:
+                    snap["model"][name] = true[id(p)].detach().clone()
         if self.optimizer is not None:
             snap["optimizer"] = copy.deepcopy(self.optimizer.state_dict())
         return snap

@@ -68,6 +68,13 @@ class WeightPrediction:
         self._true, self._spare = self._spare, self._true
         self.predicting = True
 
+    def true_weights(self) -> dict:
+        """{id(parameter): its true weights} while the model holds a
+        prediction, else {} (what an elastic commit saves)."""
+        if not self.predicting:
+            return {}
+        return {id(p): t for p, t in zip(self._params, self._true)}
+
     def drop(self) -> None:
         """Forgets a prediction without restoring (the caller replaces the
         weights, e.g. loads a checkpoint)."""

@@ -115,6 +115,13 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
             full[i] = tf.convert_to_tensor(a)
         self._commlib_update(full, variables, predict=False)
 
+    def _commlib_forget(self) -> None:
+        """Drops the pending average and a prediction: the weights were
+        replaced (KerasState's restore)."""
+        self._commlib_exchange.drop()
+        if self._commlib_prediction is not None:
+            self._commlib_prediction.drop()
+
     @property
     def pending(self) -> bool:
         """Whether an average is in flight (started, not applied yet)."""

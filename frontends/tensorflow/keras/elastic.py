@@ -61,11 +61,19 @@ class KerasState(State):
         return list(v() if callable(v) else v)
 
     def _snapshot(self) -> dict:
-        return {"model": [_to_numpy(v) for v in self.model.variables],
+        # Weight prediction (staleness=1): the model holds predicted weights
+        # between steps; commit the true ones.
+        prediction = getattr(self.optimizer, "_commlib_prediction", None)
+        true = prediction.true_values() if prediction is not None else {}
+        return {"model": [true[id(v)].copy() if id(v) in true else _to_numpy(v)
+                          for v in self.model.variables],
                 "optimizer": [_to_numpy(v) for v in self._optimizer_variables()]}
 
     def _apply(self, snapshot: dict) -> None:
         _assign(self.model.variables, snapshot["model"], "model")
+        forget = getattr(self.optimizer, "_commlib_forget", None)
+        if forget is not None:  # (staleness=1: a pending average, a prediction)
+            forget()
         saved = snapshot["optimizer"]
         if saved and self.optimizer is not None and not self.optimizer.built:
             # Keras creates optimizer variables on the first step; a restart

@@ -87,6 +87,18 @@ class WeightPrediction:
             v.assign(guess)
         self._predicting.assign(1)
 
+    def true_values(self) -> dict:
+        """{id(variable): its true weights (numpy)} while the model holds a
+        prediction, else {} (what an elastic commit saves)."""
+        if not bool(self.predicting):
+            return {}
+        return {id(v): s.numpy() for v, s in self._pairs}
+
+    def drop(self) -> None:
+        """Forgets a prediction without restoring (the weights were
+        replaced: an elastic restore)."""
+        self._predicting.assign(0)
+
     def restore(self) -> None:
         """Puts the true weights back if the model holds a prediction."""
         pairs = self._pairs

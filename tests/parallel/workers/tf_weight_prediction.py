@@ -7,7 +7,7 @@ one step later to the true weights. After every step the model holds the
 simulation's predicted weights (within 1e-5, bitwise identical across
 ranks); synchronize() puts the true weights back; the step after it applies
 and predicts nothing; a saved model's optimizer state is the wrapped
-optimizer's; error cases."""
+optimizer's; an elastic commit holds the true weights; error cases."""
 import os
 import tempfile
 
@@ -130,6 +130,35 @@ saved_state_is_the_wrapped_optimizers(*train(
     lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05), "AdamW",
     wrap=commlib.DistributedOptimizer))
 
+
+
+def elastic_state_commits_true_weights():
+    """An elastic commit holds the true weights, not the prediction the model
+    holds between steps; restore() puts them back and drops the pending
+    average; the next step applies nothing."""
+    def make_opt():
+        return keras.optimizers.SGD(0.1, momentum=0.9)
+
+    sim = Simulation(make_opt)
+    model = make_model()
+    opt = hvd.DistributedOptimizer(make_opt(), staleness=1, weight_prediction=True)
+    model.compile(optimizer=opt, loss="mse")
+    x, y = DATA[r]
+    model.fit(x[:4 * B], y[:4 * B], batch_size=B, shuffle=False, verbose=0)
+    for t in range(4):
+        sim.step(t)
+    state = hvd.elastic.KerasState(model, opt)  # (keeps a snapshot, as commit() does)
+    check(model, sim.predicted(), "elastic: the model before the commit")
+    state.restore()
+    check(model, weights(sim.true), "elastic: the weights restored")
+    if opt.pending:
+        fail("elastic: an average is still pending after restore()")
+    model.fit(x[:B], y[:B], batch_size=B, shuffle=False, verbose=0)
+    check(model, weights(sim.true), "elastic: the step after restore()")
+    opt.synchronize()  # (its average is in flight: no rank leaves before it is done)
+
+
+elastic_state_commits_true_weights()
 sgd = keras.optimizers.SGD(0.1)
 expect_raises(ValueError, lambda: hvd.DistributedOptimizer(sgd, weight_prediction=True),
               "weight_prediction without staleness", "needs staleness=1")

@@ -5,7 +5,8 @@ applied update, p_prev before it; the true weights after a step that applied
 nothing), averaged, and applied one step later to the true weights. After
 every step the model holds the simulation's predicted weights (within 1e-5,
 bitwise identical across ranks); synchronize() puts the true weights back;
-load_state_dict drops a prediction; error cases."""
+load_state_dict drops a prediction; an elastic commit holds the true
+weights; error cases."""
 import torch
 
 import commlib.torch as hvd
@@ -92,6 +93,24 @@ err_adam = train(adam, "Adam")
 if r == 0:
     print(f"weight prediction max relative error SGD {err_sgd:.3g}, Adam {err_adam:.3g}",
           flush=True)
+
+# An elastic commit holds the true weights, not the prediction the model holds
+# between steps; restore() puts them back and drops the pending average.
+model = mlp(1)
+opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters(),
+                               staleness=1, weight_prediction=True)
+sim = Simulation(sgd)
+for t in range(3):
+    opt.zero_grad()
+    loss_of(model, r, t).backward()
+    opt.step()
+    sim.step(t)
+state = hvd.elastic.TorchState(model, opt)  # (keeps a snapshot, as commit() does)
+check_close(model, sim.predicted(), "elastic: the model before the commit", 1e-5)
+state.restore()
+check_close(model, sim.true, "elastic: the weights restored", 1e-5)
+if opt.pending:
+    fail("elastic: an average is still pending after restore()")
 
 # load_state_dict drops a prediction: the next step does not overwrite the
 # weights the caller loads.
