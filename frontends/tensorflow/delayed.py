@@ -39,6 +39,16 @@ from .execution import check_dtype, execute
 _instances = collections.defaultdict(itertools.count)
 
 
+def settle(handle) -> None:
+    """Waits for ``handle`` (None: nothing) and drops its result, or its
+    error: what an exchange whose weights were replaced ends with."""
+    if handle is not None:
+        try:
+            commlib.synchronize(handle)
+        except CommlibError:
+            pass
+
+
 class DelayedExchange:
     """The pending average of one optimizer (see the module's docstring).
     Built on every rank (of ``process_set``) in the same order: the i-th one
@@ -90,14 +100,9 @@ class DelayedExchange:
     def drop(self) -> None:
         """Waits for a pending average, if any, and forgets it (failed or
         not): the weights it was for were replaced."""
-        if self._pending is None:
-            return
-        (handle, _), self._pending = self._pending, None
-        if handle is not None:
-            try:
-                commlib.synchronize(handle)
-            except CommlibError:
-                pass
+        if self._pending is not None:
+            (handle, _), self._pending = self._pending, None
+            settle(handle)
 
     def swap(self, arrays):
         """finish() then start(arrays); the previous average must have the

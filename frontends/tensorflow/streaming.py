@@ -21,6 +21,7 @@ import commlib
 from commlib.process_sets import included, set_size
 
 from .buffers import OutputPool
+from .delayed import settle
 from .execution import execute
 
 _instances = collections.defaultdict(itertools.count)
@@ -66,6 +67,13 @@ class StreamingMeetings:
             commlib.synchronize(handle)  # a failed one stays pending: its error again
         self._pending = None
         return True, average, snapshot
+
+    def drop(self) -> None:
+        """Waits for a pending meeting, if any, and forgets it (failed or
+        not): the weights it was for were replaced."""
+        if self._pending is not None:
+            (handle, _, _), self._pending = self._pending, None
+            settle(handle)
 
     def finish_op(self, like):
         like = [tf.convert_to_tensor(t) for t in like]

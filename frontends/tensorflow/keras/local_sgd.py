@@ -189,6 +189,13 @@ class _LocalSGDMixin:
         if self._commlib_local is not None and int(self._commlib_local) > 0:
             self._meet()
 
+    def _commlib_forget(self) -> None:
+        """Drops a pending streaming meeting: the weights were replaced
+        (KerasState's restore; the round's counters are restored with the
+        optimizer's variables)."""
+        if self._commlib_stream is not None:
+            self._commlib_stream.drop()
+
 
 @functools.lru_cache(maxsize=None)
 def _local_sgd_class(base):

@@ -232,6 +232,29 @@ local_sgd(lambda: keras.optimizers.SGD(0.1, momentum=0.9), None, 3, 0, "streamin
 local_sgd(lambda: keras.optimizers.SGD(0.1), lambda: keras.optimizers.SGD(0.7, momentum=0.9,
           nesterov=True), 4, 2, "streaming DiLoCo warm-up, eager", streaming=True, run_eagerly=True)
 
+
+
+def streaming_restore():
+    """KerasState's restore drops a pending streaming meeting (its weights
+    were replaced); later meetings make the replicas identical again."""
+    model = make_model()
+    opt = hvd.LocalSGD(keras.optimizers.SGD(0.1), model, period=2, streaming=True)
+    model.compile(optimizer=opt, loss="mse")
+    x, y = DATA[r]
+    model.fit(x[:2 * B], y[:2 * B], batch_size=B, shuffle=False, verbose=0)
+    state = hvd.elastic.KerasState(model, opt)  # (keeps a snapshot, as commit() does)
+    committed = weights(model)
+    model.fit(x[2 * B:4 * B], y[2 * B:4 * B], batch_size=B, shuffle=False, verbose=0)
+    state.restore()
+    if opt._commlib_stream.pending or max_rel_err(weights(model), committed) != 0.0:
+        fail("streaming LocalSGD: restore() left a meeting pending or other weights")
+    model.fit(x[4 * B:8 * B], y[4 * B:8 * B], batch_size=B, shuffle=False, verbose=0)
+    opt.synchronize()
+    same_on_all_ranks(weights(model), "streaming LocalSGD after restore() and synchronize()")
+
+
+streaming_restore()
+
 # ---------------------------------------------------------------- errors
 
 sgd = keras.optimizers.SGD(0.1)
