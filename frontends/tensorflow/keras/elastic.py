@@ -41,8 +41,9 @@ __all__ = ["KerasState", "ObjectState", "State", "run", "CommitStateCallback",
 
 class KerasState(State):
     """A Keras model's variables (trainable or not), its optimizer's variables
-    (``optimizer`` or else ``model.optimizer``; momenta, iteration count) and
-    any user values given as keywords (``state.epoch``...)."""
+    (``optimizer`` or else ``model.optimizer``; momenta, iteration count;
+    for LocalSGD also its counters, anchor and outer optimizer) and any user
+    values given as keywords (``state.epoch``...)."""
 
     def __init__(self, model, optimizer=None, **user_state):
         self.model = model
@@ -58,7 +59,8 @@ class KerasState(State):
         if self.optimizer is None:
             return []
         v = self.optimizer.variables
-        return list(v() if callable(v) else v)
+        extra = getattr(self.optimizer, "_commlib_state_variables", None)  # (LocalSGD's)
+        return list(v() if callable(v) else v) + (extra() if extra is not None else [])
 
     def _snapshot(self) -> dict:
         # Weight prediction (staleness=1): the model holds predicted weights

@@ -84,15 +84,34 @@ class _LocalSGDMixin:
         super().build(variables)
         if getattr(self, "_commlib_step", 1) is not None:
             return
+        # The schedule's counters and DiLoCo's anchor are variables of their
+        # own, not the optimizer's: its saved state stays the inner
+        # optimizer's, which a plain one loads whole (Keras skips all of it
+        # on a count mismatch). KerasState checkpoints them, with the outer
+        # optimizer's (_commlib_state_variables).
         s = functools.partial(object.__setattr__, self)
-        s("_commlib_step", self.add_variable((), dtype="int64", initializer="zeros",
-                                             name="commlib_step"))
-        s("_commlib_local", self.add_variable((), dtype="int64", initializer="zeros",
-                                              name="commlib_local_steps"))
+        with tf.init_scope():  # (built inside the first traced train step)
+            s("_commlib_step", tf.Variable(0, dtype=tf.int64, trainable=False,
+                                           name="commlib_step"))
+            s("_commlib_local", tf.Variable(0, dtype=tf.int64, trainable=False,
+                                            name="commlib_local_steps"))
+            if self.outer_optimizer is not None:
+                s("_commlib_anchor", [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                                                  name="commlib_anchor")
+                                      for v in self._commlib_model_vars])
         if self.outer_optimizer is not None:
-            s("_commlib_anchor", [self.add_variable_from_reference(v, name="commlib_anchor")
-                                  for v in self._commlib_model_vars])
             self.outer_optimizer.build(self._commlib_model_vars)
+
+    def _commlib_state_variables(self) -> list:
+        """Training state beyond ``variables`` (the inner optimizer's): the
+        counters, the anchor and the outer optimizer's variables, for
+        KerasState."""
+        if self._commlib_step is None:
+            return []
+        extra = [self._commlib_step, self._commlib_local] + list(self._commlib_anchor or [])
+        if self.outer_optimizer is not None:
+            extra += list(self.outer_optimizer.variables)
+        return extra
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)

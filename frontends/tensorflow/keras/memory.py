@@ -14,7 +14,8 @@ optimizer, with the field names of commlib.torch.memory_report.
   live in the optimizer. The tape's local gradients exist transiently in
   full in every case and are not counted;
 - optimizer_state: the optimizer's variables (slots, iteration, learning
-  rate); for ZeRO those of its shard optimizer too.
+  rate); for ZeRO those of its shard optimizer too; for LocalSGD its
+  counters, anchor and outer optimizer.
 """
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ def memory_report(model, optimizer=None) -> dict:
         acc = _accumulators(optimizer)
         acc_ids = {id(a) for a in acc}
         state = _nbytes([v for v in optimizer.variables if id(v) not in acc_ids])
+        extra = getattr(optimizer, "_commlib_state_variables", None)  # (LocalSGD's)
+        if extra is not None:
+            state += _nbytes(extra())
         grads_extra = _nbytes(acc)
         prediction = getattr(optimizer, "_commlib_prediction", None)
         if prediction is not None:

@@ -7,6 +7,9 @@ single-process simulation of its rule computed from all ranks' data (within
 1e-5) and bitwise identical across ranks (every step for delayed averaging,
 after every meeting for synchronous LocalSGD, after synchronize() for all);
 error cases."""
+import os
+import tempfile
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -254,6 +257,36 @@ def streaming_restore():
 
 
 streaming_restore()
+
+
+def diloco_state():
+    """KerasState checkpoints DiLoCo's outer optimizer (and its counters and
+    anchor) besides the inner optimizer; a saved model's optimizer state is
+    the inner optimizer's, which load_model's plain optimizer loads whole."""
+    def values(variables):
+        return [np.array(v.numpy(), copy=True) for v in variables]
+
+    model = make_model()
+    outer = keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
+    opt = hvd.LocalSGD(keras.optimizers.Adam(0.01), model, period=2, outer_optimizer=outer)
+    model.compile(optimizer=opt, loss="mse")
+    x, y = DATA[r]
+    model.fit(x[:4 * B], y[:4 * B], batch_size=B, shuffle=False, verbose=0)  # two meetings
+    state = hvd.elastic.KerasState(model, opt)  # (keeps a snapshot, as commit() does)
+    committed = values(model.variables) + values(opt.variables) + values(outer.variables)
+    model.fit(x[4 * B:8 * B], y[4 * B:8 * B], batch_size=B, shuffle=False, verbose=0)
+    state.restore()
+    restored = values(model.variables) + values(opt.variables) + values(outer.variables)
+    if any(not np.array_equal(a, b) for a, b in zip(committed, restored)):
+        fail("DiLoCo: restore() did not bring back the committed state (outer optimizer?)")
+    path = os.path.join(tempfile.mkdtemp(), f"diloco{r}.keras")
+    model.save(path)
+    loaded = hvd.load_model(path).optimizer
+    if int(loaded.iterations.numpy()) != int(opt.iterations.numpy()):
+        fail("DiLoCo: load_model lost the inner optimizer's state")
+
+
+diloco_state()
 
 # ---------------------------------------------------------------- errors
 
