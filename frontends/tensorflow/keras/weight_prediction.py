@@ -61,20 +61,18 @@ class WeightPrediction:
         """A bool tensor: whether the model holds a prediction."""
         return tf.not_equal(tf.convert_to_tensor(self._predicting), 0)
 
+    def _put_back(self) -> None:
+        for v, s in self._pairs:
+            v.assign(s)
+
+    def _keep(self) -> None:
+        for v, s in self._pairs:
+            s.assign(v)
+
     def before_update(self) -> None:
         """Puts the true weights back (or, holding none aside, keeps the
         current ones): afterwards the slots hold w_prev."""
-        pairs = self._pairs
-
-        def put_back():
-            for v, s in pairs:
-                v.assign(s)
-
-        def keep():
-            for v, s in pairs:
-                s.assign(v)
-
-        branch(self.predicting, put_back, keep)
+        branch(self.predicting, self._put_back, self._keep)
         self._predicting.assign(0)
 
     def predict(self) -> None:
@@ -101,11 +99,5 @@ class WeightPrediction:
 
     def restore(self) -> None:
         """Puts the true weights back if the model holds a prediction."""
-        pairs = self._pairs
-
-        def put_back():
-            for v, s in pairs:
-                v.assign(s)
-
-        branch(self.predicting, put_back, lambda: None)
+        branch(self.predicting, self._put_back, lambda: None)
         self._predicting.assign(0)
