@@ -41,9 +41,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from commlib.errors import CommlibError
-
-from ._grad_exchange import PendingGradients, assign_grads
+from ._grad_exchange import PendingGradients, assign_grads, settle
 from .mpi_ops import Average, Sum
 from .optimizer import DistributedOptimizerBase
 from .weight_prediction import WeightPrediction
@@ -145,11 +143,7 @@ class _DelayedOptimizer(DistributedOptimizerBase):
         for and dropped, a failed one too (after a lost rank, as an elastic
         restore does)."""
         previous, self._pending = self._pending, None
-        if previous is not None:
-            try:
-                previous.wait()
-            except CommlibError:
-                pass
+        settle(previous)
         if self._prediction is not None:
             self._prediction.drop()
         return super().load_state_dict(state_dict)

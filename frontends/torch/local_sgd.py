@@ -51,12 +51,11 @@ import itertools
 
 import torch
 
-from commlib.errors import CommlibError
 from commlib.process_sets import check_process_set, included, set_size
 from commlib.signature import check_same_everywhere
 
 from . import mpi_ops as _ops
-from ._grad_exchange import PendingGradients, assign_grads
+from ._grad_exchange import PendingGradients, assign_grads, settle
 from .streaming import PendingParameters
 from .mpi_ops import Average, global_process_set
 
@@ -255,11 +254,7 @@ class LocalSGD:
 
     def load_state_dict(self, state: dict) -> None:
         pending, self._stream = self._stream, None
-        if pending is not None:
-            try:
-                pending.wait()  # dropped: it belongs to the state before
-            except CommlibError:
-                pass  # (failed, after a lost rank: an elastic restore)
+        settle(pending)  # dropped: it belongs to the state before
         self.optimizer.load_state_dict(state["optimizer"])
         if self.outer_optimizer is not None and state.get("outer_optimizer") is not None:
             self.outer_optimizer.load_state_dict(state["outer_optimizer"])

@@ -34,7 +34,7 @@ from commlib.reduce_args import predivide_scales
 
 from ..compression import Compression
 from ..delayed import DelayedExchange
-from .optimizer_base import DistributedOptimizerMixin
+from .optimizer_base import DistributedOptimizerMixin, run_if
 from .weight_prediction import WeightPrediction
 
 
@@ -90,15 +90,7 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
         for i, g in zip(present, prev):
             full[i] = g
 
-        def update():
-            self._commlib_update(full, variables, predict=True)
-            return tf.constant(True)
-
-        if tf.executing_eagerly():
-            if bool(have):
-                update()
-        else:
-            tf.cond(have, update, lambda: tf.constant(False))
+        run_if(have, lambda: self._commlib_update(full, variables, predict=True))
 
     def synchronize(self):
         """Waits for the pending average and applies it (eagerly: call it

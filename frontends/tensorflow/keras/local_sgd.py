@@ -45,20 +45,7 @@ from commlib.signature import check_same_everywhere
 from .. import mpi_ops as _ops
 from ..gradient_tape import make_allreduce_grads
 from ..streaming import StreamingMeetings
-
-
-def _run_if(pred, fn):
-    """``fn()`` when ``pred`` holds: in Python eagerly, as tf.cond in a graph."""
-    if tf.executing_eagerly():
-        if bool(pred):
-            fn()
-        return
-
-    def yes():
-        fn()
-        return tf.constant(True)
-
-    tf.cond(pred, yes, lambda: tf.constant(False))
+from .optimizer_base import own_counter, own_zeros_like, run_if
 
 
 class _LocalSGDMixin:
@@ -84,22 +71,14 @@ class _LocalSGDMixin:
         super().build(variables)
         if getattr(self, "_commlib_step", 1) is not None:
             return
-        # The schedule's counters and DiLoCo's anchor are variables of their
-        # own, not the optimizer's: its saved state stays the inner
-        # optimizer's, which a plain one loads whole (Keras skips all of it
-        # on a count mismatch). KerasState checkpoints them, with the outer
-        # optimizer's (_commlib_state_variables).
+        # The schedule's counters and DiLoCo's anchor are not the optimizer's
+        # variables (own_zeros_like): KerasState checkpoints them, with the
+        # outer optimizer's (_commlib_state_variables).
         s = functools.partial(object.__setattr__, self)
-        with tf.init_scope():  # (built inside the first traced train step)
-            s("_commlib_step", tf.Variable(0, dtype=tf.int64, trainable=False,
-                                           name="commlib_step"))
-            s("_commlib_local", tf.Variable(0, dtype=tf.int64, trainable=False,
-                                            name="commlib_local_steps"))
-            if self.outer_optimizer is not None:
-                s("_commlib_anchor", [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
-                                                  name="commlib_anchor")
-                                      for v in self._commlib_model_vars])
+        s("_commlib_step", own_counter("commlib_step"))
+        s("_commlib_local", own_counter("commlib_local_steps"))
         if self.outer_optimizer is not None:
+            s("_commlib_anchor", own_zeros_like(self._commlib_model_vars, "commlib_anchor"))
             self.outer_optimizer.build(self._commlib_model_vars)
 
     def _commlib_state_variables(self) -> list:
@@ -125,12 +104,12 @@ class _LocalSGDMixin:
         if self.warmup_steps:
             grads = self._warmup_grads(grads, variables, step < self.warmup_steps)
         if self._commlib_anchor is not None:
-            _run_if(tf.equal(step, self.warmup_steps), self._set_anchor)
+            run_if(tf.equal(step, self.warmup_steps), self._set_anchor)
         super().apply(grads, variables)
         self._commlib_step.assign_add(1)
         local = step >= self.warmup_steps
         self._commlib_local.assign_add(tf.cast(local, tf.int64))
-        _run_if(tf.logical_and(local, tf.equal(tf.math.floormod(
+        run_if(tf.logical_and(local, tf.equal(tf.math.floormod(
             step - self.warmup_steps + 1, self.period), 0)),
             self._stream_meet if self.streaming else self._meet)
 
@@ -190,7 +169,7 @@ class _LocalSGDMixin:
             for v, d in zip(model_vars, progress):
                 v.assign_add(d)
 
-        _run_if(have, take)
+        run_if(have, take)
 
     def _stream_meet(self):
         """A streaming meeting: the previous one's average is applied, the

@@ -40,13 +40,11 @@ def memory_report(model, optimizer=None) -> dict:
     grads = _nbytes(model.trainable_variables)
     state = 0
     if optimizer is not None and getattr(optimizer, "built", False):
-        acc = _accumulators(optimizer)
-        acc_ids = {id(a) for a in acc}
-        state = _nbytes([v for v in optimizer.variables if id(v) not in acc_ids])
+        state = _nbytes(optimizer.variables)  # (commlib's own state is not in it)
         extra = getattr(optimizer, "_commlib_state_variables", None)  # (LocalSGD's)
         if extra is not None:
             state += _nbytes(extra())
-        grads_extra = _nbytes(acc)
+        grads_extra = _nbytes(_accumulators(optimizer))
         prediction = getattr(optimizer, "_commlib_prediction", None)
         if prediction is not None:
             params += _nbytes(prediction.variables)

@@ -1,6 +1,7 @@
 """The Keras DistributedOptimizer's machinery, shared by the plain, delayed
-(delayed.py) and local-SGD (local_sgd.py) optimizers: the backend check and
-the mixin placed in front of the wrapped optimizer's class."""
+(delayed.py) and local-SGD (local_sgd.py) optimizers: the backend check,
+commlib's own state variables and the mixin placed in front of the wrapped
+optimizer's class."""
 from __future__ import annotations
 
 import functools
@@ -17,6 +18,43 @@ def check_backend():
         raise ValueError(f"commlib.tensorflow.keras needs the Keras TensorFlow backend, Keras is "
                          f"using {backend!r}; set KERAS_BACKEND=tensorflow (for PyTorch use "
                          f"commlib.torch)")
+
+
+def run_if(pred, fn, otherwise=None) -> None:
+    """``fn()`` when ``pred`` (a Python or tensor bool) holds, else
+    ``otherwise()`` if given: in Python eagerly, as tf.cond in a graph."""
+    if tf.executing_eagerly():
+        chosen = fn if bool(pred) else otherwise
+        if chosen is not None:
+            chosen()
+        return
+
+    def branch(f, result):
+        def run():
+            if f is not None:
+                f()
+            return tf.constant(result)
+        return run
+
+    tf.cond(pred, branch(fn, True), branch(otherwise, False))
+
+
+def own_zeros_like(references, name: str) -> list:
+    """Zero variables shaped like ``references`` for commlib's state beside
+    an optimizer (accumulators, weight prediction's copies, LocalSGD's
+    anchor): variables of their own, not the optimizer's, so its saved state
+    stays the wrapped optimizer's, which a plain one loads whole (Keras skips
+    all of it on a count mismatch). Created eagerly: ``build`` runs inside
+    the first traced train step."""
+    with tf.init_scope():
+        return [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=name)
+                for v in references]
+
+
+def own_counter(name: str):
+    """An int64 counter at 0, beside an optimizer as ``own_zeros_like``'s."""
+    with tf.init_scope():
+        return tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
 
 
 class DistributedOptimizerMixin:
@@ -42,17 +80,11 @@ class DistributedOptimizerMixin:
     def build(self, variables):
         super().build(variables)
         if getattr(self, "_commlib_bpps", 1) > 1 and self._commlib_acc is None:
-            # Variables of their own, not the optimizer's: its saved state
-            # stays the wrapped optimizer's, which a plain one loads whole
-            # (Keras skips all of it on a count mismatch). A checkpoint taken
-            # between updates drops the partial sum, as Horovod's does.
-            with tf.init_scope():  # (built inside the first traced train step)
-                acc = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
-                                   name="commlib_accumulator") for v in variables]
-                counter = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                      name="commlib_backward_passes")
-            object.__setattr__(self, "_commlib_acc", acc)
-            object.__setattr__(self, "_commlib_counter", counter)
+            # (Not in the saved state: a checkpoint taken between updates
+            # drops the partial sum, as Horovod's does.)
+            object.__setattr__(self, "_commlib_acc",
+                               own_zeros_like(variables, "commlib_accumulator"))
+            object.__setattr__(self, "_commlib_counter", own_counter("commlib_backward_passes"))
 
     def _commlib_reduce(self, grads, variables):
         return reduce_shared(self._commlib_allreduce, list(grads), variables, self._commlib_local,
@@ -94,13 +126,5 @@ class DistributedOptimizerMixin:
             parent_apply(self._commlib_reduce(agg, variables), variables)
             for a in acc:
                 a.assign(tf.zeros_like(a))
-            return tf.constant(True)
 
-        def skip():
-            self._iterations.assign_add(1)
-            return tf.constant(False)
-
-        if tf.executing_eagerly():
-            update() if bool(is_update) else skip()
-        else:
-            tf.cond(is_update, update, skip)
+        run_if(is_update, update, lambda: self._iterations.assign_add(1))

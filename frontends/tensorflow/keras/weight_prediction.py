@@ -28,15 +28,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-
-def branch(flag, if_true, if_false):
-    """``if_true()`` or ``if_false()`` on a boolean (Python or tensor):
-    eagerly a Python ``if``, in a graph ``tf.cond``."""
-    if tf.executing_eagerly():
-        (if_true if bool(flag) else if_false)()
-    else:
-        tf.cond(flag, lambda: (if_true(), tf.constant(True))[1],
-                lambda: (if_false(), tf.constant(False))[1])
+from .optimizer_base import own_counter, own_zeros_like, run_if
 
 
 class WeightPrediction:
@@ -45,11 +37,9 @@ class WeightPrediction:
     the optimizer's ``build``, with ``variables``: the Keras variables."""
 
     def __init__(self, variables):
-        with tf.init_scope():  # (built inside the first traced train step)
-            self._pairs = [(v, tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
-                                           name="commlib_true_weights")) for v in variables]
-            self._predicting = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                           name="commlib_predicting")
+        variables = list(variables)
+        self._pairs = list(zip(variables, own_zeros_like(variables, "commlib_true_weights")))
+        self._predicting = own_counter("commlib_predicting")
 
     @property
     def variables(self) -> list:
@@ -72,7 +62,7 @@ class WeightPrediction:
     def before_update(self) -> None:
         """Puts the true weights back (or, holding none aside, keeps the
         current ones): afterwards the slots hold w_prev."""
-        branch(self.predicting, self._put_back, self._keep)
+        run_if(self.predicting, self._put_back, self._keep)
         self._predicting.assign(0)
 
     def predict(self) -> None:
@@ -99,5 +89,5 @@ class WeightPrediction:
 
     def restore(self) -> None:
         """Puts the true weights back if the model holds a prediction."""
-        branch(self.predicting, self._put_back, lambda: None)
+        run_if(self.predicting, self._put_back)
         self._predicting.assign(0)
