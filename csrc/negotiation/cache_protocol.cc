@@ -256,7 +256,7 @@ void CacheProtocol::retire_live(int bit, uint32_t gen) {
 
 // A coordinator response gave cache bits: every rank installs them here, at
 // the same point of the order.
-void CacheProtocol::after_run(const Response& resp, bool ok) {
+void CacheProtocol::after_run(const Response& resp, bool ok, const std::vector<RequestDesc>* ran) {
   if (resp.bits.empty()) return;
   if (!ok) {  // (failed alike everywhere: nobody installs them)
     if (cache_bits_)
@@ -268,13 +268,19 @@ void CacheProtocol::after_run(const Response& resp, bool ok) {
   for (size_t i = 0; i < resp.names.size() && i < resp.bits.size(); ++i) {
     if (resp.bits[i] < 0) continue;
     const int bit = int(resp.bits[i]);
-    const Entry* e = host_.find_pending(resp.names[i]);
-    if (!e) throw Error(COMMLIB_ERR_INTERNAL, "cache bit given to unknown request '" + resp.names[i] + "'");
+    const RequestDesc* d = nullptr;
+    if (ran) {
+      for (const RequestDesc& r : *ran)
+        if (request_key(r) == resp.names[i]) d = &r;
+    } else if (const Entry* e = host_.find_pending(resp.names[i])) {
+      d = &e->desc;
+    }
+    if (!d) throw Error(COMMLIB_ERR_INTERNAL, "cache bit given to unknown request '" + resp.names[i] + "'");
     // Rows for this request only (a fused allgather's response holds every member's, in order).
     uint32_t evicted = 0;
     const std::vector<int64_t> rows = resp.op_type == COMMLIB_OP_ALLGATHER
                                           ? member_rows(resp.rows, resp.names.size(), i) : resp.rows;
-    if (cache_->install(bit, resp.names[i], e->desc, resp.op_type, rows, &evicted)) {
+    if (cache_->install(bit, resp.names[i], *d, resp.op_type, rows, &evicted)) {
       retire_live(bit, evicted);
     }
   }

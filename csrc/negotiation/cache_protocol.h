@@ -87,8 +87,10 @@ class CacheProtocol {
   // e ran (or failed) through a response: its arrival, if any, ends.
   void end_arrival(Entry& e, bool ran);
   // After a response ran everywhere alike: install its bits (or, when it
-  // failed, give them back).
-  void after_run(const Response& resp, bool ok);
+  // failed, give them back). ran: the requests that ran, where they are no
+  // longer pending (a CUDA launch takes them out first); else they are looked
+  // up among the pending ones.
+  void after_run(const Response& resp, bool ok, const std::vector<RequestDesc>* ran = nullptr);
   // An invalidation or cache-off notice from rank 0 (across hosts).
   void execute_notice(const Response& resp);
 

@@ -1,8 +1,8 @@
 #include "negotiation/controller.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
-#include <sstream>
 #include <tuple>
 
 #include "negotiation/fusion.h"
@@ -19,14 +19,16 @@ std::string by_rank(const std::vector<std::string>& values, const std::vector<in
     if (!groups.count(values[i])) order.push_back(values[i]);
     groups[values[i]].push_back(ranks[i]);
   }
-  std::ostringstream out;
+  // (no iostreams in the core: on a GPU machine a rank crashed formatting an
+  // int into an ostringstream, with another C++ runtime in the process)
+  std::string out;
   for (size_t i = 0; i < order.size(); ++i) {
     const auto& rs = groups[order[i]];
-    out << (i ? "; " : "") << (rs.size() > 1 ? "ranks " : "rank ");
-    for (size_t j = 0; j < rs.size(); ++j) out << (j ? ", " : "") << rs[j];
-    out << ": " << order[i];
+    out += std::string(i ? "; " : "") + (rs.size() > 1 ? "ranks " : "rank ");
+    for (size_t j = 0; j < rs.size(); ++j) out += (j ? ", " : "") + std::to_string(rs[j]);
+    out += ": " + order[i];
   }
-  return out.str();
+  return out;
 }
 
 template <typename F>
@@ -37,9 +39,9 @@ bool differs(const std::vector<RequestDesc>& d, F field) {
 }
 
 std::string fmt_double(double v) {
-  std::ostringstream s;
-  s << v;
-  return s.str();
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
 }
 
 bool uses_reduce_op(int op_type) {

@@ -14,11 +14,11 @@ import torch
 import commlib as _c
 from commlib import device_ops
 from commlib._lib import lib
-from commlib.dtypes import dtype_code
 from commlib.ops import Average, Max, Min, Product, auto_name, reducescatter_rows
 from commlib.process_sets import set_rank
 
 from .handles import Handle
+from .tensor_io import core_code
 
 # What NCCL reduces natively: no 16-bit integers or bools; Average and scale
 # factors on floating-point data only, scale factors with Sum/Average only.
@@ -38,14 +38,14 @@ def can_reduce(dtype: torch.dtype, op: int, prescale: float, postscale: float) -
 
 
 def _buffer(t: torch.Tensor) -> device_ops.DeviceBuffer:
+    """The core's view of a CUDA tensor. Its dtype code comes from torch's
+    dtype directly (numpy knows no bfloat16 unless ml_dtypes was imported:
+    the first GPU run failed there)."""
     shape = tuple(t.shape) or (1,)
-    return device_ops.DeviceBuffer(t.data_ptr() if t.numel() else 0, dtype_code(_np_dtype(t.dtype)), shape)
-
-
-def _np_dtype(dtype: torch.dtype):
-    if dtype == torch.bfloat16:
-        return "bfloat16"
-    return np.dtype(str(dtype).replace("torch.", ""))
+    code = core_code(t.dtype)
+    if code is None:
+        raise TypeError(f"unsupported dtype {t.dtype} for a CUDA collective")
+    return device_ops.DeviceBuffer(t.data_ptr() if t.numel() else 0, code, shape)
 
 
 def _stream(t: torch.Tensor) -> int:

@@ -45,3 +45,30 @@ def test_point_to_point_staging_on_cpu(ranks, n):
     """send/recv/isend/irecv/sendrecv and their autograd pairs through the
     host-staging steps CUDA tensors take (workers/torch_p2p_cuda_paths.py)."""
     ranks(n, "torch_p2p_cuda_paths.py", "staged", timeout=120).assert_ok(n)
+
+
+def test_device_buffer_dtype_codes_need_no_ml_dtypes():
+    """The core's view of a CUDA tensor takes its dtype code from torch's
+    dtype, in a process that never imported ml_dtypes (numpy then knows no
+    bfloat16: the first GPU run failed every bfloat16 collective so)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    code = (
+        "import sys, torch\n"
+        "from commlib.dtypes import code_of\n"
+        "from commlib.torch.cuda_nccl import _buffer\n"
+        "assert 'ml_dtypes' not in sys.modules, 'imported ml_dtypes: this test proves nothing'\n"
+        "for name in ('bfloat16', 'float16', 'float32', 'int64', 'uint8', 'bool'):\n"
+        "    got = _buffer(torch.zeros(3, dtype=getattr(torch, name))).dtype\n"
+        "    assert got == code_of(name), (name, got)\n"
+        "try:\n"
+        "    _buffer(torch.zeros(3, dtype=torch.complex64))\n"
+        "except TypeError as e:\n"
+        "    assert 'complex64' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('complex64 accepted')\n"
+        "print('ok')\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr

@@ -31,6 +31,11 @@ case = sys.argv[1]
 pids = commlib.allgather(np.array([os.getpid()]), name="pids")
 x = torch.ones(1 << 20, device=DEVICE)
 hvd.allreduce_(x, op=hvd.Sum, name="warm-up")  # the communicator exists
+# With COMMLIB_CUDA_SYNC=stream the warm-up may still run on the device (NCCL
+# connects its peers in the first collective); a rank frozen then stops the
+# warm-up, which then (rightly) is the collective that times out. The first
+# GPU run found this.
+torch.cuda.current_stream().synchronize()
 last = r == n - 1
 
 if last and case == "sleeps":
@@ -39,9 +44,19 @@ elif last:
     h = hvd.allreduce_async_(x, op=hvd.Sum, name="stuck")
     commlib.barrier()
     time.sleep(1)  # (stopped in here by rank 0, and resumed after the others failed)
-    expect_raises(commlib.CommlibError, lambda: hvd.synchronize(h), "the stopped rank's collective")
     if commlib.gpu.sync_mode() == "stream":
-        commlib.barrier()  # (the others' next synchronize, which raises there)
+        # synchronize raises if this rank's engine saw the failure already;
+        # else it returns at the launch and the next synchronize raises (a
+        # 2-rank GPU run took that turn)
+        try:
+            hvd.synchronize(h)
+        except commlib.CommlibError:
+            commlib.barrier()  # (the others' next synchronize, which raises there)
+        else:
+            torch.cuda.current_stream().synchronize()  # (until the communicator fails here too)
+            expect_raises(commlib.CommlibError, commlib.barrier, "the stopped rank's next synchronize")
+    else:
+        expect_raises(commlib.CommlibError, lambda: hvd.synchronize(h), "the stopped rank's collective")
 else:
     if case == "frozen":
         commlib.barrier()

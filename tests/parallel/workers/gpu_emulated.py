@@ -8,7 +8,7 @@ equal, not close.
 
 argv[1]:
 - collectives: every collective x dtype x op, scale factors, uneven rows,
-  fusion of many small allreduces, a process set, and the refusals (an op or
+  names that repeat (the response cache), fusion of many small allreduces, a process set, and the refusals (an op or
   dtype NCCL does not run) raised on every rank alike;
 - ordering (run with COMMLIB_GPU_EMULATOR_DELAY_US): the input is written by
   an asynchronous copy on the caller's stream just before the collective is
@@ -130,6 +130,26 @@ def test_allreduce():
     want = reference(commlib.Sum, [data((64,), np.float32, 4, q) for q in range(n)])
     synchronize(device(lib.COMMLIB_OP_ALLREDUCE, "in-place", x, x, reduce_op=commlib.Sum))
     check_equal(x, want, "in-place allreduce")
+
+
+def test_repeated_names():
+    """A training loop's names repeat: the second sighting gives the request a
+    response-cache bit (installed after the launch, which has already taken
+    the request out of the pending ones), later ones run by that bit. Alone
+    and several at once, with changing data. (The first GPU run failed here:
+    "cache bit given to unknown request".)"""
+    for step in range(6):
+        for width in (1, 4):
+            xs = [data((3, 2), np.float32, 300 + 10 * step + i) for i in range(width)]
+            outs = [np.zeros_like(x) for x in xs]
+            hs = [device(lib.COMMLIB_OP_ALLREDUCE, f"repeat.{width}.{i}", x, o, reduce_op=commlib.Sum)
+                  for i, (x, o) in enumerate(zip(xs, outs))]
+            for i, h in enumerate(hs):
+                want = reference(commlib.Sum, [data((3, 2), np.float32, 300 + 10 * step + i, q) for q in range(n)])
+                check_equal(synchronize(h), want, f"repeated allreduce {width}.{i} at step {step}")
+        got = synchronize(device(lib.COMMLIB_OP_BROADCAST, "repeat.bc", data((4,), np.int64, step), np.zeros(4, np.int64),
+                                 root=n - 1))
+        check_equal(got, data((4,), np.int64, step, n - 1), f"repeated broadcast at step {step}")
 
 
 def test_fusion():
@@ -293,6 +313,22 @@ def test_stream_sync():
         EMULATOR.cudaStreamSynchronize(ctypes.c_void_p(0))
         want = np.full(size, float(sum(q + 1 + i for q in range(n))), np.float32)
         check_equal(probe, want, f"the caller's stream after synchronize_on_stream ({size} elements)")
+    # A training loop submits the same name again as soon as synchronize
+    # returned, while the device still runs the first (found on the first GPU
+    # run: "already in flight"); the device runs them in order.
+    xs = [np.full(1 << 12, float(r + k), np.float32) for k in range(3)]
+    outs = [np.full(1 << 12, -1.0, np.float32) for _ in xs]
+    for k in range(3):
+        for _ in range(4):  # (a long "kernel" before each)
+            copy_on_stream(outs[k][:1], xs[k][:1])
+        synchronize_on_stream(device(lib.COMMLIB_OP_ALLREDUCE, "on-stream.again", xs[k], outs[k],
+                                     reduce_op=commlib.Sum), 0)
+    if outs[2][1] != -1.0:
+        fail("synchronize_on_stream waited for the device (the repeated name's case proves nothing)")
+    EMULATOR.cudaStreamSynchronize(ctypes.c_void_p(0))
+    for k in range(3):
+        check_equal(outs[k], np.full(1 << 12, float(sum(q + k for q in range(n))), np.float32),
+                    f"the repeated name's collective {k}")
     # A CPU handle is synchronized as by synchronize.
     h = commlib.allreduce_async(np.ones(3), op=commlib.Sum, name="cpu.on-stream")
     check_equal(synchronize_on_stream(h, 0), np.full(3, float(n)), "a CPU handle through synchronize_on_stream")
@@ -448,7 +484,7 @@ def test_init_hangs():
 
 
 if case == "collectives":
-    for test in (test_allreduce, test_fusion, test_broadcast, test_allgather, test_alltoall, test_reducescatter,
+    for test in (test_allreduce, test_repeated_names, test_fusion, test_broadcast, test_allgather, test_alltoall, test_reducescatter,
                  test_process_set, test_refusals):
         test()
 elif case == "ordering":
