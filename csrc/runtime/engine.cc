@@ -406,10 +406,11 @@ void Engine::loop() {
       idle_since = now_us();
       continue;
     }
-    bool worked;
+    bool worked, gpu_busy;
     {
       std::lock_guard<std::mutex> lock(cycle_mu_);
       worked = step();
+      gpu_busy = gpu_ && gpu_->busy();
     }
     if (stop_.load() && leave()) break;
     if (worked) {
@@ -424,7 +425,7 @@ void Engine::loop() {
     std::unique_lock<std::mutex> lock(queue_mu_);
     bg_sleeping_.store(true);
     if (queue_.empty() && p2p_queue_.empty() && !stop_.load())
-      queue_cv_.wait_for(lock, std::chrono::microseconds(nap));
+      queue_cv_.wait_for(lock, std::chrono::microseconds(gpu_busy ? std::min(nap, kGpuPollNapUs) : nap));
     bg_sleeping_.store(false);
     if (nap < kMaxNapUs) nap *= 2;
   }
