@@ -53,8 +53,9 @@ def test_device_buffer_dtype_codes_need_no_ml_dtypes():
     bfloat16: the first GPU run failed every bfloat16 collective so)."""
     import subprocess
     import sys
+    from pathlib import Path
 
-    from conftest import ROOT
+    root = Path(__file__).resolve().parents[2]
     code = (
         "import sys, torch\n"
         "from commlib.dtypes import code_of\n"
@@ -70,5 +71,5 @@ def test_device_buffer_dtype_codes_need_no_ml_dtypes():
         "else:\n"
         "    raise AssertionError('complex64 accepted')\n"
         "print('ok')\n")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), timeout=120)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(root), timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
