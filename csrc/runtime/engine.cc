@@ -445,7 +445,7 @@ void Engine::finish(Entry& e, int status, const std::string& message) {
   outstanding_.fetch_sub(1);
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    if (!e.name_released) in_flight_.erase(request_key(e.desc));
+    if (!e.handle->launched.load()) in_flight_.erase(request_key(e.desc));  // (else freed at launch_gpu)
   }
   HandleState& h = *e.handle;
   handles_.complete(h, status, message);

@@ -48,10 +48,6 @@ struct Entry {
   // A joined rank's stand-in for a request it never submitted (runtime/join.h):
   // nobody waits on it; a CUDA one gets its buffers from the NCCL executor.
   bool stand_in = false;
-  // Launched on the device (a CUDA request): its name is free for the next
-  // request of that name, which the device orders after it, while this one
-  // completes (synchronize returns at the launch, and training loops reuse names).
-  bool name_released = false;
   // This request alone failed on this rank, after it took part in its
   // collective (an allgather's out of the wrong size): COMMLIB_ERR_VALUE.
   std::string error;

@@ -62,12 +62,12 @@ void Engine::launch_gpu(const Response& resp, const std::vector<Entry*>& entries
   }
   std::vector<std::shared_ptr<HandleState>> launched;
   std::vector<RequestDesc> ran;  // (for the response cache: launch() takes the entries)
-  std::vector<bool> stand_in;
-  for (Entry& e : taken) {
-    if (!e.stand_in) launched.push_back(e.handle);
+  std::vector<std::string> own_keys;
+  for (const Entry& e : taken) {
     ran.push_back(e.desc);
-    stand_in.push_back(e.stand_in);
-    e.name_released = true;  // (if the launch succeeds, below)
+    if (e.stand_in) continue;
+    launched.push_back(e.handle);
+    own_keys.push_back(request_key(e.desc));
   }
   std::string message;
   int code = COMMLIB_ERR_INTERNAL;
@@ -77,9 +77,11 @@ void Engine::launch_gpu(const Response& resp, const std::vector<Entry*>& entries
     std::shared_ptr<void> done = gpu_->launch(resp, taken, executor_.transport_for(resp.process_set), members,
                                               now_us());
     for (auto& h : launched) handles_.mark_launched(*h, done);
+    // Launched: the names are free for the next requests of those names (the
+    // device runs them after these), since synchronize returns at the launch
+    // and training loops reuse names; finish() leaves in_flight_ alone then.
     std::lock_guard<std::mutex> lock(queue_mu_);
-    for (size_t i = 0; i < ran.size(); ++i)
-      if (!stand_in[i]) in_flight_.erase(request_key(ran[i]));
+    for (const std::string& key : own_keys) in_flight_.erase(key);
   } catch (const Error& e) {
     // (the other ranks' launches, if any, end by the timeout or NCCL's own error)
     message = std::string(op_type_name(resp.op_type)) + " '" + resp.names.at(0) + "'" +
@@ -89,7 +91,6 @@ void Engine::launch_gpu(const Response& resp, const std::vector<Entry*>& entries
   }
   cache_.after_run(resp, message.empty(), &ran);
   if (message.empty()) return;  // (launch took the entries)
-  for (Entry& e : taken) e.name_released = false;
   if (launched.empty()) {  // (only stand-ins: nobody here waits to hear of it)
     std::fprintf(stderr, "commlib (rank %d): ERROR: %s\n", topo_.rank, message.c_str());
   }

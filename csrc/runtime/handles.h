@@ -68,7 +68,6 @@ class HandleTable {
   void mark_launched(HandleState& h, std::shared_ptr<void> done);
   // Threads currently inside wait(): nobody will enqueue more from them.
   int waiting() const { return waiting_.load(); }
-  const std::atomic<int>& waiting_count() const { return waiting_; }
   // Threads currently driving progress from wait() (see below).
   int driving() const { return driving_.load(); }
   const std::atomic<int>& driving_count() const { return driving_; }
