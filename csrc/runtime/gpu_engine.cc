@@ -76,12 +76,16 @@ void Engine::launch_gpu(const Response& resp, const std::vector<Entry*>& entries
     if (!gpu_) gpu_ = std::make_unique<GpuExecutor>(*gpu::loaded_gpu_libs(), timeout_us_);
     std::shared_ptr<void> done = gpu_->launch(resp, taken, executor_.transport_for(resp.process_set), members,
                                               now_us());
-    for (auto& h : launched) handles_.mark_launched(*h, done);
     // Launched: the names are free for the next requests of those names (the
     // device runs them after these), since synchronize returns at the launch
     // and training loops reuse names; finish() leaves in_flight_ alone then.
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    for (const std::string& key : own_keys) in_flight_.erase(key);
+    // Freed before the handles say "launched": a waiter woken by that submits
+    // the next one at once (under load it found the name still in flight).
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      for (const std::string& key : own_keys) in_flight_.erase(key);
+    }
+    for (auto& h : launched) handles_.mark_launched(*h, done);
   } catch (const Error& e) {
     // (the other ranks' launches, if any, end by the timeout or NCCL's own error)
     message = std::string(op_type_name(resp.op_type)) + " '" + resp.names.at(0) + "'" +
