@@ -17,8 +17,11 @@ Asynchronous exchange (commlib, model.fit): ``--mode`` sync (default),
 staleness1 (DistributedOptimizer(staleness=1)), local-sgd / diloco
 (LocalSGD with ``--period`` H; local-sgd-stream / diloco-stream: streaming
 meetings), local (no communication: the ceiling), or
-several comma-separated: each mode trains its own model, one after another
-in the same run, and gets its own summary line:
+several comma-separated: each mode trains a model of its own (from the same
+start) and the modes take turns within every iteration (``model.fit`` of
+``--num-batches-per-iter`` steps each, the ranks lined up untimed before every
+turn), so they are compared in the same run under the same load; each gets
+its own summary line:
 
     commlibrun -np 2 python examples/tensorflow_synthetic_benchmark.py \
         --mode sync,staleness1,local-sgd,local --period 8
@@ -143,7 +146,7 @@ def main():
             tf.data.experimental.AutoShardPolicy.OFF
         data = data.with_options(options)
 
-    times, comm = [], []
+    times, comm = [], []  # (the custom loop's)
     if rank == 0:
         print(f"Model: {args.model} ({model.count_params():,} parameters), batch size "
               f"{args.batch_size} per rank, {size} rank(s), backend {args.backend}, "
@@ -151,25 +154,40 @@ def main():
 
     if args.loop == "fit":
         class Timer(keras.callbacks.Callback):
-            def on_epoch_begin(self, epoch, logs=None):
-                hvd.communication_stats(reset=True)
-                self.start = time.perf_counter()
+            """Times the steps after the first of a fit call (the first one
+            also pays for fit's own set-up, the same for every mode)."""
+
+            def __init__(self, times, comm):
+                super().__init__()
+                self.times, self.comm = times, comm
+
+            def on_train_batch_end(self, batch, logs=None):
+                if batch == 0:
+                    hvd.communication_stats(reset=True)
+                    self.start = time.perf_counter()
 
             def on_epoch_end(self, epoch, logs=None):
-                times.append(time.perf_counter() - self.start)
-                comm.append(hvd.communication_stats()["seconds"])
+                self.times.append(time.perf_counter() - self.start)
+                self.comm.append(hvd.communication_stats()["seconds"])
 
+        runs = {}
         for i, mode in enumerate(modes):
             if i > 0:  # (each mode trains a model of its own, from the same start)
-                times, comm = [], []
                 model = build()
                 opt = make_optimizer(mode, model)
                 model.compile(optimizer=opt, loss=loss)
+            runs[mode] = (model, opt, [], [])
             start_alike = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]  # (one per model)
             model.fit(data, steps_per_epoch=args.num_warmup_batches, epochs=1, verbose=0,
                       shuffle=False, callbacks=start_alike)  # warm-up: tracing, first allocations
-            model.fit(data, steps_per_epoch=args.num_batches_per_iter, epochs=args.num_iters,
-                      verbose=0, shuffle=False, callbacks=[Timer()])
+        for _ in range(args.num_iters):
+            for mode, (model, opt, times, comm) in runs.items():
+                # Untimed: a pending average of the turn before is done and the
+                # ranks start together (the drift a turn leaves is not the next one's).
+                commlib.barrier()
+                model.fit(data, steps_per_epoch=args.num_batches_per_iter + 1, epochs=1,
+                          verbose=0, shuffle=False, callbacks=[Timer(times, comm)])
+        for mode, (model, opt, times, comm) in runs.items():
             if hasattr(opt, "synchronize"):  # (the pending average, a last meeting)
                 opt.synchronize()
             prefix = f"[{mode}] " if len(modes) > 1 else ""
