@@ -26,6 +26,16 @@ The rule, with steps counted t = 0, 1, ... from the end of the warm-up:
 - ``warmup_steps`` first steps are synchronous data parallelism (gradients
   averaged, then the inner optimizer steps; post-local SGD).
 
+The model's floating-point buffers (BatchNorm's running statistics) are
+averaged at every meeting too (``average_buffers=True``, the default), so
+that after a meeting the replicas are identical in their buffers as well
+(torch's PeriodicModelAverager averages parameters only, leaving each rank
+its own statistics); the outer optimizer never sees them (DiLoCo's buffers
+take the plain average); streaming meetings treat them as parameters.
+Integer buffers (``num_batches_tracked``) are left alone: every rank counts
+the same steps. During the warm-up the buffers stay local, as with a
+DistributedOptimizer.
+
 After every meeting the replicas are identical. ``synchronize()`` holds a
 meeting now if there were local steps since the last one (call it before
 evaluating or saving); the schedule of the next meetings does not move. The
@@ -75,7 +85,7 @@ class LocalSGD:
     are checked across ranks: CollectiveMismatchError if they differ)."""
 
     def __init__(self, optimizer, model, period, outer_optimizer=None, warmup_steps=0,
-                 process_set=global_process_set, streaming=False):
+                 process_set=global_process_set, streaming=False, average_buffers=True):
         self.process_set = check_process_set(process_set, member=False)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"LocalSGD wraps a torch.optim.Optimizer, got "
@@ -92,6 +102,9 @@ class LocalSGD:
         if not isinstance(streaming, bool):
             raise ValueError(f"streaming must be True or False, got {streaming!r}")
         self.streaming = streaming
+        if not isinstance(average_buffers, bool):
+            raise ValueError(f"average_buffers must be True or False, got {average_buffers!r}")
+        self.average_buffers = average_buffers
         self._stream = None  # PendingParameters of the last streaming meeting
         self.optimizer = optimizer
         self.outer_optimizer = outer_optimizer
@@ -105,6 +118,9 @@ class LocalSGD:
             raise ValueError("the model has no parameters")
         for n, p in zip(self._names, self._params):
             _ops.check_tensor(p, f"LocalSGD (parameter {n!r})", inplace=True)
+        self._buffer_names, self._buffers = self._float_buffers(model, average_buffers)
+        # What a meeting averages: the parameters, then the buffers.
+        self._averaged = self._params + self._buffers
         if outer_optimizer is not None:
             self._check_outer(outer_optimizer)
         self._reduces = included(self.process_set) and set_size(self.process_set) > 1
@@ -115,6 +131,23 @@ class LocalSGD:
         self._local_steps = 0  # since the last meeting
         if self._reduces:
             self._check_same_everywhere()
+
+    @staticmethod
+    def _float_buffers(model, wanted):
+        """(names, tensors) of the model's floating-point buffers, by name."""
+        if not wanted:
+            return [], []
+        named = {}
+        for n, b in model.named_buffers():
+            if b is not None and b.is_floating_point():
+                named.setdefault(b, n)
+        names = sorted(named.values())
+        by_name = {n: b for b, n in named.items()}
+        buffers = [by_name[n] for n in names]
+        for n, b in zip(names, buffers):
+            _ops.check_tensor(b, f"LocalSGD (buffer {n!r}; average_buffers=False leaves the "
+                              f"buffers alone)", inplace=True)
+        return names, buffers
 
     def _check_outer(self, outer):
         if not isinstance(outer, torch.optim.Optimizer):
@@ -129,17 +162,19 @@ class LocalSGD:
                              "nesterov=True)")
 
     def _signature(self) -> list:
-        options = ("options: period, warmup_steps, outer optimizer, streaming", self.period,
-                   self.warmup_steps,
+        options = ("options: period, warmup_steps, outer optimizer, streaming, average_buffers",
+                   self.period, self.warmup_steps,
                    type(self.outer_optimizer).__name__ if self.outer_optimizer else None,
-                   self.streaming)
-        return [options] + [(n, tuple(p.shape), str(p.dtype))
-                            for n, p in zip(self._names, self._params)]
+                   self.streaming, self.average_buffers)
+        return ([options] + [(n, tuple(p.shape), str(p.dtype))
+                             for n, p in zip(self._names, self._params)]
+                + [(f"buffer {n}", tuple(b.shape), str(b.dtype))
+                   for n, b in zip(self._buffer_names, self._buffers)])
 
     def _check_same_everywhere(self):
-        check_same_everywhere(self._signature(), "LocalSGD: the model's parameters (name, shape, "
-                              "dtype) or the options (period, warmup_steps, outer optimizer, "
-                              "streaming)",
+        check_same_everywhere(self._signature(), "LocalSGD: the model's parameters or buffers "
+                              "(name, shape, dtype) or the options (period, warmup_steps, outer "
+                              "optimizer, streaming, average_buffers)",
                               name=f"{self._prefix}:signature", process_set=self.process_set)
 
     # ------------------------------------------------------------ optimizer API
@@ -192,11 +227,11 @@ class LocalSGD:
 
     @torch.no_grad()
     def _meet(self):
-        """Averages the parameters across ranks (in place) and, with an outer
-        optimizer, takes its step from the anchor."""
+        """Averages the parameters (and buffers) across ranks (in place) and,
+        with an outer optimizer, takes its step from the anchor."""
         self._local_steps = 0
         if self._reduces:
-            _ops.grouped_allreduce_(self._params, name=f"{self._prefix}:params", op=Average,
+            _ops.grouped_allreduce_(self._averaged, name=f"{self._prefix}:params", op=Average,
                                     process_set=self.process_set)
         self._outer_step()
 
@@ -224,11 +259,11 @@ class LocalSGD:
             return
         average = pending.wait()  # a failed one stays pending: its error again
         self._stream = None
-        progress = [p - s for p, s in zip(self._params, pending.snapshot)]
-        for p, a in zip(self._params, average):
+        progress = [p - s for p, s in zip(self._averaged, pending.snapshot)]
+        for p, a in zip(self._averaged, average):
             p.copy_(a)
         self._outer_step()
-        for p, d in zip(self._params, progress):
+        for p, d in zip(self._averaged, progress):
             p.add_(d)
 
     def _stream_meet(self):
@@ -236,7 +271,7 @@ class LocalSGD:
         one's starts (see the module's docstring)."""
         self._finish_stream()
         self._local_steps = 0
-        self._stream = PendingParameters(self._params, name=f"{self._prefix}:stream",
+        self._stream = PendingParameters(self._averaged, name=f"{self._prefix}:stream",
                                          process_set=self.process_set,
                                          communicate=self._reduces)
 
@@ -267,4 +302,5 @@ class LocalSGD:
         kind = "DiLoCo" if self.outer_optimizer is not None else "LocalSGD"
         return (f"<commlib.torch.LocalSGD {kind} period={self.period} "
                 f"warmup_steps={self.warmup_steps} streaming={self.streaming} "
+                f"average_buffers={self.average_buffers} "
                 f"step={self._step}>")

@@ -18,6 +18,13 @@ with gradient ``anchor - average``, and the result is the new anchor. The
 first ``warmup_steps`` steps are synchronous data parallelism (gradients
 averaged before the inner step). Replicas are identical after every meeting.
 
+The model's floating-point non-trainable variables of trainable layers
+(BatchNormalization's moving mean and variance) are averaged at every
+meeting too (``average_buffers=True``, the default; the outer optimizer
+never sees them: DiLoCo's take the plain average, streaming meetings treat
+them as weights); frozen layers' variables and integer ones are left alone.
+During the warm-up they stay local, as with a DistributedOptimizer.
+
 The wrapper is a copy of the inner optimizer (an instance of a subclass of
 its class); the schedule runs inside the compiled train step (tf.cond on a
 step counter).
@@ -51,9 +58,11 @@ from .optimizer_base import own_counter, own_zeros_like, run_if
 class _LocalSGDMixin:
     """Placed in front of the inner optimizer's class."""
 
-    def _commlib_local_setup(self, model_vars, period, outer, warmup, process_set, streaming):
+    def _commlib_local_setup(self, model_vars, buffer_vars, period, outer, warmup, process_set,
+                             streaming):
         s = functools.partial(object.__setattr__, self)
         s("_commlib_model_vars", list(model_vars))
+        s("_commlib_buffer_vars", list(buffer_vars))
         s("period", period)
         s("warmup_steps", warmup)
         s("outer_optimizer", outer)
@@ -131,10 +140,14 @@ class _LocalSGDMixin:
         for a, v in zip(self._commlib_anchor, self._commlib_model_vars):
             a.assign(v)
 
+    def _averaged_vars(self) -> list:
+        """What a meeting averages: the trainable variables, then the buffers."""
+        return self._commlib_model_vars + self._commlib_buffer_vars
+
     def _meet(self):
-        """Averages the model's weights across ranks and takes the meeting
-        step with the average."""
-        values = [tf.convert_to_tensor(v) for v in self._commlib_model_vars]
+        """Averages the model's weights (and buffers) across ranks and takes
+        the meeting step with the average."""
+        values = [tf.convert_to_tensor(v) for v in self._averaged_vars()]
         if self._commlib_communicate:
             values = _ops.grouped_allreduce_raw(values, Average, name="LocalSGDMeet",
                                                 process_set=self.process_set)
@@ -143,8 +156,11 @@ class _LocalSGDMixin:
 
     def _meeting_step(self, average):
         """The weights become the average or, with an outer optimizer, its
-        step from the anchor (the result is the new anchor)."""
+        step from the anchor (the result is the new anchor); the buffers
+        (after the weights in ``average``) become their average."""
         model_vars = self._commlib_model_vars
+        for v, a in zip(self._commlib_buffer_vars, average[len(model_vars):]):
+            v.assign(a)
         if self.outer_optimizer is None:
             for v, a in zip(model_vars, average):
                 v.assign(a)
@@ -160,13 +176,13 @@ class _LocalSGDMixin:
     def _finish_stream(self):
         """Waits for the pending streaming average and takes the meeting step
         with it, keeping this rank's progress since the snapshot."""
-        model_vars = self._commlib_model_vars
-        have, average, snapshot = self._commlib_stream.finish_op(model_vars)
+        averaged = self._averaged_vars()
+        have, average, snapshot = self._commlib_stream.finish_op(averaged)
 
         def take():
-            progress = [tf.convert_to_tensor(v) - s for v, s in zip(model_vars, snapshot)]
+            progress = [tf.convert_to_tensor(v) - s for v, s in zip(averaged, snapshot)]
             self._meeting_step(average)
-            for v, d in zip(model_vars, progress):
+            for v, d in zip(averaged, progress):
                 v.assign_add(d)
 
         run_if(have, take)
@@ -175,7 +191,7 @@ class _LocalSGDMixin:
         """A streaming meeting: the previous one's average is applied, the
         averaging of this one's snapshot starts."""
         self._finish_stream()
-        self._commlib_stream.start_op(self._commlib_model_vars)
+        self._commlib_stream.start_op(self._averaged_vars())
         self._commlib_local.assign(0)
 
     def synchronize(self):
@@ -206,8 +222,19 @@ def _check_int(value, what, minimum):
         raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
 
 
+def _buffers(model) -> list:
+    """The model's floating-point non-trainable variables outside frozen
+    layers (BatchNormalization's moving statistics)."""
+    frozen = set()
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if not layer.trainable:
+            frozen.update(id(v) for v in layer.weights)
+    return [v for v in model.non_trainable_variables
+            if id(v) not in frozen and "float" in str(v.dtype)]
+
+
 def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, process_set=None,
-             streaming=False):
+             streaming=False, average_buffers=True):
     """A copy of the Keras ``optimizer`` that trains locally and meets every
     ``period`` steps (see the module's docstring); pass it to
     ``model.compile`` or call its ``apply`` in a custom loop. ``model``'s
@@ -230,6 +257,9 @@ def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, pro
     _check_int(warmup_steps, "warmup_steps", 0)
     if not isinstance(streaming, bool):
         raise ValueError(f"streaming must be True or False, got {streaming!r}")
+    if not isinstance(average_buffers, bool):
+        raise ValueError(f"average_buffers must be True or False, got {average_buffers!r}")
+    buffers = _buffers(model) if average_buffers else []
     if outer_optimizer is not None:
         if not isinstance(outer_optimizer, keras.optimizers.Optimizer):
             raise ValueError(f"outer_optimizer must be a Keras optimizer, got "
@@ -237,21 +267,25 @@ def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, pro
         if outer_optimizer is optimizer:
             raise ValueError("outer_optimizer must be a separate optimizer from the inner one")
     if included(process_set) and set_size(process_set) > 1:
-        _check_same_everywhere(model, period, outer_optimizer, warmup_steps, process_set,
-                               streaming)
+        _check_same_everywhere(model, buffers, period, outer_optimizer, warmup_steps,
+                               process_set, streaming, average_buffers)
     new = _local_sgd_class(type(optimizer)).from_config(optimizer.get_config())
-    new._commlib_local_setup(model.trainable_variables, period, outer_optimizer, warmup_steps,
-                             process_set, streaming)
+    new._commlib_local_setup(model.trainable_variables, buffers, period, outer_optimizer,
+                             warmup_steps, process_set, streaming)
+    object.__setattr__(new, "average_buffers", average_buffers)
     return new
 
 
-def _check_same_everywhere(model, period, outer, warmup, process_set, streaming):
+def _check_same_everywhere(model, buffers, period, outer, warmup, process_set, streaming,
+                           average_buffers):
     """CollectiveMismatchError on every rank if the options or the model's
     variables (shapes, dtypes) differ across ranks (a meeting on some ranks
     only would otherwise stall)."""
-    sig = [("options: period, warmup_steps, outer optimizer, streaming", period, warmup,
-            type(outer).__name__ if outer is not None else None, streaming)]
+    sig = [("options: period, warmup_steps, outer optimizer, streaming, average_buffers", period,
+            warmup, type(outer).__name__ if outer is not None else None, streaming,
+            average_buffers)]
     sig += [(f"variable {i}", tuple(v.shape), str(v.dtype))
             for i, v in enumerate(model.trainable_variables)]
+    sig += [(f"buffer {i}", tuple(v.shape), str(v.dtype)) for i, v in enumerate(buffers)]
     check_same_everywhere(sig, "LocalSGD: the options or the model's variables",
                           name="LocalSGD:signature", process_set=process_set)

@@ -18,7 +18,8 @@ from tf_common import done, expect_raises, fail, max_rel_err, same_on_all_ranks
 import commlib.keras as hvd
 import commlib.tensorflow as htf
 
-from tf_async_common import B, DATA, STEPS, average, grads_of, make_model, weights
+from tf_async_common import (B, DATA, STEPS, average, buffers, grads_of, make_bn_model,
+                             make_model, weights)
 
 r, n = hvd.rank(), hvd.size()
 worst = {}
@@ -28,9 +29,10 @@ class Check(keras.callbacks.Callback):
     """After every step: the weights equal the simulation's and (where
     ``same_at`` says) are bitwise equal across ranks."""
 
-    def __init__(self, what, expected, same_at):
+    def __init__(self, what, expected, same_at, local_buffers=lambda t: False):
         super().__init__()
         self.what, self.expected, self.same_at = what, expected, same_at
+        self.local_buffers = local_buffers  # (steps after which only the weights agree)
 
     def on_train_batch_end(self, batch, logs=None):
         err = max_rel_err(weights(self.model), self.expected[batch])
@@ -38,14 +40,15 @@ class Check(keras.callbacks.Callback):
         if not err <= 1e-5:
             fail(f"{self.what}: step {batch}: max relative error {err:.3g} against the simulation")
         if self.same_at(batch):
-            same_on_all_ranks(weights(self.model), f"{self.what} step {batch}")
+            same_on_all_ranks(weights(self.model, not self.local_buffers(batch)),
+                              f"{self.what} step {batch}")
 
 
-def fit(model, opt, what, expected, same_at, run_eagerly=False):
+def fit(model, opt, what, expected, same_at, run_eagerly=False, local_buffers=lambda t: False):
     model.compile(optimizer=opt, loss="mse", run_eagerly=run_eagerly)
     x, y = DATA[r]
     model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0,
-              callbacks=[Check(what, expected, same_at)])
+              callbacks=[Check(what, expected, same_at, local_buffers)])
 
 
 # ---------------------------------------------------------------- delayed averaging
@@ -151,26 +154,30 @@ tape_model, tape_state = tape_delayed(ADAM, SIMULATED["Adam"], "tape Adam tf.fun
 
 # ---------------------------------------------------------------- local SGD and DiLoCo
 
-def simulate_local(make_inner, make_outer, period, warmup, streaming=False):
-    """One replica per rank; weights of this rank's replica after each step,
-    and after synchronize() (the pending streaming meeting, then a final
-    meeting if steps were taken since the last)."""
-    replicas = [make_model() for _ in range(n)]
+def simulate_local(make_inner, make_outer, period, warmup, streaming=False, make=make_model):
+    """One replica per rank; weights (and buffers) of this rank's replica
+    after each step, and after synchronize() (the pending streaming meeting,
+    then a final meeting if steps were taken since the last)."""
+    replicas = [make() for _ in range(n)]
     inner = [make_inner() for _ in range(n)]
-    anchor = make_model()
+    anchor = make()
     outer = make_outer() if make_outer else None
+
+    def averaged(m):  # what a meeting averages: weights, then buffers
+        return list(m.trainable_variables) + buffers(m)
 
     def meeting_step(avg):
         if outer is None:
             return avg
-        pseudo = [a - v for a, v in zip(anchor.trainable_variables, avg)]
-        outer.apply(pseudo, anchor.trainable_variables)
-        return [tf.convert_to_tensor(a) for a in anchor.trainable_variables]
+        params = anchor.trainable_variables
+        pseudo = [a - v for a, v in zip(params, avg)]
+        outer.apply(pseudo, params)
+        return [tf.convert_to_tensor(a) for a in params] + list(avg[len(params):])
 
     def meet():
-        new = meeting_step(average([m.trainable_variables for m in replicas]))
+        new = meeting_step(average([averaged(m) for m in replicas]))
         for m in replicas:
-            for v, w in zip(m.trainable_variables, new):
+            for v, w in zip(averaged(m), new):
                 v.assign(w)
 
     pending = []  # streaming: [every replica's snapshot] of the last meeting
@@ -181,12 +188,12 @@ def simulate_local(make_inner, make_outer, period, warmup, streaming=False):
         snaps = pending.pop()
         new = meeting_step(average(snaps))
         for m, snap in zip(replicas, snaps):
-            for v, w, sv in zip(m.trainable_variables, new, snap):
+            for v, w, sv in zip(averaged(m), new, snap):
                 v.assign(w + (tf.convert_to_tensor(v) - sv))
 
     def stream_meet():
         finish_stream()
-        pending.append([[tf.identity(v) for v in m.trainable_variables] for m in replicas])
+        pending.append([[tf.identity(v) for v in averaged(m)] for m in replicas])
 
     out = []
     for t in range(STEPS):
@@ -208,16 +215,17 @@ def simulate_local(make_inner, make_outer, period, warmup, streaming=False):
     return out, weights(replicas[r])
 
 
-def local_sgd(make_inner, make_outer, period, warmup, what, streaming=False, run_eagerly=False):
-    expected, final = simulate_local(make_inner, make_outer, period, warmup, streaming)
-    model = make_model()
+def local_sgd(make_inner, make_outer, period, warmup, what, streaming=False, run_eagerly=False,
+              make=make_model):
+    expected, final = simulate_local(make_inner, make_outer, period, warmup, streaming, make)
+    model = make()
     opt = hvd.LocalSGD(make_inner(), model, period=period,
                        outer_optimizer=make_outer() if make_outer else None, warmup_steps=warmup,
                        streaming=streaming)
     # (streaming: replicas differ by their last round's progress until synchronize())
     fit(model, opt, what, expected,
         lambda t: t < warmup or (not streaming and (t - warmup + 1) % period == 0),
-        run_eagerly=run_eagerly)
+        run_eagerly=run_eagerly, local_buffers=lambda t: t < warmup)
     opt.synchronize()
     err = max_rel_err(weights(model), final)
     if not err <= 1e-5:
@@ -234,6 +242,15 @@ local_sgd(lambda: keras.optimizers.SGD(0.1, momentum=0.9), None, 3, 0, "streamin
           streaming=True)
 local_sgd(lambda: keras.optimizers.SGD(0.1), lambda: keras.optimizers.SGD(0.7, momentum=0.9,
           nesterov=True), 4, 2, "streaming DiLoCo warm-up, eager", streaming=True, run_eagerly=True)
+# BatchNormalization: its moving statistics averaged at every meeting
+local_sgd(lambda: keras.optimizers.SGD(0.1, momentum=0.9), None, 4, 0, "local SGD, batch norm",
+          make=make_bn_model)
+local_sgd(lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01),
+          lambda: keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True), 3, 2,
+          "DiLoCo warm-up, batch norm", make=make_bn_model)
+local_sgd(lambda: keras.optimizers.SGD(0.1), lambda: keras.optimizers.SGD(0.7, momentum=0.9,
+          nesterov=True), 4, 0, "streaming DiLoCo, batch norm", streaming=True,
+          make=make_bn_model)
 
 
 
@@ -341,6 +358,37 @@ err = expect_raises(hvd.CollectiveMismatchError, lambda: hvd.LocalSGD(sgd, m, pe
                     "period differs across ranks")
 if "period" not in str(err):
     fail(f"the mismatch error does not name the options: {err}")
+bn = make_bn_model()
+expect_raises(ValueError, lambda: hvd.LocalSGD(sgd, bn, period=2, average_buffers=1),
+              "average_buffers=1", "average_buffers")
+err = expect_raises(hvd.CollectiveMismatchError, lambda: hvd.LocalSGD(
+    sgd, bn, period=2, average_buffers=r == 0), "average_buffers differs across ranks")
+if "average_buffers" not in str(err):
+    fail(f"the mismatch error does not name average_buffers: {err}")
+
+
+def own_statistics():
+    """average_buffers=False: a meeting leaves every rank its own moving
+    statistics; a frozen layer's variables are never averaged."""
+    model = make_bn_model()
+    opt = hvd.LocalSGD(keras.optimizers.SGD(0.1), model, period=2, average_buffers=False)
+    model.compile(optimizer=opt, loss="mse")
+    x, y = DATA[r]
+    model.fit(x[:2 * B], y[:2 * B], batch_size=B, epochs=1, shuffle=False, verbose=0)
+    same_on_all_ranks(weights(model, with_buffers=False), "average_buffers=False: weights")
+    stats = hvd.allgather_object(buffers(model)[0].numpy().tobytes())
+    if n > 1 and stats[0] == stats[1]:
+        fail("average_buffers=False: the moving statistics were averaged")
+    frozen = make_bn_model()
+    frozen.layers[1].trainable = False  # the batch norm layer
+    if hvd.LocalSGD(keras.optimizers.SGD(0.1), frozen, period=2)._commlib_buffer_vars:
+        fail("a frozen layer's moving statistics are averaged")
+    if len(hvd.LocalSGD(keras.optimizers.SGD(0.1), make_bn_model(), period=2)
+           ._commlib_buffer_vars) != 2:
+        fail("the batch norm layer's moving mean and variance are not both averaged")
+
+
+own_statistics()
 if r == 0:
     print(f"keras async max relative error {max(worst.values()):.3g} "
           f"({', '.join(f'{k} {v:.2g}' for k, v in worst.items())})", flush=True)

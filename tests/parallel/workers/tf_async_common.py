@@ -29,11 +29,25 @@ def make_model():
                              keras.layers.Dense(2)])
 
 
+def make_bn_model():
+    """With BatchNormalization (moving statistics: non-trainable variables);
+    no bias before it (its gradient would be rounding noise)."""
+    keras.utils.set_random_seed(7)
+    return keras.Sequential([keras.layers.Input((D_IN,)), keras.layers.Dense(12, use_bias=False),
+                             keras.layers.BatchNormalization(), keras.layers.Activation("tanh"),
+                             keras.layers.Dense(2)])
+
+
+def buffers(model):
+    """The floating-point non-trainable variables (moving statistics)."""
+    return [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
+
+
 def grads_of(model, k, t):
     x, y = DATA[k]
     xb, yb = x[t * B:(t + 1) * B], y[t * B:(t + 1) * B]
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.square(model(xb) - yb))
+    with tf.GradientTape() as tape:  # (training: as in fit, batch norm updates its statistics)
+        loss = tf.reduce_mean(tf.square(model(xb, training=True) - yb))
     return tape.gradient(loss, model.trainable_variables)
 
 
@@ -41,5 +55,7 @@ def average(lists):
     return [tf.add_n(list(gs)) / len(gs) for gs in zip(*lists)]
 
 
-def weights(model):
-    return [v.numpy().copy() for v in model.trainable_variables]
+def weights(model, with_buffers=True):
+    """The trainable variables' values, then (``with_buffers``) the buffers'."""
+    extra = buffers(model) if with_buffers else []
+    return [v.numpy().copy() for v in list(model.trainable_variables) + extra]

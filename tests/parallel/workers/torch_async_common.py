@@ -19,6 +19,21 @@ def mlp(seed=0):
     return nn.Sequential(nn.Linear(10, 24), nn.Tanh(), nn.Linear(24, 4))
 
 
+def mlp_bn(seed=0):
+    """With a BatchNorm layer: floating-point buffers (running statistics)
+    beside an integer one (num_batches_tracked). No bias before the
+    normalisation: its gradient would be rounding noise, which Adam turns
+    into steps of +-lr whose sign depends on the order of the sums."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(10, 24, bias=False), nn.BatchNorm1d(24), nn.Tanh(),
+                         nn.Linear(24, 4))
+
+
+def state_tensors(model):
+    """The parameters, then the floating-point buffers."""
+    return list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
+
+
 def sgd(params):
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
@@ -58,7 +73,7 @@ def average(tensor_lists):
 
 def rel_err(model, ref):
     worst = 0.0
-    for p, q in zip(model.parameters(), ref.parameters()):
+    for p, q in zip(state_tensors(model), state_tensors(ref)):
         d = (p - q).detach().abs().max() / q.detach().abs().max().clamp_min(1e-12)
         worst = max(worst, float(d))
     return worst
@@ -71,12 +86,13 @@ def check_close(model, ref, what, tol=1e-5):
     return err
 
 
-def same_on_all_ranks(model, what):
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+def same_on_all_ranks(model, what, buffers=True):
+    tensors = state_tensors(model) if buffers else list(model.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in tensors])
     every = hvd.allgather(flat.unsqueeze(0), name=f"same.{what}")
     for k in range(hvd.size()):
         if not torch.equal(every[k], flat):
-            fail(f"{what}: parameters differ bitwise between rank {hvd.rank()} and rank {k}")
+            fail(f"{what}: parameters or buffers differ bitwise between rank {hvd.rank()} and rank {k}")
 
 
 def clone(model):

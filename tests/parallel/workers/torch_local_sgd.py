@@ -2,7 +2,8 @@
 without warm-up) against a single-process simulation that trains one replica
 per rank on that rank's data and applies the meeting rule: after every step
 this rank's model equals its simulated replica within 1e-5, and after every
-meeting the replicas are bitwise identical across ranks; streaming meetings
+meeting the replicas are bitwise identical across ranks (BatchNorm's running
+statistics too: averaged at meetings); streaming meetings
 (one round stale, local SGD and DiLoCo) against a simulation of that rule,
 identical replicas after synchronize(); synchronize(), state_dict round
 trip, error cases."""
@@ -13,7 +14,7 @@ import torch
 import commlib.torch as hvd
 from _common import done, expect_raises, fail
 from torch_async_common import (STEPS, average, check_close, clone, grads_of, loss_of, mlp,
-                                same_on_all_ranks)
+                                mlp_bn, same_on_all_ranks, state_tensors)
 
 torch.set_num_threads(1)
 hvd.init()
@@ -36,10 +37,10 @@ class Simulation:
     """One replica (and inner optimizer) per rank; the meeting rule of
     local SGD (average) or DiLoCo (outer step from the anchor)."""
 
-    def __init__(self, make_inner, make_outer, period, warmup, streaming=False):
-        self.replicas = [mlp(1) for _ in range(n)]
+    def __init__(self, make_inner, make_outer, period, warmup, streaming=False, make_model=mlp):
+        self.replicas = [make_model(1) for _ in range(n)]
         self.inner = [make_inner(m.parameters()) for m in self.replicas]
-        self.anchor = mlp(1)  # also the model the outer optimizer steps
+        self.anchor = make_model(1)  # also the model the outer optimizer steps
         self.outer = make_outer(self.anchor.parameters()) if make_outer else None
         self.period, self.warmup, self.streaming = period, warmup, streaming
         self.snapshots = None  # streaming: every replica's parameters at the last meeting
@@ -61,7 +62,8 @@ class Simulation:
             return False
         if self.streaming:
             self.finish_stream()
-            self.snapshots = [[p.detach().clone() for p in m.parameters()] for m in self.replicas]
+            self.snapshots = [[p.detach().clone() for p in state_tensors(m)]
+                              for m in self.replicas]
         else:
             self.meet()
         return True
@@ -72,42 +74,42 @@ class Simulation:
         the last snapshots, plus each replica's progress since its snapshot."""
         if self.snapshots is None:
             return
-        progress = [[p.detach() - s for p, s in zip(m.parameters(), snap)]
+        progress = [[p.detach() - s for p, s in zip(state_tensors(m), snap)]
                     for m, snap in zip(self.replicas, self.snapshots)]
         new = self.meeting_step(average(self.snapshots))
         for m, prog in zip(self.replicas, progress):
-            for p, v, d in zip(m.parameters(), new, prog):
+            for p, v, d in zip(state_tensors(m), new, prog):
                 p.copy_(v + d)
         self.snapshots = None
 
     @torch.no_grad()
     def meet(self):
-        new = self.meeting_step(average([[p.detach() for p in m.parameters()]
+        new = self.meeting_step(average([[p.detach() for p in state_tensors(m)]
                                          for m in self.replicas]))
         for m in self.replicas:
-            for p, v in zip(m.parameters(), new):
+            for p, v in zip(state_tensors(m), new):
                 p.copy_(v)
 
     @torch.no_grad()
     def meeting_step(self, avg):
-        """The parameters every replica takes from ``avg``: itself, or the
-        outer step from the anchor."""
+        """What every replica takes from ``avg`` (parameters, then buffers):
+        itself, or for the parameters the outer step from the anchor (the
+        buffers take the average)."""
         if self.outer is None:
-            new = avg
-        else:
-            for a, v in zip(self.anchor.parameters(), avg):
-                a.grad = a.detach() - v
-            self.outer.step()
-            new = [a.detach().clone() for a in self.anchor.parameters()]
-        return new
+            return avg
+        params = list(self.anchor.parameters())
+        for a, v in zip(params, avg):
+            a.grad = a.detach() - v
+        self.outer.step()
+        return [a.detach().clone() for a in params] + avg[len(params):]
 
 
-def train(make_inner, make_outer, period, warmup, what, streaming=False):
-    model = mlp(1)
+def train(make_inner, make_outer, period, warmup, what, streaming=False, make_model=mlp):
+    model = make_model(1)
     outer = make_outer(model.parameters()) if make_outer else None
     opt = hvd.LocalSGD(make_inner(model.parameters()), model, period=period,
                        outer_optimizer=outer, warmup_steps=warmup, streaming=streaming)
-    sim = Simulation(make_inner, make_outer, period, warmup, streaming)
+    sim = Simulation(make_inner, make_outer, period, warmup, streaming, make_model)
     worst, meetings = 0.0, 0
     for t in range(STEPS):
         opt.zero_grad()
@@ -116,8 +118,8 @@ def train(make_inner, make_outer, period, warmup, what, streaming=False):
         met = sim.step(t)
         worst = max(worst, check_close(model, sim.replicas[r], f"{what}: step {t}"))
         meetings += met
-        if (met and not streaming) or t < warmup:
-            same_on_all_ranks(model, f"{what}.{t}")
+        if (met and not streaming) or t < warmup:  # (warm-up: buffers stay local)
+            same_on_all_ranks(model, f"{what}.{t}", buffers=t >= warmup)
     if meetings != (STEPS - warmup) // period:
         fail(f"{what}: {meetings} meetings in the simulation, expected "
              f"{(STEPS - warmup) // period}")
@@ -135,10 +137,17 @@ err_diloco, _ = train(inner_adamw, outer_nesterov, 6, 0, "DiLoCo")
 err_warm, opt = train(inner_adamw, outer_nesterov, 5, 3, "DiLoCo warm-up")
 err_stream_local, _ = train(inner_sgd, None, 3, 0, "streaming local SGD", streaming=True)
 err_stream, _ = train(inner_adamw, outer_nesterov, 4, 2, "streaming DiLoCo", streaming=True)
+# BatchNorm: its running statistics averaged at every meeting, as parameters otherwise
+err_bn, _ = train(inner_sgd, None, 4, 0, "local SGD, BatchNorm", make_model=mlp_bn)
+err_bn_diloco, _ = train(inner_adamw, outer_nesterov, 3, 2, "DiLoCo, BatchNorm",
+                         make_model=mlp_bn)
+err_bn_stream, _ = train(inner_adamw, outer_nesterov, 4, 0, "streaming DiLoCo, BatchNorm",
+                         streaming=True, make_model=mlp_bn)
 if r == 0:
     print(f"local sgd max relative error local {err_local:.3g}, DiLoCo {err_diloco:.3g}, "
           f"warm-up {err_warm:.3g}, streaming local {err_stream_local:.3g}, streaming DiLoCo "
-          f"{err_stream:.3g}", flush=True)
+          f"{err_stream:.3g}, BatchNorm {err_bn:.3g} {err_bn_diloco:.3g} {err_bn_stream:.3g}",
+          flush=True)
 
 # ---------------------------------------------------------------- state_dict round trip
 
@@ -192,6 +201,28 @@ if "period" not in str(err):
     fail(f"the mismatch error does not name the options: {err}")
 err = expect_raises(hvd.CollectiveMismatchError, lambda: hvd.LocalSGD(
     inner_sgd(m.parameters()), m, period=2, streaming=r == 0), "streaming differs across ranks")
+bn = mlp_bn(2)
+expect_raises(ValueError, lambda: hvd.LocalSGD(inner_sgd(bn.parameters()), bn, period=2,
+                                               average_buffers=1), "average_buffers=1",
+              "average_buffers")
+err = expect_raises(hvd.CollectiveMismatchError, lambda: hvd.LocalSGD(
+    inner_sgd(bn.parameters()), bn, period=2, average_buffers=r == 0),
+    "average_buffers differs across ranks")
+if "average_buffers" not in str(err):
+    fail(f"the mismatch error does not name average_buffers: {err}")
+
+# average_buffers=False: a meeting leaves every rank its own running statistics
+bn = mlp_bn(3)
+opt = hvd.LocalSGD(inner_sgd(bn.parameters()), bn, period=2, average_buffers=False)
+for t in range(2):
+    opt.zero_grad()
+    loss_of(bn, r, t).backward()
+    opt.step()
+same_on_all_ranks(bn, "average_buffers=False", buffers=False)
+mean = bn[1].running_mean.clone()
+every = hvd.allgather(mean.unsqueeze(0), name="bn.own_stats")
+if n > 1 and torch.equal(every[0], every[1]):
+    fail("average_buffers=False: the running statistics were averaged")
 if "streaming" not in str(err):
     fail(f"the mismatch error does not name streaming: {err}")
 done()
