@@ -165,12 +165,17 @@ def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | 
 
 def check_result_like(out, inp, what: str) -> np.ndarray:
     """``out`` as a collective's result for input ``inp``: C-contiguous and
-    writable (check_output), of its dtype (TypeError) and shape (ValueError)."""
+    writable (check_output), of its dtype (TypeError) and shape (ValueError),
+    the input itself or memory apart from it (ValueError)."""
     out = check_output(out, f"{what} (out=)")
     if out.dtype != inp.dtype:
         raise TypeError(f"{what}: out has dtype {out.dtype}, the input {inp.dtype}")
     if out.shape != inp.shape:
         raise ValueError(f"{what}: out has shape {out.shape}, the input {inp.shape}")
+    if (out.size and np.may_share_memory(out, inp)
+            and out.__array_interface__["data"][0] != inp.__array_interface__["data"][0]):
+        raise ValueError(f"{what}: out overlaps the input without being it (pass the input "
+                         f"itself for in place, or separate memory)")
     return out
 
 

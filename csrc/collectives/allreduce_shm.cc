@@ -46,7 +46,7 @@ void wait_all(ShmSegment& shm, Counter counter, uint64_t target) {
 }  // namespace
 
 void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, int dtype, int op,
-                   double post) {
+                   double post, const void* in) {
   const int P = shm.size();
   const int me = shm.rank();
   const int K = shm.slots();
@@ -57,6 +57,7 @@ void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, i
   const size_t max_piece = shm.piece_bytes() / esize;
   const size_t align = std::max<size_t>(1, 64 / esize);
   char* data = static_cast<char*>(buf);
+  const char* src = in ? static_cast<const char*>(in) : data;  // (out of place: read from in)
 
   for (size_t start = 0; start < count;) {
     const size_t left = count - start;
@@ -78,7 +79,7 @@ void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, i
       if (i == me) continue;
       size_t off, len;
       range(i, &off, &len);
-      std::memcpy(shm.stage(me, slot, i), data + off * esize, len * esize);
+      std::memcpy(shm.stage(me, slot, i), src + off * esize, len * esize);
     }
     shm.posted(me).value.store(b + 1, std::memory_order_release);
 
@@ -86,6 +87,9 @@ void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, i
     //    every rank has gathered the slot's previous result.
     size_t off, len;
     range(me, &off, &len);
+    // (out of place: my piece of the input, into the output, while the
+    // others post; it is in cache for the reduction that follows)
+    if (src != data) std::memcpy(data + off * esize, src + off * esize, len * esize);
     wait_all(shm, [&](int r) -> ShmCounter& { return shm.posted(r); }, b + 1);
     if (b >= uint64_t(K)) wait_all(shm, [&](int r) -> ShmCounter& { return shm.consumed(r); }, b - K + 1);
     // The final local reduction also publishes, unless the piece must first

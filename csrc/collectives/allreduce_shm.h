@@ -14,7 +14,10 @@ namespace commlib {
 // piece is also all-reduced across hosts before it is shared.
 // post multiplies the result (Average's 1/N, a postscale): each rank scales
 // the piece it reduces, as it reduces it, instead of a pass over the buffer.
+// in (not null): the input, read where buf would have been and left
+// unchanged; buf is then only written, the result (no copy of in into buf
+// first: the piece a rank reduces is copied block by block, while in cache).
 void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, int dtype, int op,
-                   double post = 1.0);
+                   double post = 1.0, const void* in = nullptr);
 
 }  // namespace commlib

@@ -1,6 +1,7 @@
 #include "exec/algorithm.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "collectives/allreduce.h"
 #include "collectives/allreduce_shm.h"
@@ -103,18 +104,20 @@ void allreduce_across(Transport& t, void* buf, size_t count, int dtype, int op, 
 // moves each byte about twice per rank (the memory-traffic floor), while the
 // ring and MPI copy through the MPI library's own buffers as well.
 void allreduce(Transport& t, ShmSegment* shm, Transport* cross, void* buf, size_t count,
-               int dtype, int op, AllreduceAlgo algo, double post) {
+               int dtype, int op, AllreduceAlgo algo, double post, const void* in) {
   if (count == 0) return;
-  if (t.size() == 1) return scale_buffer(dtype, buf, count, post);
-  const bool to_shm = algo == AllreduceAlgo::kShm || (algo == AllreduceAlgo::kAuto && shm);
+  if (in == buf) in = nullptr;
+  const bool to_shm = t.size() > 1 && (algo == AllreduceAlgo::kShm || (algo == AllreduceAlgo::kAuto && shm));
   if (to_shm) {
     if (!shm) {
       throw Error(COMMLIB_ERR_VALUE,
                   "COMMLIB_ALLREDUCE_ALGO=shm needs the same number (> 1) of ranks on every host");
     }
     note_algorithm(cross ? "shm-hierarchical" : "shm");
-    return allreduce_shm(*shm, cross, buf, count, dtype, op, post);  // (scales as it reduces)
+    return allreduce_shm(*shm, cross, buf, count, dtype, op, post, in);  // (scales as it reduces)
   }
+  if (in) std::memcpy(buf, in, count * dtype_size(dtype));
+  if (t.size() == 1) return scale_buffer(dtype, buf, count, post);
   switch (algo) {
     case AllreduceAlgo::kAuto: return allreduce_across(t, buf, count, dtype, op, post);
     case AllreduceAlgo::kRing:

@@ -31,8 +31,12 @@ AllreduceAlgo choose_allreduce_algo(size_t bytes, int ranks);
 // allreduce_across); without one, the ring or the tree over t.
 // post multiplies the result (Average's 1/N, a postscale); the shared-memory
 // algorithm and the ring apply it as they reduce, the others in a pass after.
+// in (not null, not buf): the input, left unchanged, and buf the output (it
+// must not overlap in); the shared-memory algorithm reads it where it would
+// have read buf, the others start from a copy of it in buf.
 void allreduce(Transport& t, ShmSegment* shm, Transport* cross, void* buf, size_t count,
-               int dtype, int op, AllreduceAlgo algo, double post = 1.0);
+               int dtype, int op, AllreduceAlgo algo, double post = 1.0,
+               const void* in = nullptr);
 
 // The ring or the tree over t, chosen by size (the inter-host step); the
 // result multiplied by post.

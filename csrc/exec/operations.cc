@@ -122,9 +122,14 @@ void reduce_window(OpContext& ctx, const Member* first, const Member* last, int 
   }
   const size_t esize = dtype_size(dtype);
   if (last - first == 1) {  // no packing: reduce in the output buffer
-    if (first->input != first->output) std::memcpy(first->output, first->input, total * esize);
+    const void* in = first->input;  // (read in place where the algorithm can)
+    if (pre != 1.0 && in != first->output) {
+      std::memcpy(first->output, in, total * esize);
+      in = first->output;
+    }
     scale_buffer(dtype, first->output, total, pre);
-    allreduce(ctx.transport, ctx.shm, ctx.cross, first->output, total, dtype, op, ctx.algo, post);
+    allreduce(ctx.transport, ctx.shm, ctx.cross, first->output, total, dtype, op, ctx.algo, post,
+              in);
     return;
   }
   char* buf = ctx.fusion.get(total * esize);

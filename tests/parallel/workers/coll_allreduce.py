@@ -105,6 +105,20 @@ check_result(got, (base * np.float32(n) - np.float32(n * (n - 1) // 2)) * np.flo
              "3M float32 Average")
 check_result(y, base - np.float32(r), "3M float32 Average: input unchanged")
 ledger.record("big f32 avg", got)
+# Out of place into a given buffer: the shared-memory algorithm reads the
+# input where it would have read the output (no copy first); with a prescale
+# factor the input is copied and scaled first.
+for pre in (1.0, 2.0):
+    out = np.full(N, -1.0, np.float32)
+    got = commlib.allreduce(y, op=commlib.Sum, prescale_factor=pre, out=out)
+    check_true(got is out, f"3M float32 out= (pre {pre}): the result is not out")
+    check_result(out, (base * np.float32(n) - np.float32(n * (n - 1) // 2)) * np.float32(pre),
+                 f"3M float32 Sum into out= (pre {pre})")
+    check_result(y, base - np.float32(r), f"3M float32 Sum into out= (pre {pre}): input unchanged")
+    ledger.record(f"big f32 out {pre}", out)
+z = np.zeros(100, np.float32)
+err = soft_raises(ValueError, lambda: commlib.allreduce(z[:50], out=z[10:60]), "out= overlapping")
+check_true(err is None or "overlaps" in str(err), f"overlap error message: {err}")
 del x, y, base, got
 
 M = 1_000_003

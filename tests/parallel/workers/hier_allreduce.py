@@ -51,8 +51,9 @@ check_equal(avg, np.full(10, (n - 1) / 2), "average", rtol=1e-12)
 # Large enough for the ring across hosts, which scales as it reduces; and a
 # postscale on top of Average.
 for count, post in [(1_000_003, 1.0), (300_001, 0.25)]:
-    got = commlib.allreduce(data(r, count, np.float32), op=commlib.Average, postscale_factor=post,
-                            name=f"avg.{count}")
+    mine = data(r, count, np.float32)
+    got = commlib.allreduce(mine, op=commlib.Average, postscale_factor=post, name=f"avg.{count}")
+    check_equal(mine, data(r, count, np.float32), f"average of {count}: input unchanged")
     want = (sum(data(q, count, np.float64) for q in range(n)) / n * post).astype(np.float32)
     check_equal(got, want, f"average of {count} x {post}", rtol=1e-6, atol=1e-6)
     if len(set(comm.allgather(got.tobytes()))) != 1:
