@@ -157,17 +157,18 @@ def main():
             """Times the steps after the first of a fit call (the first one
             also pays for fit's own set-up, the same for every mode)."""
 
-            def __init__(self, times, comm):
+            def __init__(self, times, comm, cpu):
                 super().__init__()
-                self.times, self.comm = times, comm
+                self.times, self.comm, self.cpu = times, comm, cpu
 
             def on_train_batch_end(self, batch, logs=None):
                 if batch == 0:
                     hvd.communication_stats(reset=True)
-                    self.start = time.perf_counter()
+                    self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
             def on_epoch_end(self, epoch, logs=None):
                 self.times.append(time.perf_counter() - self.start)
+                self.cpu.append(time.process_time() - self.cpu_start)
                 self.comm.append(hvd.communication_stats()["seconds"])
 
         runs = {}
@@ -176,22 +177,22 @@ def main():
                 model = build()
                 opt = make_optimizer(mode, model)
                 model.compile(optimizer=opt, loss=loss)
-            runs[mode] = (model, opt, [], [])
+            runs[mode] = (model, opt, [], [], [])
             start_alike = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]  # (one per model)
             model.fit(data, steps_per_epoch=args.num_warmup_batches, epochs=1, verbose=0,
                       shuffle=False, callbacks=start_alike)  # warm-up: tracing, first allocations
         for _ in range(args.num_iters):
-            for mode, (model, opt, times, comm) in runs.items():
+            for mode, (model, opt, times, comm, cpu) in runs.items():
                 # Untimed: a pending average of the turn before is done and the
                 # ranks start together (the drift a turn leaves is not the next one's).
                 commlib.barrier()
                 model.fit(data, steps_per_epoch=args.num_batches_per_iter + 1, epochs=1,
-                          verbose=0, shuffle=False, callbacks=[Timer(times, comm)])
-        for mode, (model, opt, times, comm) in runs.items():
+                          verbose=0, shuffle=False, callbacks=[Timer(times, comm, cpu)])
+        for mode, (model, opt, times, comm, cpu) in runs.items():
             if hasattr(opt, "synchronize"):  # (the pending average, a last meeting)
                 opt.synchronize()
             prefix = f"[{mode}] " if len(modes) > 1 else ""
-            report(args, rank, size, times, comm, prefix)
+            report(args, rank, size, times, comm, prefix, cpu)
             if mode != "local":  # (replicas must agree after the last average)
                 from commlib.objects import allgather_object
 
@@ -255,9 +256,12 @@ def main():
     report(args, rank, size, times, comm if strategy is None else None)
 
 
-def report(args, rank, size, times, comm, prefix=""):
+def report(args, rank, size, times, comm, prefix="", cpu=None):
     """Prints samples/s per rank (mean over the ranks' own means) and, with
-    commlib, each rank's share of the step time spent in its collectives."""
+    commlib, each rank's share of the step time spent in its collectives and
+    (``cpu``: seconds of CPU per timed iteration) the CPU per step (every
+    thread of the rank's process: TensorFlow's, commlib's background thread,
+    MPI's)."""
     import commlib
 
     rates = np.array([args.batch_size * args.num_batches_per_iter / t for t in times])
@@ -266,6 +270,9 @@ def report(args, rank, size, times, comm, prefix=""):
     if comm is not None:
         share = float(np.sum(comm) / np.sum(times))
         shares = commlib.allgather(np.array([share], np.float64), name="bench.share")
+    if cpu is not None:
+        cpu_ms = 1000 * float(np.sum(cpu)) / (len(cpu) * args.num_batches_per_iter)
+        cpu_ms = float(commlib.allreduce(np.array([cpu_ms]), op=commlib.Average, name="bench.cpu")[0])
     if rank == 0:
         print(f"{prefix}Img/sec per rank: {mean:.1f} +-{1.96 * rates.std():.1f}, "
               f"step {step_ms:.1f} ms", flush=True)
@@ -274,6 +281,9 @@ def report(args, rank, size, times, comm, prefix=""):
         if comm is not None:
             print(f"{prefix}Communication share of the step time (per rank): "
                   + ", ".join(f"{s:.1%}" for s in shares), flush=True)
+        if cpu is not None:
+            print(f"{prefix}CPU per step: {cpu_ms:.1f} ms per rank, wall {step_ms:.1f} ms",
+                  flush=True)
 
 
 if __name__ == "__main__":
