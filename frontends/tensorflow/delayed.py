@@ -34,6 +34,7 @@ from commlib.errors import CommlibError
 from commlib.process_sets import check_process_set, included, set_size
 
 from .buffers import OutputPool
+from .compression import Compression
 from .execution import check_dtype, execute
 
 _instances = collections.defaultdict(itertools.count)
@@ -60,6 +61,7 @@ class DelayedExchange:
         self.communicate = included(self.process_set) and set_size(self.process_set) > 1
         self.name = f"delayed{next(_instances[self.process_set.process_set_id])}"
         self._pending = None  # (handle or None, arrays)
+        self._decompress = (Compression.none, [])  # (of the last swap_op: compression, ctxs)
         self._pool = OutputPool(layouts=1, per_layout=2)  # (pending, lent out: a set each)
 
     @property
@@ -115,11 +117,15 @@ class DelayedExchange:
         self.start(arrays)  # (into the buffers the previous swap lent out, if released)
         return have, prev
 
-    def swap_op(self, tensors):
-        """The swap as one ordered commlib op: ``(have, averages)`` as tensors."""
-        tensors = [tf.convert_to_tensor(t) for t in tensors]
+    def swap_op(self, tensors, compression=Compression.none):
+        """The swap as one ordered commlib op: ``(have, averages)`` as
+        tensors. With ``compression`` (Compression.fp16) the gradients travel
+        and wait in its wire dtype and the averages come back in their own."""
+        packed = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+        tensors = [t for t, _ in packed]
         for t in tensors:
             check_dtype(t.dtype, "DistributedOptimizer(staleness=1) gradients")
+        self._decompress = (compression, [ctx for _, ctx in packed])
 
         def fn(_cname, *arrays):
             have, prev = self.swap(list(arrays))
@@ -132,4 +138,15 @@ class DelayedExchange:
         for o, t in zip(outs[1:], tensors):
             o.set_shape(t.shape)
         outs[0].set_shape(())
-        return outs[0], outs[1:]
+        compression, ctxs = self._decompress
+        return outs[0], [compression.decompress(o, c) for o, c in zip(outs[1:], ctxs)]
+
+    def finish_tensors(self):
+        """Eagerly, finish() as tensors in the dtypes of the last swap_op's
+        gradients: (True, tensors), or (False, None)."""
+        have, arrays = self.finish()
+        if not have:
+            return False, None
+        compression, ctxs = self._decompress
+        return True, [compression.decompress(tf.convert_to_tensor(a), c)
+                      for a, c in zip(arrays, ctxs)]

@@ -39,7 +39,9 @@ optimizer with ``apply_gradients`` eagerly), op Average or Sum with
 gradient_predivide_factor, process sets (ranks outside the set, and a set of
 one rank, delay their local gradients the same way). IndexedSlices are
 averaged as dense tensors. The sources with a gradient must be the same at
-every step. Not with compression, groups or local sources (ValueError).
+every step. The tape's ``compression`` (Compression.fp16) applies: the
+gradients travel as float16 and the averages come back in their own dtype.
+Not with groups or local sources (ValueError).
 """
 from __future__ import annotations
 
@@ -74,9 +76,10 @@ class DelayedGradients:
         """Whether an average is in flight (started, not applied yet)."""
         return self._exchange.pending
 
-    def swap(self, grads):
+    def swap(self, grads, compression=Compression.none):
         """Starts averaging ``grads`` and returns ``(has_average, averages)``:
-        the previous step's average (see the module's docstring)."""
+        the previous step's average (see the module's docstring); with
+        ``compression`` the gradients travel in its wire dtype."""
         grads = list(grads)
         present = [i for i, g in enumerate(grads) if g is not None]
         if not present:
@@ -88,7 +91,7 @@ class DelayedGradients:
                              f"{self._layout[1]} of {self._layout[0]})")
         self._layout = layout
         dense = [tf.convert_to_tensor(grads[i]) for i in present]
-        have, averages = self._exchange.swap_op(dense)
+        have, averages = self._exchange.swap_op(dense, compression)
         if tf.executing_eagerly():
             have = bool(have)
         out = [None] * len(grads)
@@ -126,13 +129,13 @@ class DelayedGradients:
         if not tf.executing_eagerly():
             raise RuntimeError("DelayedGradients.synchronize() runs eagerly (call it outside "
                                "tf.function, after the training loop)")
-        have, arrays = self._exchange.finish()
+        have, averages = self._exchange.finish_tensors()
         if not have:
             return None
         count, present = self._layout
         out = [None] * count
-        for i, a in zip(present, arrays):
-            out[i] = tf.convert_to_tensor(a)
+        for i, a in zip(present, averages):
+            out[i] = a
         return out
 
 
@@ -148,7 +151,7 @@ def _build(optimizer, variables):
     optimizer.built = True
 
 
-def check_tape_staleness(staleness, delayed, compression, groups):
+def check_tape_staleness(staleness, delayed, groups):
     """ValueError for a staleness/delayed combination DistributedGradientTape
     does not take."""
     if isinstance(staleness, bool) or staleness not in (0, 1):
@@ -161,8 +164,8 @@ def check_tape_staleness(staleness, delayed, compression, groups):
     if not isinstance(delayed, DelayedGradients):
         raise ValueError("staleness=1 needs delayed=hvd.DelayedGradients(), created once before "
                          "the training loop (it holds the average between steps)")
-    if groups is not None or compression is not Compression.none:
-        raise ValueError("staleness=1 cannot be combined with groups or compression")
+    if groups is not None:
+        raise ValueError("staleness=1 cannot be combined with groups")
 
 
 class DelayedTapeMixin:
@@ -180,6 +183,6 @@ class DelayedTapeMixin:
         grads = super(DelayedTapeMixin, self).gradient(
             target, sources, output_gradients=output_gradients,
             unconnected_gradients=unconnected_gradients)
-        have, out = self._commlib_delayed.swap(tf.nest.flatten(grads))
+        have, out = self._commlib_delayed.swap(tf.nest.flatten(grads), self._commlib_compression)
         self.has_average = have
         return tf.nest.pack_sequence_as(grads, out)

@@ -160,7 +160,7 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     previous step's average (see delayed_tape.py).
     """
     groups = resolve_groups(num_groups, groups)
-    check_tape_staleness(staleness, delayed, compression, groups)
+    check_tape_staleness(staleness, delayed, groups)
     mixin = DelayedTapeMixin if staleness else _DistributedGradientTapeMixin
     cls = _tape_class(type(gradtape), mixin)
     tape = cls.__new__(cls)
@@ -173,6 +173,7 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     tape._commlib_local = set()
     tape._commlib_scale_local = scale_local_gradients
     tape._commlib_delayed = delayed
+    tape._commlib_compression = compression
     return tape
 
 

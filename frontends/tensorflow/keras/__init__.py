@@ -131,8 +131,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     if staleness != 0:
         from .delayed import check_staleness_options
 
-        check_staleness_options(staleness, backward_passes_per_step, groups, local_layers,
-                                compression)
+        check_staleness_options(staleness, backward_passes_per_step, groups, local_layers)
     if not isinstance(weight_prediction, bool):
         raise ValueError(f"weight_prediction must be True or False, got {weight_prediction!r}")
     if weight_prediction and staleness == 0:
@@ -153,7 +152,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     new._commlib_setup(allreduce_grads, backward_passes_per_step, average_aggregated_gradients,
                        scale_local_gradients)
     if staleness:
-        new._commlib_delayed_setup(op, gradient_predivide_factor, process_set, weight_prediction)
+        new._commlib_delayed_setup(op, gradient_predivide_factor, process_set, weight_prediction,
+                                   compression)
     if zero_stage != 0:
         new._commlib_zero_setup(type(optimizer), zero_stage, bucket_elements, op,
                                 *predivide_scales(op, gradient_predivide_factor))

@@ -19,9 +19,11 @@ predicted weights w + (w - w_prev) they will be applied to (see
 commlib.tensorflow.keras.weight_prediction; ``synchronize()`` puts the true
 weights back).
 
+``compression=Compression.fp16``: the gradients travel (and wait for the
+next step) as float16, the averages are applied in the variables' dtype.
 IndexedSlices gradients are averaged as dense tensors. The variables with a
 gradient must be the same at every step (and on every rank). Not combined
-with backward_passes_per_step > 1, groups, local_layers or compression.
+with backward_passes_per_step > 1, groups or local_layers.
 """
 from __future__ import annotations
 
@@ -44,10 +46,11 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
     _commlib_prediction = None  # WeightPrediction, built with the optimizer
 
     def _commlib_delayed_setup(self, op, gradient_predivide_factor, process_set,
-                               weight_prediction=False):
+                               weight_prediction=False, compression=Compression.none):
         pre, post = predivide_scales(op, gradient_predivide_factor)
         s = functools.partial(object.__setattr__, self)
         s("_commlib_exchange", DelayedExchange(op, pre, post, process_set))
+        s("_commlib_compression", compression)
         s("_commlib_pending_vars", None)  # (variables, positions) of the pending average
         s("staleness", 1)
         s("weight_prediction", weight_prediction)
@@ -84,7 +87,7 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
             self.built = True
         present = [i for i, g in enumerate(grads) if g is not None]
         have, prev = self._commlib_exchange.swap_op(
-            [tf.convert_to_tensor(grads[i]) for i in present])
+            [tf.convert_to_tensor(grads[i]) for i in present], self._commlib_compression)
         object.__setattr__(self, "_commlib_pending_vars", (variables, present))
         full = [None] * len(grads)
         for i, g in zip(present, prev):
@@ -96,15 +99,15 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
         """Waits for the pending average and applies it (eagerly: call it
         after fit(), before evaluating or saving); with weight prediction the
         model then holds the true weights."""
-        have, arrays = self._commlib_exchange.finish()
+        have, averages = self._commlib_exchange.finish_tensors()
         if not have:
             if self._commlib_prediction is not None:
                 self._commlib_prediction.restore()
             return
         variables, present = self._commlib_pending_vars
         full = [None] * len(variables)
-        for i, a in zip(present, arrays):
-            full[i] = tf.convert_to_tensor(a)
+        for i, a in zip(present, averages):
+            full[i] = a
         self._commlib_update(full, variables, predict=False)
 
     def _commlib_forget(self) -> None:
@@ -120,15 +123,13 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
         return self._commlib_exchange.pending
 
 
-def check_staleness_options(staleness, backward_passes_per_step, groups, local_layers,
-                            compression):
+def check_staleness_options(staleness, backward_passes_per_step, groups, local_layers):
     """ValueError for options DistributedOptimizer(staleness=1) does not take."""
     if isinstance(staleness, bool) or staleness != 1:
         raise ValueError(f"staleness must be 0 (synchronous) or 1 (one-step delayed "
                          f"averaging), got {staleness!r}")
     refused = {"backward_passes_per_step > 1": int(backward_passes_per_step) > 1,
-               "groups": groups is not None, "local_layers": bool(local_layers),
-               "compression": compression is not Compression.none}
+               "groups": groups is not None, "local_layers": bool(local_layers)}
     bad = [k for k, v in refused.items() if v]
     if bad:
         raise ValueError(f"staleness=1 cannot be combined with {', '.join(bad)}")

@@ -26,18 +26,18 @@ worst = {}
 
 
 class Check(keras.callbacks.Callback):
-    """After every step: the weights equal the simulation's and (where
-    ``same_at`` says) are bitwise equal across ranks."""
+    """After every step: the weights equal the simulation's (within
+    ``tol``) and (where ``same_at`` says) are bitwise equal across ranks."""
 
-    def __init__(self, what, expected, same_at, local_buffers=lambda t: False):
+    def __init__(self, what, expected, same_at, local_buffers=lambda t: False, tol=1e-5):
         super().__init__()
-        self.what, self.expected, self.same_at = what, expected, same_at
+        self.what, self.expected, self.same_at, self.tol = what, expected, same_at, tol
         self.local_buffers = local_buffers  # (steps after which only the weights agree)
 
     def on_train_batch_end(self, batch, logs=None):
         err = max_rel_err(weights(self.model), self.expected[batch])
         worst[self.what] = max(worst.get(self.what, 0.0), err)
-        if not err <= 1e-5:
+        if not err <= self.tol:
             fail(f"{self.what}: step {batch}: max relative error {err:.3g} against the simulation")
         if self.same_at(batch):
             same_on_all_ranks(weights(self.model, not self.local_buffers(batch)),
@@ -53,13 +53,23 @@ def fit(model, opt, what, expected, same_at, run_eagerly=False, local_buffers=la
 
 # ---------------------------------------------------------------- delayed averaging
 
-def simulate_delayed(make_opt):
-    """Weights after each step and after the final synchronize()."""
+def as_fp16(tensors):
+    """The float32 values of ``tensors`` rounded to float16."""
+    return [tf.cast(tf.cast(t, tf.float16), tf.float32) for t in tensors]
+
+
+def simulate_delayed(make_opt, fp16=False):
+    """Weights after each step and after the final synchronize(); with
+    ``fp16``, of fp16 compression: every rank's gradients rounded to float16,
+    and their average."""
     ref = make_model()
     opt = make_opt()
     out, pending = [], None
     for t in range(STEPS):
-        avg = average([grads_of(ref, k, t) for k in range(n)])
+        if fp16:
+            avg = as_fp16(average([as_fp16(grads_of(ref, k, t)) for k in range(n)]))
+        else:
+            avg = average([grads_of(ref, k, t) for k in range(n)])
         if pending is not None:
             opt.apply(pending, ref.trainable_variables)
         pending = avg
@@ -68,12 +78,13 @@ def simulate_delayed(make_opt):
     return out, weights(ref)
 
 
-def delayed(make_opt, what, run_eagerly=False):
-    """Keras fit with DistributedOptimizer(staleness=1); returns the
-    simulation (reused by tape_delayed for the same optimizer)."""
-    expected, final = simulation = simulate_delayed(make_opt)
+def delayed(make_opt, what, run_eagerly=False, fp16=False, tol=1e-5):
+    """Keras fit with DistributedOptimizer(staleness=1) (``fp16``: with
+    fp16 compression); returns the simulation (reused by tape_delayed for the
+    same optimizer)."""
+    expected, final = simulation = simulate_delayed(make_opt, fp16)
     model = make_model()
-    opt = hvd.DistributedOptimizer(make_opt(), staleness=1)
+    opt = hvd.DistributedOptimizer(make_opt(), staleness=1, compression=FP16 if fp16 else NONE)
     start = weights(model)
 
     class StepZero(keras.callbacks.Callback):
@@ -84,12 +95,12 @@ def delayed(make_opt, what, run_eagerly=False):
     model.compile(optimizer=opt, loss="mse", run_eagerly=run_eagerly)
     x, y = DATA[r]
     model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0,
-              callbacks=[StepZero(), Check(what, expected, lambda t: True)])
+              callbacks=[StepZero(), Check(what, expected, lambda t: True, tol=tol)])
     if not opt.pending or int(opt.iterations) != STEPS - 1:
         fail(f"{what}: after fit, expected a pending average and {STEPS - 1} iterations")
     opt.synchronize()
     err = max_rel_err(weights(model), final)
-    if opt.pending or not err <= 1e-5:
+    if opt.pending or not err <= tol:
         fail(f"{what}: after synchronize(): pending {opt.pending}, error {err:.3g}")
     same_on_all_ranks(weights(model), f"{what} synchronize")
     return simulation
@@ -103,16 +114,23 @@ def ADAM():
     return keras.optimizers.Adam(0.01)
 
 
+FP16, NONE = hvd.Compression.fp16, hvd.Compression.none
+# fp16 compression: against a simulation of its rounding (of each rank's
+# gradients and of their average; the core's order of summation may round
+# differently), and far from the uncompressed rule
+FP16_TOL = 1e-4
 SIMULATED = {"SGD": delayed(SGD_M, "delayed SGD"),
-             "Adam": delayed(ADAM, "delayed Adam eager", run_eagerly=True)}
+             "Adam": delayed(ADAM, "delayed Adam eager", run_eagerly=True),
+             "SGD fp16": delayed(SGD_M, "delayed SGD fp16", fp16=True, tol=FP16_TOL)}
 
 
 # ---------------------------------------------------------------- DistributedGradientTape
 
-def tape_delayed(make_opt, simulation, what, compiled):
+def tape_delayed(make_opt, simulation, what, compiled, compression=None, tol=1e-5):
     """A custom loop with DistributedGradientTape(staleness=1): the same rule
     (``simulation``: of the optimizer's staleness=1), step by step."""
     expected, final = simulation
+    compression = compression or NONE
     model, opt, delayed = make_model(), make_opt(), htf.DelayedGradients()
     start = weights(model)
     x, y = DATA[r]
@@ -120,7 +138,8 @@ def tape_delayed(make_opt, simulation, what, compiled):
     def train_step(xb, yb):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(model(xb) - yb))
-        tape = htf.DistributedGradientTape(tape, staleness=1, delayed=delayed)
+        tape = htf.DistributedGradientTape(tape, staleness=1, delayed=delayed,
+                                           compression=compression)
         grads = tape.gradient(loss, model.trainable_variables)
         delayed.apply_gradients(opt, zip(grads, model.trainable_variables))
         return tape.has_average, grads
@@ -136,13 +155,15 @@ def tape_delayed(make_opt, simulation, what, compiled):
             fail(f"{what}: step 0 applied something")
         err = max_rel_err(weights(model), expected[t])
         worst[what] = max(worst.get(what, 0.0), err)
-        if not err <= 1e-5:
+        if not err <= tol:
             fail(f"{what}: step {t}: max relative error {err:.3g} against the simulation")
         same_on_all_ranks(weights(model), f"{what} step {t}")
     grads = delayed.synchronize()
+    if any(g.dtype != v.dtype for g, v in zip(grads, model.trainable_variables)):
+        fail(f"{what}: synchronize() returned {[g.dtype.name for g in grads]}")
     opt.apply_gradients(zip(grads, model.trainable_variables))
     err = max_rel_err(weights(model), final)
-    if delayed.pending or delayed.synchronize() is not None or not err <= 1e-5:
+    if delayed.pending or delayed.synchronize() is not None or not err <= tol:
         fail(f"{what}: after synchronize(): pending {delayed.pending}, error {err:.3g}")
     same_on_all_ranks(weights(model), f"{what} synchronize")
     return model, delayed
@@ -150,6 +171,17 @@ def tape_delayed(make_opt, simulation, what, compiled):
 
 tape_delayed(SGD_M, SIMULATED["SGD"], "tape SGD eager", False)
 tape_model, tape_state = tape_delayed(ADAM, SIMULATED["Adam"], "tape Adam tf.function", True)
+for compiled in (False, True):
+    tape_delayed(SGD_M, SIMULATED["SGD fp16"], f"tape SGD fp16 {'tf.function' if compiled else 'eager'}",
+                 compiled, compression=FP16, tol=FP16_TOL)
+# (the compressed runs are told apart from the uncompressed rule)
+fp16_gap = max_rel_err(SIMULATED["SGD fp16"][1], SIMULATED["SGD"][1])
+if r == 0:
+    print(f"fp16 compression: worst error against its simulation "
+          f"{max(worst[k] for k in worst if 'fp16' in k):.3g}, the simulations differ by "
+          f"{fp16_gap:.3g}", flush=True)
+if not fp16_gap > 3 * FP16_TOL:
+    fail(f"fp16 and float32 simulations differ by {fp16_gap:.3g} only: the test cannot tell them apart")
 
 
 # ---------------------------------------------------------------- local SGD and DiLoCo
@@ -313,8 +345,6 @@ expect_raises(ValueError, lambda: hvd.DistributedOptimizer(sgd, staleness=2), "s
 expect_raises(ValueError, lambda: hvd.DistributedOptimizer(
     sgd, staleness=1, backward_passes_per_step=2), "staleness with accumulation",
     "backward_passes_per_step")
-expect_raises(ValueError, lambda: hvd.DistributedOptimizer(
-    sgd, staleness=1, compression=hvd.Compression.fp16), "staleness with fp16", "compression")
 tp = tf.GradientTape()
 expect_raises(ValueError, lambda: htf.DistributedGradientTape(tp, staleness=1),
               "tape without delayed", "DelayedGradients")
@@ -323,8 +353,7 @@ expect_raises(ValueError, lambda: htf.DistributedGradientTape(tp, delayed=htf.De
 expect_raises(ValueError, lambda: htf.DistributedGradientTape(tp, staleness=2), "tape staleness=2",
               "staleness must be 0")
 expect_raises(ValueError, lambda: htf.DistributedGradientTape(
-    tp, staleness=1, delayed=tape_state, compression=hvd.Compression.fp16), "tape fp16",
-    "compression")
+    tp, staleness=1, delayed=tape_state, groups=2), "tape groups", "groups")
 expect_raises(ValueError, lambda: htf.DelayedGradients(op=hvd.Max), "DelayedGradients Max",
               "Average or op=Sum")
 expect_raises(RuntimeError, lambda: tape_state.apply_gradients(sgd, []), "apply before gradient",
