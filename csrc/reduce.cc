@@ -1,10 +1,12 @@
 #include "reduce.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
 #include "common.h"
+#include "half.h"
 
 namespace commlib {
 namespace {
@@ -121,6 +123,40 @@ void scale_typed(void* buf_v, size_t n, double factor) {
   }
 }
 
+// Half types (float16, bfloat16), for the algorithms that move them as they
+// are: a block at a time widened to float32, reduced and scaled there, and
+// rounded back once, so each step of an algorithm rounds its partial result
+// to the half type (as NCCL's half reductions and Horovod's MPI float16 sum).
+constexpr size_t kHalfBlock = 1024;
+
+void reduce_half(int dtype, int op, void* acc_v, const void* in_v, void* copy_v, size_t n,
+                 double scale) {
+  uint16_t* acc = static_cast<uint16_t*>(acc_v);
+  const uint16_t* in = static_cast<const uint16_t*>(in_v);
+  uint16_t* copy = static_cast<uint16_t*>(copy_v);
+  float a[kHalfBlock], b[kHalfBlock];
+  for (size_t i = 0; i < n; i += kHalfBlock) {
+    const size_t m = std::min(kHalfBlock, n - i);
+    half_to_float(dtype, acc + i, a, m, 1.0);
+    half_to_float(dtype, in + i, b, m, 1.0);
+    if (!reduce_scaled_float<float>(op, a, b, nullptr, m, scale)) {
+      throw Error(COMMLIB_ERR_TYPE, std::string("unsupported reduction op ") + reduce_op_name(op));
+    }
+    float_to_half(dtype, a, acc + i, m, 1.0);
+    if (copy) std::memcpy(copy + i, acc + i, m * sizeof(uint16_t));
+  }
+}
+
+void scale_half(int dtype, void* buf_v, size_t n, double factor) {
+  uint16_t* buf = static_cast<uint16_t*>(buf_v);
+  float a[kHalfBlock];
+  for (size_t i = 0; i < n; i += kHalfBlock) {
+    const size_t m = std::min(kHalfBlock, n - i);
+    half_to_float(dtype, buf + i, a, m, factor);
+    float_to_half(dtype, a, buf + i, m, 1.0);
+  }
+}
+
 }  // namespace
 
 bool reduction_supported(int dtype, int op) {
@@ -147,9 +183,10 @@ void reduce_into_and_copy(int dtype, int op, void* acc, const void* in, void* co
     case COMMLIB_UINT16: return reduce_typed<uint16_t>(op, acc, in, copy, n);
     case COMMLIB_UINT32: return reduce_typed<uint32_t>(op, acc, in, copy, n);
     case COMMLIB_UINT64: return reduce_typed<uint64_t>(op, acc, in, copy, n);
+    case COMMLIB_FLOAT16:
+    case COMMLIB_BFLOAT16: return reduce_half(dtype, op, acc, in, copy, n, 1.0);
     default:
-      throw Error(COMMLIB_ERR_TYPE, std::string("reduce_into: dtype ") +
-                                        dtype_name(dtype) + " must be widened first");
+      throw Error(COMMLIB_ERR_TYPE, std::string("reduce_into: unknown dtype ") + dtype_name(dtype));
   }
 }
 
@@ -166,6 +203,8 @@ void scale_buffer(int dtype, void* buf, size_t n, double factor) {
     case COMMLIB_UINT16: return scale_typed<uint16_t>(buf, n, factor);
     case COMMLIB_UINT32: return scale_typed<uint32_t>(buf, n, factor);
     case COMMLIB_UINT64: return scale_typed<uint64_t>(buf, n, factor);
+    case COMMLIB_FLOAT16:
+    case COMMLIB_BFLOAT16: return scale_half(dtype, buf, n, factor);
     default:
       throw Error(COMMLIB_ERR_TYPE, std::string("cannot scale dtype ") + dtype_name(dtype));
   }
@@ -176,6 +215,7 @@ void reduce_into_and_copy_scaled(int dtype, int op, void* acc, const void* in, v
   if (scale == 1.0) return reduce_into_and_copy(dtype, op, acc, in, copy, n);
   if (dtype == COMMLIB_FLOAT32 && reduce_scaled_float<float>(op, acc, in, copy, n, scale)) return;
   if (dtype == COMMLIB_FLOAT64 && reduce_scaled_float<double>(op, acc, in, copy, n, scale)) return;
+  if (is_half_dtype(dtype)) return reduce_half(dtype, op, acc, in, copy, n, scale);
   reduce_into_and_copy(dtype, op, acc, in, nullptr, n);
   scale_buffer(dtype, acc, n, scale);
   if (copy) std::memcpy(copy, acc, n * dtype_size(dtype));

@@ -1,7 +1,9 @@
 // Typed reduction and scaling kernels. Written as plain loops over
 // restrict-qualified pointers so the compiler vectorises them (-O3).
-// float16/bfloat16 are never reduced directly: the collectives widen them to
-// float32 first (see half.h), so accumulation happens in fp32.
+// float16/bfloat16 are computed in float32 a block at a time and rounded back
+// to the half type once per call (see half.h): an algorithm that moves half
+// data rounds each step's partial result; the shared-memory and MPI paths
+// widen whole buffers to float32 first instead (exec/operations.cc).
 #pragma once
 
 #include <cstddef>
@@ -10,7 +12,7 @@ namespace commlib {
 
 // acc[i] = acc[i] (op) in[i] for n elements of dtype. op is a COMMLIB_* reduce
 // op other than AVERAGE (callers turn Average into Sum + postscale).
-// Throws Error(COMMLIB_ERR_TYPE) for half dtypes or unknown combinations.
+// Throws Error(COMMLIB_ERR_TYPE) for unknown combinations.
 void reduce_into(int dtype, int op, void* acc, const void* in, size_t n);
 
 // The same, and also stores each result in copy[i] in the same pass (saves

@@ -91,21 +91,36 @@ void reduce_window_in_shm(OpContext& ctx, const Member* first, const Member* las
   f.finish();
 }
 
+// Whether half types (float16, bfloat16) travel as they are: through
+// commlib's own algorithms over the transport (ring, tree), which reduce them
+// a block at a time in float32 (reduce.h), so that they move half the bytes
+// of float32 between hosts (the point of fp16 compression). The shared
+// segment and MPI's own collective (which cannot reduce them) take them
+// widened to float32.
+bool half_travels(const OpContext& ctx) {
+  return !shm_allowed(ctx) && ctx.algo != AllreduceAlgo::kMpi;
+}
+
+// The bytes per element of dtype in a window (half types widened or not).
+size_t window_esize(const OpContext& ctx, int dtype) {
+  return is_half_dtype(dtype) && !half_travels(ctx) ? sizeof(float) : dtype_size(dtype);
+}
+
 // Reduces the tensors [first, last) of one dtype as one message: through the
-// shared segment's fusion region when it fits; else half types are widened
-// into the float32 fusion buffer, a single tensor is reduced in its output,
-// several are packed into the fusion buffer.
+// shared segment's fusion region when it fits; else half types that do not
+// travel as they are are widened into the float32 fusion buffer, a single
+// tensor is reduced in its output, several are packed into the fusion buffer.
 void reduce_window(OpContext& ctx, const Member* first, const Member* last, int dtype, int op,
                    double pre, double post) {
   size_t total = 0;
   for (const Member* m = first; m != last; ++m) total += m->count;
-  const size_t work_bytes = total * (is_half_dtype(dtype) ? sizeof(float) : dtype_size(dtype));
+  const size_t work_bytes = total * window_esize(ctx, dtype);
   if (shm_allowed(ctx) && (last - first > 1 || is_half_dtype(dtype)) &&
       work_bytes <= ctx.shm->region_bytes()) {
     reduce_window_in_shm(ctx, first, last, total, dtype, op, pre, post);
     return;
   }
-  if (is_half_dtype(dtype)) {
+  if (is_half_dtype(dtype) && !half_travels(ctx)) {
     float* buf = reinterpret_cast<float*>(ctx.fusion.get(total * sizeof(float)));
     size_t off = 0;
     for (const Member* m = first; m != last; ++m) {
@@ -179,7 +194,7 @@ void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries) {
         done[j] = true;
       }
     }
-    const size_t esize = is_half_dtype(dtype) ? sizeof(float) : dtype_size(dtype);
+    const size_t esize = window_esize(ctx, dtype);
     const size_t limit = shm_allowed(ctx) ? std::min(ctx.fusion_threshold, ctx.shm->region_bytes())
                                           : ctx.fusion_threshold;
     size_t a = 0;

@@ -1,9 +1,10 @@
 // The reduction kernels (csrc/reduce.h): the fused reduce-and-scale that the
 // shared-memory all-reduce applies to its pieces (Average's 1/N, postscale)
 // gives bit for bit what the reduction followed by scale_buffer gives, for
-// every op and the dtypes it fuses (and falls back for the others).
+// every op and the dtypes it fuses (and falls back for the others); half
+// types reduce as float32 and round back once per call.
 //
-// csrc: reduce.cc common.cc
+// csrc: reduce.cc common.cc half.cc
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,6 +13,7 @@
 
 #include "check.h"
 #include "common.h"
+#include "half.h"
 #include "reduce.h"
 
 namespace {
@@ -76,6 +78,47 @@ TEST_CASE("reduce: Average of two ranks, scaled in the reduction") {
   CHECK_EQ(acc[1], 1.0f);
   CHECK_EQ(acc[2], 0.375f);
   CHECK(std::memcmp(acc, out, sizeof(acc)) == 0);
+}
+
+TEST_CASE("reduce: half types widen to float32, reduce and scale there, and round back once") {
+  const size_t n = 2500;  // (several float32 blocks, and a tail for the vector converters)
+  const std::vector<float> fa = values<float>(n, 3), fb = values<float>(n, 4);
+  for (int dtype : {COMMLIB_FLOAT16, COMMLIB_BFLOAT16}) {
+    std::vector<uint16_t> a(n), b(n);
+    commlib::float_to_half(dtype, fa.data(), a.data(), n, 1e-3);  // (values within float16's range)
+    commlib::float_to_half(dtype, fb.data(), b.data(), n, 1e-3);
+    for (int op : kOps)
+      for (double s : kScales) {
+        std::vector<float> wa(n), wb(n);
+        commlib::half_to_float(dtype, a.data(), wa.data(), n, 1.0);
+        commlib::half_to_float(dtype, b.data(), wb.data(), n, 1.0);
+        commlib::reduce_into_and_copy_scaled(COMMLIB_FLOAT32, op, wa.data(), wb.data(), nullptr, n, s);
+        std::vector<uint16_t> want(n), got = a, copy(n, 0);
+        commlib::float_to_half(dtype, wa.data(), want.data(), n, 1.0);
+        commlib::reduce_into_and_copy_scaled(dtype, op, got.data(), b.data(), copy.data(), n, s);
+        CHECK(got == want);
+        CHECK(copy == want);
+        if (s == 1.0) {
+          std::vector<uint16_t> plain = a;
+          commlib::reduce_into(dtype, op, plain.data(), b.data(), n);
+          CHECK(plain == want);
+        }
+      }
+    std::vector<uint16_t> scaled = a, want(n);
+    std::vector<float> wa(n);
+    commlib::half_to_float(dtype, a.data(), wa.data(), n, 0.1);
+    commlib::float_to_half(dtype, wa.data(), want.data(), n, 1.0);
+    commlib::scale_buffer(dtype, scaled.data(), n, 0.1);
+    CHECK(scaled == want);
+  }
+  // float16: 1 + 2^-11 is a tie between 1 and 1 + 2^-10; it rounds to even.
+  const uint16_t one = 0x3c00, tiny = 0x1000;  // 1.0, 2^-11
+  uint16_t acc = one;
+  commlib::reduce_into(COMMLIB_FLOAT16, COMMLIB_SUM, &acc, &tiny, 1);
+  CHECK_EQ(acc, one);
+  acc = tiny;
+  commlib::reduce_into(COMMLIB_FLOAT16, COMMLIB_SUM, &acc, &tiny, 1);
+  CHECK_EQ(acc, uint16_t(0x1400));  // 2^-10
 }
 
 CHECK_MAIN()

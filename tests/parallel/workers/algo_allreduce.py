@@ -165,6 +165,26 @@ for op in ("Min", "Max"):
     check(f"signed zeros {op}", got, np.zeros(4099, np.float32))
     record(f"signed zeros {op}", got)
 
+# float16 travels as it is through the ring and the tree (half the bytes of
+# float32 between hosts), each step rounding its partial sum to float16; the
+# shared segment and MPI's collective reduce it widened to float32, rounding
+# once. 1.0 on rank 0 and 2^-11 (half of float16's spacing at 1.0) on the
+# others: added to 1.0 one at a time, each 2^-11 rounds away (ties to even),
+# added to each other first they count.
+if n >= 3:
+    tiny = np.float16(2.0 ** -11)
+    parts = [np.ones(3000, np.float16)] + [np.full(3000, tiny, np.float16) for _ in range(n - 1)]
+    got = commlib.allreduce(parts[r], op=commlib.Sum, name="float16 rounding per step")
+    once = np.float16(1.0 + (n - 1) * 2.0 ** -11)  # (widened to float32, rounded at the end)
+    if not np.all((got >= 1.0) & (got <= 1.0 + n * 2.0 ** -11)):
+        fail(f"float16 rounding per step: results outside [1, 1 + n 2^-11]: {np.unique(got)}")
+    elif ALGO in ("ring", "tree") and np.all(got == once):
+        fail(f"float16 under {ALGO}: every element is {once}, the float32-widened sum: "
+             "float16 did not travel as float16")
+    elif ALGO not in ("ring", "tree") and not np.all(got == once):
+        fail(f"float16 under {ALGO}: {np.unique(got)}, expected {once} (widened to float32)")
+    record("float16 rounding per step", got)
+
 # Bitwise identical results on every rank.
 everyone = MPI.COMM_WORLD.allgather(digests)
 for i, (name, digest) in enumerate(digests):
