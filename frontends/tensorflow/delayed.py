@@ -125,7 +125,8 @@ class DelayedExchange:
         tensors = [t for t, _ in packed]
         for t in tensors:
             check_dtype(t.dtype, "DistributedOptimizer(staleness=1) gradients")
-        self._decompress = (compression, [ctx for _, ctx in packed])
+        ctxs = [ctx for _, ctx in packed]
+        self._decompress = (compression, ctxs)
 
         def fn(_cname, *arrays):
             have, prev = self.swap(list(arrays))
@@ -138,7 +139,6 @@ class DelayedExchange:
         for o, t in zip(outs[1:], tensors):
             o.set_shape(t.shape)
         outs[0].set_shape(())
-        compression, ctxs = self._decompress
         return outs[0], [compression.decompress(o, c) for o, c in zip(outs[1:], ctxs)]
 
     def finish_tensors(self):

@@ -419,6 +419,9 @@ def own_statistics():
 
 own_statistics()
 if r == 0:
-    print(f"keras async max relative error {max(worst.values()):.3g} "
+    # (the rules without compression, which the test holds to 1e-5; fp16's
+    # are checked against FP16_TOL above)
+    exact = [v for k, v in worst.items() if "fp16" not in k]
+    print(f"keras async max relative error {max(exact):.3g} "
           f"({', '.join(f'{k} {v:.2g}' for k, v in worst.items())})", flush=True)
 done()
