@@ -46,7 +46,7 @@ void wait_all(ShmSegment& shm, Counter counter, uint64_t target) {
 }  // namespace
 
 void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, int dtype, int op,
-                   double post, const void* in) {
+                   double post, const void* in, int travel) {
   const int P = shm.size();
   const int me = shm.rank();
   const int K = shm.slots();
@@ -106,7 +106,7 @@ void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, i
       }
     }
     if (cross) {
-      allreduce_across(*cross, data + off * esize, len, dtype, op, post);
+      allreduce_across(*cross, data + off * esize, len, dtype, op, post, travel);
       std::memcpy(shm.result(slot, me), data + off * esize, len * esize);
     } else if (P == 1) {
       scale_buffer(dtype, data + off * esize, len, post);

@@ -18,6 +18,6 @@ namespace commlib {
 // unchanged; buf is then only written, the result (no copy of in into buf
 // first: the piece a rank reduces is copied block by block, while in cache).
 void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, int dtype, int op,
-                   double post = 1.0, const void* in = nullptr);
+                   double post = 1.0, const void* in = nullptr, int travel = -1);
 
 }  // namespace commlib

@@ -10,7 +10,7 @@
 namespace commlib {
 
 void ShmFusedAllreduce::reduce(size_t count, int dtype, int op, double postscale,
-                               Transport* cross) {
+                               Transport* cross, int travel) {
   const int P = block_.size(), me = block_.rank();
   const size_t esize = dtype_size(dtype);
   // Pieces of 64-byte multiples; the last ones may be short or empty.
@@ -26,7 +26,7 @@ void ShmFusedAllreduce::reduce(size_t count, int dtype, int op, double postscale
     if (r != me) reduce_into(dtype, op, mine, block_.region(r) + first * esize, last - first);
   }
   if (cross) {
-    allreduce_across(*cross, mine, last - first, dtype, op, postscale);
+    allreduce_across(*cross, mine, last - first, dtype, op, postscale, travel);
   } else {
     scale_buffer(dtype, mine, last - first, postscale);
   }

@@ -29,8 +29,9 @@ class ShmFusedAllreduce {
   explicit ShmFusedAllreduce(ShmSegment& shm) : block_(shm) {}
   size_t capacity() const { return block_.capacity(); }
   char* buffer() { return block_.mine(); }
-  // cross: ranks of this local rank on other hosts (null on one host).
-  void reduce(size_t count, int dtype, int op, double postscale, Transport* cross);
+  // cross: ranks of this local rank on other hosts (null on one host);
+  // travel: the half type the float32 values cross hosts in (-1: dtype).
+  void reduce(size_t count, int dtype, int op, double postscale, Transport* cross, int travel = -1);
   void copy_out(size_t byte_offset, void* dst, size_t bytes);
   void finish() { block_.finish(); }
 

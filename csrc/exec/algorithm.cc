@@ -1,11 +1,14 @@
 #include "exec/algorithm.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "collectives/allreduce.h"
 #include "collectives/allreduce_shm.h"
 #include "common.h"
+#include "half.h"
 #include "reduce.h"
 #include "runtime/timeline.h"
 
@@ -88,7 +91,16 @@ AllreduceAlgo choose_allreduce_algo(size_t bytes, int ranks) {
   return bytes < tree_max ? AllreduceAlgo::kTree : AllreduceAlgo::kRing;
 }
 
-void allreduce_across(Transport& t, void* buf, size_t count, int dtype, int op, double post) {
+void allreduce_across(Transport& t, void* buf, size_t count, int dtype, int op, double post,
+                      int travel) {
+  if (travel >= 0 && travel != dtype && t.size() > 1 && count > 0) {
+    // (kept from call to call: no page faults on the way)
+    thread_local std::vector<uint16_t> half;
+    if (half.size() < count) half.resize(count);
+    float_to_half(travel, static_cast<const float*>(buf), half.data(), count, 1.0);
+    allreduce_across(t, half.data(), count, travel, op, post);
+    return half_to_float(travel, half.data(), static_cast<float*>(buf), count, 1.0);
+  }
   if (t.size() == 1 || count == 0) return scale_buffer(dtype, buf, count, post);
   if (choose_allreduce_algo(count * dtype_size(dtype), t.size()) == AllreduceAlgo::kTree) {
     note_algorithm("tree");
@@ -104,7 +116,7 @@ void allreduce_across(Transport& t, void* buf, size_t count, int dtype, int op, 
 // moves each byte about twice per rank (the memory-traffic floor), while the
 // ring and MPI copy through the MPI library's own buffers as well.
 void allreduce(Transport& t, ShmSegment* shm, Transport* cross, void* buf, size_t count,
-               int dtype, int op, AllreduceAlgo algo, double post, const void* in) {
+               int dtype, int op, AllreduceAlgo algo, double post, const void* in, int travel) {
   if (count == 0) return;
   if (in == buf) in = nullptr;
   const bool to_shm = t.size() > 1 && (algo == AllreduceAlgo::kShm || (algo == AllreduceAlgo::kAuto && shm));
@@ -114,7 +126,7 @@ void allreduce(Transport& t, ShmSegment* shm, Transport* cross, void* buf, size_
                   "COMMLIB_ALLREDUCE_ALGO=shm needs the same number (> 1) of ranks on every host");
     }
     note_algorithm(cross ? "shm-hierarchical" : "shm");
-    return allreduce_shm(*shm, cross, buf, count, dtype, op, post, in);  // (scales as it reduces)
+    return allreduce_shm(*shm, cross, buf, count, dtype, op, post, in, travel);  // (scales as it reduces)
   }
   if (in) std::memcpy(buf, in, count * dtype_size(dtype));
   if (t.size() == 1) return scale_buffer(dtype, buf, count, post);

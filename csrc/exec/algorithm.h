@@ -34,13 +34,19 @@ AllreduceAlgo choose_allreduce_algo(size_t bytes, int ranks);
 // in (not null, not buf): the input, left unchanged, and buf the output (it
 // must not overlap in); the shared-memory algorithm reads it where it would
 // have read buf, the others start from a copy of it in buf.
+// travel (float16 or bfloat16, with dtype float32: buf holds values of that
+// half type widened): the hierarchical algorithm's inter-host step rounds them
+// to it and moves half the bytes (allreduce_across).
 void allreduce(Transport& t, ShmSegment* shm, Transport* cross, void* buf, size_t count,
                int dtype, int op, AllreduceAlgo algo, double post = 1.0,
-               const void* in = nullptr);
+               const void* in = nullptr, int travel = -1);
 
 // The ring or the tree over t, chosen by size (the inter-host step); the
-// result multiplied by post.
-void allreduce_across(Transport& t, void* buf, size_t count, int dtype, int op, double post = 1.0);
+// result multiplied by post. travel (a half type, with dtype float32): the
+// values are rounded to it, all-reduced as such and widened back (-1: they
+// travel as dtype).
+void allreduce_across(Transport& t, void* buf, size_t count, int dtype, int op, double post = 1.0,
+                      int travel = -1);
 
 // What ran, for the timeline (runtime/timeline.h): the code that picks an
 // algorithm notes its name ("ring", "shm", "hierarchical", "mpi", ...) while

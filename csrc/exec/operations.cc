@@ -75,7 +75,7 @@ void reduce_window_in_shm(OpContext& ctx, const Member* first, const Member* las
     off += m->count * esize;
   }
   if (!half) scale_buffer(dtype, buf, total, pre);
-  f.reduce(total, work, op, half ? 1.0 : post, ctx.cross);
+  f.reduce(total, work, op, half ? 1.0 : post, ctx.cross, half ? dtype : -1);
   off = 0;
   std::vector<float> tmp;
   for (const Member* m = first; m != last; ++m) {
@@ -96,7 +96,8 @@ void reduce_window_in_shm(OpContext& ctx, const Member* first, const Member* las
 // a block at a time in float32 (reduce.h), so that they move half the bytes
 // of float32 between hosts (the point of fp16 compression). The shared
 // segment and MPI's own collective (which cannot reduce them) take them
-// widened to float32.
+// widened to float32; between hosts the hierarchical algorithm rounds each
+// host's sums back to the half type (allreduce_across's travel).
 bool half_travels(const OpContext& ctx) {
   return !shm_allowed(ctx) && ctx.algo != AllreduceAlgo::kMpi;
 }
@@ -127,7 +128,8 @@ void reduce_window(OpContext& ctx, const Member* first, const Member* last, int 
       half_to_float(dtype, m->input, buf + off, m->count, pre);
       off += m->count;
     }
-    allreduce(ctx.transport, ctx.shm, ctx.cross, buf, total, COMMLIB_FLOAT32, op, ctx.algo);
+    allreduce(ctx.transport, ctx.shm, ctx.cross, buf, total, COMMLIB_FLOAT32, op, ctx.algo, 1.0,
+              nullptr, dtype);
     off = 0;
     for (const Member* m = first; m != last; ++m) {
       float_to_half(dtype, buf + off, m->output, m->count, post);

@@ -58,5 +58,23 @@ for count, post in [(1_000_003, 1.0), (300_001, 0.25)]:
     check_equal(got, want, f"average of {count} x {post}", rtol=1e-6, atol=1e-6)
     if len(set(comm.allgather(got.tobytes()))) != 1:
         fail(f"averages of {count} differ across ranks")
+# float16 crosses hosts as float16: each host's float32 sum is rounded to
+# float16 before the inter-host step (half the bytes). 1.0 on rank 0 and
+# 2^-11 (half of float16's spacing at 1.0) elsewhere: on one host, rounded
+# once, the sum of four is 1 + 3 2^-11, a tie that rounds to 1 + 2^-9; two
+# hosts of two round host 0's 1 + 2^-11 to 1.0 first, and add host 1's 2^-10.
+if n == 4:
+    tiny = np.full(4099, 2.0 ** -11, np.float16)
+    for count, kind in [(4099, "fused"), (3_000_001, "pipelined")]:
+        mine = np.ones(count, np.float16) if r == 0 else np.resize(tiny, count)
+        got = commlib.allreduce(mine, op=commlib.Sum, name=f"f16.{count}")
+        if len(set(comm.allgather(got.tobytes()))) != 1:
+            fail(f"float16 sums of {count} differ across ranks")
+        if k == 2:
+            check_equal(got, np.full(count, 1.0 + 2.0 ** -10, np.float16),
+                        f"float16 across two hosts of two ({kind})")
+        elif k == 4:
+            check_equal(got, np.full(count, 1.0 + 2.0 ** -9, np.float16),
+                        f"float16 on one host ({kind})")
 done()
 sys.exit(0)
