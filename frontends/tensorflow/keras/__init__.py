@@ -131,7 +131,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     if staleness != 0:
         from .delayed import check_staleness_options
 
-        check_staleness_options(staleness, backward_passes_per_step, groups, local_layers)
+        check_staleness_options(staleness, backward_passes_per_step, groups, local_layers,
+                                weight_prediction)
     if not isinstance(weight_prediction, bool):
         raise ValueError(f"weight_prediction must be True or False, got {weight_prediction!r}")
     if weight_prediction and staleness == 0:

@@ -21,9 +21,16 @@ weights back).
 
 ``compression=Compression.fp16``: the gradients travel (and wait for the
 next step) as float16, the averages are applied in the variables' dtype.
+``backward_passes_per_step=k``: the gradients of k steps are summed locally
+(averaged with average_aggregated_gradients) and every k-th step swaps that
+aggregate for the previous one's average, so an update applies the average
+of the k steps before the last k; the other steps only count in
+``iterations``, and the first k-th step applies nothing (an aggregate left
+over at the end stays local, as in the synchronous optimizer).
 IndexedSlices gradients are averaged as dense tensors. The variables with a
 gradient must be the same at every step (and on every rank). Not combined
-with backward_passes_per_step > 1, groups or local_layers.
+with groups or local_layers, nor weight_prediction with
+backward_passes_per_step > 1.
 """
 from __future__ import annotations
 
@@ -85,6 +92,12 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
             with keras.name_scope(self.name, caller=self):
                 self.build(variables)
             self.built = True
+        if self._commlib_bpps > 1:  # (accumulates; every k-th step comes to the swap below)
+            return self._commlib_accumulate_apply(grads, variables)
+        self._commlib_apply_aggregate(grads, variables)
+
+    def _commlib_apply_aggregate(self, grads, variables):
+        """Starts averaging ``grads`` and applies the previous average."""
         present = [i for i, g in enumerate(grads) if g is not None]
         have, prev = self._commlib_exchange.swap_op(
             [tf.convert_to_tensor(grads[i]) for i in present], self._commlib_compression)
@@ -123,13 +136,15 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
         return self._commlib_exchange.pending
 
 
-def check_staleness_options(staleness, backward_passes_per_step, groups, local_layers):
+def check_staleness_options(staleness, backward_passes_per_step, groups, local_layers,
+                            weight_prediction):
     """ValueError for options DistributedOptimizer(staleness=1) does not take."""
     if isinstance(staleness, bool) or staleness != 1:
         raise ValueError(f"staleness must be 0 (synchronous) or 1 (one-step delayed "
                          f"averaging), got {staleness!r}")
-    refused = {"backward_passes_per_step > 1": int(backward_passes_per_step) > 1,
-               "groups": groups is not None, "local_layers": bool(local_layers)}
+    refused = {"groups": groups is not None, "local_layers": bool(local_layers),
+               "weight_prediction with backward_passes_per_step > 1":
+                   weight_prediction is True and int(backward_passes_per_step) > 1}
     bad = [k for k, v in refused.items() if v]
     if bad:
         raise ValueError(f"staleness=1 cannot be combined with {', '.join(bad)}")

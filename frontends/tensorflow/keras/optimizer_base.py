@@ -104,6 +104,10 @@ class DistributedOptimizerMixin:
             return super().apply(self._commlib_reduce(grads, variables), trainable_variables)
         return self._commlib_accumulate_apply(grads, variables)
 
+    def _commlib_apply_aggregate(self, grads, variables):
+        """Reduces the gradients of an update and applies them."""
+        super().apply(self._commlib_reduce(grads, variables), variables)
+
     def _commlib_accumulate_apply(self, grads, variables):
         if not self.built:
             with keras.name_scope(self.name, caller=self):
@@ -116,14 +120,13 @@ class DistributedOptimizerMixin:
                 self.assign_add(a, g)
         self._commlib_counter.assign_add(1)
         is_update = tf.equal(tf.math.floormod(tf.convert_to_tensor(self._commlib_counter), k), 0)
-        parent_apply = super().apply
         present = [g is not None for g in grads]
 
         def update():
             agg = [tf.convert_to_tensor(a) if p else None for a, p in zip(acc, present)]
             if self._commlib_avg_agg:
                 agg = [None if a is None else a / tf.cast(k, a.dtype) for a in agg]
-            parent_apply(self._commlib_reduce(agg, variables), variables)
+            self._commlib_apply_aggregate(agg, variables)
             for a in acc:
                 a.assign(tf.zeros_like(a))
 

@@ -58,39 +58,55 @@ def as_fp16(tensors):
     return [tf.cast(tf.cast(t, tf.float16), tf.float32) for t in tensors]
 
 
-def simulate_delayed(make_opt, fp16=False):
+def simulate_delayed(make_opt, fp16=False, passes=1, average_passes=False):
     """Weights after each step and after the final synchronize(); with
     ``fp16``, of fp16 compression: every rank's gradients rounded to float16,
-    and their average."""
+    and their average; with ``passes`` > 1 (backward_passes_per_step), the
+    average of the sum (or mean) of each ``passes`` steps' gradients is what
+    travels, every ``passes``-th step."""
+    assert not (fp16 and passes > 1)
     ref = make_model()
     opt = make_opt()
-    out, pending = [], None
+    out, pending, summed = [], None, None
     for t in range(STEPS):
         if fp16:
             avg = as_fp16(average([as_fp16(grads_of(ref, k, t)) for k in range(n)]))
         else:
             avg = average([grads_of(ref, k, t) for k in range(n)])
-        if pending is not None:
-            opt.apply(pending, ref.trainable_variables)
-        pending = avg
+        summed = avg if summed is None else [s + a for s, a in zip(summed, avg)]
+        if (t + 1) % passes == 0:
+            if pending is not None:
+                opt.apply(pending, ref.trainable_variables)
+            pending = [s / passes for s in summed] if average_passes else summed
+            summed = None
+        else:  # (the steps that only accumulate count in iterations: Adam's bias correction)
+            opt.build(ref.trainable_variables)
+            opt.iterations.assign_add(1)
         out.append(weights(ref))
     opt.apply(pending, ref.trainable_variables)
     return out, weights(ref)
 
 
-def delayed(make_opt, what, run_eagerly=False, fp16=False, tol=1e-5):
+def delayed(make_opt, what, run_eagerly=False, fp16=False, tol=1e-5, passes=1,
+            average_passes=False):
     """Keras fit with DistributedOptimizer(staleness=1) (``fp16``: with
-    fp16 compression); returns the simulation (reused by tape_delayed for the
-    same optimizer)."""
-    expected, final = simulation = simulate_delayed(make_opt, fp16)
+    fp16 compression; ``passes``: backward_passes_per_step); returns the
+    simulation (reused by tape_delayed for the same optimizer)."""
+    expected, final = simulation = simulate_delayed(make_opt, fp16, passes, average_passes)
     model = make_model()
-    opt = hvd.DistributedOptimizer(make_opt(), staleness=1, compression=FP16 if fp16 else NONE)
+    opt = hvd.DistributedOptimizer(make_opt(), staleness=1, compression=FP16 if fp16 else NONE,
+                                   backward_passes_per_step=passes,
+                                   average_aggregated_gradients=average_passes)
     start = weights(model)
 
     class StepZero(keras.callbacks.Callback):
+        """Up to the first update nothing is applied; the steps that only
+        accumulate count in iterations, the update that applies nothing not."""
         def on_train_batch_end(self, batch, logs=None):
-            if batch == 0 and (int(opt.iterations) != 0 or max_rel_err(weights(model), start)):
-                fail(f"{what}: step 0 applied something")
+            if batch < passes and (int(opt.iterations) != min(batch + 1, passes - 1)
+                                   or max_rel_err(weights(model), start)):
+                fail(f"{what}: step {batch} applied something (iterations "
+                     f"{int(opt.iterations)})")
 
     model.compile(optimizer=opt, loss="mse", run_eagerly=run_eagerly)
     x, y = DATA[r]
@@ -122,6 +138,10 @@ FP16_TOL = 1e-4
 SIMULATED = {"SGD": delayed(SGD_M, "delayed SGD"),
              "Adam": delayed(ADAM, "delayed Adam eager", run_eagerly=True),
              "SGD fp16": delayed(SGD_M, "delayed SGD fp16", fp16=True, tol=FP16_TOL)}
+# backward_passes_per_step: every 2nd step (summed), every 3rd (averaged, eager)
+delayed(SGD_M, "delayed SGD 2 passes", passes=2)
+delayed(ADAM, "delayed Adam 3 passes averaged, eager", run_eagerly=True, passes=3,
+        average_passes=True)
 
 
 # ---------------------------------------------------------------- DistributedGradientTape
@@ -343,8 +363,8 @@ sgd = keras.optimizers.SGD(0.1)
 expect_raises(ValueError, lambda: hvd.DistributedOptimizer(sgd, staleness=2), "staleness=2",
               "staleness must be 0")
 expect_raises(ValueError, lambda: hvd.DistributedOptimizer(
-    sgd, staleness=1, backward_passes_per_step=2), "staleness with accumulation",
-    "backward_passes_per_step")
+    sgd, staleness=1, backward_passes_per_step=2, weight_prediction=True),
+    "weight prediction with accumulation", "backward_passes_per_step")
 tp = tf.GradientTape()
 expect_raises(ValueError, lambda: htf.DistributedGradientTape(tp, staleness=1),
               "tape without delayed", "DelayedGradients")
