@@ -101,12 +101,12 @@ class DistributedOptimizerMixin:
         else:
             variables = list(trainable_variables)
         if self._commlib_bpps == 1:
-            return super().apply(self._commlib_reduce(grads, variables), trainable_variables)
+            return self._commlib_apply_aggregate(grads, variables)
         return self._commlib_accumulate_apply(grads, variables)
 
     def _commlib_apply_aggregate(self, grads, variables):
         """Reduces the gradients of an update and applies them."""
-        super().apply(self._commlib_reduce(grads, variables), variables)
+        return super().apply(self._commlib_reduce(grads, variables), variables)
 
     def _commlib_accumulate_apply(self, grads, variables):
         if not self.built:

@@ -67,6 +67,7 @@ def simulate_delayed(make_opt, fp16=False, passes=1, average_passes=False):
     assert not (fp16 and passes > 1)
     ref = make_model()
     opt = make_opt()
+    opt.build(ref.trainable_variables)  # (iterations counts the accumulating steps)
     out, pending, summed = [], None, None
     for t in range(STEPS):
         if fp16:
@@ -80,7 +81,6 @@ def simulate_delayed(make_opt, fp16=False, passes=1, average_passes=False):
             pending = [s / passes for s in summed] if average_passes else summed
             summed = None
         else:  # (the steps that only accumulate count in iterations: Adam's bias correction)
-            opt.build(ref.trainable_variables)
             opt.iterations.assign_add(1)
         out.append(weights(ref))
     opt.apply(pending, ref.trainable_variables)
