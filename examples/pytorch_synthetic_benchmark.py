@@ -1,14 +1,25 @@
-"""Synthetic training throughput: commlib.torch versus torch DDP (gloo).
+"""Synthetic training throughput: commlib.torch versus torch DDP.
 
 Trains a model on random data (no input pipeline) and prints samples/s, in
-the style of Horovod's pytorch_synthetic_benchmark.py. The default model is
-an MLP with about 12.6 million parameters (1024 -> 2048 -> 2048 -> 2048 ->
-1000), batch 32 per rank, one torch thread per rank.
+the style of Horovod's pytorch_synthetic_benchmark.py, and the first step's
+time on its own line. ``--device cuda`` (the default where CUDA is available)
+puts each rank on GPU ``local rank % device count``; DDP then runs on NCCL,
+otherwise on gloo. Models (synthetic_models.py): ``resnet50`` (the CUDA
+default when torchvision is installed), ``resnet18``, ``transformer`` (a
+12-layer encoder of width 512 from torch.nn; the CUDA default without
+torchvision), ``mlp`` (12.6M parameters, the CPU default) and ``small-mlp``.
+``--amp bf16|fp16`` trains under autocast (fp16 with a GradScaler), batch 32
+per rank, one torch thread per rank.
 
     commlibrun -np 2 python examples/pytorch_synthetic_benchmark.py --backend commlib
     commlibrun -np 2 python examples/pytorch_synthetic_benchmark.py --backend ddp
+    commlibrun -np 2 python examples/pytorch_synthetic_benchmark.py --compare --model resnet50
     torchrun --nproc_per_node 2 examples/pytorch_synthetic_benchmark.py --backend ddp
     python examples/pytorch_synthetic_benchmark.py --backend commlib     # 1 rank baseline
+
+``--compare`` trains one copy of the model with each backend in the same job
+(commlib and DDP initialised side by side), the two taking turns within every
+iteration, and prints the ratios of their samples/s and first steps.
 
 Asynchronous exchange (commlib): ``--mode`` sync (default), staleness1
 (DistributedOptimizer(staleness=1)), local-sgd / diloco (LocalSGD with
@@ -30,7 +41,7 @@ state that ZeRO shards (SGD without momentum has none):
     commlibrun -np 2 python examples/pytorch_synthetic_benchmark.py \
         --mode sync,zero1,zero2,zero3 --optimizer adam
 
-With ``--backend ddp`` the rank and world size come from torchrun's RANK /
+With ``--backend ddp`` alone the rank and world size come from torchrun's RANK /
 WORLD_SIZE, or from MPI's launcher environment (PMI_RANK/PMI_SIZE for MPICH,
 OMPI_COMM_WORLD_RANK/SIZE for Open MPI) when started by commlibrun;
 MASTER_ADDR/MASTER_PORT default to 127.0.0.1:29500.
@@ -40,19 +51,30 @@ import copy
 import os
 import sys
 import time
-import timeit
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+
+import synthetic_models
+
+LOCAL_SGD_MODES = ("local-sgd", "diloco", "local-sgd-stream", "diloco-stream")
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=["commlib", "ddp"], default="commlib")
-    p.add_argument("--model", choices=["mlp", "small-mlp"], default="mlp",
-                   help="mlp: 12.6M parameters; small-mlp: 0.3M (for smoke tests)")
+    p.add_argument("--compare", action="store_true",
+                   help="train with both backends in one job, taking turns, and print ratios")
+    p.add_argument("--device", choices=["cuda", "cpu"],
+                   default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--model", choices=synthetic_models.MODELS, default=None,
+                   help="default: resnet50 on CUDA (transformer without torchvision), mlp on CPU")
+    p.add_argument("--width", type=int, default=512, help="transformer: model width")
+    p.add_argument("--layers", type=int, default=12, help="transformer: encoder layers")
+    p.add_argument("--seq-len", type=int, default=128, help="transformer: tokens per sample")
+    p.add_argument("--amp", choices=["off", "bf16", "fp16"], default="off",
+                   help="autocast to this type (fp16 with a GradScaler)")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--num-warmup-batches", type=int, default=5)
     p.add_argument("--num-batches-per-iter", type=int, default=10)
@@ -70,18 +92,23 @@ def parse_args():
     args = p.parse_args()
     if args.zero_stage:
         args.mode = f"zero{args.zero_stage}"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: CUDA is not available (use --device cpu)")
+    if args.model is None:
+        args.model = "mlp" if args.device == "cpu" else (
+            "resnet50" if _has_torchvision() else "transformer")
+    if args.amp == "fp16" and any(m in LOCAL_SGD_MODES for m in args.mode.split(",")):
+        p.error("--amp fp16 (a GradScaler) works with the modes sync, staleness1, zero1, "
+                "zero2, zero3 and local")
     return args
 
 
-def make_model(kind):
-    if kind == "mlp":
-        sizes = [1024, 2048, 2048, 2048, 1000]
-    else:
-        sizes = [256, 512, 256, 100]
-    layers = []
-    for a, b in zip(sizes[:-1], sizes[1:]):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    return nn.Sequential(*layers[:-1])
+def _has_torchvision():
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def env_int(*names, default=None):
@@ -94,40 +121,23 @@ def env_int(*names, default=None):
 def make_optimizer(args, params, scale):
     if args.optimizer == "adam":
         return torch.optim.Adam(params, lr=1e-4 * scale)
-    return torch.optim.SGD(params, lr=0.01 * scale)
+    return torch.optim.SGD(params, lr=0.01 * scale, momentum=0.9 if args.device == "cuda" else 0)
 
 
-def setup_ddp(model, args):
+def setup_ddp(model, args, device, rank, world):
+    """DDP over NCCL (CUDA) or gloo (CPU): the model and its optimizer."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    rank = env_int("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", default=0)
-    world = env_int("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", default=1)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    ddp = DistributedDataParallel(model)
-    optimizer = make_optimizer(args, ddp.parameters(), 1)
-
-    def average(value):
-        t = torch.tensor([value], dtype=torch.float64)
-        dist.all_reduce(t)
-        return t.item() / world
-
-    average.align = dist.barrier
-
-    def finish():
-        dist.barrier()
-        dist.destroy_process_group()
-        # torch 2.13's gloo sometimes aborts in a static destructor at exit
-        # ("terminate called without an active exception", no Python frame
-        # left), about one run in ten here. Everything is done and printed:
-        # leave without running those destructors.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-
-    return ddp, optimizer, rank, world, average, finish
+    if device.type == "cuda":
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
+        ddp = DistributedDataParallel(model, device_ids=[device.index])
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        ddp = DistributedDataParallel(model)
+    return ddp, make_optimizer(args, ddp.parameters(), 1)
 
 
 def commlib_optimizer(model, args, mode):
@@ -136,11 +146,11 @@ def commlib_optimizer(model, args, mode):
 
     optimizer = make_optimizer(args, model.parameters(), hvd.size())
     if mode == "zero3":
-        for layer in model:
-            if isinstance(layer, nn.Linear):
+        for layer in model.children():
+            if any(True for _ in layer.parameters()):
                 hvd.fully_shard(layer)  # (the root has no parameters of its own)
         return make_optimizer(args, model.parameters(), hvd.size())
-    if mode in ("local-sgd", "diloco", "local-sgd-stream", "diloco-stream"):
+    if mode in LOCAL_SGD_MODES:
         outer = (torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
                  if mode.startswith("diloco") else None)
         return hvd.LocalSGD(optimizer, model, period=args.period, outer_optimizer=outer,
@@ -158,36 +168,64 @@ def commlib_optimizer(model, args, mode):
     return optimizer
 
 
-def setup_commlib(model, args, mode="sync"):
+def setup_commlib(model, args, mode):
     import commlib.torch as hvd
 
-    hvd.init()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    optimizer = commlib_optimizer(model, args, mode)
-
-    def average(value):
-        return hvd.allreduce(torch.tensor([value], dtype=torch.float64)).item()
-
-    average.align = hvd.barrier
-
-    return model, optimizer, hvd.rank(), hvd.size(), average, lambda: None
+    return model, commlib_optimizer(model, args, mode)
 
 
-def measure(steps, args, log, align=lambda: None):
+def step_of(model, optimizer, data, target, args, device):
+    """One training step (forward, backward, optimizer step) under --amp."""
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
+    scaler = torch.amp.GradScaler(device.type) if args.amp == "fp16" else None
+
+    def benchmark_step():
+        optimizer.zero_grad()
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            loss = F.cross_entropy(model(data), target)
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+            return
+        scaler.scale(loss).backward()
+        if hasattr(optimizer, "skip_synchronize"):  # commlib: unscale the averaged gradients
+            optimizer.synchronize()
+            scaler.unscale_(optimizer)
+            with optimizer.skip_synchronize():
+                scaler.step(optimizer)
+        else:
+            scaler.step(optimizer)
+        scaler.update()
+    return benchmark_step
+
+
+def timed(step, number, device):
+    """Seconds for ``number`` steps, the device's work included."""
+    start = time.perf_counter()
+    for _ in range(number):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def measure(steps, args, device, log, align=lambda: None):
     """Samples/s per rank of each named step function; with several, they
     take turns within every iteration (same run, same load). ``align`` (not
     timed) lines the ranks up before each turn, so that a mode does not pay
     for the drift between ranks that the turn before it left (a mode without
     communication lets the ranks drift apart)."""
     for step in steps.values():
-        timeit.timeit(step, number=args.num_warmup_batches)
+        align()
+        timed(step, args.num_warmup_batches, device)
     rates = {name: [] for name in steps}
     cpu = {name: 0.0 for name in steps}
     for i in range(args.num_iters):
         for name, step in steps.items():
             align()
             cpu_start = time.process_time()
-            t = timeit.timeit(step, number=args.num_batches_per_iter)
+            t = timed(step, args.num_batches_per_iter, device)
             cpu[name] += time.process_time() - cpu_start
             rates[name].append(args.batch_size * args.num_batches_per_iter / t)
         log(f"Iter #{i}: " + ", ".join(f"{name} {r[-1]:.1f}" for name, r in rates.items())
@@ -199,45 +237,77 @@ def measure(steps, args, log, align=lambda: None):
 def main():
     args = parse_args()
     torch.set_num_threads(args.num_threads)
-    torch.manual_seed(0)
-    model = make_model(args.model)
-    modes = args.mode.split(",")
-    if args.backend == "ddp":
-        model, optimizer, rank, world, average, finish = setup_ddp(model, args)
-        models, optimizers = {"ddp": model}, {"ddp": optimizer}
+    use_commlib = args.compare or args.backend == "commlib"
+    use_ddp = args.compare or args.backend == "ddp"
+    if use_commlib:
+        import commlib.torch as hvd
+
+        hvd.init()
+        rank, world, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
     else:
-        pristine = copy.deepcopy(model)  # (ZeRO and fully_shard change the model they wrap)
-        model, optimizer, rank, world, average, finish = setup_commlib(model, args, modes[0])
-        models, optimizers = {modes[0]: model}, {modes[0]: optimizer}
-        for mode in modes[1:]:
-            models[mode] = copy.deepcopy(pristine)
-            optimizers[mode] = commlib_optimizer(models[mode], args, mode)
-
-    in_features = model.module[0].in_features if hasattr(model, "module") else model[0].in_features
-    out_features = (model.module if hasattr(model, "module") else model)[-1].out_features
-    data = torch.randn(args.batch_size, in_features)
-    target = torch.randint(0, out_features, (args.batch_size,))
-
-    def step_of(model, optimizer):
-        def benchmark_step():
-            optimizer.zero_grad()
-            F.cross_entropy(model(data), target).backward()
-            optimizer.step()
-        return benchmark_step
+        rank = env_int("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", default=0)
+        world = env_int("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", default=1)
+        local_rank = env_int("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK",
+                             default=0)
+    if args.device == "cuda":
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    torch.manual_seed(0)
+    pristine, data, target = synthetic_models.make(args.model, device, args.batch_size,
+                                                   args.width, args.layers, args.seq_len)
 
     def log(msg):
         if rank == 0:
             print(msg, flush=True)
 
-    params = sum(p.numel() for p in model.parameters())
-    log(f"Model: {args.model} ({params / 1e6:.1f}M parameters), backend: {args.backend}, "
-        f"batch size: {args.batch_size} per rank, ranks: {world}, threads per rank: "
-        f"{args.num_threads}")
-    rates, cpu_ms = measure({name: step_of(models[name], optimizers[name]) for name in models},
-                            args, log, align=average.align if len(models) > 1 else (lambda: None))
+    models, optimizers, setup_s = {}, {}, {}
+    modes = args.mode.split(",")
+    names = ["commlib" if args.compare and modes == ["sync"] else m for m in modes]
+    if use_ddp:
+        start = time.perf_counter()
+        models["ddp"], optimizers["ddp"] = setup_ddp(copy.deepcopy(pristine), args, device,
+                                                     rank, world)
+        setup_s["ddp"] = time.perf_counter() - start
+    if use_commlib:
+        for name, mode in zip(names, modes):
+            start = time.perf_counter()
+            models[name], optimizers[name] = setup_commlib(copy.deepcopy(pristine), args, mode)
+            setup_s[name] = time.perf_counter() - start
+    if use_commlib:
+        def average(value):
+            return hvd.allreduce(torch.tensor([value], dtype=torch.float64)).item()
+        align = hvd.barrier
+    else:
+        import torch.distributed as dist
+
+        def average(value):
+            t = torch.tensor([value], dtype=torch.float64,
+                             device=device if device.type == "cuda" else "cpu")
+            dist.all_reduce(t)
+            return t.item() / world
+        align = dist.barrier
+
+    steps = {name: step_of(models[name], optimizers[name], data, target, args, device)
+             for name in models}
+    params = sum(p.numel() for p in pristine.parameters())
+    log(f"Model: {args.model} ({params / 1e6:.1f}M parameters), backend: "
+        f"{'commlib and ddp' if args.compare else args.backend}, device: {args.device}, "
+        f"amp: {args.amp}, batch size: {args.batch_size} per rank, ranks: {world}, "
+        f"threads per rank: {args.num_threads}")
+    first = {}
+    for name, step in steps.items():
+        align()
+        first[name] = average(timed(step, 1, device))
+        log(f"First step [{name}]: {first[name]:.3f} s (setup before it "
+            f"{average(setup_s[name]):.3f} s)")
+    rates, cpu_ms = measure(steps, args, device, log,
+                            align=align if len(steps) > 1 else (lambda: None))
+    means = {}
     for name, r in rates.items():
         mean, conf = float(np.mean(r)), 1.96 * float(np.std(r))
-        mean_all = average(mean)
+        means[name] = mean_all = average(mean)
         prefix = f"[{name}] " if len(rates) > 1 else ""
         log(f"{prefix}Samples/s per rank: {mean_all:.1f} +-{conf:.1f}")
         log(f"{prefix}Total samples/s on {world} rank(s): {world * mean_all:.1f} "
@@ -245,17 +315,37 @@ def main():
         # (every thread of the rank's process: training, commlib's background thread, MPI's)
         log(f"{prefix}CPU per step: {average(cpu_ms[name]):.1f} ms per rank, "
             f"wall {1e3 * args.batch_size / mean_all:.1f} ms")
+    if args.compare:
+        for name in names:
+            log(f"Ratio {name}/ddp: samples/s {means[name] / means['ddp']:.2f}x, "
+                f"first step {first[name] / first['ddp']:.2f}x the time")
     for opt in optimizers.values():
         if hasattr(opt, "pending") and opt.pending:
             opt.synchronize()
-    if args.backend == "commlib":
-        import commlib.torch as hvd
-
-        for name in models:
+    if use_commlib:
+        for name in names:
             mib = {k: round(v / 2**20, 1)
                    for k, v in hvd.memory_report(models[name], optimizers[name]).items()}
             print(f"rank {rank} memory (MiB, {name}): {mib}", flush=True)
-    finish()
+    if use_ddp:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+        # torch 2.13's gloo sometimes aborts in a static destructor at exit
+        # ("terminate called without an active exception", no Python frame
+        # left), about one run in ten here. Everything is done and printed:
+        # leave without running those destructors, but after MPI_Finalize
+        # (MPICH's launcher kills the other ranks of a job when one leaves
+        # without it).
+        if use_commlib:
+            from mpi4py import MPI
+
+            hvd.shutdown()
+            MPI.Finalize()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

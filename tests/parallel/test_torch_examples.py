@@ -40,3 +40,36 @@ def test_synthetic_benchmark_runs(ranks, backend):
                 env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
     assert run.returncode == 0, run
     assert re.search(r"Total samples/s on 2 rank\(s\): \d", run.stdout), run
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("model,amp", [("transformer", "bf16"), ("small-mlp", "fp16")])
+def test_synthetic_benchmark_compare(ranks, model, amp):
+    """--compare trains with commlib and DDP in one job, taking turns, and
+    prints each one's first step and the ratios; --amp trains under autocast
+    (fp16 through a GradScaler and commlib's synchronize/skip_synchronize)."""
+    run = ranks(2, str(EXAMPLES / "pytorch_synthetic_benchmark.py"), "--compare", "--device",
+                "cpu", "--model", model, "--width", "32", "--layers", "2", "--seq-len", "8",
+                "--amp", amp, "--num-warmup-batches", "1", "--num-iters", "2",
+                "--num-batches-per-iter", "2", timeout=120,
+                env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    if run.returncode != 0:
+        pytest.fail(run.describe(), pytrace=False)
+    for backend in ("commlib", "ddp"):
+        assert re.search(rf"First step \[{backend}\]: \d+\.\d+ s", run.stdout), run
+        assert re.search(rf"\[{backend}\] Total samples/s on 2 rank\(s\): \d", run.stdout), run
+    assert re.search(r"Ratio commlib/ddp: samples/s \d+\.\d+x, first step \d+\.\d+x", run.stdout), run
+    assert f"amp: {amp}" in run.stdout, run
+
+
+def test_synthetic_benchmark_refuses_missing_cuda():
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "pytorch_synthetic_benchmark.py"),
+                           "--device", "cuda"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "CUDA is not available" in proc.stderr, proc
