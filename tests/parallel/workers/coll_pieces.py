@@ -1,7 +1,8 @@
 """Run by tests/parallel/test_large_collectives.py with COMMLIB_TEST_MPI_CALL_BYTES
 lowered to a few hundred bytes: allgather, alltoall and reducescatter (single
 and fused, several in flight) much larger than one MPI call, with uneven
-first dimensions, checked against numpy on every rank. argv[1]: the timeline
+first dimensions, then allreduce and broadcast, checked against numpy on
+every rank. argv[1]: the timeline
 path; argv[2]: "mpi" when the collectives go through MPI (the timeline must
 then show them in pieces, `mpi-pieces`), "shm" when through shared memory.
 
@@ -121,6 +122,14 @@ for j, (dt, op, dim0, splits, pieces) in enumerate(RS):
     first, rows = own_rows(full.shape[0], splits)
     check_equal(results[j], full[first:first + rows].astype(dt), f"reducescatter {j}",
                 rtol=1e-6 if op == commlib.Average else 0.0)
+
+# ---------------------------------------------------------------- allreduce, broadcast (pieces too)
+for count in (500, 9000):  # the tree and the ring across hosts (point-to-point in pieces)
+    want = np.sum([data("ar", q, (count,), np.float64) for q in range(n)], axis=0)
+    check_equal(commlib.allreduce(data("ar", r, (count,), np.float64), op=commlib.Sum, name=f"ar.{count}"),
+                want, f"allreduce of {count}")
+x = data("bc", 1, (777, 3), np.int64) if r == 1 else np.zeros((777, 3), np.int64)
+check_equal(commlib.broadcast(x, 1, name="bc"), data("bc", 1, (777, 3), np.int64), "broadcast")
 
 commlib.barrier()
 commlib.stop_timeline()
