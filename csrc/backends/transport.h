@@ -37,12 +37,16 @@ class Transport {
   virtual void allreduce(const void* in, void* out, size_t count, int dtype, int op) = 0;
   virtual void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) = 0;
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
+  // widest: the most bytes any rank sends or receives in all (the same on every rank).
   virtual void alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
-                         const std::vector<size_t>& recv_bytes) = 0;
+                         const std::vector<size_t>& recv_bytes, size_t widest) = 0;
   // alltoallv with every block block_bytes long, for every pair of ranks.
   virtual void alltoall(const void* in, size_t block_bytes, void* out) = 0;
   virtual void reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts,
                               int dtype, int op) = 0;
+  // Whether a native collective whose largest buffer (on any rank) spans
+  // `bytes` is one call of the underlying library; larger ones go in pieces.
+  virtual bool in_one_call(size_t bytes) const = 0;
 };
 
 }  // namespace commlib

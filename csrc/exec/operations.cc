@@ -219,7 +219,7 @@ void allgather_blocks(OpContext& ctx, const void* in, void* out, const std::vect
     note_algorithm("shm");
     allgather_shm(*ctx.shm, in, out, bytes);
   } else {
-    note_algorithm("mpi");
+    note_algorithm(ctx.transport.in_one_call(total) ? "mpi" : "mpi-pieces");
     ctx.transport.allgatherv(in, out, bytes);
   }
 }
@@ -292,23 +292,28 @@ void run_alltoall(OpContext& ctx, Entry& e, const std::vector<int64_t>& matrix) 
   // What every rank can tell from the matrix alone, so that all choose alike.
   size_t largest = 0;
   bool uniform = true;
+  std::vector<size_t> sent(size, 0), received(size, 0);
   for (int s = 0; s < size; ++s) {
     for (int d = 0; d < size; ++d) {
       const int64_t rows = matrix[size_t(s) * size + d];
       if (s != d) largest = std::max(largest, size_t(rows) * rb);
       uniform = uniform && rows == matrix[0];
+      sent[s] += size_t(rows) * rb;
+      received[d] += size_t(rows) * rb;
     }
   }
+  const size_t widest = std::max(*std::max_element(sent.begin(), sent.end()),
+                                 *std::max_element(received.begin(), received.end()));
   char* out = h.alloc_result(size_t(total_rows) * rb);
   if (use_shm_pieces(ctx, largest * size_t(size) <= kShmAlltoallMaxBytes)) {
     note_algorithm("shm");
     alltoall_shm(*ctx.shm, e.input, send, out, recv, largest);
   } else {
-    note_algorithm("mpi");
+    note_algorithm(ctx.transport.in_one_call(widest) ? "mpi" : "mpi-pieces");
     if (uniform) {
       ctx.transport.alltoall(e.input, send[0], out);
     } else {
-      ctx.transport.alltoallv(e.input, send, out, recv);
+      ctx.transport.alltoallv(e.input, send, out, recv, widest);
     }
   }
   h.rows = total_rows;
@@ -324,7 +329,7 @@ void reduce_scatter(OpContext& ctx, const PieceInput& in, void* out, const std::
     reducescatter_shm(*ctx.shm, in, out, counts, dtype, op);
     return;
   }
-  note_algorithm("mpi");
+  note_algorithm(ctx.transport.in_one_call(in.elements() * in.esize()) ? "mpi" : "mpi-pieces");
   const void* src = in.contiguous();
   if (!src) {  // pieces: MPI wants one buffer
     char* buf = ctx.fusion.get(in.elements() * in.esize());

@@ -139,6 +139,9 @@ std::vector<ConfigEntry> make_table() {
       int_entry("COMMLIB_TEST_RANKS_PER_HOST", "0", 0, std::numeric_limits<int32_t>::max(),
                 &C::test_ranks_per_host,
                 "testing only: k > 0 treats every k consecutive ranks as one host"),
+      int_entry("COMMLIB_TEST_MPI_CALL_BYTES", "1073741824", 8, int64_t(1) << 30, &C::test_mpi_call_bytes,
+                "testing only: the most bytes one MPI call moves (MPI counts are int): larger collectives and "
+                "messages go in pieces; the same on every rank"),
   };
 }
 

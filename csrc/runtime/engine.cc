@@ -173,7 +173,7 @@ Topology Engine::split_topology(MPI_Comm base, MPI_Comm data, MPI_Comm* local_ou
 void Engine::start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mode) {
   const Topology& t = topo_;
   transport_ = std::make_unique<MpiTransport>(data);
-  MpiTransport::set_job_comm(data);
+  MpiTransport::set_job(data, size_t(config_.test_mpi_call_bytes));
   control_ = std::make_unique<ControlChannel>(ctrl);
   executor_.setup(transport_.get(), shm_.get(), cross_.get(), algo_, shm_collectives_);
   CacheProtocol::Setup cs;

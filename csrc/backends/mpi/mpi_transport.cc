@@ -1,7 +1,6 @@
 #include "backends/mpi/mpi_transport.h"
 
 #include <algorithm>
-#include <climits>
 #include <cstring>
 #include <string>
 
@@ -11,15 +10,9 @@
 namespace commlib {
 namespace {
 
-// MPI counts are int; larger messages are split into pieces of this size.
-constexpr size_t kMaxCount = size_t(1) << 30;
+MPI_Comm g_job_comm = MPI_COMM_NULL;
 
-int to_int(size_t v, const char* what) {
-  if (v > size_t(INT_MAX)) {
-    throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": more than 2^31-1 bytes per rank is not supported");
-  }
-  return static_cast<int>(v);
-}
+}  // namespace
 
 MPI_Op mpi_op(int dtype, int op) {
   if (dtype == COMMLIB_BOOL) {
@@ -34,11 +27,10 @@ MPI_Op mpi_op(int dtype, int op) {
   throw Error(COMMLIB_ERR_TYPE, "unknown reduction op");
 }
 
-MPI_Comm g_job_comm = MPI_COMM_NULL;
-
-}  // namespace
-
-void MpiTransport::set_job_comm(MPI_Comm job) { g_job_comm = job; }
+void MpiTransport::set_job(MPI_Comm job, size_t call_bytes) {
+  g_job_comm = job;
+  call_bytes_ = call_bytes;
+}
 
 std::string MpiTransport::open_peers(std::vector<MPI_Request>& reqs, const std::vector<int>& peers) const {
   std::vector<int> open;
@@ -131,12 +123,12 @@ int MpiTransport::start(const std::vector<P2POp>& ops) {
   std::vector<int> peers;
   reqs.reserve(ops.size());
   for (const P2POp& op : ops) {
-    // Split messages beyond the int count limit into tagged pieces.
+    // Split messages beyond one call into tagged pieces.
     char* p = static_cast<char*>(op.buf);
     size_t left = op.bytes;
     int tag = 0;
     do {
-      const size_t n = left < kMaxCount ? left : kMaxCount;
+      const size_t n = std::min(left, call_bytes_);
       MPI_Request r;
       if (op.kind == P2POp::kSend) {
         check_mpi(MPI_Isend(p, int(n), MPI_BYTE, op.peer, tag, comm_, &r), "MPI_Isend");
@@ -175,9 +167,10 @@ void MpiTransport::allreduce(const void* in, void* out, size_t count, int dtype,
   const size_t esize = dtype_size(dtype);
   const MPI_Datatype dt = mpi_datatype(dtype);
   const MPI_Op mop = mpi_op(dtype, op);
+  const size_t piece = std::max<size_t>(1, call_bytes_ / esize);
   size_t done = 0;
   do {
-    const size_t n = (count - done) < kMaxCount ? (count - done) : kMaxCount;
+    const size_t n = std::min(count - done, piece);
     const void* src = in == out ? MPI_IN_PLACE : static_cast<const char*>(in) + done * esize;
     MPI_Request r;
     check_mpi(MPI_Iallreduce(src, static_cast<char*>(out) + done * esize, int(n), dt, mop, comm_, &r),
@@ -188,15 +181,23 @@ void MpiTransport::allreduce(const void* in, void* out, size_t count, int dtype,
 }
 
 void MpiTransport::allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) {
-  std::vector<int> counts(size_), displs(size_);
-  size_t off = 0;
+  std::vector<size_t> displ(size_);
+  size_t total = 0;
   for (int r = 0; r < size_; ++r) {
-    counts[r] = to_int(bytes[r], "allgather");
-    displs[r] = to_int(off, "allgather");
-    off += bytes[r];
+    displ[r] = total;
+    total += bytes[r];
   }
+  char* const base = static_cast<char*>(out);
+  if (!in_one_call(total)) {
+    std::vector<const char*> from(size_, static_cast<const char*>(in));
+    std::vector<char*> to(size_);
+    for (int r = 0; r < size_; ++r) to[r] = base + displ[r];
+    std::vector<size_t> send(size_, bytes[rank_]);
+    return exchange_blocks(from, send, to, bytes);
+  }
+  std::vector<int> counts(bytes.begin(), bytes.end()), displs(displ.begin(), displ.end());
   // (this rank's part already in place in out: MPI forbids passing it as the input too)
-  if (in == static_cast<const char*>(out) + displs[rank_]) in = MPI_IN_PLACE;
+  if (in == base + displ[rank_]) in = MPI_IN_PLACE;
   MPI_Request r;
   if (std::all_of(counts.begin(), counts.end(), [&](int c) { return c == counts[0]; })) {
     // Every rank knows every count, so all take this branch or none. (MPICH's
@@ -216,7 +217,7 @@ void MpiTransport::allgatherv(const void* in, void* out, const std::vector<size_
 void MpiTransport::broadcast(void* buf, size_t bytes, int root) {
   size_t done = 0;
   do {
-    const size_t n = (bytes - done) < kMaxCount ? (bytes - done) : kMaxCount;
+    const size_t n = std::min(bytes - done, call_bytes_);
     MPI_Request r;
     check_mpi(MPI_Ibcast(static_cast<char*>(buf) + done, int(n), MPI_BYTE, root, comm_, &r),
               "MPI_Ibcast");
@@ -226,14 +227,23 @@ void MpiTransport::broadcast(void* buf, size_t bytes, int root) {
 }
 
 void MpiTransport::alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
-                             const std::vector<size_t>& recv_bytes) {
+                             const std::vector<size_t>& recv_bytes, size_t widest) {
+  if (!in_one_call(widest)) {
+    std::vector<const char*> from(size_, static_cast<const char*>(in));
+    std::vector<char*> to(size_, static_cast<char*>(out));
+    for (int r = 1; r < size_; ++r) {
+      from[r] = from[r - 1] + send_bytes[r - 1];
+      to[r] = to[r - 1] + recv_bytes[r - 1];
+    }
+    return exchange_blocks(from, send_bytes, to, recv_bytes);
+  }
   std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
   size_t so = 0, ro = 0;
   for (int r = 0; r < size_; ++r) {
-    sc[r] = to_int(send_bytes[r], "alltoall");
-    sd[r] = to_int(so, "alltoall");
-    rc[r] = to_int(recv_bytes[r], "alltoall");
-    rd[r] = to_int(ro, "alltoall");
+    sc[r] = int(send_bytes[r]);
+    sd[r] = int(so);
+    rc[r] = int(recv_bytes[r]);
+    rd[r] = int(ro);
     so += send_bytes[r];
     ro += recv_bytes[r];
   }
@@ -245,19 +255,23 @@ void MpiTransport::alltoallv(const void* in, const std::vector<size_t>& send_byt
 }
 
 void MpiTransport::alltoall(const void* in, size_t block_bytes, void* out) {
+  if (!in_one_call(block_bytes * size_t(size_))) {
+    const std::vector<size_t> blocks(size_, block_bytes);
+    return alltoallv(in, blocks, out, blocks, block_bytes * size_t(size_));
+  }
   // (MPICH's Ialltoall at 512 KiB blocks: 49 us where Ialltoallv takes 106)
   MPI_Request r;
-  check_mpi(MPI_Ialltoall(in, to_int(block_bytes, "alltoall"), MPI_BYTE, out, to_int(block_bytes, "alltoall"),
-                          MPI_BYTE, comm_, &r),
+  check_mpi(MPI_Ialltoall(in, int(block_bytes), MPI_BYTE, out, int(block_bytes), MPI_BYTE, comm_, &r),
             "MPI_Ialltoall");
   complete(&r);
 }
 
 void MpiTransport::reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts,
                                   int dtype, int op) {
-  std::vector<int> c(size_);
-  for (int r = 0; r < size_; ++r) c[r] = to_int(counts[r] * dtype_size(dtype), "reducescatter");
-  for (int r = 0; r < size_; ++r) c[r] = int(counts[r]);
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  if (!in_one_call(total * dtype_size(dtype))) return reduce_scatter_windows(in, out, counts, dtype, op);
+  std::vector<int> c(counts.begin(), counts.end());
   MPI_Request r;
   check_mpi(MPI_Ireduce_scatter(in, out, c.data(), mpi_datatype(dtype), mpi_op(dtype, op), comm_, &r),
             "MPI_Ireduce_scatter");

@@ -30,10 +30,11 @@ class MpiTransport : public Transport {
   void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
   void broadcast(void* buf, size_t bytes, int root) override;
   void alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
-                 const std::vector<size_t>& recv_bytes) override;
+                 const std::vector<size_t>& recv_bytes, size_t widest) override;
   void alltoall(const void* in, size_t block_bytes, void* out) override;
   void reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts, int dtype,
                       int op) override;
+  bool in_one_call(size_t bytes) const override { return bytes <= call_bytes_; }
 
   // Releases the communicator without a collective call (after a lost peer).
   void abandon();
@@ -42,11 +43,25 @@ class MpiTransport : public Transport {
   // ascending order), or null on a rank that is not one of them. Waits for
   // every rank first without blocking, so that a dead peer raises instead.
   std::unique_ptr<MpiTransport> subset(const std::vector<int>& ranks);
-  // The communicator whose ranks timeout messages name (the job's; set at init).
-  static void set_job_comm(MPI_Comm job);
+  // At init: the communicator whose ranks timeout messages name (the job's),
+  // and the most bytes one MPI call moves (COMMLIB_TEST_MPI_CALL_BYTES; MPI's
+  // counts are int, so larger transfers go in pieces).
+  static void set_job(MPI_Comm job, size_t call_bytes);
 
  private:
   void complete(MPI_Request* req);
+  // Beyond one call (mpi_pieces.cc): every rank sends send[d] bytes from
+  // from[d] to each rank d and receives recv[s] bytes into to[s] from each
+  // rank s, point to point (start() cuts the messages into pieces).
+  void exchange_blocks(const std::vector<const char*>& from, const std::vector<size_t>& send,
+                       const std::vector<char*>& to, const std::vector<size_t>& recv);
+  // reduce_scatter in windows: each call reduces the next elements of every
+  // rank's part, copied together into a staging buffer of at most one call
+  // (and 64 MiB).
+  void reduce_scatter_windows(const void* in, void* out, const std::vector<size_t>& counts, int dtype,
+                              int op);
+
+  static inline size_t call_bytes_ = size_t(1) << 30;
 
   MPI_Comm comm_;
   int rank_ = 0;
@@ -63,5 +78,6 @@ class MpiTransport : public Transport {
 // Throws Error(COMMLIB_ERR_INTERNAL) with MPI's message when rc != MPI_SUCCESS.
 void check_mpi(int rc, const char* what);
 MPI_Datatype mpi_datatype(int dtype);
+MPI_Op mpi_op(int dtype, int op);  // (bool: logical or/and)
 
 }  // namespace commlib
