@@ -70,6 +70,15 @@ ConfigEntry path_entry(const char* name, const char* dflt, std::string Config::*
   return e;
 }
 
+// Up to max_len lowercase hex digits (a token another program chose).
+ConfigEntry token_entry(const char* name, int64_t max_len, std::string Config::*field, const char* meaning) {
+  ConfigEntry e = base_entry(name, ConfigKind::kText, "", meaning);
+  e.max = max_len;
+  e.text_field = field;
+  e.accepted = "up to " + std::to_string(max_len) + " hex digits";
+  return e;
+}
+
 std::vector<ConfigEntry> make_table() {
   using C = Config;
   return {
@@ -93,6 +102,9 @@ std::vector<ConfigEntry> make_table() {
                 "pipeline piece size of the shared-memory all-reduce"),
       int_entry("COMMLIB_SHM_FUSION_BYTES", "4194304", 0, kTiB, &C::shm_fusion_bytes,
                 "bytes of each rank's fusion region in the shared segment"),
+      token_entry("COMMLIB_RUN_JOB", 32, &C::run_job,
+                  "set by commlibrun: its job's token, part of the shared segments' names (commlibrun "
+                  "removes what a killed job left)"),
       int_entry("COMMLIB_CACHE_CAPACITY", "1024", 0, kNoMax, &C::cache_capacity,
                 "response cache bits (requests that skip negotiation; at most 65535 are used); "
                 "0 disables the cache"),
@@ -139,6 +151,9 @@ std::vector<ConfigEntry> make_table() {
       int_entry("COMMLIB_TEST_RANKS_PER_HOST", "0", 0, std::numeric_limits<int32_t>::max(),
                 &C::test_ranks_per_host,
                 "testing only: k > 0 treats every k consecutive ranks as one host"),
+      int_entry("COMMLIB_TEST_SHM_PAUSE_MS", "0", 0, 600000, &C::test_shm_pause_ms,
+                "testing only: ms local rank 0 waits between creating a shared segment and handing it "
+                "to the other ranks"),
   };
 }
 
@@ -193,6 +208,10 @@ void set_config_value(const ConfigEntry& e, const std::string& text, Config& cfg
       cfg.*e.text_field = text;
       break;
     case ConfigKind::kText:
+      if (e.max > 0 && (int64_t(text.size()) > e.max ||
+                        text.find_first_not_of("0123456789abcdef") != std::string::npos)) {
+        bad_value(e, text, "not " + e.accepted);
+      }
       cfg.*e.text_field = text;
       break;
   }
