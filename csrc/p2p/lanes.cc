@@ -29,7 +29,7 @@ P2PLanes::P2PLanes(MPI_Comm local_comm, std::vector<int> local_of_job) : local_o
   if (me_ < n_) local_of_job_[size_t(job_of_local_[size_t(me_)])] = -1;  // no lane to itself
   held_.resize(size_t(n_));
   ring_bytes_ = ring_bytes(n_);
-  bytes_ = size_t(n_) * size_t(n_) * lane_bytes();
+  bytes_ = size_t(n_) * size_t(n_ - 1) * lane_bytes();  // (none from a rank to itself)
   base_ = map_host_segment(local_comm, me_, bytes_);
   for (int to = 0; to < n_; ++to) {  // the rings this rank writes: touched once, up front
     if (to != me_) std::memset(lane(me_, to), 0, lane_bytes());
@@ -42,7 +42,8 @@ P2PLanes::~P2PLanes() {
 }
 
 char* P2PLanes::lane(int from_local, int to_local) const {
-  return static_cast<char*>(base_) + (size_t(from_local) * size_t(n_) + size_t(to_local)) * lane_bytes();
+  const int to = to_local < from_local ? to_local : to_local - 1;  // (from_local's lanes skip itself)
+  return static_cast<char*>(base_) + (size_t(from_local) * size_t(n_ - 1) + size_t(to)) * lane_bytes();
 }
 
 ByteRing P2PLanes::ring(int from_local, int to_local) const {

@@ -99,7 +99,8 @@ std::vector<ConfigEntry> make_table() {
                    "by a rank), always, never"),
       bool_entry("COMMLIB_SHM", "1", &C::shm, "0 disables the shared-memory segments (collectives' and point-to-point's)"),
       int_entry("COMMLIB_SHM_PIECE_BYTES", "262144", 1, kTiB, &C::shm_piece_bytes,
-                "pipeline piece size of the shared-memory all-reduce"),
+                "pipeline piece size of the shared-memory all-reduce at 4 ranks on a host (each rank's "
+                "block of 4 pieces' worth is cut into one piece per local rank)"),
       int_entry("COMMLIB_SHM_FUSION_BYTES", "4194304", 0, kTiB, &C::shm_fusion_bytes,
                 "bytes of each rank's fusion region in the shared segment"),
       token_entry("COMMLIB_RUN_JOB", 32, &C::run_job,
