@@ -37,6 +37,8 @@ import threading
 import time
 
 from . import _rankwrap, failure_notes
+from .job_cleanup import JOB_ENV, JobReaper
+from .launch_checks import MAX_RANKS, MAX_SLOTS, check_hostfile, check_hosts, check_np  # noqa: F401
 from .restarts import ELASTIC_DIR_ENV, RESTART_ENV, Attempt, run_with_restarts
 from .mpi_discovery import (MPI4PY_LIBRARY_PROBE, MPICH, MPIEXEC_ENV,  # noqa: F401 - re-exported
                             OPENMPI, LauncherError, MPIFlavour, detect_flavour, find_mpiexec,
@@ -144,28 +146,6 @@ def _has_option(args, names):
     return any(a in names or a.startswith(tuple(n + "=" for n in names)) for a in args)
 
 
-# A host name (RFC 1123 labels), an IPv4 address or a bracketed IPv6 one
-_HOST = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                   r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])$")
-
-
-def check_hosts(hosts: str) -> None:
-    """LauncherError naming what is wrong with a -H list ("host1:2,host2:2";
-    the slot count is optional), before any MPI launcher sees it."""
-    if not hosts.strip():
-        raise LauncherError("-H needs at least one host, e.g. -H host1:2,host2:2")
-    for item in (i.strip() for i in hosts.split(",")):
-        name, slots = item, None
-        if ":" in item and not item.endswith("]"):
-            name, _, slots = item.rpartition(":")
-        if not _HOST.match(name):
-            raise LauncherError(f"-H {hosts!r}: {item!r} is not a host name or address "
-                                "(expected HOST or HOST:SLOTS, comma-separated)")
-        if slots is not None and (not slots.isdigit() or int(slots) < 1):
-            raise LauncherError(f"-H {hosts!r}: the slot count of {item!r} must be a "
-                                "positive integer")
-
-
 def build_command(flavour, np, command, *, env=None, hosts=None, hostfile=None, mpi_args=(),
                   euid=None, mpiexec="mpiexec", wrapper=None):
     """Build the mpiexec argument list (no shell involved).
@@ -176,12 +156,13 @@ def build_command(flavour, np, command, *, env=None, hosts=None, hostfile=None, 
     refuses to run as root without ``--allow-run-as-root``.  ``wrapper``
     defaults to :func:`rank_wrapper_command`.
     """
-    if np < 1:
-        raise LauncherError("-np must be at least 1")
+    check_np(np)
     if hosts and hostfile:
         raise LauncherError("use either -H or --hostfile, not both")
     if hosts is not None:
         check_hosts(hosts)
+    if hostfile is not None:
+        check_hostfile(hostfile)
     if not command:
         raise LauncherError("no command given")
     env = env or {}
@@ -255,9 +236,14 @@ def describe_exit(code):
 class _Job:
     """Runs mpiexec in its own process group and supervises it.
 
-    SIGINT/SIGTERM received by the launcher are forwarded to the job's process
-    group; ``timeout`` expiry sends SIGTERM.  Either way the group is
-    SIGKILLed if it has not exited ``KILL_GRACE_SECONDS`` later.
+    SIGINT/SIGTERM received by the launcher, and ``timeout`` expiry, send
+    SIGINT to mpiexec's process group (hydra passes it on to the ranks, and an
+    interrupted MPICH rank removes its shared-memory segments, which a
+    SIGTERMed one leaves). Every process of the job on this host (found by
+    its token, commlib.job_cleanup: hydra's proxies and the ranks run in
+    sessions of their own) is SIGKILLed if the job has not ended
+    ``KILL_GRACE_SECONDS`` later, and when mpiexec has exited; then the
+    segments the job left in /dev/shm are removed.
 
     A rank that failed (its wrapper's status file in ``status_dir`` has a
     non-zero code) normally makes mpiexec end the job once that wrapper exits,
@@ -267,8 +253,9 @@ class _Job:
     stopped here.
     """
 
-    def __init__(self, timeout, status_dir=None, grace=_rankwrap.DEFAULT_FAILURE_GRACE):
+    def __init__(self, timeout, status_dir=None, grace=_rankwrap.DEFAULT_FAILURE_GRACE, reaper=None):
         self.timeout = timeout
+        self.reaper = reaper or JobReaper()
         self.signal_received = None
         self.timed_out = False
         self.torn_down = False
@@ -286,7 +273,7 @@ class _Job:
             pass
 
     def _stop(self, signum):
-        self._signal_group(signum)
+        self._signal_group(signal.SIGINT if signum == signal.SIGTERM else signum)
         if self._kill_at is None:
             self._kill_at = time.monotonic() + KILL_GRACE_SECONDS
 
@@ -309,9 +296,11 @@ class _Job:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-            # Processes that outlived mpiexec in its group (e.g. after it was
-            # killed) must not outlive the job.
+            # Processes that outlived mpiexec (e.g. after it was killed, or
+            # an orphaned proxy) must not outlive the job, nor its segments.
             self._signal_group(signal.SIGKILL)
+            self.reaper.kill_all()
+            self.reaper.remove_segments()
 
     def _wait(self):
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
@@ -321,6 +310,7 @@ class _Job:
             except subprocess.TimeoutExpired:
                 pass
             now = time.monotonic()
+            self.reaper.note_segments(now)
             if deadline is not None and now >= deadline and not self.timed_out:
                 self.timed_out = True
                 print(f"commlibrun: timeout: job still running after {self.timeout:g} s, killing it",
@@ -333,6 +323,7 @@ class _Job:
                 self._stop(signal.SIGTERM)
             if self._kill_at is not None and now >= self._kill_at:
                 self._signal_group(signal.SIGKILL)
+                self.reaper.kill_all()
 
 
     def _failure_outlived(self):
@@ -592,7 +583,8 @@ def _run_attempt(number, timeout, *, build, env, environ, verbose):
     A job that failed prints its cause in run_with_restarts, not here."""
     status_dir = tempfile.mkdtemp(prefix="commlibrun-")
     relay = None
-    env = dict(env, **{STATUS_DIR_ENV: status_dir, RESTART_ENV: str(number)})
+    reaper = JobReaper()
+    env = dict(env, **{STATUS_DIR_ENV: status_dir, RESTART_ENV: str(number), JOB_ENV: reaper.token})
     environ = dict(environ)
     try:
         try:
@@ -605,7 +597,7 @@ def _run_attempt(number, timeout, *, build, env, environ, verbose):
             print(f"commlibrun: {build['flavour']}: {shlex.join(cmd)}", file=sys.stderr,
                   flush=True)
         environ.update(env)
-        job = _Job(timeout, status_dir, _rankwrap.failure_grace(environ))
+        job = _Job(timeout, status_dir, _rankwrap.failure_grace(environ), reaper)
         try:
             returncode = job.run(cmd, environ)
         except OSError as e:

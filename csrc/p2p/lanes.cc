@@ -9,9 +9,10 @@
 #include "common.h"
 
 namespace commlib {
-namespace {
-constexpr size_t kLaneBytes = ByteRing::kHeaderBytes + P2PLanes::kRingBytes;  // one ring and its counters
-}  // namespace
+size_t P2PLanes::ring_bytes(int n) {
+  const size_t share = (kInboundBytes / size_t(n > 1 ? n - 1 : 1)) & ~size_t(63);
+  return share > kMinRingBytes ? share : kMinRingBytes;
+}
 
 P2PLanes::P2PLanes(MPI_Comm local_comm, std::vector<int> local_of_job) : local_of_job_(std::move(local_of_job)) {
   MPI_Comm_rank(local_comm, &me_);
@@ -27,10 +28,11 @@ P2PLanes::P2PLanes(MPI_Comm local_comm, std::vector<int> local_of_job) : local_o
   }
   if (me_ < n_) local_of_job_[size_t(job_of_local_[size_t(me_)])] = -1;  // no lane to itself
   held_.resize(size_t(n_));
-  bytes_ = size_t(n_) * size_t(n_) * kLaneBytes;
+  ring_bytes_ = ring_bytes(n_);
+  bytes_ = size_t(n_) * size_t(n_ - 1) * lane_bytes();  // (none from a rank to itself)
   base_ = map_host_segment(local_comm, me_, bytes_);
   for (int to = 0; to < n_; ++to) {  // the rings this rank writes: touched once, up front
-    if (to != me_) std::memset(lane(me_, to), 0, kLaneBytes);
+    if (to != me_) std::memset(lane(me_, to), 0, lane_bytes());
   }
   check_mpi(MPI_Barrier(local_comm), "MPI_Barrier(p2p lanes)");
 }
@@ -40,11 +42,12 @@ P2PLanes::~P2PLanes() {
 }
 
 char* P2PLanes::lane(int from_local, int to_local) const {
-  return static_cast<char*>(base_) + (size_t(from_local) * size_t(n_) + size_t(to_local)) * kLaneBytes;
+  const int to = to_local < from_local ? to_local : to_local - 1;  // (from_local's lanes skip itself)
+  return static_cast<char*>(base_) + (size_t(from_local) * size_t(n_ - 1) + size_t(to)) * lane_bytes();
 }
 
 ByteRing P2PLanes::ring(int from_local, int to_local) const {
-  return ByteRing(lane(from_local, to_local), kRingBytes);
+  return ByteRing(lane(from_local, to_local), ring_bytes_);
 }
 
 void P2PLanes::pop() {

@@ -27,10 +27,17 @@ namespace commlib {
 
 class P2PLanes {
  public:
-  static constexpr size_t kRingBytes = size_t(64) << 10;
+  // A rank's inbound rings share kInboundBytes (so the segment grows
+  // linearly with the local ranks), each at least kMinRingBytes (from 9 local
+  // ranks on: then 32 KiB per pair).
+  static constexpr size_t kInboundBytes = size_t(256) << 10;
+  static constexpr size_t kMinRingBytes = size_t(32) << 10;
   // The largest record a ring takes (a point-to-point header with 4 KiB of
-  // data and 64 dimensions, or an error reply, is far below it).
-  static constexpr size_t kMaxRecord = kRingBytes / 4;
+  // data and 64 dimensions, or an error reply, is far below it); at most
+  // half a ring, so that one always fits once the ring is empty.
+  static constexpr size_t kMaxRecord = kMinRingBytes / 2;
+  // Bytes of one ring at n local ranks.
+  static size_t ring_bytes(int n);
 
   // Collective over local_comm. local_of_job[r]: job rank r's rank in
   // local_comm, or -1 when it lives on another host.
@@ -59,6 +66,7 @@ class P2PLanes {
  private:
   char* lane(int from_local, int to_local) const;  // its ring's memory
   ByteRing ring(int from_local, int to_local) const;
+  size_t lane_bytes() const { return ByteRing::kHeaderBytes + ring_bytes_; }  // one ring and its counters
 
   std::vector<int> local_of_job_;
   std::vector<int> job_of_local_;
@@ -66,6 +74,7 @@ class P2PLanes {
   bool has_remote_ = false;
   void* base_ = nullptr;
   size_t bytes_ = 0;
+  size_t ring_bytes_ = 0;
   std::vector<std::deque<std::string>> held_;  // per local rank
   size_t held_count_ = 0;
   int next_ = 0;  // the lane polled first next time

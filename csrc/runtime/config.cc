@@ -70,6 +70,15 @@ ConfigEntry path_entry(const char* name, const char* dflt, std::string Config::*
   return e;
 }
 
+// Up to max_len lowercase hex digits (a token another program chose).
+ConfigEntry token_entry(const char* name, int64_t max_len, std::string Config::*field, const char* meaning) {
+  ConfigEntry e = base_entry(name, ConfigKind::kText, "", meaning);
+  e.max = max_len;
+  e.text_field = field;
+  e.accepted = "up to " + std::to_string(max_len) + " hex digits";
+  return e;
+}
+
 std::vector<ConfigEntry> make_table() {
   using C = Config;
   return {
@@ -90,9 +99,13 @@ std::vector<ConfigEntry> make_table() {
                    "by a rank), always, never"),
       bool_entry("COMMLIB_SHM", "1", &C::shm, "0 disables the shared-memory segments (collectives' and point-to-point's)"),
       int_entry("COMMLIB_SHM_PIECE_BYTES", "262144", 1, kTiB, &C::shm_piece_bytes,
-                "pipeline piece size of the shared-memory all-reduce"),
+                "pipeline piece size of the shared-memory all-reduce at 4 ranks on a host (each rank's "
+                "block of 4 pieces' worth is cut into one piece per local rank)"),
       int_entry("COMMLIB_SHM_FUSION_BYTES", "4194304", 0, kTiB, &C::shm_fusion_bytes,
                 "bytes of each rank's fusion region in the shared segment"),
+      token_entry("COMMLIB_RUN_JOB", 32, &C::run_job,
+                  "set by commlibrun: its job's token, part of the shared segments' names (commlibrun "
+                  "removes what a killed job left)"),
       int_entry("COMMLIB_CACHE_CAPACITY", "1024", 0, kNoMax, &C::cache_capacity,
                 "response cache bits (requests that skip negotiation; at most 65535 are used); "
                 "0 disables the cache"),
@@ -142,6 +155,9 @@ std::vector<ConfigEntry> make_table() {
       int_entry("COMMLIB_TEST_MPI_CALL_BYTES", "1073741824", 8, int64_t(1) << 30, &C::test_mpi_call_bytes,
                 "testing only: the most bytes one MPI call moves (MPI counts are int): larger collectives and "
                 "messages go in pieces; the same on every rank"),
+      int_entry("COMMLIB_TEST_SHM_PAUSE_MS", "0", 0, 600000, &C::test_shm_pause_ms,
+                "testing only: ms local rank 0 waits between creating a shared segment and handing it "
+                "to the other ranks"),
   };
 }
 
@@ -196,6 +212,10 @@ void set_config_value(const ConfigEntry& e, const std::string& text, Config& cfg
       cfg.*e.text_field = text;
       break;
     case ConfigKind::kText:
+      if (e.max > 0 && (int64_t(text.size()) > e.max ||
+                        text.find_first_not_of("0123456789abcdef") != std::string::npos)) {
+        bad_value(e, text, "not " + e.accepted);
+      }
       cfg.*e.text_field = text;
       break;
   }

@@ -35,6 +35,8 @@ struct Config {
   bool p2p_single_copy = false;
   int64_t test_ranks_per_host = 0;  // 0: ranks share a host as MPI says
   int64_t test_mpi_call_bytes = 0;  // most bytes one MPI call moves (larger: in pieces)
+  int64_t test_shm_pause_ms = 0;   // testing only (backends/shm/shm.h)
+  std::string run_job;             // commlibrun's job token ("": not under commlibrun)
   std::string timeline;            // path of the Chrome-trace timeline ("": off)
   bool timeline_mark_cycles = false;
   std::string gpu_backend;         // auto|nccl|host

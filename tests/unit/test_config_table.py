@@ -30,7 +30,7 @@ def readme_tables():
 
 
 def first_code(cell):
-    if cell == "empty (off)":  # a path variable's default: unset
+    if cell == "empty (off)" or cell.startswith("set by "):  # a path's or a token's default: unset
         return ""
     found = re.search(r"`([^`]*)`", cell)
     assert found, f"no `value` in README cell {cell!r}"
@@ -49,7 +49,8 @@ def test_table_entries_are_complete():
     for e in entries:
         assert NAME.fullmatch(e.name), e
         assert e.accepted and e.meaning, e
-        assert e.default or e.accepted == "a path", e  # only a path may default to unset
+        # only a path or a token another program sets may default to unset
+        assert e.default or e.accepted in ("a path", "up to 32 hex digits"), e
         commlib.config.check(e.name, e.default)  # every default is a valid value
 
 

@@ -5,6 +5,7 @@ Nothing here starts an MPI job; the wrapper tests run it without MPI.
 
 import io
 import os
+import re
 import shlex
 import signal
 import socket
@@ -98,7 +99,9 @@ def test_build_mpich_hosts_env_and_mpi_args():
     assert "--allow-run-as-root" not in cmd and "--oversubscribe" not in cmd
 
 
-def test_build_mpich_hostfile():
+def test_build_mpich_hostfile(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hosts.txt").write_text("h1:2\nh2:2\n")
     assert build(HYDRA, hostfile="hosts.txt")[:5] == ["mpiexec", "-n", "4", "-f", "hosts.txt"]
 
 
@@ -108,7 +111,9 @@ def test_build_openmpi4():
                    "-x", "COMMLIB_A", "-x", "EXTRA"] + WRAP + ["python", "train.py"]
 
 
-def test_build_openmpi5():
+def test_build_openmpi5(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hf").write_text("h1 slots=2\n")
     cmd = build(OMPI5, hostfile="hf", euid=0)
     assert cmd == ["mpiexec", "-np", "4", "--hostfile", "hf", "--allow-run-as-root",
                    "--map-by", ":OVERSUBSCRIBE"] + WRAP + ["python", "train.py"]
@@ -263,8 +268,10 @@ def test_dry_run_mpich(capsys, fake_mpiexec, monkeypatch):
 
 @pytest.mark.parametrize("text, oversubscribe", [(OMPI4_VERSION_TEXT, ["--oversubscribe"]),
                                                  (OMPI5_VERSION_TEXT, ["--map-by", ":OVERSUBSCRIBE"])])
-def test_dry_run_openmpi(capsys, fake_mpiexec, monkeypatch, text, oversubscribe):
+def test_dry_run_openmpi(capsys, fake_mpiexec, monkeypatch, tmp_path, text, oversubscribe):
     mpiexec = fake_mpiexec(text)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my hosts").write_text("localhost slots=2\n")
     monkeypatch.setenv("COMMLIB_FOO", "1")
     monkeypatch.delenv("OMPI_MCA_op", raising=False)
     monkeypatch.setattr(launcher.os, "geteuid", lambda: 0)
@@ -326,7 +333,7 @@ def test_cli_errors(capsys, fake_mpiexec):
     assert launcher.main(["-np", "0", "python"]) == 2
     assert launcher.main(["-np", "2", "--mpi-args", '"unbalanced', "python"]) == 2
     err = capsys.readouterr().err
-    assert "-np must be at least 1" in err and "No closing quotation" in err
+    assert "-np 0: the number of ranks must be an integer from 1 to 65536" in err and "No closing quotation" in err
 
 
 def test_find_mpiexec(monkeypatch, tmp_path):
@@ -662,3 +669,62 @@ def test_job_left_alone_without_failures(tmp_path, monkeypatch):
     job = launcher._Job(None, str(tmp_path), grace=0.0)
     assert job.run([sys.executable, "-c", "import time; time.sleep(1)"], dict(os.environ)) == 0
     assert not job.torn_down
+
+
+def run_launcher(*argv):
+    return subprocess.run([sys.executable, "-m", "commlib.launcher", *argv], capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize("np_", ["0", "-1", "4294967297", "2147483648", "65537"])
+def test_bad_rank_counts_refused_before_launch(np_):
+    """mpiexec wraps large counts around (4294967297 ran one rank): refused
+    here, with exit code 2, before any mpiexec runs."""
+    with pytest.raises(LauncherError, match=f"-np {np_}: the number of ranks must be an integer from 1 to"):
+        build(HYDRA, np=int(np_))
+    proc = run_launcher("-np", np_, "python", "-c", "pass")
+    assert proc.returncode == 2 and "must be an integer from 1 to 65536" in proc.stderr, proc
+
+
+def test_largest_rank_count_accepted():
+    assert build(HYDRA, np=65536)[:3] == ["mpiexec", "-n", "65536"]
+
+
+@pytest.mark.parametrize("hosts", ["h1:4097", "h1:4294967297", "h1:-1"])
+def test_host_list_slot_counts_bounded(hosts):
+    with pytest.raises(LauncherError, match=r"must be a positive integer \(1 to 4096\)"):
+        build(HYDRA, hosts=hosts)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("localhost:0\n", "the slot count '0'"),
+    ("localhost:abc\n", "the slot count 'abc'"),
+    ("localhost:-1\n", "the slot count '-1'"),
+    ("h1:2\nlocalhost:4294967297\n", "line 2 ('localhost:4294967297'): the slot count '4294967297'"),
+    ("h1 slots=0\n", "the slot count '0'"),
+    ("h1 slots=2 max_slots=x\n", "the slot count 'x'"),
+    ("# only a comment\n\n", "no host in it"),
+    (":3\n", "no host name"),
+])
+def test_bad_hostfiles_refused_before_launch(tmp_path, text, says):
+    """Hostfile slot counts that kill mpiexec (0, abc: SIGFPE), hang it (-1)
+    or wrap around are refused with a clear message and exit code 2."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(text)
+    with pytest.raises(LauncherError, match=re.escape(says)):
+        build(HYDRA, hostfile=str(hostfile))
+    proc = run_launcher("-np", "2", "--hostfile", str(hostfile), "python", "-c", "pass")
+    assert proc.returncode == 2 and says in proc.stderr, proc
+
+
+@pytest.mark.parametrize("text", ["localhost:2\n", "# hosts\nh1:2  # two\nh2\n", "h1 slots=4 max_slots=8\n",
+                                  "[::1]:2\n"])
+def test_good_hostfiles_accepted(tmp_path, text):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(text)
+    assert build(HYDRA, hostfile=str(hostfile))[3:5] == ["-f", str(hostfile)]
+
+
+def test_missing_hostfile_refused(tmp_path):
+    proc = run_launcher("-np", "2", "--hostfile", str(tmp_path / "none"), "python", "-c", "pass")
+    assert proc.returncode == 2 and "cannot read it" in proc.stderr, proc

@@ -1,7 +1,8 @@
 // A persistent shared-memory segment for the ranks of one host.
 //
-// Created once at init (local rank 0 creates and sizes it, the others map it,
-// then the name is unlinked so nothing leaks if a rank dies) and kept for the
+// Created once at init (local rank 0 creates and sizes it under a name no one
+// can guess, the others open it, the name is unlinked, then every rank maps it,
+// so nothing is left in /dev/shm whoever dies from then on) and kept for the
 // life of the job: its pages are touched once up front, because a page fault
 // costs ~2 us per 4 KiB here. Ranks synchronise through monotonically
 // increasing counters, each on its own cache line, never through barriers.
@@ -9,6 +10,8 @@
 // Layout: header (first_lost) | posted[P] | reduced[P] | consumed[P] | stage[P][K][P][C] |
 // result[K][P][C] | region[P][2][F] | extra; P local ranks, K slots in flight, C bytes
 // per piece, F bytes per fusion region (a fusion buffer living in the segment).
+// A block (P pieces) holds 4 x COMMLIB_SHM_PIECE_BYTES whatever P (piece_for),
+// so that the stage grows linearly with P, as everything else does.
 #pragma once
 
 #include <mpi.h>
@@ -17,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace commlib {
 
@@ -24,6 +28,12 @@ namespace commlib {
 // segment of `bytes` bytes; collective over local_comm. Throws Error when any
 // rank fails. The caller munmaps it.
 void* map_host_segment(MPI_Comm local_comm, int local_rank, size_t bytes);
+
+// The names map_host_segment gives: "/commlib.<job_token>.<random>.<n>"
+// (COMMLIB_RUN_JOB, set by commlibrun so that it can remove what a killed
+// job left; "/commlib.<random>.<n>" when empty). pause_ms: testing only,
+// local rank 0 waits that long between creating a segment and handing it on.
+void set_segment_naming(const std::string& job_token, int pause_ms);
 
 struct alignas(64) ShmCounter {
   std::atomic<uint64_t> value;
@@ -36,6 +46,9 @@ class ShmSegment {
   static std::unique_ptr<ShmSegment> create(MPI_Comm local_comm, size_t piece_bytes, int slots,
                                             size_t region_bytes, size_t extra_bytes = 0);
   ~ShmSegment();
+  // Bytes of a piece at `ranks` local ranks: a 64-byte multiple near
+  // 4 * piece_bytes / ranks, at least 64.
+  static size_t piece_for(size_t piece_bytes, int ranks);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
