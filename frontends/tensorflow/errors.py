@@ -20,7 +20,8 @@ CommlibError (any other)   tf.errors.UnknownError               Horovod's unknow
 =========================  ===================================  ==========================
 
 The classes below (one per row, named as commlib's) derive from both; the
-original commlib exception is their ``__cause__``.
+original commlib exception is their ``commlib_error`` (and, where TensorFlow
+does not drop it on the way, their ``__cause__``).
 
 In a graph a collective runs as a ``tf.numpy_function``, and TensorFlow turns
 any Python exception raised there into ``UnknownError``. The op therefore
@@ -40,28 +41,42 @@ import tensorflow as tf
 from commlib import errors as _errors
 
 
-class CollectiveMismatchError(tf.errors.FailedPreconditionError,
+class _Both:
+    """The original commlib error as ``commlib_error`` (rebuilt from the
+    message where TensorFlow made a new exception, as AutoGraph does for
+    errors raised while tracing)."""
+
+    @property
+    def commlib_error(self):
+        original = self.__dict__.get("_commlib_error")
+        if original is None:
+            base = next(c for c in type(self).__mro__ if c in _TF_CLASSES)
+            original = self.__dict__["_commlib_error"] = base(self.message)
+        return original
+
+
+class CollectiveMismatchError(_Both, tf.errors.FailedPreconditionError,
                               _errors.CollectiveMismatchError):
     """Ranks disagreed on a collective (see commlib.CollectiveMismatchError)."""
 
 
-class CollectiveTimeoutError(tf.errors.DeadlineExceededError, _errors.CollectiveTimeoutError):
+class CollectiveTimeoutError(_Both, tf.errors.DeadlineExceededError, _errors.CollectiveTimeoutError):
     """A collective timed out (see commlib.CollectiveTimeoutError)."""
 
 
-class RankLostError(tf.errors.AbortedError, _errors.RankLostError):
+class RankLostError(_Both, tf.errors.AbortedError, _errors.RankLostError):
     """A rank of the job died (see commlib.RankLostError)."""
 
 
-class NotInitializedError(tf.errors.FailedPreconditionError, _errors.NotInitializedError):
+class NotInitializedError(_Both, tf.errors.FailedPreconditionError, _errors.NotInitializedError):
     """commlib is not (or no longer) initialised (see commlib.NotInitializedError)."""
 
 
-class ScalarTensorError(tf.errors.InvalidArgumentError, _errors.ScalarTensorError):
+class ScalarTensorError(_Both, tf.errors.InvalidArgumentError, _errors.ScalarTensorError):
     """A 0-d tensor to a collective along dimension 0 (see commlib.ScalarTensorError)."""
 
 
-class CommlibError(tf.errors.UnknownError, _errors.CommlibError):
+class CommlibError(_Both, tf.errors.UnknownError, _errors.CommlibError):
     """Any other failure of commlib's (see commlib.CommlibError)."""
 
 
@@ -83,7 +98,7 @@ def as_tf_error(exc: BaseException, message: str | None = None):
         return exc
     cls = next(_TF_CLASSES[c] for c in type(exc).__mro__ if c in _TF_CLASSES)
     out = cls(None, None, str(exc) if message is None else message)
-    out.__cause__ = exc
+    out.__cause__ = out._commlib_error = exc
     return out
 
 
@@ -96,7 +111,7 @@ _pending: "collections.OrderedDict[int, BaseException]" = collections.OrderedDic
 _tokens = itertools.count(1)
 _KEEP = 64
 _TOKEN = re.compile(r" \[commlib error #(\d+)\]")
-_NODE_TAG = re.compile(r"\{\{(?:function_)?node [^{}]*\}\}")
+_TAGS = re.compile(r"\{\{[A-Za-z0-9_.][^{} ]* [^{} ]+\}\}")  # {{node X}}, {{function_node F}}
 
 
 def tagged(exc: BaseException) -> BaseException:
@@ -122,8 +137,8 @@ def from_graph(err):
         return None
     # commlib's message, then the node tags from which TensorFlow adds where
     # the op was defined ("Graph execution error: Detected at node ...")
-    tags = "".join(f"\n\t [[{t}]]" for t in _NODE_TAG.findall(err.message))
-    return as_tf_error(exc, f"{exc}{tags}")
+    tags = "".join(dict.fromkeys(_TAGS.findall(err.message)))
+    return as_tf_error(exc, f"{exc}\n\t [[{tags}]]" if tags else str(exc))
 
 
 def _translating(call):

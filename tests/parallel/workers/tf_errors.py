@@ -32,6 +32,10 @@ def expect(classes, fn, what):
         missing = [c.__name__ for c in classes if not isinstance(e, c)]
         if missing:
             fail(f"{what}: {type(e).__name__} is not a {', '.join(missing)}: {e}")
+        original = getattr(e, "commlib_error", None)
+        if type(original) is not classes[0] or str(original).split(" [")[0] not in str(e):
+            fail(f"{what}: commlib_error {original!r} is not the {classes[0].__name__} "
+                 f"whose message it carries: {e}")
         return e
     fail(f"{what}: nothing was raised")
 
