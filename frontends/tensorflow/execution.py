@@ -1,11 +1,15 @@
 """How commlib.tensorflow runs a collective: eagerly, or inside tf.function
 as one ordered ``tf.numpy_function`` op named from the graph (see mpi_ops for
-the rules that keep ranks in step); the dtypes it accepts, and how dtypes the
-core cannot reduce travel as bytes; the time spent in collectives.
+the rules that keep ranks in step); how generated names stay in step across
+ranks after errors; its errors as TensorFlow's (see errors); the dtypes it
+accepts, and how dtypes the core cannot reduce travel as bytes; the time
+spent in collectives.
 """
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 import time
 import weakref
 
@@ -13,6 +17,10 @@ import numpy as np
 import tensorflow as tf
 
 from commlib.dtypes import SUPPORTED as _CORE_DTYPE_NAMES
+from commlib.errors import CommlibError
+from commlib.ops import auto_name
+
+from . import errors
 
 # AutoGraph must not rewrite commlib's own Python (it would recurse into the
 # numpy-level calls and run converted code at every step), as it already
@@ -109,6 +117,55 @@ def _check_not_xla(graph) -> None:
                            "jit_compile=False or drop jit_compile from tf.function")
 
 
+# ------------------------------------------------------------ generated names after errors
+#
+# A collective called without a name gets the next generated name of its kind
+# (commlib's counters, shared with the numpy API), so ranks stay in step only
+# while each draws the same names. Each op therefore draws exactly once per
+# call, before anything in it can fail: eagerly when it is called, in a graph
+# at each execution of its op (whose own name comes from the graph: the draw
+# keeps the counter where an eager call would leave it, so ranks whose paths
+# differ, one through tf.function and another eagerly, stay in step); a
+# public call that fails before any of its ops drew (its argument checks,
+# eagerly or while being traced) draws its first op's name then. Ranks that
+# fail in the same call, wherever in it and however, stay in step.
+
+_draws = threading.local()  # draws made by this thread (a call's own, eagerly or at trace)
+
+
+def draw_name(kind: str, process_set=None) -> str:
+    """The next generated name of ``kind`` (counted per process set)."""
+    _draws.n = getattr(_draws, "n", 0) + 1
+    return auto_name(kind, None, process_set)
+
+
+def _raise_as_tf(exc):
+    mapped = errors.as_tf_error(exc)
+    if mapped is exc:
+        raise exc
+    raise mapped from exc
+
+
+@contextlib.contextmanager
+def collective_call(kind, name=None, process_set=None):
+    """Around a public collective of ``kind`` (its first op's): if it fails
+    before any of its ops drew a generated name, and it was given no name,
+    draws one (kind None: the call draws through commlib itself); commlib's
+    errors leave as TensorFlow's."""
+    before = getattr(_draws, "n", 0)
+    try:
+        yield
+    except BaseException as exc:
+        if kind is not None and name is None and getattr(_draws, "n", 0) == before:
+            try:
+                draw_name(kind, process_set)
+            except Exception:  # noqa: BLE001 - a bad process set: no counter to keep in step
+                pass
+        if isinstance(exc, CommlibError):
+            _raise_as_tf(exc)
+        raise
+
+
 # Wall time spent inside collectives (waiting for other ranks included), for
 # measuring the communication share of a training step.
 _comm = {"seconds": 0.0, "calls": 0}
@@ -134,12 +191,21 @@ def _timed(fn, cname, arrays):
 
 
 def execute(fn, inputs, touts, default_name: str, name=None, ignore_name_scope=False,
-             process_set=None):
+             process_set=None, kind=None):
     """Runs ``fn(collective_name, *numpy_inputs) -> list of numpy outputs``
     eagerly, or as one ordered numpy_function op inside a graph (named from
-    the graph, counted per ``process_set``)."""
+    the graph, counted per ``process_set``). Without ``name``, each eager call
+    and each execution of the graph op first draws the next generated name of
+    ``kind`` (see collective_call; eagerly it is the collective's name; kind
+    None: ``fn`` draws through commlib itself). commlib's errors leave as
+    TensorFlow's (see errors)."""
+    draw = kind if name is None else None
     if tf.executing_eagerly():
-        outs = _timed(fn, name, [x.numpy() for x in inputs])
+        cname = draw_name(draw, process_set) if draw else name
+        try:
+            outs = _timed(fn, cname, [x.numpy() for x in inputs])
+        except CommlibError as exc:
+            _raise_as_tf(exc)
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
     graph = tf.compat.v1.get_default_graph()
     _check_not_xla(graph)
@@ -151,7 +217,12 @@ def execute(fn, inputs, touts, default_name: str, name=None, ignore_name_scope=F
 
     @tf.autograph.experimental.do_not_convert
     def body(*arrays):
-        return _timed(fn, cname, arrays)
+        try:
+            if draw:
+                draw_name(draw, process_set)
+            return _timed(fn, cname, arrays)
+        except CommlibError as exc:
+            raise errors.tagged(exc) from None
 
     deps = [state.last_op] if state.last_op is not None else []
     with tf.control_dependencies(deps):

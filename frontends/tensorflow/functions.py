@@ -8,10 +8,11 @@ import tensorflow as tf
 
 import commlib
 from commlib import objects as _objects
-from commlib.ops import auto_name, check_root
+from commlib.ops import check_root
 from commlib.process_sets import check_process_set
 
-from .execution import check_dtype, execute, from_bytes, needs_bytes, to_bytes
+from .execution import (check_dtype, collective_call, draw_name, execute, from_bytes,
+                        needs_bytes, to_bytes)
 
 
 def _broadcast_arrays(arrays, root_rank, base, process_set=None):
@@ -35,6 +36,12 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=False, n
     """Assigns rank ``root_rank``'s values to ``variables`` (tf.Variable or
     Keras variables) on every rank (of ``process_set``). Eagerly it returns
     None once done; inside tf.function it returns the op that does it."""
+    name = name or None
+    with collective_call("broadcast_variables", name, process_set):
+        return _broadcast_variables(variables, root_rank, process_set, name)
+
+
+def _broadcast_variables(variables, root_rank, process_set, name):
     process_set = check_process_set(process_set)
     check_root(root_rank, process_set)
     variables = list(variables)
@@ -44,7 +51,7 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=False, n
     for t in values:
         check_dtype(t.dtype, "broadcast_variables", movable=True)
     if tf.executing_eagerly():
-        base = auto_name("broadcast_variables", name or None, process_set)
+        base = name or draw_name("broadcast_variables", process_set)
         outs = _broadcast_arrays([t.numpy() for t in values], root_rank, base, process_set)
         for v, o in zip(variables, outs):
             v.assign(o)
@@ -54,7 +61,7 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=False, n
         return _broadcast_arrays(list(arrays), root_rank, cname, process_set)
 
     outs = execute(fn, values, [t.dtype for t in values], "CommlibBroadcastVariables",
-                            name, process_set=process_set)
+                   name, process_set=process_set, kind="broadcast_variables")
     assigns = []
     for v, o, t in zip(variables, outs, values):
         o.set_shape(t.shape)
@@ -65,7 +72,8 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=False, n
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):
     """Rank ``root_rank``'s Python object on every rank (pickled; sizes
     first). Eager only, like Horovod's in TF2."""
-    return _objects.broadcast_object(obj, root_rank, name=name, process_set=process_set)
+    with collective_call(None):
+        return _objects.broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=None):
@@ -73,7 +81,7 @@ def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=None):
     process_set = check_process_set(process_set)
 
     def _bcast(obj):
-        return _objects.broadcast_object(obj, root_rank, name=name, process_set=process_set)
+        return broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
     return _bcast
 
@@ -81,4 +89,5 @@ def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=None):
 def allgather_object(obj, session=None, name=None, process_set=None):
     """The list of every rank's Python object (of ``process_set``), in rank
     order."""
-    return _objects.allgather_object(obj, name=name, process_set=process_set)
+    with collective_call(None):
+        return _objects.allgather_object(obj, name=name, process_set=process_set)

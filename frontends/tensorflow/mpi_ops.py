@@ -26,10 +26,14 @@ unknown). Two rules keep ranks in step:
   threads (TF's automatic control dependencies already order stateful ops;
   this makes it explicit).
 
-In graph mode an error raised inside a collective surfaces as a
-``tf.errors.OpError`` (UnknownError for CommlibError, InvalidArgumentError for
-ValueError/TypeError) whose message names the commlib exception; bad dtypes
-are refused with TypeError at trace time, before anything is sent.
+A collective's commlib error (CollectiveMismatchError, CollectiveTimeoutError,
+...) is raised, eagerly and from graph execution alike, as a class deriving
+from both it and the tf.errors class Horovod raises (FailedPreconditionError
+for ranks that disagree; see ``errors``); other errors inside a graph op
+surface as TensorFlow makes them (InvalidArgumentError for
+ValueError/TypeError). Bad dtypes are refused with TypeError at trace time,
+before anything is sent. Generated names (``name=None``) stay in step across
+ranks after any error, eager or graph (see ``execution.collective_call``).
 
 How a collective runs eagerly or as a graph op (names, ordering, dtypes) is
 in ``execution``; this module builds Horovod's collectives on it.
@@ -62,7 +66,8 @@ from commlib.reduce_args import resolve_op
 
 from . import buffers
 from .compression import Compression
-from .execution import check_dtype, execute, from_bytes, needs_bytes, to_bytes
+from .execution import (check_dtype, collective_call, execute, from_bytes, needs_bytes,
+                        to_bytes)
 
 # Deliberate: TF sums allgather/broadcast upstream gradients (horovod.torch averages).
 _GRAD_GATHER_OP = Sum
@@ -82,7 +87,7 @@ def _allreduce_raw(t, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False,
                                   process_set=process_set, out=out)]
 
     (y,) = execute(fn, [t], [t.dtype], "CommlibAllreduce", name, ignore_name_scope,
-                    process_set)
+                    process_set, kind="allreduce")
     y.set_shape(t.shape)
     return y
 
@@ -95,7 +100,7 @@ def grouped_allreduce_raw(ts, op, pre=1.0, post=1.0, name=None, ignore_name_scop
                                          out=buffers.outputs.take(xs))
 
     ys = execute(fn, ts, [t.dtype for t in ts], "CommlibGroupedAllreduce", name,
-                  ignore_name_scope, process_set)
+                  ignore_name_scope, process_set, kind="allreduce")
     for y, t in zip(ys, ts):
         y.set_shape(t.shape)
     return ys
@@ -117,7 +122,7 @@ def _allgather_raw(t, name=None, ignore_name_scope=False, process_set=None):
         return [_allgather_np(x, cname, process_set)]
 
     (y,) = execute(fn, [t], [t.dtype], "CommlibAllgather", name, ignore_name_scope,
-                    process_set)
+                    process_set, kind="allgather")
     if t.shape.rank is not None:
         y.set_shape([None] + t.shape.as_list()[1:])
     return y
@@ -125,18 +130,17 @@ def _allgather_raw(t, name=None, ignore_name_scope=False, process_set=None):
 
 def _grouped_allgather_raw(ts, name=None, ignore_name_scope=False, process_set=None):
     def fn(cname, *xs):
-        base = cname
         handles = []
         for i, x in enumerate(xs):
-            n = None if base is None else f"{base}.{i}"
             xb = to_bytes(x) if needs_bytes(x) else x
-            handles.append(commlib.allgather_async(xb, name=n, process_set=process_set))
+            handles.append(commlib.allgather_async(xb, name=f"{cname}.{i}",
+                                                   process_set=process_set))
         outs = [commlib.synchronize(h) for h in handles]
         return [from_bytes(o, x.dtype, x.shape[1:]) if needs_bytes(x) else o
                 for o, x in zip(outs, xs)]
 
     ys = execute(fn, ts, [t.dtype for t in ts], "CommlibGroupedAllgather", name,
-                  ignore_name_scope, process_set)
+                  ignore_name_scope, process_set, kind="grouped_allgather")
     for y, t in zip(ys, ts):
         if t.shape.rank is not None:
             y.set_shape([None] + t.shape.as_list()[1:])
@@ -155,7 +159,7 @@ def _broadcast_raw(t, root_rank, name=None, ignore_name_scope=False, process_set
         return [_broadcast_np(x, root_rank, cname, process_set)]
 
     (y,) = execute(fn, [t], [t.dtype], "CommlibBroadcast", name, ignore_name_scope,
-                    process_set)
+                    process_set, kind="broadcast")
     y.set_shape(t.shape)
     return y
 
@@ -179,7 +183,7 @@ def _alltoall_raw(t, splits, name=None, ignore_name_scope=False, process_set=Non
         return [out, np.asarray(rsplits, dtype=np.int32)]
 
     out, rsplits = execute(fn, inputs, [t.dtype, tf.int32], "CommlibAlltoall", name,
-                            ignore_name_scope, process_set)
+                            ignore_name_scope, process_set, kind="alltoall")
     if t.shape.rank is not None:
         out.set_shape([None] + t.shape.as_list()[1:])
     rsplits.set_shape([set_size(process_set)])
@@ -197,7 +201,7 @@ def _reducescatter_raw(t, op, pre=1.0, post=1.0, name=None, ignore_name_scope=Fa
                                       postscale_factor=post, process_set=process_set)]
 
     (y,) = execute(fn, [t], [t.dtype], "CommlibReducescatter", name, ignore_name_scope,
-                    process_set)
+                    process_set, kind="reducescatter")
     if t.shape.rank is not None:
         dims = t.shape.as_list()
         if dims[0] is not None:
@@ -301,6 +305,24 @@ def _allgather_op(t, name, ignore_name_scope, ps):
     return f(t)
 
 
+def _grouped_allgather_op(ts, name, ignore_name_scope, ps):
+    # one op, so that the group draws one generated name eagerly and in graphs alike
+    if not any(_differentiable(t) for t in ts):
+        return _grouped_allgather_raw(ts, name, ignore_name_scope, ps)
+
+    @tf.custom_gradient
+    def f(*xs):
+        ys = _grouped_allgather_raw(list(xs), name, ignore_name_scope, ps)
+
+        def grad(*dys):
+            return [_allgather_grad(x, tf.zeros_like(y) if d is None else d, ignore_name_scope, ps)
+                    if _differentiable(x) else None for x, y, d in zip(xs, ys, dys)]
+
+        return ys, grad
+
+    return list(f(*ts))
+
+
 def _broadcast_op(t, root_rank, name, ignore_name_scope, ps):
     if not _differentiable(t):
         return _broadcast_raw(t, root_rank, name, ignore_name_scope, ps)
@@ -370,21 +392,23 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
     size), Sum, Min, Max or Product. IndexedSlices are allgathered (values and
     indices) instead, as in Horovod. The result has the input's shape and
     dtype (integer Average truncates toward zero)."""
-    process_set = check_process_set(process_set)
-    op = resolve_op(op, average)
-    if isinstance(tensor, tf.IndexedSlices):
-        if op not in (Sum, Average):
-            raise NotImplementedError("Only Sum and Average ops are supported with "
-                                      "tf.IndexedSlices")
-        return allreduce_sparse(tensor, op, prescale_factor * postscale_factor, name,
-                                 ignore_name_scope, process_set)
-    t = _as_tensor(tensor)
-    check_dtype(t.dtype, "allreduce")
-    with tf.device(device_dense) if device_dense else _nullcontext():
-        c, ctx = compression.compress(t)
-        r = _allreduce_op(c, op, prescale_factor, postscale_factor, name, ignore_name_scope,
-                          process_set)
-        return compression.decompress(r, ctx)
+    sparse = isinstance(tensor, tf.IndexedSlices)
+    with collective_call("allgather" if sparse else "allreduce", name, process_set):
+        process_set = check_process_set(process_set)
+        op = resolve_op(op, average)
+        if sparse:
+            if op not in (Sum, Average):
+                raise NotImplementedError("Only Sum and Average ops are supported with "
+                                          "tf.IndexedSlices")
+            return allreduce_sparse(tensor, op, prescale_factor * postscale_factor, name,
+                                     ignore_name_scope, process_set)
+        t = _as_tensor(tensor)
+        check_dtype(t.dtype, "allreduce")
+        with tf.device(device_dense) if device_dense else _nullcontext():
+            c, ctx = compression.compress(t)
+            r = _allreduce_op(c, op, prescale_factor, postscale_factor, name,
+                              ignore_name_scope, process_set)
+            return compression.decompress(r, ctx)
 
 
 def allreduce_sparse(s, op, scale, name, ignore_name_scope, process_set=None):
@@ -408,6 +432,14 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
                       name=None):
     """Reduces a list of tensors as one unit (negotiated together and fused);
     IndexedSlices in the list are allgathered. Returns the list of results."""
+    sparse = any(isinstance(t, tf.IndexedSlices) for t in tensors or ())
+    with collective_call("allgather" if sparse else "allreduce", name, process_set):
+        return _grouped_allreduce(tensors, op, average, compression, prescale_factor,
+                                  postscale_factor, process_set, ignore_name_scope, name)
+
+
+def _grouped_allreduce(tensors, op, average, compression, prescale_factor, postscale_factor,
+                       process_set, ignore_name_scope, name):
     process_set = check_process_set(process_set)
     if not tensors:
         return tensors
@@ -440,38 +472,37 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     """Concatenates every rank's ``tensor`` (of ``process_set``, in the order
     of its ranks) along dimension 0 (whose size may differ across ranks; the
     other dimensions must agree)."""
-    process_set = check_process_set(process_set)
-    t = _as_tensor(tensor)
-    check_dtype(t.dtype, "allgather", movable=True)
-    return _allgather_op(t, name, ignore_name_scope, process_set)
+    with collective_call("allgather", name, process_set):
+        process_set = check_process_set(process_set)
+        t = _as_tensor(tensor)
+        check_dtype(t.dtype, "allgather", movable=True)
+        return _allgather_op(t, name, ignore_name_scope, process_set)
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=None):
     """Allgathers a list of tensors with one op (started together)."""
-    process_set = check_process_set(process_set)
-    if not tensors:
-        return tensors
-    ts = [_as_tensor(t) for t in tensors]
-    for t in ts:
-        check_dtype(t.dtype, "grouped_allgather", movable=True)
-        if t.shape.rank == 0:
-            raise ScalarTensorError("allgather needs tensors with at least one dimension, "
-                                    "got a 0-d tensor")
-    if not any(_differentiable(t) for t in ts):
-        return _grouped_allgather_raw(ts, name, ignore_name_scope, process_set)
-    return [allgather(t, name=None if name is None else f"{name}.{i}",
-                      ignore_name_scope=ignore_name_scope, process_set=process_set)
-            for i, t in enumerate(ts)]
+    with collective_call("grouped_allgather", name, process_set):
+        process_set = check_process_set(process_set)
+        if not tensors:
+            return tensors
+        ts = [_as_tensor(t) for t in tensors]
+        for t in ts:
+            check_dtype(t.dtype, "grouped_allgather", movable=True)
+            if t.shape.rank == 0:
+                raise ScalarTensorError("allgather needs tensors with at least one dimension, "
+                                        "got a 0-d tensor")
+        return _grouped_allgather_op(ts, name, ignore_name_scope, process_set)
 
 
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None):
     """Rank ``root_rank``'s ``tensor`` on every rank (of ``process_set``;
     root_rank is a job rank in the set)."""
-    process_set = check_process_set(process_set)
-    check_root(root_rank, process_set)
-    t = _as_tensor(tensor)
-    check_dtype(t.dtype, "broadcast", movable=True)
-    return _broadcast_op(t, root_rank, name, ignore_name_scope, process_set)
+    with collective_call("broadcast", name, process_set):
+        process_set = check_process_set(process_set)
+        check_root(root_rank, process_set)
+        t = _as_tensor(tensor)
+        check_dtype(t.dtype, "broadcast", movable=True)
+        return _broadcast_op(t, root_rank, name, ignore_name_scope, process_set)
 
 
 def broadcast_(variables, root_rank, name=None, process_set=None):
@@ -495,11 +526,12 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     its i-th member; equal parts when splits is None) and returns the rows
     received, in rank order; with ``splits``, returns ``(output,
     received_splits)`` as Horovod does."""
-    process_set = check_process_set(process_set)
-    t = _as_tensor(tensor)
-    check_dtype(t.dtype, "alltoall", movable=True)
-    out, rsplits = _alltoall_op(t, splits, name, ignore_name_scope, process_set)
-    return (out, rsplits) if splits is not None else out
+    with collective_call("alltoall", name, process_set):
+        process_set = check_process_set(process_set)
+        t = _as_tensor(tensor)
+        check_dtype(t.dtype, "alltoall", movable=True)
+        out, rsplits = _alltoall_op(t, splits, name, ignore_name_scope, process_set)
+        return (out, rsplits) if splits is not None else out
 
 
 def reducescatter(tensor, device_dense='', compression=Compression.none, op=Average,
@@ -508,37 +540,41 @@ def reducescatter(tensor, device_dense='', compression=Compression.none, op=Aver
     """Reduces ``tensor`` over all ranks (of ``process_set``) and leaves on
     each rank its part of dimension 0 (part i on the set's i-th member; lower
     positions get the extra rows)."""
-    process_set = check_process_set(process_set)
-    op = resolve_op(op)
-    t = _as_tensor(tensor)
-    check_dtype(t.dtype, "reducescatter")
-    c, ctx = compression.compress(t)
-    r = _reducescatter_op(c, op, prescale_factor, postscale_factor, name, ignore_name_scope,
-                          process_set)
-    return compression.decompress(r, ctx)
+    with collective_call("reducescatter", name, process_set):
+        process_set = check_process_set(process_set)
+        op = resolve_op(op)
+        t = _as_tensor(tensor)
+        check_dtype(t.dtype, "reducescatter")
+        c, ctx = compression.compress(t)
+        r = _reducescatter_op(c, op, prescale_factor, postscale_factor, name,
+                              ignore_name_scope, process_set)
+        return compression.decompress(r, ctx)
 
 
 def grouped_reducescatter(tensors, device_dense='', compression=Compression.none, op=Average,
                           process_set=None, prescale_factor=1.0, postscale_factor=1.0):
     """reducescatter of each tensor of a list; a 0-d tensor anywhere in the
     list raises ScalarTensorError before any of them is sent."""
-    tensors = [_as_tensor(t) for t in tensors]
-    if any(t.shape.rank == 0 for t in tensors):
-        raise ScalarTensorError("reducescatter needs tensors with at least one dimension, "
-                                "got a 0-d tensor")
-    return [reducescatter(t, device_dense, compression, op, process_set=process_set,
-                          prescale_factor=prescale_factor, postscale_factor=postscale_factor)
-            for t in tensors]
+    with collective_call("reducescatter", None, process_set):
+        tensors = [_as_tensor(t) for t in tensors]
+        if any(t.shape.rank == 0 for t in tensors):
+            raise ScalarTensorError("reducescatter needs tensors with at least one dimension, "
+                                    "got a 0-d tensor")
+        return [reducescatter(t, device_dense, compression, op, process_set=process_set,
+                              prescale_factor=prescale_factor,
+                              postscale_factor=postscale_factor)
+                for t in tensors]
 
 
 def barrier(process_set=None):
     """Returns once every rank (of ``process_set``) has reached it (eagerly:
     when called; in a graph: when the returned op runs)."""
-    process_set = check_process_set(process_set)
-    if tf.executing_eagerly():
-        commlib.barrier(process_set=process_set)
-        return None
-    return _barrier_raw(process_set).op
+    with collective_call(None):
+        process_set = check_process_set(process_set)
+        if tf.executing_eagerly():
+            commlib.barrier(process_set=process_set)
+            return None
+        return _barrier_raw(process_set).op
 
 
 def join():
@@ -547,7 +583,8 @@ def join():
     gathers: see ``commlib.join``). Returns the rank that joined last, as an
     int32 tensor (eagerly: at once; in a graph: when the op runs)."""
     if tf.executing_eagerly():
-        return tf.constant(commlib.join(), dtype=tf.int32)
+        with collective_call(None):
+            return tf.constant(commlib.join(), dtype=tf.int32)
 
     def fn(_cname):
         return [np.array(commlib.join(), dtype=np.int32)]

@@ -3,8 +3,8 @@ rank checking against numpy: allreduce (every op), grouped_allreduce,
 allgather, broadcast, alltoall, reducescatter for every dtype, eagerly and
 inside tf.function (run twice; retraced with rank-dependent shapes; in a
 while loop); their gradients; IndexedSlices; broadcast_variables,
-broadcast_, objects, barrier; CollectiveMismatchError eagerly and as a
-tf.errors.OpError naming it in graphs; TypeError for unsupported dtypes
+broadcast_, objects, barrier; CollectiveMismatchError eagerly and in graphs
+(also a tf.errors.FailedPreconditionError there); TypeError for unsupported dtypes
 (also at trace time); Adasum, bad or unregistered process sets, roots, XLA
 refused."""
 import pytest

@@ -262,9 +262,9 @@ def mismatch():
     return hvd.allreduce(tf.ones([2 + r]), op=hvd.Sum)
 
 
-e = expect_raises(tf.errors.OpError, mismatch, "graph shape mismatch")
-if "CollectiveMismatchError" not in str(e) or "Mismatched shape" not in str(e):
-    fail(f"graph mismatch error does not name the cause: {e}")
+e = expect_raises(tf.errors.FailedPreconditionError, mismatch, "graph shape mismatch")
+if not isinstance(e, commlib.CollectiveMismatchError) or "Mismatched shape" not in str(e):
+    fail(f"graph mismatch error is not commlib's or does not name the cause: {e!r}")
 check(hvd.allreduce(tf.ones([2]), op=hvd.Sum), np.full(2, n, np.float32), "after mismatches")
 
 for dtype, want in ((tf.int16, np.int16), (tf.uint16, np.uint16), (tf.uint32, np.uint32),
