@@ -108,3 +108,19 @@ def response_cache_stats() -> dict:
     out = ffi.new("int64_t[4]")
     lib.commlib_cache_stats(out)
     return {"hits": out[0], "misses": out[1], "invalidations": out[2], "cached_runs": out[3]}
+
+
+def autotune_history() -> list:
+    """The settings applied on this rank since init, in order: one dict per
+    change with ``collectives`` (how many collectives this rank ran before it:
+    every rank applies a change after the same ones), ``fusion_threshold``
+    (bytes), ``cycle_time_ms``, ``tree_max_bytes`` and ``final`` (autotune's
+    chosen setting, after which nothing changes). Autotune (``COMMLIB_AUTOTUNE=1``)
+    adds one per setting it tries."""
+    require_init()
+    n = lib.commlib_tune_history(ffi.NULL, 0)
+    out = ffi.new("int64_t[]", 5 * max(n, 1))
+    n = min(n, lib.commlib_tune_history(out, n))
+    return [{"collectives": out[5 * i], "fusion_threshold": out[5 * i + 1],
+             "cycle_time_ms": out[5 * i + 2] / 1000.0, "tree_max_bytes": out[5 * i + 3],
+             "final": out[5 * i + 4] == 2} for i in range(n)]

@@ -311,6 +311,8 @@ int commlib_set_fusion_threshold(int64_t bytes) {
 
 int64_t commlib_fusion_threshold(void) { return Engine::get().fusion_threshold(); }
 
+int64_t commlib_tune_history(int64_t* out, int64_t max_rows) { return Engine::get().tune_history(out, max_rows); }
+
 void commlib_cache_stats(int64_t* out) { Engine::get().cache_stats(out); }
 
 int commlib_start_timeline(const char* path, int mark_cycles) {

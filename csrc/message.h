@@ -48,7 +48,9 @@ std::vector<std::string> describe_members(const RequestDesc& d);
 struct Response {
   // kInvalidate / kCacheOff (response cache across hosts, negotiation/cache_protocol.cc):
   // rows holds the (bit, generation) words that no longer hold / {the rank that left}.
-  enum Kind : int { kExecute = 0, kError = 1, kInvalidate = 2, kCacheOff = 3 };
+  // kTune (runtime/engine_tune.cc): every rank applies the settings in rows
+  // ({fusion threshold, cycle us, tree max bytes, final}; -1: unchanged) here.
+  enum Kind : int { kExecute = 0, kError = 1, kInvalidate = 2, kCacheOff = 3, kTune = 4 };
   int kind = kExecute;
   int op_type = 0;
   int error_code = 0;
@@ -69,8 +71,11 @@ struct Response {
 
 // Message kinds on the control channel.
 // kMsgArrived: the ranks of a host all arrived at these cache bits ((bit,
-// generation) words); kMsgExpire: a cached request waited too long there.
-enum MessageKind : int { kMsgRequests = 1, kMsgResponses = 2, kMsgShutdown = 3, kMsgArrived = 4, kMsgExpire = 5 };
+// generation) words); kMsgExpire: a cached request waited too long there;
+// kMsgTune: settings a worker asks rank 0 to apply everywhere (Response::kTune's rows).
+enum MessageKind : int {
+  kMsgRequests = 1, kMsgResponses = 2, kMsgShutdown = 3, kMsgArrived = 4, kMsgExpire = 5, kMsgTune = 6
+};
 
 class Writer {
  public:

@@ -1,6 +1,7 @@
 #include "exec/algorithm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -78,15 +79,20 @@ AllreduceAlgo parse_allreduce_algo(const std::string& name) {
 // threshold is 16 KiB; beyond, it is scaled by n / (2 log2 n) (1 at n = 4),
 // capped at 1 MiB. This scaling is a model, not a measurement: the inter-node
 // numbers should replace it once a multi-host setup is available.
-constexpr size_t kTreeMaxBytes = size_t(16) << 10;
+// (kTreeMaxBytes, in algorithm.h, is the measured 16 KiB.)
 constexpr size_t kTreeMaxBytesCap = size_t(1) << 20;
+std::atomic<size_t> g_tree_max_bytes{kTreeMaxBytes};
+
+void set_tree_max_bytes(size_t bytes) { g_tree_max_bytes.store(bytes); }
+size_t tree_max_bytes() { return g_tree_max_bytes.load(); }
 
 AllreduceAlgo choose_allreduce_algo(size_t bytes, int ranks) {
-  size_t tree_max = kTreeMaxBytes;
+  const size_t base = g_tree_max_bytes.load();
+  size_t tree_max = base;
   if (ranks > 4) {
     int log2n = 0;
     while ((1 << (log2n + 1)) <= ranks) ++log2n;  // floor(log2 n) >= 2
-    tree_max = std::min(kTreeMaxBytesCap, kTreeMaxBytes * size_t(ranks) / size_t(2 * log2n));
+    tree_max = std::max(base, std::min(kTreeMaxBytesCap, base * size_t(ranks) / size_t(2 * log2n)));
   }
   return bytes < tree_max ? AllreduceAlgo::kTree : AllreduceAlgo::kRing;
 }

@@ -22,6 +22,14 @@ AllreduceAlgo parse_allreduce_algo(const std::string& name);
 // message of `bytes` bytes on `ranks` ranks (never kAuto).
 AllreduceAlgo choose_allreduce_algo(size_t bytes, int ranks);
 
+// The size from which kAuto runs the ring rather than the tree (up to 4
+// ranks; scaled up beyond, see algorithm.cc). Autotune sets it, on every rank
+// at the same point of the order (runtime/engine_tune.cc); init restores the
+// default.
+constexpr size_t kTreeMaxBytes = size_t(16) << 10;
+void set_tree_max_bytes(size_t bytes);
+size_t tree_max_bytes();
+
 // In-place all-reduce of count elements (dtype is not a half type; op is
 // not Average: the caller applies scale factors). shm is this host's
 // shared-memory segment (null if unusable); cross connects the ranks of the

@@ -46,6 +46,11 @@ bool Coordinator::on_message(int source, int kind, Reader& r) {
     }
   } else if (kind == kMsgShutdown) {
     on_worker_left(source);
+  } else if (kind == kMsgTune) {
+    Response tune;
+    tune.kind = Response::kTune;
+    tune.rows = r.get_vec();
+    post(std::move(tune));
   } else {
     return false;
   }
@@ -71,6 +76,8 @@ bool Coordinator::take_responses(int64_t fusion_threshold, std::deque<Response>&
   controller_.set_fusion_threshold(fusion_threshold);
   std::vector<Response> resps = controller_.take_ready();
   cache_.prepare_responses(resps, fusion_threshold);
+  for (Response& p : posted_) resps.push_back(std::move(p));
+  posted_.clear();
   // (a join that completed: the responses after it may be cached again)
   if (!controller_.joining()) cache_.resume();
   if (resps.empty()) return false;

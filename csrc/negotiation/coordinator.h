@@ -29,6 +29,8 @@ class Coordinator {
   // Responses ready now: sent to the workers, rank 0's own share appended to
   // mine (in order). True when there were any.
   bool take_responses(int64_t fusion_threshold, std::deque<Response>& mine);
+  // A response for every rank that goes out after the next batch (kTune).
+  void post(Response resp) { posted_.push_back(std::move(resp)); }
   // Prints the stall warnings and fails requests open longer than the
   // timeout (at most once a second).
   void check_stalls(int64_t now);
@@ -50,6 +52,7 @@ class Coordinator {
   ControlChannel& control_;
   CacheProtocol& cache_;
   Controller controller_;
+  std::vector<Response> posted_;
   std::vector<bool> worker_left_;
   std::vector<bool> silent_;  // (silent_since_timeout)
   int64_t last_stall_check_us_ = 0;

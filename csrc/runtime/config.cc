@@ -106,6 +106,18 @@ std::vector<ConfigEntry> make_table() {
       token_entry("COMMLIB_RUN_JOB", 32, &C::run_job,
                   "set by commlibrun: its job's token, part of the shared segments' names (commlibrun "
                   "removes what a killed job left)"),
+      bool_entry("COMMLIB_AUTOTUNE", "0", &C::autotune,
+                 "1: during the first steps rank 0 tries fusion thresholds, cycle times and (where the ring "
+                 "and the tree run: no shared memory, or several hosts) tree/ring cutoffs, scores each by "
+                 "the allreduced bytes per second, and keeps the best; every rank applies each setting at "
+                 "the same point of its collectives"),
+      path_entry("COMMLIB_AUTOTUNE_LOG", "", &C::autotune_log,
+                 "path of the CSV rank 0 writes with autotune: every setting tried, its score, the chosen "
+                 "one marked; empty: none"),
+      int_entry("COMMLIB_AUTOTUNE_WINDOW_STEPS", "5", 1, kBillion, &C::autotune_window_steps,
+                "autotune: steps (a step ends where a tensor name recurs) per measuring window"),
+      int_entry("COMMLIB_AUTOTUNE_WINDOWS", "2", 1, 1000, &C::autotune_windows,
+                "autotune: windows scored per setting (their median), after one discarded window"),
       int_entry("COMMLIB_CACHE_CAPACITY", "1024", 0, kNoMax, &C::cache_capacity,
                 "response cache bits (requests that skip negotiation; at most 65535 are used); "
                 "0 disables the cache"),

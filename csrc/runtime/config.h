@@ -24,6 +24,10 @@ struct Config {
   bool shm = false;
   int64_t shm_piece_bytes = 0;
   int64_t shm_fusion_bytes = 0;
+  bool autotune = false;
+  std::string autotune_log;        // CSV path ("": none)
+  int64_t autotune_window_steps = 0;
+  int64_t autotune_windows = 0;
   int64_t cache_capacity = 0;      // clamped by the engine to the order log's bits
   int64_t stall_check_time_s = 0;
   int64_t timeout_s = 0;

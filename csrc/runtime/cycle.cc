@@ -17,6 +17,7 @@ namespace commlib {
 
 bool Engine::cycle() {
   bool worked = take_requests();
+  worked |= forward_tune_requests();
   worked |= cycle_p2p();
   worked |= poll_messages();
   if (coordinator_) worked |= coordinate();
@@ -183,6 +184,7 @@ void Engine::execute(const Response& resp) {
     execute_error(resp);
     return;
   }
+  if (resp.kind == Response::kTune) return apply_tune(resp);
   if (resp.op_type == COMMLIB_OP_JOIN) {
     execute_join(resp);
     return;
@@ -194,6 +196,7 @@ void Engine::execute(const Response& resp) {
     return;
   }
   executor_.check_member(resp.process_set);
+  note_executed(resp, entries);  // (autotune measures here)
   if (resp.process_set != 0 && resp.op_type == COMMLIB_OP_BROADCAST) {  // root: job rank -> rank in the set
     int& root = entries[0]->desc.root;
     std::lock_guard<std::mutex> lock(queue_mu_);

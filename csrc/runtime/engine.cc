@@ -214,6 +214,7 @@ void Engine::start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mo
     e.control_->progress();
     e.p2p_->progress_sends();
   };
+  start_autotune();
   stop_.store(false);
   running_.store(true);
   thread_ = std::thread(&Engine::loop, this);
@@ -259,11 +260,6 @@ int Engine::broken() {
   if (lost_contact_.load()) return COMMLIB_ERR_PEER_LOST;
   std::lock_guard<std::mutex> lock(queue_mu_);
   return (dead_code_ == COMMLIB_ERR_PEER_LOST || dead_code_ == COMMLIB_ERR_INTERNAL) ? dead_code_ : 0;
-}
-
-void Engine::set_fusion_threshold(int64_t bytes) {
-  if (bytes < 0) throw Error(COMMLIB_ERR_VALUE, "fusion threshold must be >= 0");
-  fusion_threshold_.store(bytes);
 }
 
 // Called while stop_ is set: true when the loop may end. The coordinator ends

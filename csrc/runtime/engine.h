@@ -18,6 +18,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -41,6 +42,7 @@
 #include "negotiation/coordinator.h"
 #include "negotiation/worker.h"
 #include "p2p/point_to_point.h"
+#include "runtime/autotune.h"
 #include "runtime/config.h"
 #include "runtime/handles.h"
 
@@ -106,8 +108,14 @@ class Engine : private CacheHost {
   // core's device memory (dst null: no copy) and frees it, on stream.
   void release_device_result(void* src, void* dst, size_t bytes, int device, void* stream);
 
+  // Asks rank 0 to change the fusion threshold on every rank at one point of
+  // the order (runtime/engine_tune.cc); before init, sets it here.
   void set_fusion_threshold(int64_t bytes);
   int64_t fusion_threshold() const { return fusion_threshold_.load(); }
+  // The settings applied since init, 5 words each: collectives run before,
+  // fusion threshold, cycle us, tree max bytes, who (0 a call, 1 an autotune
+  // trial, 2 autotune's final choice). Copies at most max_rows; returns how many.
+  int64_t tune_history(int64_t* out, int64_t max_rows);
 
  private:
   Engine() = default;
@@ -167,6 +175,17 @@ class Engine : private CacheHost {
   void renegotiate(Entry& e) override;
   void drop(const std::string& key, int code, const std::string& message) override;
   void send_to_coordinator(std::string bytes) override { control_->send(0, std::move(bytes)); }
+
+  // Settings changed at one point of the order (runtime/engine_tune.cc).
+  void start_autotune();
+  bool forward_tune_requests();
+  void note_executed(const Response& resp, const std::vector<Entry*>& entries);
+  void apply_tune(const Response& resp);
+  std::unique_ptr<Autotuner> tuner_;  // rank 0 with COMMLIB_AUTOTUNE=1, until init again
+  int64_t executed_ = 0;              // collective responses run since init
+  std::vector<int64_t> tune_requests_;  // set_fusion_threshold's (under queue_mu_)
+  std::mutex tune_mu_;
+  std::vector<std::array<int64_t, 5>> tune_history_;
 
   // CUDA requests (runtime/gpu_engine.cc): the route check and ready event
   // at enqueue, the launch of a negotiated response, polling the launches.

@@ -266,6 +266,19 @@ def test_dry_run_mpich(capsys, fake_mpiexec, monkeypatch):
     assert "COMMLIB_RUN_STATUS_DIR" not in cmd
 
 
+def test_dry_run_autotune_flags_set_their_variables(capsys, fake_mpiexec, tmp_path, monkeypatch):
+    fake_mpiexec(MPICH_VERSION_TEXT)
+    monkeypatch.chdir(tmp_path)
+    for name in ("COMMLIB_AUTOTUNE", "COMMLIB_AUTOTUNE_LOG"):
+        monkeypatch.delenv(name, raising=False)
+    cmd = dry_run(capsys, ["-np", "2", "--autotune", "--autotune-log-file", "tune.csv", "python", "t.py"])
+    assert ["-genv", "COMMLIB_AUTOTUNE", "1"] == cmd[cmd.index("COMMLIB_AUTOTUNE") - 1:cmd.index("COMMLIB_AUTOTUNE") + 2]
+    at = cmd.index("COMMLIB_AUTOTUNE_LOG")
+    assert cmd[at - 1:at + 2] == ["-genv", "COMMLIB_AUTOTUNE_LOG", str(tmp_path / "tune.csv")]
+    cmd = dry_run(capsys, ["-np", "2", "python", "t.py"])
+    assert "COMMLIB_AUTOTUNE" not in cmd and "COMMLIB_AUTOTUNE_LOG" not in cmd
+
+
 @pytest.mark.parametrize("text, oversubscribe", [(OMPI4_VERSION_TEXT, ["--oversubscribe"]),
                                                  (OMPI5_VERSION_TEXT, ["--map-by", ":OVERSUBSCRIBE"])])
 def test_dry_run_openmpi(capsys, fake_mpiexec, monkeypatch, tmp_path, text, oversubscribe):

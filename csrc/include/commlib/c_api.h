@@ -253,8 +253,20 @@ int commlib_handle_splits(int64_t handle, int64_t* out);
 int commlib_release(int64_t handle);
 
 /* Configuration and introspection. */
+/* Asks rank 0 to change the fusion threshold on every rank (any rank may
+ * call it; calls are applied in the order rank 0 receives them, by every rank
+ * at the same point of its sequence of collectives, so fused windows stay
+ * alike). Until then commlib_fusion_threshold() returns the old value. Before
+ * init it only sets this rank's value, which init replaces with
+ * COMMLIB_FUSION_THRESHOLD. */
 int commlib_set_fusion_threshold(int64_t bytes);
 int64_t commlib_fusion_threshold(void);
+/* The settings applied since init (autotune's, commlib_set_fusion_threshold's),
+ * 5 words each: collectives this rank ran before, fusion threshold bytes,
+ * cycle time us, tree/ring cutoff bytes, who (0 a call, 1 an autotune trial,
+ * 2 autotune's final choice). Copies at most max_rows rows into out; returns
+ * how many there are. */
+int64_t commlib_tune_history(int64_t* out, int64_t max_rows);
 /* Response cache counters of this rank since init: out[0] hits, out[1]
  * misses, out[2] invalidations, out[3] cached requests executed. */
 void commlib_cache_stats(int64_t* out);
