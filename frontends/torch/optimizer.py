@@ -52,6 +52,7 @@ import torch
 import commlib as _c
 from commlib import CollectiveMismatchError
 from commlib.grouping import group_indices
+from commlib.objects import allgather_object
 from commlib.process_sets import included, set_size
 from commlib.reduce_args import predivide_scales, resolve_op
 
@@ -196,8 +197,6 @@ class DistributedOptimizerBase:
         every = _c.allgather(mine, name=self._internal("signature"), process_set=self.process_set)
         if np.all(every == every[0]):
             return
-        from .functions import allgather_object
-
         sigs = allgather_object(sig, name=self._internal("signature.detail"),
                                 process_set=self.process_set)
         raise CollectiveMismatchError(
