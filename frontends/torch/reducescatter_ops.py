@@ -6,9 +6,9 @@ import torch
 
 import commlib as _c
 from commlib.errors import ScalarTensorError
-from commlib.ops import Average, Sum, auto_name
+from commlib.ops import Average, auto_name
 from commlib.process_sets import check_process_set, global_process_set, set_size
-from commlib.reduce_args import resolve_op
+from commlib.reduce_args import reducescatter_grad_scale, resolve_op
 
 from .compression import Compression
 from .cuda_dispatch import on_cuda
@@ -35,24 +35,17 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     return Handle(h, as_tensor, tensor)
 
 
-def _grad_scale(op, process_set, prescale_factor, postscale_factor) -> float:
-    """Horovod's factor on the output gradients of a reducescatter before
-    they are allgathered: the set's size for Sum, times both scale factors
-    (for every op; Average gets no 1/size, Min/Max/Product no derivative of
-    their own: Horovod's rule, kept so that ported models train alike)."""
-    return (set_size(process_set) if op == Sum else 1) * prescale_factor * postscale_factor
-
-
 class HorovodReducescatter(torch.autograd.Function):
     """reducescatter as an autograd function, with Horovod's gradient: the
     allgather (over the same process set) of the output gradients times
-    ``_grad_scale`` (size x prescale x postscale for Sum, prescale x
+    ``reducescatter_grad_scale`` (size x prescale x postscale for Sum, prescale x
     postscale otherwise)."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
         op = resolve_op(op)
-        ctx.scale = _grad_scale(op, process_set, prescale_factor, postscale_factor)
+        ctx.scale = reducescatter_grad_scale(op, set_size(process_set), prescale_factor,
+                                             postscale_factor)
         ctx.process_set = process_set
         return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
                                                postscale_factor))
@@ -91,13 +84,14 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
 
 class HorovodGroupedReducescatter(torch.autograd.Function):
     """grouped_reducescatter as an autograd function: as for reducescatter
-    (Horovod's gradient), the output gradients times ``_grad_scale``, in one
+    (Horovod's gradient), the output gradients times ``reducescatter_grad_scale``, in one
     grouped allgather."""
 
     @staticmethod
     def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
         op = resolve_op(op)
-        ctx.scale = _grad_scale(op, process_set, prescale_factor, postscale_factor)
+        ctx.scale = reducescatter_grad_scale(op, set_size(process_set), prescale_factor,
+                                             postscale_factor)
         ctx.process_set = process_set
         return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set,
                                                              prescale_factor, postscale_factor)))
