@@ -21,6 +21,15 @@ def resolve_op(op=None, average=None, default=ops.Average) -> int:
     return resolved
 
 
+def reducescatter_grad_scale(op: int, set_size: int, prescale_factor: float,
+                             postscale_factor: float) -> float:
+    """Horovod's factor on a reducescatter's output gradients before they
+    are allgathered (its gradient, in every frontend): the process set's
+    size for Sum, times both scale factors, for every op (Average gets no
+    1/size, Min/Max/Product no derivative of their own)."""
+    return (set_size if op == ops.Sum else 1) * prescale_factor * postscale_factor
+
+
 def predivide_scales(op: int, gradient_predivide_factor: float) -> tuple[float, float]:
     """(prescale, postscale) for gradient averaging split around the sum, as
     Horovod's ``gradient_predivide_factor``: gradients are scaled by

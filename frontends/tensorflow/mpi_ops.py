@@ -46,7 +46,8 @@ upstream gradient; broadcast -> the summed upstream gradient on the root,
 zeros elsewhere (Horovod's original definition; recent Horovod averages
 instead of summing for allgather and broadcast: set _GRAD_GATHER_OP below);
 alltoall -> alltoall back with the received splits; reducescatter ->
-allgather of the upstream gradient (divided by size for Average).
+Horovod's: allgather of the upstream gradient times the set's size for Sum
+and prescale * postscale for every op.
 
 XLA-compiled functions (jit_compile=True) cannot contain these ops; they are
 refused with a clear error at trace time.
@@ -62,7 +63,7 @@ from commlib.ops import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F401 
                          check_root, even_splits, reducescatter_rows)
 from commlib.process_sets import (  # noqa: F401 - re-exported
     check_process_set, global_process_set, included, process_set_by_id, set_rank, set_size)
-from commlib.reduce_args import resolve_op
+from commlib.reduce_args import reducescatter_grad_scale, resolve_op
 
 from . import buffers
 from .compression import Compression
@@ -364,7 +365,7 @@ def _alltoall_op(t, splits, name, ignore_name_scope, ps):
 
 
 def _reducescatter_op(t, op, pre, post, name, ignore_name_scope, ps):
-    if not _differentiable(t) or op not in (Sum, Average):
+    if not _differentiable(t):
         return _reducescatter_raw(t, op, pre, post, name, ignore_name_scope, ps)
 
     @tf.custom_gradient
@@ -373,7 +374,7 @@ def _reducescatter_op(t, op, pre, post, name, ignore_name_scope, ps):
 
         def grad(dy):
             g = _allgather_raw(_dense(dy), ignore_name_scope=ignore_name_scope, process_set=ps)
-            scale = pre * post / (set_size(ps) if op == Average else 1)
+            scale = reducescatter_grad_scale(op, set_size(ps), pre, post)
             g = g * tf.cast(scale, g.dtype) if scale != 1.0 else g
             return tf.reshape(g, tf.shape(x))
 

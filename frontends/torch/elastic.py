@@ -31,7 +31,7 @@ import torch
 
 from commlib.elastic import ELASTIC_DIR_ENV, ElasticStateError, ObjectState, State, run  # noqa: F401
 
-from .functions import broadcast_optimizer_state, broadcast_parameters
+from .functions import broadcast_parameters, broadcast_state
 
 # The state_dict key suffix of fully_shard's flat parameter shards.
 SHARD_KEY = "_commlib_flat_shard"
@@ -79,8 +79,7 @@ class TorchState(State):
             replicated = {k: v for k, v in self.model.state_dict().items() if not k.endswith(SHARD_KEY)}
             broadcast_parameters(replicated, root_rank=root_rank, prefix="elastic.model")
         if self.optimizer is not None and not self._sharded_optimizer_state():
-            broadcast_optimizer_state(self.optimizer, root_rank=root_rank,
-                                      prefix="elastic.optimizer")
+            broadcast_state(self.optimizer, root_rank=root_rank, prefix="elastic.optimizer")
 
     def _sharded_optimizer_state(self) -> bool:
         """Whether the optimizer holds state that is sharded across ranks."""

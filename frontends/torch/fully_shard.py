@@ -2,7 +2,7 @@
 
     for block in model.blocks:
         hvd.fully_shard(block)
-    hvd.fully_shard(model)                      # the root takes the remaining parameters
+    hvd.fully_shard(model)                      # the root takes the remaining parameters (if any)
     opt = torch.optim.Adam(model.parameters())  # a plain optimizer: it steps the shards
     for x, y in loader:
         opt.zero_grad()
@@ -192,9 +192,7 @@ class _Group:
     def prefetch_next(self) -> None:
         """Forward: starts gathering the group whose forward followed this
         one's in the previous pass, while this one computes."""
-        nxt = _schedule.after(_schedule.last, self)
-        if self.prefetch and nxt is not None and nxt.whole is None:
-            nxt.start_gather()
+        _prefetch_after(self)
 
     def prefetch_previous(self) -> None:
         """Backward: starts gathering again the group that needs it and whose
@@ -239,6 +237,32 @@ class _Group:
         self.whole = None
 
 
+def _prefetch_after(unit) -> None:
+    """Starts gathering the first group (not a _Root) whose forward followed
+    ``unit``'s in the previous pass."""
+    nxt = _schedule.after(_schedule.last, unit, lambda g: isinstance(g, _Group))
+    if unit.prefetch and nxt is not None and nxt.whole is None:
+        nxt.start_gather()
+
+
+class _Root:
+    """fully_shard of a module whose parameters all belong to modules
+    sharded before (PyTorch's root pattern: ``fully_shard`` on each layer,
+    then on the model). It owns no shard and drives the others: its forward
+    starts a pass of the schedule (the children's forwards nest in it, so
+    prefetching follows their order from one step to the next) and gathers
+    the first child's parameters ahead."""
+
+    whole = again = None
+    reshard_after_forward = regathers = False
+
+    def __init__(self, prefetch):
+        self.prefetch = prefetch
+
+    def prefetch_next(self) -> None:
+        _prefetch_after(self)
+
+
 def _own_modules(module):
     """``module`` and its descendants, except those under an earlier fully_shard."""
     yield module
@@ -271,10 +295,17 @@ def fully_shard(module, process_set=_ops.global_process_set, reshard_after_forwa
     across the ranks of ``process_set`` (see the module docstring). Apply it
     to submodules first, then to the root. With ``prefetch``, the module's
     forward starts gathering the next module's parameters (in the previous
-    pass's order) and its backward the previous module's. Returns ``module``."""
+    pass's order) and its backward the previous module's. A module whose
+    parameters all belong to modules sharded before (an ``nn.Sequential`` of
+    sharded layers) owns no shard: it drives theirs (PyTorch's root pattern,
+    see _Root). Returns ``module``."""
     process_set = check_process_set(process_set)
-    if getattr(module, "_commlib_fsdp", None) is not None:
+    if (getattr(module, "_commlib_fsdp", None) is not None
+            or getattr(module, "_commlib_fsdp_root", None) is not None):
         raise ValueError("fully_shard was already applied to this module")
+    if not any(p is not None for m in _own_modules(module) for p in m._parameters.values()) \
+            and any(getattr(m, "_commlib_fsdp", None) is not None for m in module.modules()):
+        return _drive(module, _Root(bool(prefetch)))
     group = _Group(module, process_set, reshard_after_forward, bool(prefetch))
     module.register_parameter("_commlib_flat_shard", group.shard)
     module._commlib_fsdp = group
@@ -297,6 +328,23 @@ def fully_shard(module, process_set=_ops.global_process_set, reshard_after_forwa
 
     module.register_forward_pre_hook(pre)
     module.register_forward_hook(post, always_call=True)  # (also when forward raises)
+    return module
+
+
+def _drive(module, root: _Root):
+    """fully_shard of a module that owns no parameters (see _Root)."""
+    module._commlib_fsdp_root = root
+
+    def pre(mod, args):
+        _schedule.enter(root)
+        root.prefetch_next()
+
+    def post(mod, args, out):
+        _schedule.depth -= 1
+        _schedule.done.append(root)
+
+    module.register_forward_pre_hook(pre)
+    module.register_forward_hook(post, always_call=True)
     return module
 
 

@@ -101,10 +101,22 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="broadcast_optimizer_
     DistributedOptimizer; every rank must have the same parameters.
 
     The state_dict's structure and small values travel pickled; its tensors
-    travel as tensors (no pickling of large buffers). Unlike Horovod, a
-    freshly created optimizer is not stepped with zero gradients to create
-    its state: if root's state is empty, every rank ends with an empty state,
-    which is what root has. With ``process_set``, only its members call it."""
+    travel as tensors (no pickling of large buffers). As in Horovod, an
+    optimizer without any state yet (freshly created: no parameter has had a
+    gradient) first gets its state from one step with zero gradients
+    (``init_state``), so every rank ends with root's initialised state and
+    parameters that require a gradient have a zero ``grad`` where they had
+    none; unlike Horovod's, that step leaves the parameters unchanged (weight
+    decay would move them). With ``process_set``, only its members call it."""
+    init_state(optimizer)
+    broadcast_state(optimizer, root_rank, prefix, process_set)
+
+
+def broadcast_state(optimizer, root_rank, prefix="broadcast_optimizer_state",
+                    process_set=global_process_set):
+    """broadcast_optimizer_state without the initialisation: a state that is
+    empty on root ends empty everywhere (elastic's sync: a restored run goes
+    on exactly as an uninterrupted one)."""
     process_set = check_process_set(process_set)
     check_root(root_rank, process_set)
     state_dict = optimizer.state_dict() if rank() == root_rank else None
@@ -123,6 +135,43 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="broadcast_optimizer_
         synchronize(h)
     if rank() != root_rank:
         optimizer.load_state_dict(_fill_tensors(skeleton, tensors))
+
+
+def init_state(optimizer) -> None:
+    """Horovod's initialisation of a fresh optimizer's state: if it has no
+    state at all, one local step (the wrapped optimizer's own, no
+    communication) with zero gradients creates it; the parameters are put
+    back as they were, and those requiring a gradient keep a zero ``grad``
+    where they had none (their other gradients are restored). A ZeRO
+    optimizer (sharded state, collective step) and objects that are not torch
+    optimizers are left alone."""
+    if (not isinstance(optimizer, torch.optim.Optimizer) or optimizer.state
+            or getattr(optimizer, "zero_stage", 0)):
+        return
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    if not params:
+        return
+    saved = [(p, p.detach().clone(), p.grad) for p in params]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    try:
+        _local_step(optimizer)()
+    finally:
+        with torch.no_grad():
+            for p, data, grad in saved:
+                p.copy_(data)
+                p.grad = torch.zeros_like(p) if grad is None else grad
+
+
+def _local_step(optimizer):
+    """The step of the optimizer class that a DistributedOptimizer wraps
+    (the optimizer's own step for a plain one)."""
+    from .optimizer import DistributedOptimizerBase
+
+    for cls in type(optimizer).__mro__:
+        if "step" in cls.__dict__ and not issubclass(cls, DistributedOptimizerBase):
+            return cls.step.__get__(optimizer)
+    return optimizer.step
 
 
 def _collect_slots(obj, out: list):

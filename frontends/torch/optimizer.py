@@ -52,10 +52,12 @@ import torch
 import commlib as _c
 from commlib import CollectiveMismatchError
 from commlib.grouping import group_indices
+from commlib.objects import allgather_object
 from commlib.process_sets import included, set_size
 from commlib.reduce_args import predivide_scales, resolve_op
 
 from . import mpi_ops as _ops
+from . import sparse_as_dense as _sad
 from .mpi_ops import Average, Sum
 
 # Names of the i-th DistributedOptimizer of a process set agree across the
@@ -131,6 +133,7 @@ class DistributedOptimizerBase:
         self._handles = {}
         self._started = set()  # params whose group allreduce has started
         self._ready = set()  # grads final for this step, not yet sent (group not complete)
+        self._densified = {}  # param -> (sparse_dim, touched indices): sparse grads sent dense
         self._delay = {p: backward_passes_per_step for p in self._params}
         self._synchronized = False
         self._should_synchronize = True
@@ -194,8 +197,6 @@ class DistributedOptimizerBase:
         every = _c.allgather(mine, name=self._internal("signature"), process_set=self.process_set)
         if np.all(every == every[0]):
             return
-        from .functions import allgather_object
-
         sigs = allgather_object(sig, name=self._internal("signature.detail"),
                                 process_set=self.process_set)
         raise CollectiveMismatchError(
@@ -219,7 +220,7 @@ class DistributedOptimizerBase:
         if p.grad.is_sparse:
             if not self.sparse_as_dense:
                 return  # sparse gradients are gathered at synchronize()
-            p.grad = p.grad.to_dense()
+            self._densify(p)
         group = self._groups.get(p)
         if group is None:
             self._start(p)
@@ -259,6 +260,12 @@ class DistributedOptimizerBase:
         for q in members:
             self._started.add(q)
 
+    def _densify(self, p):
+        """sparse_as_dense: p's sparse gradient becomes dense (reduced as
+        such); the positions it touched are kept to make it sparse again."""
+        self._densified[p] = _sad.touched(p.grad)
+        p.grad = p.grad.to_dense()
+
     def _start_sparse(self, p):
         """Starts gathering p's sparse gradient (indices and values) from all
         ranks; a rank without a gradient contributes an empty one."""
@@ -286,14 +293,20 @@ class DistributedOptimizerBase:
             self._synchronized = True
             return
         try:
-            # One flag pair per parameter: (has a dense gradient, has a sparse one).
+            # Two flags per parameter: has a dense gradient; the sparse
+            # dimensions of its sparse gradient (0: none), sent dense or not.
             n = len(self._params)
-            flags = np.zeros(2 * n, dtype=np.bool_)
+            flags = np.zeros(2 * n, dtype=np.int32)
             for i, p in enumerate(self._params):
-                if p in self._handles or p in self._started:
-                    flags[i] = True
+                if p in self._densified:
+                    flags[n + i] = self._densified[p][0]
+                elif p in self._handles or p in self._started:
+                    flags[i] = 1
                 elif p.grad is not None:
-                    flags[n + i if p.grad.is_sparse else i] = True
+                    if p.grad.is_sparse:
+                        flags[n + i] = p.grad.sparse_dim()
+                    else:
+                        flags[i] = 1
             everywhere = _c.allreduce(flags, op=_c.Max, name=self._internal("has_grad"),
                                       process_set=self.process_set)
             dense_now, groups_now = [], {}
@@ -308,7 +321,7 @@ class DistributedOptimizerBase:
                     if p.grad is None:
                         p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
                     elif p.grad.is_sparse:
-                        p.grad = p.grad.to_dense()
+                        self._densify(p)
                     group = self._groups.get(p)
                     if group is None:
                         dense_now.append(p)
@@ -320,10 +333,31 @@ class DistributedOptimizerBase:
                 self._start(p)
             for group, members in groups_now.items():
                 self._start_group(group, members)
+            resparse = self._touched_union(everywhere)
             self._wait_all()
+            for p, (dim, mask) in resparse.items():
+                p.grad = _sad.to_sparse(p.grad, dim, mask)
         finally:
             self._reset()
         self._synchronized = True
+
+    def _touched_union(self, everywhere) -> dict:
+        """sparse_as_dense: param -> (sparse_dim, union over ranks of the
+        touched positions) for every parameter whose gradient was sparse on
+        some rank and dense on none (one allreduce of all masks)."""
+        n = len(self._params)
+        dims = {p: int(everywhere[n + i]) for i, p in enumerate(self._params)
+                if self.sparse_as_dense and everywhere[n + i] and not everywhere[i]}
+        if not dims:
+            return {}
+        masks = [_sad.mask_of(p.shape, d, self._densified.get(p)) for p, d in dims.items()]
+        union = _c.allreduce(np.concatenate(masks), op=_c.Max,
+                             name=self._internal("sparse_touched"), process_set=self.process_set)
+        out, at = {}, 0
+        for (p, d), m in zip(dims.items(), masks):
+            out[p] = (d, union[at:at + m.size])
+            at += m.size
+        return out
 
     def _wait_all(self):
         first_error = None
@@ -345,6 +379,7 @@ class DistributedOptimizerBase:
         self._handles.clear()
         self._ready.clear()
         self._started.clear()
+        self._densified.clear()
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
 

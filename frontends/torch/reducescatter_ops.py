@@ -1,14 +1,14 @@
 """reducescatter and grouped_reducescatter on torch tensors (Horovod's names
-and arguments), differentiable for Sum and Average; see mpi_ops."""
+and arguments), differentiable with Horovod's gradient; see mpi_ops."""
 from __future__ import annotations
 
 import torch
 
 import commlib as _c
 from commlib.errors import ScalarTensorError
-from commlib.ops import Average, Sum, auto_name
+from commlib.ops import Average, auto_name
 from commlib.process_sets import check_process_set, global_process_set, set_size
-from commlib.reduce_args import resolve_op
+from commlib.reduce_args import reducescatter_grad_scale, resolve_op
 
 from .compression import Compression
 from .cuda_dispatch import on_cuda
@@ -36,32 +36,33 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 
 class HorovodReducescatter(torch.autograd.Function):
-    """reducescatter as an autograd function: the gradient is the allgather
-    of the output gradients (over the same process set), times the scale
-    factors (and 1/size of the set for Average)."""
+    """reducescatter as an autograd function, with Horovod's gradient: the
+    allgather (over the same process set) of the output gradients times
+    ``reducescatter_grad_scale`` (size x prescale x postscale for Sum, prescale x
+    postscale otherwise)."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
-        ctx.op = op = resolve_op(op)
-        ctx.scale = prescale_factor * postscale_factor
+        op = resolve_op(op)
+        ctx.scale = reducescatter_grad_scale(op, set_size(process_set), prescale_factor,
+                                             postscale_factor)
         ctx.process_set = process_set
         return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
                                                postscale_factor))
 
     @staticmethod
     def backward(ctx, grad_output):
-        if ctx.op not in (Sum, Average):
-            raise NotImplementedError("reducescatter is differentiable for Sum and Average only")
-        grad = allgather(grad_output.contiguous(), process_set=ctx.process_set)
-        scale = ctx.scale / (set_size(ctx.process_set) if ctx.op == Average else 1)
-        return grad * scale, None, None, None, None, None
+        grad = allgather((grad_output * ctx.scale).contiguous(), process_set=ctx.process_set)
+        return grad, None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0,
                   postscale_factor=1.0) -> torch.Tensor:
     """This rank's part of the reduction of ``tensor`` over all ranks (of
-    ``process_set``); differentiable for Sum and Average."""
+    ``process_set``); differentiable: the gradient is Horovod's, the
+    allgather of the output gradient times the set's size for Sum and times
+    ``prescale_factor * postscale_factor`` for every op."""
     process_set = check_process_set(process_set)
     compressed, cctx = compression.compress(tensor)
     out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
@@ -82,34 +83,31 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
 
 
 class HorovodGroupedReducescatter(torch.autograd.Function):
-    """grouped_reducescatter as an autograd function: as for reducescatter,
-    the gradients are the allgather of the output gradients (one grouped
-    allgather), times the scale factors and 1/size of the set for Average."""
+    """grouped_reducescatter as an autograd function: as for reducescatter
+    (Horovod's gradient), the output gradients times ``reducescatter_grad_scale``, in one
+    grouped allgather."""
 
     @staticmethod
     def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
-        ctx.op = op = resolve_op(op)
-        ctx.scale = prescale_factor * postscale_factor
+        op = resolve_op(op)
+        ctx.scale = reducescatter_grad_scale(op, set_size(process_set), prescale_factor,
+                                             postscale_factor)
         ctx.process_set = process_set
         return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set,
                                                              prescale_factor, postscale_factor)))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        if ctx.op not in (Sum, Average):
-            raise NotImplementedError("grouped_reducescatter is differentiable for Sum and "
-                                      "Average only")
-        grads = synchronize(grouped_allgather_async([g.contiguous() for g in grad_outputs],
-                                                    process_set=ctx.process_set))
-        scale = ctx.scale / (set_size(ctx.process_set) if ctx.op == Average else 1)
-        return (None, None, None, None, None, *[g * scale for g in grads])
+        grads = synchronize(grouped_allgather_async(
+            [(g * ctx.scale).contiguous() for g in grad_outputs], process_set=ctx.process_set))
+        return (None, None, None, None, None, *grads)
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
     """reducescatter of each tensor of a list, negotiated as one group;
-    differentiable for Sum and Average (as reducescatter)."""
+    differentiable as reducescatter (Horovod's gradient)."""
     process_set = check_process_set(process_set)
     pairs = [compression.compress(t) for t in tensors]
     outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,

@@ -48,7 +48,9 @@ A parameter with no gradient on any rank takes a zero gradient (its
 momentum still moves it), as in other ZeRO implementations; parameters
 frozen (``requires_grad=False``) when the optimizer is built are left out.
 
-``state_dict()`` is this rank's shard (loadable at the same size and rank);
+``opt.state[p]`` shows the state of the parameters (or their slices) this
+rank owns, as views of the shard's (see ``state``). ``state_dict()`` is this
+rank's shard (loadable at the same size and rank);
 ``load_state_dict`` also takes an ordinary per-parameter state dict (from
 ``full_state_dict`` or an optimizer without ZeRO) and keeps this rank's
 part. ``commlib.torch.save_sharded``/``load_sharded`` reshard across sizes.
@@ -69,8 +71,8 @@ from .compression import Compression
 from .tensor_io import as_array
 from .zero_buckets import FlatBucket
 from .zero_pieces import reducescatter_grads_async
-from .zero_state import (group_hyperparameters, is_elementwise, shard_from_params,
-                         torch_order)
+from .zero_state import (group_hyperparameters, is_elementwise, owned_elements, owned_state,
+                         shard_from_params, torch_order)
 
 
 class ZeroMixin:
@@ -302,6 +304,26 @@ class ZeroMixin:
                                   "built; build a new DistributedOptimizer instead")
 
     # ------------------------------------------------------------ state
+
+    @property
+    def state(self):
+        """The state of the parameters this rank owns, as
+        ``ZeroRedundancyOptimizer.state`` shows it: ``state[p]`` for every
+        parameter with elements in this rank's shards (absent: owned by other
+        ranks, or no step yet), views of the shard optimizer's state, so they
+        follow its steps and writing into them changes it. A parameter wholly
+        in this rank's shard has its element-wise values shaped like it
+        (Adam's ``exp_avg``: what one process's Adam holds for it); one split
+        across ranks has them 1-D, over the elements ``owned_elements(p)``
+        of ``p.reshape(-1)`` (that slice of one process's values). Other
+        values (Adam's ``step``) are the shard's. Built at each access."""
+        return owned_state(self._buckets, self._inner.state)
+
+    def owned_elements(self, p) -> tuple | None:
+        """(lo, hi): the elements of ``p.reshape(-1)`` whose state this rank
+        holds (``state[p]``); None for a parameter it holds none of."""
+        b = self._bucket_of.get(p)
+        return None if b is None else owned_elements(b, p)
 
     def shard_states(self) -> list:
         """This rank's optimizer state, one dict per bucket (empty before

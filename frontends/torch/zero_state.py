@@ -4,6 +4,8 @@
 per-parameter form of ``torch.optim`` state dicts."""
 from __future__ import annotations
 
+from collections import defaultdict
+
 import torch
 
 from commlib.sharding import locate
@@ -106,3 +108,30 @@ def shard_state_from_saved(plan, pos: int, old: list, saved) -> dict:
 def group_hyperparameters(optimizer) -> list:
     """The param groups without their parameters (what LR schedulers change)."""
     return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def owned_state(buckets, inner_state) -> defaultdict:
+    """The per-parameter view of this rank's shard state (ZeroMixin.state):
+    parameter -> {key: value} for every parameter with elements in this
+    rank's shard. Element-wise values are views of the shard's: shaped like
+    the parameter when the shard holds all of it, else 1-D over the owned
+    elements (``owned_elements``); other values (``step``) are shared."""
+    out = defaultdict(dict)
+    for b in buckets:
+        st = inner_state.get(b.shard)
+        if not st:
+            continue
+        for i, lo, hi, at in b.plan.slots_in(*b.plan.owned(b.pos)):
+            p, whole = b.params[i], hi - lo == b.plan.slots[i].numel
+            out[p] = {k: (v[at:at + hi - lo].view(p.shape) if whole else v[at:at + hi - lo])
+                      if is_elementwise(v, b.plan.shard) else v for k, v in st.items()}
+    return out
+
+
+def owned_elements(bucket, p) -> tuple | None:
+    """(lo, hi): the elements of ``p.reshape(-1)`` in this rank's shard of
+    ``bucket``; None if it holds none."""
+    s = bucket.slot_of(p)
+    a, b = bucket.plan.owned(bucket.pos)
+    lo, hi = max(a, s.offset), min(b, s.offset + s.numel)
+    return (lo - s.offset, hi - s.offset) if lo < hi else None

@@ -32,3 +32,11 @@ def test_fully_shard(ranks, n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_fully_shard_prefetch(ranks, n):
     run_and_check(ranks, n, "torch_fsdp_prefetch.py", "prefetch")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 3])
+def test_fully_shard_root_without_parameters(ranks, n):
+    """workers/torch_fsdp_root.py: PyTorch's root pattern (the root owns no
+    parameters) and a deeper tree, within 1e-5 of unsharded training."""
+    run_and_check(ranks, n, "torch_fsdp_root.py", "root")

@@ -32,3 +32,15 @@ def test_torch_zero1_step_alone_and_synchronize(ranks, n):
     run = ranks(n, "torch_zero1_grads.py", timeout=60)
     run.assert_ok(n)
     assert len(re.findall(r"stage 1 paths checked over 12 steps", run.stdout)) == n, run
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n", [2, 3])
+def test_torch_zero_state_shows_owned_parameters(ranks, n):
+    """workers/torch_zero_state.py: opt.state[p] of a ZeRO optimizer holds the
+    state of the parameters (or slices) this rank owns, equal to one
+    process's Adam; state_dict() keeps its shard form."""
+    run = ranks(n, "torch_zero_state.py", timeout=60)
+    run.assert_ok(n)
+    errs = [float(e) for e in re.findall(r"zero state max relative error (\S+)", run.stdout)]
+    assert len(errs) == n and max(errs) <= 1e-9, run

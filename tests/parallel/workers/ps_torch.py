@@ -144,8 +144,8 @@ def check_ops(ps, tag):
     x = R[r].clone().requires_grad_()
     y = hvd.reducescatter(x, op=hvd.Average, process_set=ps)
     (y * weights(r, y.shape)).sum().backward()
-    close(x.grad, torch.cat([weights(k, (rows_of(dim0, m, ranks.index(k)), 2)) for k in ranks])
-          / m, f"{tag} reducescatter gradient")
+    close(x.grad, torch.cat([weights(k, (rows_of(dim0, m, ranks.index(k)), 2)) for k in ranks]),
+          f"{tag} reducescatter gradient (Horovod's: Average, no 1/size)")
 
     # grouped forms: the same gradients as the single forms, tensor by tensor
     xg, xr = G[r].to(f64).requires_grad_(), R[r].clone().requires_grad_()
@@ -154,8 +154,8 @@ def check_ops(ps, tag):
     ((yg * weights(r, yg.shape)).sum() + (yr * weights(r, yr.shape)).sum()).backward()
     close(xg.grad, (sum(weights(k, (rows, 2)) for k in ranks) / m)[off:off + r + 1],
           f"{tag} grouped_allgather gradient")
-    close(xr.grad, torch.cat([weights(k, (rows_of(dim0, m, ranks.index(k)), 2)) for k in ranks]),
-          f"{tag} grouped_reducescatter Sum gradient")
+    close(xr.grad, torch.cat([weights(k, (rows_of(dim0, m, ranks.index(k)), 2)) for k in ranks])
+          * m, f"{tag} grouped_reducescatter Sum gradient (Horovod's: times the set's size)")
 
     x = a2a(r).requires_grad_()
     y, _ = hvd.alltoall(x, splits=splits_of(pos), process_set=ps)

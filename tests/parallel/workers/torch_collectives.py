@@ -241,10 +241,10 @@ close(b.grad, torch.full((3,), (n + 1) / 2 if r == 0 else 0.0), "broadcast grad"
 c = torch.ones(n, 2, requires_grad=True)
 (hvd.alltoall(c) * (r + 1)).sum().backward()
 close(c.grad, torch.arange(1., n + 1).unsqueeze(1).expand(n, 2), "alltoall grad")
-# reducescatter (Sum): the allgather of the output gradients
+# reducescatter (Sum): Horovod's, the allgather of the output gradients times size
 d = torch.ones(2 * n, requires_grad=True)
 (hvd.reducescatter(d, op=hvd.Sum) * (r + 1)).sum().backward()
-close(d.grad, torch.arange(1., n + 1).repeat_interleave(2), "reducescatter grad")
+close(d.grad, torch.arange(1., n + 1).repeat_interleave(2) * n, "reducescatter grad")
 # grouped allreduce
 e1, e2 = torch.ones(2, requires_grad=True), torch.ones(3, requires_grad=True)
 o1, o2 = hvd.grouped_allreduce([e1, e2], op=hvd.Sum)
@@ -260,8 +260,8 @@ q2, = hvd.grouped_reducescatter([f2], op=hvd.Average)
  + (q2 * (r + 1)).sum()).backward()
 close(f1.grad, (torch.arange(off, off + r + 1, dtype=torch.float32) + 1) * (n + 1) / 2,
       "grouped_allgather grad")
-close(f2.grad, torch.arange(1., n + 1).repeat_interleave(2).unsqueeze(1).expand(2 * n, 3) / n,
-      "grouped_reducescatter Average grad")
+close(f2.grad, torch.arange(1., n + 1).repeat_interleave(2).unsqueeze(1).expand(2 * n, 3),
+      "grouped_reducescatter Average grad (Horovod's: no 1/size)")
 g1, g2 = torch.ones(3, requires_grad=True), torch.ones(n, 2, requires_grad=True)
 q1, q2 = hvd.grouped_allgather([g1, g2], name="grouped.ag.two")
 (q1.sum() + 2 * q2.sum()).backward()
