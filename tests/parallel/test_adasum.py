@@ -13,9 +13,12 @@ import pytest
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_adasum_numpy(ranks, n):
-    run = ranks(n, "adasum_numpy.py", timeout=90)
+@pytest.mark.parametrize("n,env", [(2, {}), (3, {}), (4, {}),
+                                   (3, {"COMMLIB_FUSION_THRESHOLD": "512"})],
+                         ids=["np2", "np3", "np4", "np3-small-fusion"])
+def test_adasum_numpy(ranks, n, env):
+    """(small fusion: the fused tensors split into several windows)"""
+    run = ranks(n, "adasum_numpy.py", timeout=90, env=env)
     run.assert_ok(n)
 
 
