@@ -29,18 +29,25 @@ Max = lib.COMMLIB_MAX
 Product = lib.COMMLIB_PRODUCT
 
 
-class _AdasumOp:
-    """Horovod's ``Adasum`` reduction, which commlib does not implement: a
-    distinct marker, so that Horovod scripts passing op=Adasum fail clearly."""
+# Adaptive summation (Maleki et al., MLSys 2021; Horovod's Adasum): allreduce
+# only, floating-point tensors only (see README "Adasum").
+Adasum = lib.COMMLIB_ADASUM
 
-    def __repr__(self) -> str:
-        return "Adasum"
-
-
-Adasum = _AdasumOp()
-
-_OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product"}
+_OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product",
+             Adasum: "Adasum"}
 _OP_ALLREDUCE = lib.COMMLIB_OP_ALLREDUCE
+
+
+ADASUM_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def check_adasum_dtype(op, dtype_name: str, what: str) -> None:
+    """TypeError, before anything is sent, for op=Adasum on a dtype other
+    than float16/bfloat16/float32/float64 (for frontends that check before
+    tracing; the core refuses such requests with the same message)."""
+    if op == Adasum and dtype_name not in ADASUM_DTYPES:
+        raise TypeError(f"{what} with op Adasum needs a floating-point tensor (float16, "
+                        f"bfloat16, float32, float64), got {dtype_name}")
 
 
 def auto_name(kind: str, name=None, process_set=None) -> str:
@@ -83,9 +90,6 @@ def resolve_op(op=None, average=None, default=Average) -> int:
     """The reduction op from Horovod's ``op`` / deprecated ``average`` pair."""
     if average is None and type(op) is int and op in _OP_NAMES:  # the common case, cheaply
         return op
-    if isinstance(op, _AdasumOp):
-        raise NotImplementedError("the Adasum reduction is not supported by commlib; "
-                                  "use op=Average (the default) or Sum")
     if average is not None:
         if op is not None:
             raise ValueError("pass either op or the deprecated average argument, not both")
@@ -93,7 +97,8 @@ def resolve_op(op=None, average=None, default=Average) -> int:
     if op is None:
         return default
     if isinstance(op, bool) or op not in _OP_NAMES:
-        raise ValueError(f"unsupported reduction op {op!r}; use commlib.Sum/Average/Min/Max/Product")
+        raise ValueError(f"unsupported reduction op {op!r}; use commlib.Sum/Average/Min/Max/Product/"
+                         f"Adasum")
     return op
 
 

@@ -12,7 +12,7 @@ from . import ops
 
 
 def resolve_op(op=None, average=None, default=ops.Average) -> int:
-    """``commlib.ops.resolve_op`` (Adasum refused, unknown ops refused), plus
+    """``commlib.ops.resolve_op`` (unknown ops refused), plus
     Horovod's DeprecationWarning when the deprecated ``average`` is used."""
     resolved = ops.resolve_op(op, average, default)
     if average is not None:

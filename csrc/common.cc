@@ -54,6 +54,7 @@ const char* reduce_op_name(int op) {
     case COMMLIB_MIN: return "Min";
     case COMMLIB_MAX: return "Max";
     case COMMLIB_PRODUCT: return "Product";
+    case COMMLIB_ADASUM: return "Adasum";
     default: return "unknown";
   }
 }

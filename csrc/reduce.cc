@@ -161,6 +161,7 @@ void scale_half(int dtype, void* buf_v, size_t n, double factor) {
 
 bool reduction_supported(int dtype, int op) {
   if (!is_valid_dtype(dtype)) return false;
+  if (op == COMMLIB_ADASUM) return is_float_dtype(dtype);
   if (op < COMMLIB_SUM || op > COMMLIB_PRODUCT) return false;
   if (dtype == COMMLIB_BOOL && op == COMMLIB_AVERAGE) return false;
   return true;

@@ -28,7 +28,8 @@ void reduce_into_and_copy_scaled(int dtype, int op, void* acc, const void* in, v
 // buf[i] *= factor, computed in double for integers (truncated toward zero).
 void scale_buffer(int dtype, void* buf, size_t n, double factor);
 
-// Whether (dtype, op) is a supported reduction (checked before sending).
+// Whether (dtype, op) is a supported reduction (checked before sending);
+// Adasum: floating-point dtypes (it is not a reduce_into op: allreduce_adasum).
 bool reduction_supported(int dtype, int op);
 
 }  // namespace commlib

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "backends/transport.h"
 
@@ -27,5 +28,11 @@ void allreduce_ring(Transport& t, void* buf, size_t count, int dtype, int op, do
 // (lower ranks' value) op (higher ranks' value), so every rank evaluates the
 // same expression tree and the result is bitwise identical on all ranks.
 void allreduce_tree(Transport& t, void* buf, size_t count, int dtype, int op);
+
+// Adasum over t (allreduce_adasum.cc): buf holds tensors of counts[i]
+// elements end to end (a fused buffer), each combined with its own
+// coefficients; dtype float32 or float64 (the caller widens half types and
+// applies scale factors).
+void allreduce_adasum(Transport& t, void* buf, int dtype, const std::vector<size_t>& counts);
 
 }  // namespace commlib

@@ -14,6 +14,10 @@ namespace {
 bool scaled(const commlib_request& q) { return q.prescale != 1.0 || q.postscale != 1.0; }
 
 void check_reduction(const commlib_request& q) {
+  if (q.reduce_op == COMMLIB_ADASUM) {
+    refuse(COMMLIB_ERR_VALUE, q, "NCCL does not run Adasum; stage the tensors through host memory "
+                                 "(commlib.torch does so) or use COMMLIB_GPU_BACKEND=host");
+  }
   if (nccl_dtype(q.dtype) < 0) {
     refuse(COMMLIB_ERR_TYPE, q, std::string("NCCL cannot reduce ") + dtype_name(q.dtype) +
                                     "; use COMMLIB_GPU_BACKEND=host for it");

@@ -19,7 +19,7 @@ size_t row_bytes(const RequestDesc& d) {
 
 namespace {
 
-// Average is a Sum followed by a 1/size postscale.
+// Average is a Sum followed by a 1/size postscale (Adasum stays Adasum).
 void effective_op(const RequestDesc& d, int size, int* op, double* post) {
   *op = d.reduce_op == COMMLIB_AVERAGE ? COMMLIB_SUM : d.reduce_op;
   *post = d.postscale * (d.reduce_op == COMMLIB_AVERAGE ? 1.0 / size : 1.0);
@@ -113,6 +113,7 @@ size_t window_esize(const OpContext& ctx, int dtype) {
 // tensor is reduced in its output, several are packed into the fusion buffer.
 void reduce_window(OpContext& ctx, const Member* first, const Member* last, int dtype, int op,
                    double pre, double post) {
+  if (op == COMMLIB_ADASUM) return reduce_window_adasum(ctx, first, last, dtype, pre, post);
   size_t total = 0;
   for (const Member* m = first; m != last; ++m) total += m->count;
   const size_t work_bytes = total * window_esize(ctx, dtype);

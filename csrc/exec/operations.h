@@ -55,6 +55,12 @@ void reducescatter_input(OpContext& ctx, const PieceInput& in, const std::vector
                          const RequestDesc& d, void* out, std::vector<char>& scratch);
 
 void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries);
+
+// The Adasum allreduce of the tensors [first, last), all of dtype, as one
+// fused window in which each tensor keeps its own coefficients; prescale
+// before, postscale after (exec/adasum_window.cc).
+void reduce_window_adasum(OpContext& ctx, const Member* first, const Member* last, int dtype,
+                          double pre, double post);
 void run_allgather(OpContext& ctx, Entry& e, const std::vector<int64_t>& rows);
 void run_broadcast(OpContext& ctx, Entry& e);
 void run_alltoall(OpContext& ctx, Entry& e, const std::vector<int64_t>& matrix);

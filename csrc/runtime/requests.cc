@@ -50,6 +50,12 @@ void validate_request(const commlib_request& q, const std::vector<int>& members)
     if (q.shape[i] < 0) throw Error(COMMLIB_ERR_VALUE, "negative dimension in shape");
   const char* what = op_type_name(q.op_type);
   if (q.op_type == COMMLIB_OP_ALLREDUCE || q.op_type == COMMLIB_OP_REDUCESCATTER) {
+    if (q.reduce_op == COMMLIB_ADASUM && q.op_type != COMMLIB_OP_ALLREDUCE)
+      throw Error(COMMLIB_ERR_VALUE, std::string(what) + " does not support op Adasum (allreduce only)");
+    if (q.reduce_op == COMMLIB_ADASUM && !is_float_dtype(q.dtype)) {
+      throw Error(COMMLIB_ERR_TYPE, std::string(what) + " with op Adasum needs a floating-point tensor "
+                                        "(float16, bfloat16, float32, float64), got " + dtype_name(q.dtype));
+    }
     if (!reduction_supported(q.dtype, q.reduce_op)) {
       throw Error(COMMLIB_ERR_TYPE, std::string(what) + " with op " + reduce_op_name(q.reduce_op) +
                                         " is not supported for dtype " + dtype_name(q.dtype));

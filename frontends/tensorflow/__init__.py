@@ -31,8 +31,9 @@ collectives, broadcast_variables, the object helpers,
 DistributedGradientTape and DistributedOptimizer take ``process_set=`` and
 then communicate among its members only. Elastic training is restart from
 the last commit (commlib.tensorflow.keras.elastic); timelines:
-start_timeline/stop_timeline (commlib.timeline). Not available (yet):
-Adasum, XLA-compiled functions.
+start_timeline/stop_timeline (commlib.timeline). ``op=Adasum`` (adaptive
+summation, floating-point tensors) in the allreduces and DistributedOptimizer
+reduces the gradients adaptively. Not available (yet): XLA-compiled functions.
 """
 from commlib.basics import (cross_rank, cross_size, is_initialized, local_rank, local_size,
                             mpi_threads_supported, rank, shutdown, size)

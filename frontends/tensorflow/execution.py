@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from commlib.dtypes import SUPPORTED as _CORE_DTYPE_NAMES
 from commlib.errors import CommlibError
-from commlib.ops import auto_name
+from commlib.ops import auto_name, check_adasum_dtype
 
 from . import errors
 
@@ -41,9 +41,12 @@ SUPPORTED_DTYPES = tuple(tf.as_dtype(name) for name in _CORE_DTYPE_NAMES)
 BYTES_DTYPES = (tf.complex64, tf.complex128)
 
 
-def check_dtype(dtype, what: str, movable: bool = False) -> None:
-    """TypeError unless the core can reduce ``dtype`` (or, when ``movable``,
-    at least move it: broadcast, allgather, alltoall)."""
+def check_dtype(dtype, what: str, movable: bool = False, op=None) -> None:
+    """TypeError unless the core can reduce ``dtype`` (with ``op``: Adasum
+    takes floating-point dtypes only) or, when ``movable``, at least move it
+    (broadcast, allgather, alltoall)."""
+    if dtype in SUPPORTED_DTYPES and op is not None:
+        check_adasum_dtype(op, dtype.name, f"commlib.tensorflow.{what}")
     if dtype in SUPPORTED_DTYPES or (movable and dtype in BYTES_DTYPES):
         return
     kinds = ", ".join(d.name for d in SUPPORTED_DTYPES + (BYTES_DTYPES if movable else ()))

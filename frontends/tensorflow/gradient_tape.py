@@ -73,7 +73,7 @@ def make_allreduce_grads(device_dense='', device_sparse='', compression=Compress
             for group in group_indices(dense, groups, keys, var_key):
                 ts = [tf.convert_to_tensor(grads[i]) for i in group]
                 for t in ts:
-                    check_dtype(t.dtype, "allreduce of gradients")
+                    check_dtype(t.dtype, "allreduce of gradients", op=op)
                 packed = [compression.compress(t) for t in ts]
                 reduced = mpi_ops.grouped_allreduce_raw([c for c, _ in packed], op, pre, post,
                                                          process_set=process_set)

@@ -233,7 +233,7 @@ def _dense(g):
 
 def _allreduce_grad(x, y, dy, op, pre, post, ignore_name_scope, ps):
     dy = _dense(dy)
-    if op in (Sum, Average):
+    if op in (Sum, Average, Adasum):
         return _allreduce_raw(dy, op, pre, post, ignore_name_scope=ignore_name_scope,
                               process_set=ps)
     if op in (Min, Max):
@@ -263,7 +263,7 @@ def _allreduce_op(t, op, pre, post, name, ignore_name_scope, ps):
 
 
 def _grouped_allreduce_op(ts, op, pre, post, name, ignore_name_scope, ps):
-    if not all(_differentiable(t) for t in ts) or op not in (Sum, Average):
+    if not all(_differentiable(t) for t in ts) or op not in (Sum, Average, Adasum):
         return grouped_allreduce_raw(ts, op, pre, post, name, ignore_name_scope, ps)
 
     @tf.custom_gradient
@@ -390,7 +390,7 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
               postscale_factor=1.0, name=None, process_set=None, ignore_name_scope=False):
     """Reduces ``tensor`` (tf.Tensor, tf.Variable or tf.IndexedSlices) over all
     ranks (of ``process_set``); ``op`` Average (default; divides by the set's
-    size), Sum, Min, Max or Product. IndexedSlices are allgathered (values and
+    size), Sum, Min, Max, Product or Adasum (floating-point tensors). IndexedSlices are allgathered (values and
     indices) instead, as in Horovod. The result has the input's shape and
     dtype (integer Average truncates toward zero)."""
     sparse = isinstance(tensor, tf.IndexedSlices)
@@ -404,7 +404,7 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
             return allreduce_sparse(tensor, op, prescale_factor * postscale_factor, name,
                                      ignore_name_scope, process_set)
         t = _as_tensor(tensor)
-        check_dtype(t.dtype, "allreduce")
+        check_dtype(t.dtype, "allreduce", op=op)
         with tf.device(device_dense) if device_dense else _nullcontext():
             c, ctx = compression.compress(t)
             r = _allreduce_op(c, op, prescale_factor, postscale_factor, name,
@@ -460,7 +460,7 @@ def _grouped_allreduce(tensors, op, average, compression, prescale_factor, posts
     if dense_idx:
         ts = [_as_tensor(tensors[i]) for i in dense_idx]
         for t in ts:
-            check_dtype(t.dtype, "grouped_allreduce")
+            check_dtype(t.dtype, "grouped_allreduce", op=op)
         packed = [compression.compress(t) for t in ts]
         reduced = _grouped_allreduce_op([c for c, _ in packed], op, prescale_factor,
                                         postscale_factor, name, ignore_name_scope, process_set)

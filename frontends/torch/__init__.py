@@ -24,7 +24,9 @@ only (Average divides by the set's size)::
     if even.included():
         hvd.allreduce(t, process_set=even)
 
-Not available (yet; the name exists and raises NotImplementedError): Adasum.
+``op=Adasum`` (adaptive summation, floating-point tensors) in the allreduces;
+``DistributedOptimizer(op=Adasum)`` steps locally and Adasum-reduces the
+parameter deltas (commlib.torch.adasum_optimizer).
 Timelines: start_timeline/stop_timeline (see commlib.timeline). Elastic training is restart from the
 last commit (``hvd.elastic``, see commlib.torch.elastic and ``commlibrun --restarts``).
 """

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import commlib as _c
-from commlib.ops import Average, Max, Min, Sum, allreduce_async_at
+from commlib.ops import Adasum, Average, Max, Min, Sum, allreduce_async_at
 from commlib.process_sets import check_process_set, global_process_set
 from commlib.reduce_args import resolve_op
 
@@ -84,7 +84,7 @@ class HorovodAllreduce(torch.autograd.Function):
     def backward(ctx, grad_output):
         op, ps = ctx.op, ctx.process_set
         pre, post = ctx.scales
-        if op in (Sum, Average):
+        if op in (Sum, Average, Adasum):  # (Adasum: Horovod's, the op of the forward)
             grad = allreduce(grad_output, op=op, prescale_factor=pre, postscale_factor=post,
                              process_set=ps)
         elif op in (Min, Max):
@@ -167,9 +167,9 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        if ctx.op not in (Sum, Average):
-            raise NotImplementedError("grouped_allreduce is differentiable for Sum and Average "
-                                      "only")
+        if ctx.op not in (Sum, Average, Adasum):
+            raise NotImplementedError("grouped_allreduce is differentiable for Sum, Average and "
+                                      "Adasum only")
         pre, post = ctx.scales
         grads = grouped_allreduce(list(grad_outputs), op=ctx.op, prescale_factor=pre,
                                   postscale_factor=post, process_set=ctx.process_set)
@@ -179,7 +179,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduces a list of tensors as one fused unit; returns a list of new
-    tensors. Differentiable for Sum and Average."""
+    tensors. Differentiable for Sum, Average and Adasum."""
     process_set = check_process_set(process_set)
     pairs = [compression.compress(t) for t in tensors]
     outs = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,

@@ -4,7 +4,7 @@ decorated function, CUDA tensors either through NCCL in the core
 (cuda_nccl) or staged through host memory (cuda_staging), as
 commlib.gpu.cuda_path() says (COMMLIB_GPU_BACKEND and what loads; it prints
 once which path runs). Reductions NCCL cannot run (16-bit integers, bool,
-Average or scale factors on integers, scale factors with Min/Max/Product) and
+Average or scale factors on integers, scale factors with Min/Max/Product, Adasum) and
 the grouped allgather/reducescatter are staged even when NCCL runs the rest;
 a one-time message says so.
 """

@@ -14,7 +14,7 @@ import torch
 import commlib as _c
 from commlib import device_ops
 from commlib._lib import lib
-from commlib.ops import Average, Max, Min, Product, auto_name, reducescatter_rows
+from commlib.ops import Adasum, Average, Max, Min, Product, auto_name, reducescatter_rows
 from commlib.process_sets import set_rank
 
 from .handles import Handle
@@ -30,7 +30,7 @@ _FLOATS = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
 def can_reduce(dtype: torch.dtype, op: int, prescale: float, postscale: float) -> bool:
     """Whether the NCCL executor runs this reduction (else it is staged)."""
     scaled = prescale != 1.0 or postscale != 1.0
-    if dtype not in _NCCL_REDUCIBLE:
+    if op == Adasum or dtype not in _NCCL_REDUCIBLE:  # (Adasum: the core's host algorithm)
         return False
     if (scaled or op == Average) and dtype not in _FLOATS:
         return False

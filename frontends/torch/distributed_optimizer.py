@@ -9,11 +9,13 @@ import torch
 from commlib.grouping import resolve_groups
 from commlib.process_sets import check_process_set, included
 
+from commlib.reduce_args import resolve_op
+
+from . import adasum_optimizer, zero
 from .compression import Compression
 from .delayed import delayed_optimizer
-from .mpi_ops import Average, global_process_set
+from .mpi_ops import Adasum, Average, global_process_set
 from .optimizer import DistributedOptimizerBase
-from . import zero
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -32,7 +34,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         compression: Compression.none, Compression.fp16 or Compression.bf16.
         backward_passes_per_step: backward passes accumulated locally before
             the gradients are exchanged (gradient accumulation).
-        op: Average (default) or Sum.
+        op: Average (default), Sum or Adasum: each rank steps with its own
+            gradients and the parameter updates are combined by Adasum
+            (see commlib.torch.adasum_optimizer; the learning rate is not
+            scaled by the number of ranks).
         gradient_predivide_factor: with Average, gradients are divided by this
             factor before the sum and by size/factor after it.
         num_groups: deprecated alias of an integer ``groups``.
@@ -72,6 +77,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     groups = resolve_groups(num_groups, groups)
     dist_args = (named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    base = optimizer.__class__
+    if resolve_op(op) == Adasum:
+        adasum_optimizer.check_arguments(staleness=staleness != 0, zero_stage=zero_stage != 0,
+                                         bucket_elements=bucket_elements is not None,
+                                         weight_prediction=weight_prediction is not False,
+                                         gradient_predivide_factor=gradient_predivide_factor != 1.0)
+        cls = type(base.__name__, (adasum_optimizer.AdasumOptimizerBase, base),
+                   {"__module__": adasum_optimizer.__name__, "__doc__": base.__doc__})
+        return _share(cls, optimizer, dist_args)
     if staleness != 0 and zero_stage != 0:
         raise ValueError("staleness=1 and zero_stage cannot be combined")
     if staleness != 0:
@@ -81,7 +95,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         return delayed_optimizer(optimizer, staleness, dist_args, weight_prediction)
     if weight_prediction is not False:
         raise ValueError("weight_prediction=True needs staleness=1")
-    base = optimizer.__class__
     if zero_stage != 0 or bucket_elements is not None:
         bucket_elements = zero.check_arguments(zero_stage, bucket_elements, compression, groups)
         if included(process_set):
@@ -90,7 +103,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             return zero.make_zero(cls, base, optimizer, zero_stage, bucket_elements, dist_args)
     cls = type(base.__name__, (DistributedOptimizerBase, base),
                {"__module__": __name__, "__doc__": base.__doc__})
+    return _share(cls, optimizer, dist_args)
+
+
+def _share(cls, optimizer, dist_args):
+    """An instance of cls sharing the wrapped optimizer's param_groups,
+    state, defaults and hooks."""
     dist = cls.__new__(cls)
-    dist.__dict__.update(optimizer.__dict__)  # shares param_groups, state, defaults, hooks
+    dist.__dict__.update(optimizer.__dict__)
     dist._dist_init(*dist_args)
     return dist

@@ -28,7 +28,6 @@ Differences from horovod.torch, all deliberate:
 
 * CPU tensors only: a tensor on another device raises ValueError (the core has
   no GPU path yet).
-* ``Adasum`` raises NotImplementedError instead of reducing.
 * ``synchronize`` on an already synchronized handle raises ValueError.
 """
 from __future__ import annotations

@@ -104,6 +104,10 @@ TEST_CASE("reductions_nccl_cannot_run_are_refused") {
                  "need a floating-point dtype");
   CHECK_EQ(refusal(cuda_request(COMMLIB_OP_ALLREDUCE, COMMLIB_BFLOAT16, COMMLIB_AVERAGE), GpuBackend::kAuto, &ok), "");
   CHECK_EQ(refusal(cuda_request(COMMLIB_OP_ALLREDUCE, COMMLIB_INT64, COMMLIB_PRODUCT), GpuBackend::kAuto, &ok), "");
+  CHECK_CONTAINS(refusal(cuda_request(COMMLIB_OP_ALLREDUCE, COMMLIB_FLOAT32, COMMLIB_ADASUM), GpuBackend::kAuto,
+                         &ok, &code),
+                 "NCCL does not run Adasum");
+  CHECK_EQ(code, COMMLIB_ERR_VALUE);
 }
 
 TEST_CASE("gather_ops_need_a_caller_allocated_output") {

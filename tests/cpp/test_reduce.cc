@@ -121,4 +121,12 @@ TEST_CASE("reduce: half types widen to float32, reduce and scale there, and roun
   CHECK_EQ(acc, uint16_t(0x1400));  // 2^-10
 }
 
+TEST_CASE("reduce: Adasum is a reduction of floating-point dtypes only") {
+  for (int dtype : {COMMLIB_FLOAT16, COMMLIB_BFLOAT16, COMMLIB_FLOAT32, COMMLIB_FLOAT64})
+    CHECK(commlib::reduction_supported(dtype, COMMLIB_ADASUM));
+  for (int dtype : {COMMLIB_INT32, COMMLIB_UINT8, COMMLIB_BOOL, COMMLIB_INT64})
+    CHECK(!commlib::reduction_supported(dtype, COMMLIB_ADASUM));
+  CHECK(!commlib::reduction_supported(COMMLIB_FLOAT32, COMMLIB_ADASUM + 1));
+}
+
 CHECK_MAIN()

@@ -26,7 +26,7 @@ def test_staging_on_cpu(ranks, n, env, path):
 
 def test_nccl_reducible():
     import torch
-    from commlib.ops import Average, Max, Min, Product, Sum
+    from commlib.ops import Adasum, Average, Max, Min, Product, Sum
     from commlib.torch.cuda_nccl import can_reduce
     assert can_reduce(torch.float16, Average, 1.0, 1.0)
     assert can_reduce(torch.bfloat16, Sum, 0.5, 2.0)
@@ -37,6 +37,7 @@ def test_nccl_reducible():
     assert not can_reduce(torch.int32, Average, 1.0, 1.0)
     assert not can_reduce(torch.int32, Sum, 2.0, 1.0)
     assert not can_reduce(torch.float32, Min, 2.0, 1.0)
+    assert not can_reduce(torch.float32, Adasum, 1.0, 1.0)  # (the host's algorithm runs it)
 
 
 @pytest.mark.timeout(150)

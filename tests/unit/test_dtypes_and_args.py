@@ -217,20 +217,38 @@ def test_broadcast_root_outside_job_is_value_error(form, root):
 
 
 BAD_OPS = [pytest.param(99, id="99"), pytest.param(-1, id="-1"), pytest.param("Sum", id="str"),
-           pytest.param(1.5, id="float"), pytest.param(commlib.Adasum, id="Adasum")]
+           pytest.param(1.5, id="float")]
 
 
 @pytest.mark.parametrize("op", BAD_OPS)
 @pytest.mark.parametrize("form", ["allreduce", "allreduce_", "allreduce_async", "grouped_allreduce",
                                   "reducescatter"])
 def test_bad_op_is_value_error(form, op):
-    """Adasum is named (for Horovod scripts) but not supported: it must fail
-    clearly rather than run some other reduction."""
     x = np.arange(4.0)
     arg = [x] if form == "grouped_allreduce" else x
-    exc = (ValueError, NotImplementedError) if op is commlib.Adasum else ValueError
-    with pytest.raises(exc):
+    with pytest.raises(ValueError):
         getattr(commlib, form)(arg, op=op)
+
+
+@pytest.mark.parametrize("form", ["allreduce", "allreduce_", "allreduce_async", "grouped_allreduce"])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.bool_])
+def test_adasum_of_non_floats_is_type_error(form, dtype):
+    x = np.ones(4, dtype)
+    arg = [x] if form == "grouped_allreduce" else x
+    with pytest.raises(TypeError, match="Adasum"):
+        getattr(commlib, form)(arg, op=commlib.Adasum)
+
+
+def test_adasum_reducescatter_is_value_error():
+    with pytest.raises(ValueError, match="Adasum"):
+        commlib.reducescatter(np.ones((2, 2)), op=commlib.Adasum)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_adasum_on_one_rank_applies_the_scale_factors(dtype):
+    x = np.arange(5, dtype=dtype) - 2
+    got = commlib.allreduce(x, op=commlib.Adasum, prescale_factor=2.0, postscale_factor=0.25)
+    np.testing.assert_array_equal(got, x * 0.5)
 
 
 def test_op_and_average_together_is_value_error():

@@ -76,13 +76,16 @@ enum {
   COMMLIB_UINT64 = 12
 };
 
-/* Reduction operators (Average is Sum with a 1/size postscale). */
+/* Reduction operators (Average is Sum with a 1/size postscale; Adasum is
+ * the adaptive summation of Maleki et al., allreduce of floating-point
+ * tensors only). */
 enum {
   COMMLIB_SUM = 0,
   COMMLIB_AVERAGE = 1,
   COMMLIB_MIN = 2,
   COMMLIB_MAX = 3,
-  COMMLIB_PRODUCT = 4
+  COMMLIB_PRODUCT = 4,
+  COMMLIB_ADASUM = 5
 };
 
 /* One collective request. The caller keeps input/output and the arrays alive

@@ -81,7 +81,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                          weight_prediction=False):
     """A copy of the Keras ``optimizer`` that averages (``op``) gradients across
     ranks (of ``process_set``; on ranks outside it, gradients stay local)
-    before applying them.
+    before applying them. ``op=Adasum`` combines them adaptively instead, as
+    Horovod's Keras optimizer does (do not scale the learning rate by size).
 
     local_layers: a Keras layer or a list of them whose gradients stay local
     (Horovod's partial distributed optimizer; their weights may differ across
@@ -114,6 +115,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         raise ValueError(f"expected a Keras optimizer, got {type(optimizer).__name__}")
     process_set = check_process_set(process_set, member=False)
     op = resolve_op(op)
+    if op == Adasum and (staleness != 0 or zero_stage != 0):
+        raise ValueError("op=Adasum cannot be combined with staleness or zero_stage")
     groups = resolve_groups(num_groups, groups)
     if isinstance(backward_passes_per_step, bool) or int(backward_passes_per_step) < 1:
         raise ValueError(f"backward_passes_per_step must be a positive integer, got "

@@ -252,6 +252,9 @@ def test_refusals():
     z = np.ones(4, np.int16)
     expect_raises(TypeError, lambda: device(lib.COMMLIB_OP_ALLREDUCE, "int16", z, np.empty_like(z),
                                             reduce_op=commlib.Sum), "int16 on NCCL", match="NCCL cannot reduce")
+    expect_raises(ValueError, lambda: device(lib.COMMLIB_OP_ALLREDUCE, "adasum", y, np.empty_like(y),
+                                             reduce_op=commlib.Adasum), "Adasum on NCCL",
+                  match="NCCL does not run Adasum")
     # the executor still runs afterwards
     check_allreduce(np.dtype(np.float32), "Sum", 70)
 

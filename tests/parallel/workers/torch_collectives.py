@@ -303,7 +303,8 @@ expect_raises(ValueError, lambda: hvd.allreduce(torch.ones(3, device="meta")), "
 expect_raises(ValueError, lambda: hvd.allreduce_(torch.ones(4, 3).t()), "non-contiguous in place",
               "contiguous")
 expect_raises(TypeError, lambda: hvd.allreduce(np.ones(3)), "numpy input")
-expect_raises(NotImplementedError, lambda: hvd.allreduce(torch.ones(3), op=hvd.Adasum), "Adasum")
+expect_raises(TypeError, lambda: hvd.allreduce(torch.ones(3, dtype=torch.int32), op=hvd.Adasum),
+              "Adasum of int32", match="Adasum")
 expect_raises(TypeError, lambda: hvd.allreduce(torch.ones(3), process_set=object()),
               "process set of the wrong type")
 expect_raises(ValueError, lambda: hvd.allreduce(torch.ones(3), process_set=hvd.ProcessSet([0])),

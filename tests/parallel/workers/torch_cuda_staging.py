@@ -56,6 +56,16 @@ same(staged(allreduce_ops.allreduce_async, x, op=hvd.Average, prescale_factor=2.
      direct(allreduce_ops.allreduce_async, x, op=hvd.Average, prescale_factor=2.0, postscale_factor=0.5,
             name="d.avg"), "staged Average with scale factors")
 
+# Adasum (which CUDA tensors always take through the staging steps: NCCL cannot run it)
+x = torch.linspace(-1, 1, 12, dtype=torch.float32) * (r + 1) + r
+same(staged(allreduce_ops.allreduce_async, x, op=hvd.Adasum, name="s.adasum"),
+     direct(allreduce_ops.allreduce_async, x, op=hvd.Adasum, name="d.adasum"), "staged Adasum")
+xs = [x, x[:5].clone() * 3]
+want = direct(allreduce_ops.grouped_allreduce_async, xs, op=hvd.Adasum, name="d.gadasum")
+got = staged(allreduce_ops.grouped_allreduce_async, xs, op=hvd.Adasum, name="s.gadasum")
+for i, (g, w) in enumerate(zip(got, want)):
+    same(g, w, f"staged grouped Adasum tensor {i}")
+
 # the inputs are taken at submission: changing them before synchronize changes nothing
 x = torch.full((1000,), float(r + 1))
 h = cuda_staging.staged_call(lambda s: allreduce_ops.allreduce_async.__wrapped__(s, op=hvd.Sum, name="snap"),

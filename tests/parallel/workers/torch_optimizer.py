@@ -135,8 +135,8 @@ model, ref, _ = train_pair(sgd, steps=5, dist_kwargs={"compression": hvd.Compres
 check_equivalent(model, ref, "bf16 compression", tol=5e-2)
 expect_raises(ValueError, lambda: hvd.DistributedOptimizer(
     sgd(m0.parameters()), op=hvd.Sum, gradient_predivide_factor=2.0), "predivide with Sum")
-expect_raises(NotImplementedError, lambda: hvd.DistributedOptimizer(
-    sgd(m0.parameters()), op=hvd.Adasum), "Adasum")
+expect_raises(ValueError, lambda: hvd.DistributedOptimizer(
+    sgd(m0.parameters()), op=hvd.Adasum, gradient_predivide_factor=2.0), "predivide with Adasum")
 
 # groups given as lists of parameters, including a group left incomplete by an unused layer
 model, ref = mlp(), mlp()
