@@ -32,6 +32,10 @@ under the same load:
     commlibrun -np 2 python examples/pytorch_synthetic_benchmark.py \
         --mode sync,staleness1,local-sgd,local --period 8
 
+``--compression powersgd:2`` (mode sync) sends the gradients as PowerSGD
+rank-2 factors (commlib.torch.powersgd) from the second step on; fp16 and
+bf16 as casts (``--fp16-allreduce`` is ``--compression fp16``).
+
 Sharded data parallelism: modes zero1 and zero2 (DistributedOptimizer with
 zero_stage 1 or 2) and zero3 (fully_shard on every layer, a plain optimizer
 over the shards); ``--zero-stage N`` is ``--mode zeroN``. Every rank prints
@@ -80,7 +84,10 @@ def parse_args():
     p.add_argument("--num-batches-per-iter", type=int, default=10)
     p.add_argument("--num-iters", type=int, default=10)
     p.add_argument("--num-threads", type=int, default=1, help="torch threads per rank")
-    p.add_argument("--fp16-allreduce", action="store_true", help="commlib: fp16 compression")
+    p.add_argument("--fp16-allreduce", action="store_true", help="commlib: --compression fp16")
+    p.add_argument("--compression", type=compression_arg, default="none",
+                   help="commlib, mode sync: none, fp16, bf16 or powersgd:R (PowerSGD of rank R, "
+                        "compressing from the second step on)")
     p.add_argument("--groups", type=int, default=0,
                    help="commlib: fuse gradients into this many groups (0: one per parameter)")
     p.add_argument("--mode", default="sync",
@@ -90,6 +97,10 @@ def parse_args():
                    help="commlib: the same as --mode zero<N> (0: --mode as given)")
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     args = p.parse_args()
+    if args.fp16_allreduce:
+        args.compression = "fp16"
+    if args.compression.startswith("powersgd") and args.mode != "sync":
+        p.error("--compression powersgd:R works with --mode sync only")
     if args.zero_stage:
         args.mode = f"zero{args.zero_stage}"
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -101,6 +112,16 @@ def parse_args():
         p.error("--amp fp16 (a GradScaler) works with the modes sync, staleness1, zero1, "
                 "zero2, zero3 and local")
     return args
+
+
+def compression_arg(text):
+    """--compression's value: none, fp16, bf16 or powersgd:R (R >= 1)."""
+    kind, colon, rank = text.partition(":")
+    if kind in ("none", "fp16", "bf16") and not colon:
+        return text
+    if kind == "powersgd" and rank.isdigit() and int(rank) >= 1:
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: none, fp16, bf16 or powersgd:R (R >= 1)")
 
 
 def _has_torchvision():
@@ -159,7 +180,9 @@ def commlib_optimizer(model, args, mode):
         return optimizer
     if mode not in ("sync", "staleness1", "zero1", "zero2"):
         raise SystemExit(f"unknown --mode {mode!r}")
-    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    kind, _, rank = args.compression.partition(":")
+    compression = (hvd.Compression.powersgd(rank=int(rank), start_step=1) if kind == "powersgd"
+                   else getattr(hvd.Compression, kind))
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression, groups=args.groups or None,
                                          staleness=1 if mode == "staleness1" else 0,
@@ -294,7 +317,7 @@ def main():
     params = sum(p.numel() for p in pristine.parameters())
     log(f"Model: {args.model} ({params / 1e6:.1f}M parameters), backend: "
         f"{'commlib and ddp' if args.compare else args.backend}, device: {args.device}, "
-        f"amp: {args.amp}, batch size: {args.batch_size} per rank, ranks: {world}, "
+        f"amp: {args.amp}, compression: {args.compression}, batch size: {args.batch_size} per rank, ranks: {world}, "
         f"threads per rank: {args.num_threads}")
     first = {}
     for name, step in steps.items():

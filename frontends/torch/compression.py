@@ -1,12 +1,15 @@
 """Gradient compression applied around allreduce, as in horovod.torch:
 ``Compression.none`` (no change), ``Compression.fp16`` (floating-point tensors
 travel as float16), ``Compression.bf16`` (as bfloat16: float32's range with
-fewer mantissa bits, so large gradients do not overflow)."""
+fewer mantissa bits, so large gradients do not overflow);
+``Compression.powersgd(rank=2, ...)`` (low-rank, with error feedback: for
+DistributedOptimizer only, see commlib.torch.powersgd)."""
 from __future__ import annotations
 
 import torch
 
 from commlib.compression import CastCompressor, Compressor, NoneCompressor  # noqa: F401
+from commlib.powersgd import PowerSGD
 
 
 class _TorchCast(CastCompressor):
@@ -33,3 +36,4 @@ class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+    powersgd = PowerSGD

@@ -11,7 +11,7 @@ from commlib.process_sets import check_process_set, included
 
 from commlib.reduce_args import resolve_op
 
-from . import adasum_optimizer, zero
+from . import adasum_optimizer, powersgd, zero
 from .compression import Compression
 from .delayed import delayed_optimizer
 from .mpi_ops import Adasum, Average, global_process_set
@@ -31,7 +31,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         named_parameters: (name, parameter) pairs, usually
             ``model.named_parameters()``; names identify the allreduces (and
             appear in error messages). Default: generated names.
-        compression: Compression.none, Compression.fp16 or Compression.bf16.
+        compression: Compression.none, Compression.fp16, Compression.bf16 or
+            Compression.powersgd(rank=2, ...) (low-rank compression with error
+            feedback of all gradients together; see commlib.torch.powersgd).
         backward_passes_per_step: backward passes accumulated locally before
             the gradients are exchanged (gradient accumulation).
         op: Average (default), Sum or Adasum: each rank steps with its own
@@ -75,10 +77,16 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if isinstance(optimizer, DistributedOptimizerBase):
         raise ValueError("this optimizer is already a DistributedOptimizer")
     groups = resolve_groups(num_groups, groups)
+    powersgd_config = powersgd.as_config(compression)
+    if powersgd_config is not None:
+        powersgd.check_options(staleness, zero_stage, bucket_elements, groups)
+        compression = powersgd_config
     dist_args = (named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, groups, sparse_as_dense, process_set)
     base = optimizer.__class__
     if resolve_op(op) == Adasum:
+        if powersgd_config is not None:
+            raise ValueError("Compression.powersgd cannot be combined with op=Adasum")
         adasum_optimizer.check_arguments(staleness=staleness != 0, zero_stage=zero_stage != 0,
                                          bucket_elements=bucket_elements is not None,
                                          weight_prediction=weight_prediction is not False,
@@ -95,6 +103,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         return delayed_optimizer(optimizer, staleness, dist_args, weight_prediction)
     if weight_prediction is not False:
         raise ValueError("weight_prediction=True needs staleness=1")
+    if powersgd_config is not None:
+        cls = type(base.__name__, (powersgd.PowerSGDOptimizer, base),
+                   {"__module__": powersgd.__name__, "__doc__": base.__doc__})
+        return powersgd.make_powersgd(cls, optimizer, powersgd_config, dist_args)
     if zero_stage != 0 or bucket_elements is not None:
         bucket_elements = zero.check_arguments(zero_stage, bucket_elements, compression, groups)
         if included(process_set):

@@ -43,6 +43,28 @@ def test_synthetic_benchmark_runs(ranks, backend):
 
 
 @pytest.mark.timeout(150)
+def test_synthetic_benchmark_powersgd(ranks):
+    run = ranks(2, str(EXAMPLES / "pytorch_synthetic_benchmark.py"), "--device", "cpu",
+                "--model", "small-mlp", "--compression", "powersgd:2", "--num-warmup-batches",
+                "1", "--num-iters", "2", "--num-batches-per-iter", "2", timeout=120)
+    if run.returncode != 0:
+        pytest.fail(run.describe(), pytrace=False)
+    assert "compression: powersgd:2" in run.stdout, run
+    assert re.search(r"Total samples/s on 2 rank\(s\): \d", run.stdout), run
+
+
+@pytest.mark.parametrize("value", ["powersgd", "powersgd:0", "fp32"])
+def test_synthetic_benchmark_refuses_bad_compression(value):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "pytorch_synthetic_benchmark.py"),
+                           "--device", "cpu", "--compression", value],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "none, fp16, bf16 or powersgd:R (R >= 1)" in proc.stderr, proc
+
+
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("model,amp", [("transformer", "bf16"), ("small-mlp", "fp16")])
 def test_synthetic_benchmark_compare(ranks, model, amp):
     """--compare trains with commlib and DDP in one job, taking turns, and

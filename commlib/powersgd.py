@@ -1,0 +1,266 @@
+"""PowerSGD gradient compression (Vogels et al., NeurIPS 2019), written once
+for every frontend: the plan (which gradients are compressed), the per-step
+rule and its state. The frontend supplies a small ``TensorOps`` object (its
+framework's matrix products and one grouped allreduce); nothing here imports
+a framework.
+
+Per exchange step, for the gradients of all parameters at once:
+
+- before ``start_step``: one grouped allreduce of every gradient (as DDP's
+  powerSGD_hook runs plain allreduce for its first iterations);
+- afterwards, each gradient whose 2-D view M (first dimension by the rest)
+  shrinks at least ``min_compression_rate`` times as (rows + cols) * rank
+  numbers is compressed; the others (biases, norms, small matrices) are
+  batched into the first allreduce, uncompressed:
+
+      M += error                      (error feedback, per parameter)
+      Q  = orthogonalize(Q)           (warm start: last step's Q; else random)
+      P  = M Q                        allreduce [uncompressed..., P...]   (fused)
+      P  = orthogonalize(P)           (Gram-Schmidt, zero columns stay zero)
+      Q  = M^T P                      allreduce [Q...]                    (fused)
+      M_hat = P Q^T                   the new gradient
+      error = M - M_hat
+
+Both allreduces apply the optimizer's reduction (Average by default). DDP's
+hook sums P without dividing (P is orthogonalized next, so its scale does
+not matter, up to the epsilon guard) and divides Q and the uncompressed
+gradients by the world size after the sum; averaging P as well gives the same
+M_hat and lets P travel in one fused allreduce with the uncompressed
+gradients. Unlike DDP's hook, the uncompressed gradients are averaged exactly
+and keep no error. A random Q is drawn from numpy's generator seeded with
+(seed, tensor index[, step]), so it is identical on every rank and after a
+restart, then converted by the frontend.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+import numpy as np
+
+ORTHOGONALIZATIONS = ("gram-schmidt",)
+
+
+class PowerSGD:
+    """The configuration of PowerSGD compression, taken as ``compression=``
+    by the frontends' DistributedOptimizer (``Compression.powersgd(...)``).
+
+    rank: columns of P and Q (capped at min(rows, cols) per tensor).
+    start_step: exchange steps of plain allreduce before compression starts.
+    min_compression_rate: a gradient is compressed when its 2-D view shrinks at
+        least this many times: rows * cols >= rate * (rows + cols) * rank.
+    error_feedback: add each step's compression error to the next gradient.
+    warm_start: start from the previous step's Q (else a fresh random Q).
+    orthogonalization: "gram-schmidt".
+    epsilon: guard of the normalization (a column is divided by
+        max(norm, epsilon): a zero column stays zero).
+    seed: seed of the random Q (the same on every rank).
+    """
+
+    def __init__(self, rank=2, start_step=10, min_compression_rate=2, error_feedback=True,
+                 warm_start=True, orthogonalization="gram-schmidt", epsilon=1e-8, seed=0):
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"PowerSGD rank must be a positive integer, got {rank!r}")
+        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+            raise ValueError(f"PowerSGD start_step must be an integer >= 0, got {start_step!r}")
+        if not isinstance(min_compression_rate, (int, float)) or not min_compression_rate >= 1:
+            raise ValueError("PowerSGD min_compression_rate must be a number >= 1, got "
+                             f"{min_compression_rate!r}")
+        if orthogonalization not in ORTHOGONALIZATIONS:
+            raise ValueError(f"PowerSGD orthogonalization must be one of {ORTHOGONALIZATIONS}, "
+                             f"got {orthogonalization!r}")
+        if not isinstance(epsilon, (int, float)) or not epsilon >= 0:
+            raise ValueError(f"PowerSGD epsilon must be a number >= 0, got {epsilon!r}")
+        self.rank = rank
+        self.start_step = start_step
+        self.min_compression_rate = float(min_compression_rate)
+        self.error_feedback = bool(error_feedback)
+        self.warm_start = bool(warm_start)
+        self.orthogonalization = orthogonalization
+        self.epsilon = float(epsilon)
+        self.seed = int(seed)
+        # DistributedOptimizer compares compressors across ranks by __name__.
+        self.__name__ = repr(self)
+
+    def __repr__(self) -> str:
+        return (f"PowerSGD(rank={self.rank}, start_step={self.start_step}, "
+                f"min_compression_rate={self.min_compression_rate:g}, "
+                f"error_feedback={self.error_feedback}, warm_start={self.warm_start}, "
+                f"orthogonalization={self.orthogonalization!r}, epsilon={self.epsilon:g}, "
+                f"seed={self.seed})")
+
+    # Not a per-tensor compressor: refuse the per-tensor compression interface.
+    def compress(self, tensor):
+        raise TypeError("PowerSGD compresses the gradients of a whole model together; pass it "
+                        "as DistributedOptimizer(compression=...), not to a single collective")
+
+    decompress = compress
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One gradient in the plan."""
+
+    index: int  # position among all the plan's tensors (seeds the random Q)
+    name: str
+    shape: tuple
+    rows: int
+    cols: int
+    rank: int  # 0: not compressed
+
+    @property
+    def compressed(self) -> bool:
+        return self.rank > 0
+
+
+def plan(named_shapes, rank: int, min_compression_rate: float) -> list:
+    """Entries for ``[(name, shape), ...]`` (in the given order, which must be
+    the same on every rank): a tensor of 2 or more dimensions is compressed
+    (``rank`` capped at min(rows, cols)) when rows * cols >= rate *
+    (rows + cols) * rank."""
+    out = []
+    for i, (name, shape) in enumerate(named_shapes):
+        shape = tuple(int(d) for d in shape)
+        rows = shape[0] if shape else 1
+        cols = prod(shape[1:]) if len(shape) > 1 else 1
+        r = min(rank, rows, cols)
+        keep = (len(shape) >= 2 and r > 0
+                and rows * cols >= min_compression_rate * (rows + cols) * r)
+        out.append(Entry(i, name, shape, rows, cols, r if keep else 0))
+    return out
+
+
+def wire_elements(entries, started: bool) -> int:
+    """Numbers one exchange step allreduces (per rank) for ``entries``."""
+    if not started:
+        return sum(prod(e.shape) for e in entries)
+    return sum((e.rows + e.cols) * e.rank if e.compressed else prod(e.shape) for e in entries)
+
+
+class TensorOps:
+    """What a frontend provides (functional: results are new tensors).
+
+    matrix(grad, rows, cols): grad as a rows x cols matrix, in the dtype the
+        rule computes in (e.g. float32 for half-precision gradients).
+    restore(matrix, grad): the matrix back in grad's shape and dtype.
+    random(shape, generator, like): a standard normal numpy array drawn from
+        ``generator`` (a numpy Generator) as a tensor of like's compute
+        dtype and device.
+    matmul(a, b), transpose(a), columns(m) (list of column vectors),
+    stack_columns(vectors), dot(u, v) and norm(v) (scalars as tensors),
+    maximum(scalar, value) (elementwise max with a Python float).
+    allreduce(tensors, name): one grouped (fused) allreduce with the
+        optimizer's reduction; returns the results in order.
+    """
+
+
+def orthogonalize(ops, m, epsilon: float):
+    """Gram-Schmidt on the columns of m (modified: each column loses its
+    projections on the columns before it, then is divided by max(norm,
+    epsilon)). Columns of norm >= epsilon come out orthonormal; a smaller one
+    (zero: P of a zero or rank-deficient gradient) stays smaller than unit
+    instead of dividing by 0, so P P^T never amplifies. (DDP's hook divides by
+    norm + epsilon, which leaves the next column a residue of the order of
+    epsilon along this one: normalized, it is no longer orthogonal.)"""
+    done = []
+    for c in ops.columns(m):
+        for q in done:
+            c = c - ops.dot(q, c) * q
+        done.append(c / ops.maximum(ops.norm(c), epsilon))
+    return ops.stack_columns(done)
+
+
+class PowerSGDState:
+    """The rule's state for one optimizer: exchange steps done, the error of
+    every compressed gradient, and Q of every compressed gradient (warm
+    start). ``reduce`` runs one exchange step."""
+
+    def __init__(self, config: PowerSGD, named_shapes, ops, name: str = "powersgd"):
+        self.config = config
+        self.entries = plan(named_shapes, config.rank, config.min_compression_rate)
+        self._by_name = {e.name: e for e in self.entries}
+        self.ops = ops
+        self.name = name
+        self.step = 0
+        self.errors = {}
+        self.qs = {}
+
+    @property
+    def started(self) -> bool:
+        return self.step >= self.config.start_step
+
+    def reduce(self, grads: dict) -> dict:
+        """One exchange step: ``grads`` maps names (of the plan) to this rank's
+        gradients, the same names on every rank; returns name -> reduced
+        gradient."""
+        unknown = sorted(set(grads) - set(self._by_name))
+        if unknown:
+            raise KeyError(f"PowerSGD: gradients not in the plan: {unknown}")
+        present = [e for e in self.entries if e.name in grads]
+        ops = self.ops
+        if not self.started:
+            outs = ops.allreduce([grads[e.name] for e in present], f"{self.name}.plain") \
+                if present else []
+            self.step += 1
+            return {e.name: o for e, o in zip(present, outs)}
+        cfg = self.config
+        plain = [e for e in present if not e.compressed]
+        packed = [e for e in present if e.compressed]
+        ms, qs = [], []
+        for e in packed:
+            m = ops.matrix(grads[e.name], e.rows, e.cols)
+            if cfg.error_feedback and e.name in self.errors:
+                m = m + self.errors[e.name]
+            ms.append(m)
+            q = self.qs.get(e.name) if cfg.warm_start else None
+            if q is None:
+                seq = (cfg.seed, e.index) if cfg.warm_start else (cfg.seed, e.index, self.step)
+                q = ops.random((e.cols, e.rank), np.random.default_rng(seq), m)
+            qs.append(orthogonalize(ops, q, cfg.epsilon))
+        ps = [ops.matmul(m, q) for m, q in zip(ms, qs)]
+        outs = ops.allreduce([grads[e.name] for e in plain] + ps, f"{self.name}.pq") \
+            if plain or ps else []
+        result = {e.name: o for e, o in zip(plain, outs)}
+        if packed:
+            ps = [orthogonalize(ops, p, cfg.epsilon) for p in outs[len(plain):]]
+            qs = ops.allreduce([ops.matmul(ops.transpose(m), p) for m, p in zip(ms, ps)],
+                               f"{self.name}.q")
+            for e, m, p, q in zip(packed, ms, ps, qs):
+                m_hat = ops.matmul(p, ops.transpose(q))
+                if cfg.error_feedback:
+                    self.errors[e.name] = m - m_hat
+                if cfg.warm_start:
+                    self.qs[e.name] = q
+                result[e.name] = ops.restore(m_hat, grads[e.name])
+        self.step += 1
+        return result
+
+    def state_dict(self) -> dict:
+        """The state to checkpoint (tensors of the frontend's framework)."""
+        return {"step": self.step, "errors": dict(self.errors), "qs": dict(self.qs),
+                "config": repr(self.config)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores ``state_dict()``'s result (ValueError for another
+        configuration or unknown gradients, see ``check_state``)."""
+        self.check_state(state)
+        self.step = int(state["step"])
+        self.errors = dict(state["errors"])
+        self.qs = dict(state["qs"])
+
+    def check_state(self, state: dict) -> None:
+        """ValueError unless ``state`` (a ``state_dict()``) fits this rule."""
+        if not isinstance(state, dict) or not {"step", "errors", "qs"} <= set(state):
+            raise ValueError("not a PowerSGD state (a dict with step, errors and qs)")
+        if state.get("config") != repr(self.config):
+            raise ValueError(f"PowerSGD state of {state.get('config')} cannot be loaded into "
+                             f"{self.config!r}")
+        for key in ("errors", "qs"):
+            unknown = sorted(n for n in state[key] if not self._known_compressed(n))
+            if unknown:
+                raise ValueError(f"PowerSGD state has {key} of gradients that are not "
+                                 f"compressed here: {unknown}")
+
+    def _known_compressed(self, name) -> bool:
+        e = self._by_name.get(name)
+        return e is not None and e.compressed
