@@ -102,7 +102,7 @@ int commlib_shutdown(void) {
 
 int commlib_is_initialized(void) { return Engine::get().initialized() ? 1 : 0; }
 
-int commlib_broken(void) { return Engine::get().broken(); }
+int commlib_broken(void) { return Engine::get().unsafe_to_finalize(); }
 
 const char* commlib_last_error(void) { return g_last_error.c_str(); }
 

@@ -77,6 +77,12 @@ enum MessageKind : int {
   kMsgRequests = 1, kMsgResponses = 2, kMsgShutdown = 3, kMsgArrived = 4, kMsgExpire = 5, kMsgTune = 6
 };
 
+// What a worker's collectives fail with once rank 0 has shut down
+// (negotiation goes through it; point-to-point does not and goes on).
+inline constexpr const char* kCoordinatorLeft =
+    "rank 0 (the coordinator) called shutdown(); no further collectives are possible, in any process set "
+    "(they are negotiated through rank 0; point-to-point between the other ranks still works)";
+
 class Writer {
  public:
   template <typename T>

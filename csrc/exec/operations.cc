@@ -44,6 +44,10 @@ AlgoChoice choice_of(const OpContext& ctx) {
 
 bool shm_allowed(const OpContext& ctx) { return shm_allowed(choice_of(ctx)); }
 
+// The segment has fusion regions (COMMLIB_SHM_FUSION_BYTES=0: none; the
+// algorithms that stage data in them are not used).
+bool shm_regions(const OpContext& ctx) { return shm_allowed(ctx) && ctx.shm->region_bytes() > 0; }
+
 // (exec/algorithm.h decides; the whole job must be the host's shm group)
 bool use_shm_collective(const OpContext& ctx, bool pays) {
   return use_shm_collective(choice_of(ctx), ctx.transport.size(), pays);
@@ -117,7 +121,7 @@ void reduce_window(OpContext& ctx, const Member* first, const Member* last, int 
   size_t total = 0;
   for (const Member* m = first; m != last; ++m) total += m->count;
   const size_t work_bytes = total * window_esize(ctx, dtype);
-  if (shm_allowed(ctx) && (last - first > 1 || is_half_dtype(dtype)) &&
+  if (shm_regions(ctx) && (last - first > 1 || is_half_dtype(dtype)) &&
       work_bytes <= ctx.shm->region_bytes()) {
     reduce_window_in_shm(ctx, first, last, total, dtype, op, pre, post);
     return;
@@ -198,7 +202,7 @@ void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries) {
       }
     }
     const size_t esize = window_esize(ctx, dtype);
-    const size_t limit = shm_allowed(ctx) ? std::min(ctx.fusion_threshold, ctx.shm->region_bytes())
+    const size_t limit = shm_regions(ctx) ? std::min(ctx.fusion_threshold, ctx.shm->region_bytes())
                                           : ctx.fusion_threshold;
     size_t a = 0;
     while (a < same.size()) {
@@ -216,7 +220,7 @@ void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries) {
 void allgather_blocks(OpContext& ctx, const void* in, void* out, const std::vector<size_t>& bytes) {
   size_t total = 0;
   for (size_t b : bytes) total += b;
-  if (use_shm_collective(ctx, total <= kShmAllgatherMaxBytes)) {
+  if (use_shm_collective(ctx, total <= kShmAllgatherMaxBytes) && shm_regions(ctx)) {
     note_algorithm("shm");
     allgather_shm(*ctx.shm, in, out, bytes);
   } else {
@@ -267,7 +271,7 @@ void run_broadcast(OpContext& ctx, Entry& e) {
     std::memcpy(e.output, e.input, bytes);
   }
   if (ctx.transport.size() == 1 || bytes == 0) return;
-  if (use_shm_collective(ctx, true)) {
+  if (use_shm_collective(ctx, true) && shm_regions(ctx)) {
     note_algorithm("shm");
     broadcast_shm(*ctx.shm, e.output, bytes, e.desc.root);
   } else {

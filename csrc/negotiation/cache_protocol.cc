@@ -294,8 +294,7 @@ void CacheProtocol::on_left(int rank) {
     log_done_ = true;
   } else if (rank == 0) {
     log_done_ = true;
-    host_.fail_everything(COMMLIB_ERR_NOT_INIT,
-                    "rank 0 (the coordinator) called shutdown(); no further collectives are possible");
+    host_.fail_collectives(COMMLIB_ERR_NOT_INIT, kCoordinatorLeft);
   }
 }
 

@@ -40,6 +40,7 @@ class CacheHost {
   // Finishes a pending request with an error and forgets it.
   virtual void drop(const std::string& key, int code, const std::string& message) = 0;
   virtual void fail_everything(int code, const std::string& message) = 0;
+  virtual void fail_collectives(int code, const std::string& message) = 0;
   // A control message to rank 0 (never called on rank 0).
   virtual void send_to_coordinator(std::string bytes) = 0;
 };

@@ -21,7 +21,7 @@ bool Worker::on_message(int kind, Reader& r, std::deque<Response>& ready, bool b
       // Responses that came before it (perhaps in this very poll) run
       // first: the coordinator ran them, so every rank must (Engine::cycle).
       closing_ = stopping ? "commlib was shut down before this collective completed"
-                          : "rank 0 (the coordinator) called shutdown(); no further collectives are possible";
+                          : kCoordinatorLeft;
     }
   } else {
     return false;

@@ -97,6 +97,7 @@ void Engine::init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, size_t 
                                         [this](HandleState& h, int status, const std::string& message) {
                                           p2p_outstanding_.fetch_sub(1);
                                           outstanding_.fetch_sub(1);
+                                          note_ending(status, false);
                                           handles_.complete(h, status, message);
                                         });
   p2p_->set_device_links([this](DeviceLinks::Done done) {

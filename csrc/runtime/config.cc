@@ -10,7 +10,7 @@ namespace commlib {
 namespace {
 
 constexpr int64_t kNoMax = std::numeric_limits<int64_t>::max();
-constexpr int64_t kTiB = int64_t(1) << 40;
+constexpr int64_t kMiB = int64_t(1) << 20;
 constexpr int64_t kBillion = 1000000000;
 
 std::string int_range(int64_t min, int64_t max) {
@@ -98,11 +98,16 @@ std::vector<ConfigEntry> make_table() {
                    "reducescatter always, allgather up to a 2 MiB result, alltoall up to 128 KiB sent "
                    "by a rank), always, never"),
       bool_entry("COMMLIB_SHM", "1", &C::shm, "0 disables the shared-memory segments (collectives' and point-to-point's)"),
-      int_entry("COMMLIB_SHM_PIECE_BYTES", "262144", 1, kTiB, &C::shm_piece_bytes,
+      // (the shared segment holds 8 pieces and 2 fusion regions per local
+      // rank, touched at init: larger values would only exhaust /dev/shm;
+      // pieces below a page make the all-reduce a hand-off per 64 bytes,
+      // which on a loaded host took minutes for 1 MiB)
+      int_entry("COMMLIB_SHM_PIECE_BYTES", "262144", 4096, 16 * kMiB, &C::shm_piece_bytes,
                 "pipeline piece size of the shared-memory all-reduce at 4 ranks on a host (each rank's "
                 "block of 4 pieces' worth is cut into one piece per local rank)"),
-      int_entry("COMMLIB_SHM_FUSION_BYTES", "4194304", 0, kTiB, &C::shm_fusion_bytes,
-                "bytes of each rank's fusion region in the shared segment"),
+      int_entry("COMMLIB_SHM_FUSION_BYTES", "4194304", 0, 128 * kMiB, &C::shm_fusion_bytes,
+                "bytes of each rank's fusion region in the shared segment; 0: none (fused allreduces are "
+                "packed in private memory, allgather and broadcast go through MPI)"),
       token_entry("COMMLIB_RUN_JOB", 32, &C::run_job,
                   "set by commlibrun: its job's token, part of the shared segments' names (commlibrun "
                   "removes what a killed job left)"),

@@ -90,7 +90,7 @@ bool Engine::run_ready() {
   bool worked = false;
   while (execute_next_ready()) worked = true;
   const std::string closing = worker_ ? worker_->take_closing() : std::string();
-  if (!closing.empty()) fail_everything(COMMLIB_ERR_NOT_INIT, closing);  // the coordinator's acknowledgement or departure
+  if (!closing.empty()) fail_collectives(COMMLIB_ERR_NOT_INIT, closing);  // the coordinator's acknowledgement or departure
   return worked;
 }
 

@@ -37,6 +37,9 @@ constexpr int64_t kFullCycleUs = 50;
 // + 8 s after their submission (check_coordinator_alive, checked each second),
 // which came no later than this rank's wait began; 10 s covers that.
 constexpr int64_t kLostContactLingerUs = 10000000;
+// The same after a timeout of this rank's own (unsafe_to_finalize): the ranks
+// that submitted the same request time out within the same second or so.
+constexpr int64_t kTimedOutLingerUs = 2000000;
 
 // pid and host name of every rank, for the peer monitor.
 std::vector<PeerInfo> exchange_peer_info(MPI_Comm comm, int rank, int size) {
@@ -200,8 +203,11 @@ void Engine::start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mo
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     dead_code_ = 0;
+    coll_code_ = 0;
     lost_contact_.store(false);
+    timed_out_.store(false);
     dead_message_.clear();
+    coll_message_.clear();
     in_flight_.clear();
     sets_.clear();
     for (int r = 0; r < t.size; ++r) sets_[0].push_back(r);
@@ -232,6 +238,11 @@ void Engine::shutdown() {
     // The ranks it could not reach time out too: they get to raise their own
     // errors before this rank's MPI_Abort ends the job.
     nap_us(kLostContactLingerUs);
+  } else if (!broken() && timed_out_.load()) {
+    std::fprintf(stderr, "commlib (rank %d): ERROR: a request of this rank timed out (COMMLIB_TIMEOUT) and no "
+                 "collective of the whole job completed since: the ranks it waited for may be frozen, and "
+                 "MPI_Finalize would wait for them forever; MPI is aborted at exit\n", topo_.rank);
+    nap_us(kTimedOutLingerUs);
   }
   if (broken()) {  // collective MPI calls could hang on a dead peer
     transport_->abandon();
@@ -256,12 +267,6 @@ void Engine::shutdown() {
   p2p_.reset();
 }
 
-int Engine::broken() {
-  if (lost_contact_.load()) return COMMLIB_ERR_PEER_LOST;
-  std::lock_guard<std::mutex> lock(queue_mu_);
-  return (dead_code_ == COMMLIB_ERR_PEER_LOST || dead_code_ == COMMLIB_ERR_INTERNAL) ? dead_code_ : 0;
-}
-
 // Called while stop_ is set: true when the loop may end. The coordinator ends
 // at once (it has executed everything it sent). A worker first tells the
 // coordinator and keeps executing responses until the coordinator's
@@ -282,7 +287,7 @@ bool Engine::leave() {
   }
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    if (dead_code_ != 0) return true;  // acknowledged, or the coordinator left
+    if (dead_code_ != 0 || coll_code_ != 0) return true;  // acknowledged, or the coordinator left
   }
   if (cache_.log_done()) return true;  // the coordinator's record of it has been read
   if (leave_deadline_us_ == 0) {
@@ -433,65 +438,6 @@ void Engine::loop() {
     // The job is going away; a notice that cannot be sent changes nothing.
   }
   fail_everything(COMMLIB_ERR_NOT_INIT, "commlib was shut down before this collective completed");
-}
-
-void Engine::finish(Entry& e, int status, const std::string& message) {
-  if (e.stand_in) return;  // (a joined rank's stand-in is no request of this rank's)
-  if (e.ready_event) gpu::destroy_event(e.ready_event);
-  if (status != COMMLIB_OK && timeline().on()) trace_failure(e, status, message, now_us());
-  outstanding_.fetch_sub(1);
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    if (!e.handle->launched.load()) in_flight_.erase(request_key(e.desc));  // (else freed at launch_gpu)
-  }
-  HandleState& h = *e.handle;
-  handles_.complete(h, status, message);
-  if (h.detached.load() && h.done.load() && !h.claimed.exchange(true)) settle_detached(h);
-}
-
-void Engine::fail_everything(int code, const std::string& message) {
-  std::vector<Entry> queued;
-  std::vector<P2PRequest> p2p_queued;
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    p2p_queued.swap(p2p_queue_);
-    // With the order log, a rank that dropped its requests cannot stay in
-    // step with the others: every failure ends its communication.
-    if (dead_code_ == 0 && (cache_.ordered_by_log() || (code != COMMLIB_ERR_VALUE && code != COMMLIB_ERR_TYPE))) {
-      dead_code_ = code;
-      dead_message_ = message;
-      if (code == COMMLIB_ERR_PEER_LOST || code == COMMLIB_ERR_INTERNAL) {
-        std::fprintf(stderr, "commlib (rank %d): ERROR: %s\n", topo_.rank, message.c_str());
-      }
-    }
-    queued.swap(queue_);
-  }
-  for (Entry& e : queued) finish(e, code, message);
-  for (P2PRequest& r : p2p_queued) {
-    p2p_outstanding_.fetch_sub(1);
-    outstanding_.fetch_sub(1);
-    handles_.complete(*r.handle, code, message);
-  }
-  if (p2p_) p2p_->fail_all(code, message);
-  for (Entry& e : held_) finish(e, code, message);
-  held_.clear();
-  for (auto& [name, e] : pending_) finish(e, code, message);
-  pending_.clear();
-  if (code == COMMLIB_ERR_NOT_INIT) drain_gpu();  // (a shutdown: what every rank launched may finish)
-  abandon_gpu(code, message);
-  joins_pending_ = 0;
-  ready_.clear();
-  cache_.abandon();
-}
-
-// Coordinator only: tells every worker still listening that no further
-// collectives are possible.
-void Engine::send_shutdown_notice() {
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    if (dead_code_ != 0) return;
-  }
-  coordinator_->send_shutdown_notice();
 }
 
 }  // namespace commlib

@@ -65,6 +65,10 @@ class Engine : private CacheHost {
   const Config& config() const { return config_; }
   int broken();  // COMMLIB_ERR_PEER_LOST/INTERNAL once communication is over
                  // (PEER_LOST too once contact with a peer is lost: lost_contact_)
+  // broken(), or COMMLIB_ERR_TIMED_OUT when a request of this rank timed out
+  // and no collective of the whole job completed since (timed_out_): the
+  // ranks it waited for may be frozen, so MPI must be aborted, not finalized.
+  int unsafe_to_finalize();
 
   // Validates and queues a request; returns the handle id.
   int64_t enqueue(const commlib_request& req);
@@ -164,7 +168,15 @@ class Engine : private CacheHost {
   void abort_others(const commlib_request& q, const std::string& why);
   void execute_set_change(const Response& resp, Entry& e);
   void finish(Entry& e, int status, const std::string& message);
+  // A request's end as evidence: a timeout sets timed_out_, a collective of
+  // the whole job that completed clears it (every rank took part).
+  void note_ending(int status, bool whole_job);
   void fail_everything(int code, const std::string& message) override;
+  // Rank 0 is gone (or acknowledged this rank's departure): collectives fail
+  // and are refused from now on; point-to-point, which never goes through
+  // rank 0, goes on.
+  void fail_collectives(int code, const std::string& message) override;
+  void fail_pending(int code, const std::string& message);  // both: the collectives in hand
   void send_shutdown_notice();
   // Sends requests to the coordinator (rank 0's own go straight to it).
   void report(const std::vector<Entry*>& entries);
@@ -234,6 +246,7 @@ class Engine : private CacheHost {
   // MPICH's MPI_Finalize would wait for it forever, so broken() turns true
   // and commlib.shutdown() has MPI aborted at exit instead.
   std::atomic<bool> lost_contact_{false};
+  std::atomic<bool> timed_out_{false};  // (unsafe_to_finalize)
   // Batching: new requests are held while more keep arriving (gaps shorter
   // than batch_gap_us_), at most cycle_us_, and never while a thread waits.
   int64_t cycle_us_ = 1000;
@@ -251,6 +264,8 @@ class Engine : private CacheHost {
   int64_t set_calls_ = 0;                       // add/remove calls (their names)
   int dead_code_ = 0;            // non-zero: the engine can no longer communicate
   std::string dead_message_;
+  int coll_code_ = 0;            // non-zero: no more collectives (fail_collectives)
+  std::string coll_message_;
   std::atomic<bool> bg_sleeping_{false};
   std::atomic<bool> bg_yields_{false};    // napping while a waiter drives
   std::atomic<int64_t> outstanding_{0};   // requests queued and not finished

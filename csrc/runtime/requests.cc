@@ -212,6 +212,9 @@ int64_t Engine::push(Entry* e) {
     } else if (dead_code_ != 0) {
       code = dead_code_;
       error = dead_message_;
+    } else if (coll_code_ != 0) {
+      code = coll_code_;
+      error = coll_message_;
     } else if (e && !in_flight_.insert(request_key(e->desc)).second) {
       code = COMMLIB_ERR_VALUE;
       error = "a collective named '" + e->desc.name +
@@ -265,7 +268,7 @@ void Engine::abort_others(const commlib_request& q, const std::string& why) {
       return;  // (not a set this rank is in: nobody waits for it here)
     }
     const std::string key = request_key(e.desc);
-    if (stop_.load() || dead_code_ != 0 || !in_flight_.insert(key).second) return;
+    if (stop_.load() || dead_code_ != 0 || coll_code_ != 0 || !in_flight_.insert(key).second) return;
     queue_.push_back(std::move(e));
     outstanding_.fetch_add(1);
   }

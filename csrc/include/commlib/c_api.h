@@ -160,7 +160,9 @@ int commlib_init(int64_t comm_handle, int has_comm);
 int commlib_shutdown(void);
 int commlib_is_initialized(void);
 /* Non-zero (COMMLIB_ERR_PEER_LOST / COMMLIB_ERR_INTERNAL) once communication
- * is broken for good: MPI must then be aborted rather than finalized. */
+ * is broken for good, or COMMLIB_ERR_TIMED_OUT when a request of this rank
+ * timed out and no collective of the whole job completed since: MPI must then
+ * be aborted rather than finalized (MPI_Finalize would wait for a frozen rank). */
 int commlib_broken(void);
 const char* commlib_last_error(void);
 
