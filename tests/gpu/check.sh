@@ -24,8 +24,8 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 PY="${PYTHON:-$(command -v python3)}"
 DRY=0 CPU_ONLY=0 BUILD=1 WHEELS="" BUDGET=480 CPU_RANKS="4 8 16"
 REPORT="gpu-check-$(date +%Y%m%d-%H%M%S).md"
-CPU_BENCH_ARGS="--ops allreduce,alltoall --min-bytes 4K --max-bytes 64M --factor 16 --iters 40"
-CUDA_BENCH_ARGS="--device cuda --min-bytes 4K --max-bytes 16M --factor 16 --iters 20"
+CPU_BENCH_ARGS="--ops allreduce,alltoall --min-bytes 4K --max-bytes 64M --factor 4 --iters 20"
+CUDA_BENCH_ARGS="--device cuda --min-bytes 4K --max-bytes 16M --factor 16 --iters 10"
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -70,7 +70,8 @@ step() {
   [ "$DRY" = 1 ] && left=$((BUDGET - PLANNED))  # (a dry run plans every step at its whole limit)
   [ "$limit" -gt "$left" ] && limit="$left"
   if [ "$DRY" = 1 ]; then
-    printf '[%4ss] %s\t%s\n' "$limit" "$name" "$*"
+    local shown="$*"
+    printf '[%4ss] %s\t%s\n' "$limit" "$name" "${shown//$'\n'/ }"
     PLANNED=$((PLANNED + limit))
     return 0
   fi
@@ -117,18 +118,25 @@ if [ "$CPU_ONLY" = 0 ]; then
     step "build the core" 115 "$PY" -m pip install --no-build-isolation --no-deps -e "$ROOT"
   fi
   if "$PY" -c "import xdist" 2>/dev/null; then
-    step "tests/gpu" 110 "$PY" -m pytest -q -n 4 "$ROOT/tests/gpu"
-  else
-    step "tests/gpu (serially: no pytest-xdist)" 110 "$PY" -m pytest -q "$ROOT/tests/gpu"
+    step "tests/gpu" 125 "$PY" -m pytest -q -n 4 "$ROOT/tests/gpu"
+  else  # (one pytest per test file, all at once, their outputs one after the other)
+    step "tests/gpu (one pytest per file at once: no pytest-xdist)" 125 bash -c '
+      py="$0" logs="$(mktemp -d)" rc=0 pids=()
+      for f in "$@"; do "$py" -m pytest -q "$f" > "$logs/$(basename "$f").log" 2>&1 & pids+=($!); done
+      for p in "${pids[@]}"; do wait "$p" || rc=1; done
+      cat "$logs"/*.log
+      rm -rf "$logs"
+      exit $rc' "$PY" "$ROOT"/tests/gpu/test_*.py
   fi
   # shellcheck disable=SC2086
-  step "CUDA bench, 2 ranks" 30 "${RUN[@]}" -np 2 --timeout 30 "$PY" -m commlib.bench $CUDA_BENCH_ARGS
+  step "CUDA bench, 2 ranks" 25 "${RUN[@]}" -np 2 --timeout 25 "$PY" -m commlib.bench $CUDA_BENCH_ARGS
   # shellcheck disable=SC2086
-  step "CUDA bench, 4 ranks" 40 "${RUN[@]}" -np 4 --timeout 40 "$PY" -m commlib.bench $CUDA_BENCH_ARGS
+  step "CUDA bench, 4 ranks" 35 "${RUN[@]}" -np 4 --timeout 35 "$PY" -m commlib.bench $CUDA_BENCH_ARGS
   MODEL=resnet50
   "$PY" -c "import torchvision" 2>/dev/null || MODEL=transformer
-  step "$MODEL: commlib against DDP, 2 ranks" 70 "${RUN[@]}" -np 2 --timeout 70 "$ROOT/tests/gpu/rank_env.sh" "$PY" \
-    "$ROOT/examples/pytorch_synthetic_benchmark.py" --compare --device cuda --model "$MODEL"
+  step "$MODEL: commlib against DDP, 2 ranks" 65 "${RUN[@]}" -np 2 --timeout 65 "$ROOT/tests/gpu/rank_env.sh" "$PY" \
+    "$ROOT/examples/pytorch_synthetic_benchmark.py" --compare --device cuda --model "$MODEL" \
+    --num-warmup-batches 2 --num-batches-per-iter 5 --num-iters 4
 fi
 for n in $CPU_RANKS; do
   limit=$((15 + 2 * n))
