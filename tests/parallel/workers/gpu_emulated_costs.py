@@ -113,12 +113,34 @@ def case_broadcast(count):
         c = report(f"parameters{rnd}", c)
         for i, p in enumerate(params):
             check_equal(p, np.full(p.shape, float(i + rnd), np.float32), f"parameter {i}")
+    set_broadcast(count)
+    c = counts()
     x = np.full(1024, float(r), np.float32)
     for _ in range(10):
         out = np.empty_like(x)
         synchronize(submit(lib.COMMLIB_OP_BROADCAST, "one", x, out, root=0))
         check_equal(out, np.zeros_like(x), "one broadcast")
     report("broadcast10", c)
+
+
+def set_broadcast(count):
+    """Broadcasts of mixed dtypes from the last rank, in flight together on a
+    set without rank 0 (at 3 ranks or more: the root's rank in the set differs
+    from its job rank), fused or not, arrive whole on every member."""
+    if n < 3:
+        return
+    members = list(range(1, n))
+    ps = commlib.add_process_set(members)
+    if r in members:
+        dtypes = [np.float32, np.int64, np.uint8, np.float64]
+        params = [np.full(s, r * 10 + i, dtypes[i % 4]) for i, s in enumerate(sizes(count))]
+        handles = [submit(lib.COMMLIB_OP_BROADCAST, f"set.param.{i}", p, p, root=n - 1,
+                          process_set=ps.process_set_id) for i, p in enumerate(params)]
+        for h in handles:
+            synchronize(h)
+        for i, p in enumerate(params):
+            check_equal(p, np.full(p.shape, (n - 1) * 10 + i, dtypes[i % 4]), f"set broadcast {i}")
+    commlib.remove_process_set(ps)
 
 
 case, count = sys.argv[1], int(sys.argv[2])
