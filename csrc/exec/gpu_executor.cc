@@ -107,8 +107,9 @@ std::shared_ptr<void> GpuExecutor::launch(const Response& resp, std::vector<Entr
                      (entries.size() > 1 ? " (fused with " + std::to_string(entries.size() - 1) + " others)" : "") +
                      " on process set " + std::to_string(resp.process_set) + " " + ranks_str(members) +
                      ", CUDA device " + std::to_string(device);
-  inflight_.push_back(Launch{std::move(entries), &c, done, now_us, std::move(what), members, resp.op_type,
-                             resp.process_set});
+  // (launched now: a communicator created for it is not part of its execution or of its stall)
+  inflight_.push_back(Launch{std::move(entries), &c, done, std::max(now_us, commlib::now_us()), std::move(what),
+                             members, resp.op_type, resp.process_set});
   entries.clear();
   return done;
 }

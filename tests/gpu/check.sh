@@ -3,10 +3,10 @@
 # the NCCL wheel and an MPI installed; wheels for cffi and pycparser carried
 # in a folder), builds the core, runs tests/gpu, the CUDA benchmark at 2 and
 # 4 ranks, ResNet-50 (or the transformer, without torchvision) against DDP at
-# 2 ranks, and the CPU scale benchmark at 4, 8 and 16 ranks, and writes ONE
-# report (markdown) with every table. Every step runs under its own time
-# limit, cut to what is left of the whole budget (480 s), so the check ends
-# within 8 minutes whatever hangs.
+# 2 ranks with commlib's timeline by phase, and the CPU scale benchmark at 4,
+# 8 and 16 ranks, and writes ONE report (markdown) with every table. Every
+# step runs under its own time limit, cut to what is left of the whole
+# budget (480 s), so the check ends within 8 minutes whatever hangs.
 #
 #   tests/gpu/check.sh --wheels DIR [--report FILE]      # the whole check
 #   tests/gpu/check.sh --dry-run                         # the steps and limits, nothing run
@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
     --ranks) CPU_RANKS="$2"; shift ;;
     --cpu-bench-args) CPU_BENCH_ARGS="$2"; shift ;;
     --budget) BUDGET="$2"; shift ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -56,7 +56,7 @@ if [ -z "${COMMLIB_MPICXX:-}" ] && [ -x /usr/bin/mpicxx ]; then export COMMLIB_M
 START=$(date +%s) PLANNED=0
 SUMMARY=""
 OUT="$(mktemp)"
-trap 'rm -f "$OUT"' EXIT
+trap 'rm -f "$OUT" "$OUT".timeline*' EXIT
 
 say() { [ "$DRY" = 1 ] || printf '%s\n' "$@" >> "$REPORT"; }
 
@@ -134,9 +134,11 @@ if [ "$CPU_ONLY" = 0 ]; then
   step "CUDA bench, 4 ranks" 35 "${RUN[@]}" -np 4 --timeout 35 "$PY" -m commlib.bench $CUDA_BENCH_ARGS
   MODEL=resnet50
   "$PY" -c "import torchvision" 2>/dev/null || MODEL=transformer
-  step "$MODEL: commlib against DDP, 2 ranks" 65 "${RUN[@]}" -np 2 --timeout 65 "$ROOT/tests/gpu/rank_env.sh" "$PY" \
-    "$ROOT/examples/pytorch_synthetic_benchmark.py" --compare --device cuda --model "$MODEL" \
-    --num-warmup-batches 2 --num-batches-per-iter 5 --num-iters 4
+  TRACE="$OUT.timeline.json"  # (commlib's collectives: where its first step's time goes)
+  step "$MODEL: commlib against DDP, 2 ranks" 60 env COMMLIB_TIMELINE="$TRACE" "${RUN[@]}" -np 2 --timeout 60 \
+    "$ROOT/tests/gpu/rank_env.sh" "$PY" "$ROOT/examples/pytorch_synthetic_benchmark.py" --compare --device cuda \
+    --model "$MODEL" --num-warmup-batches 2 --num-batches-per-iter 5 --num-iters 4
+  step "$MODEL: commlib's timeline by phase" 5 "$PY" -m commlib.timeline phases "$TRACE"
 fi
 for n in $CPU_RANKS; do
   limit=$((15 + 2 * n))

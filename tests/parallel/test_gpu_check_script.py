@@ -33,6 +33,9 @@ def test_plan_has_every_step_within_eight_minutes(tmp_path):
         assert f"-np {n} " in plan[f"CUDA bench, {n} ranks"] and "--device cuda" in plan[f"CUDA bench, {n} ranks"]
     compare = [cmd for name, cmd in plan.items() if "against DDP, 2 ranks" in name]
     assert compare and "rank_env.sh" in compare[0] and "--compare --device cuda --model" in compare[0], joined
+    trace = re.search(r"COMMLIB_TIMELINE=(\S+)", compare[0])
+    phases = [cmd for name, cmd in plan.items() if name.endswith("timeline by phase")]
+    assert trace and phases and phases[0].endswith(f"-m commlib.timeline phases {trace.group(1)}"), joined
     for n in (4, 8, 16):
         cmd = plan[f"CPU scale: allreduce and alltoall against MPI, {n} ranks"]
         assert cmd.startswith("env CUDA_VISIBLE_DEVICES= ") and f"-np {n} " in cmd, cmd
