@@ -6,7 +6,9 @@ or between two points of a script with ``commlib.start_timeline(path)`` and
 ``commlib.stop_timeline()`` (Horovod's names). Each rank writes its own file:
 rank 0 the path itself, rank r ``<stem>.rank<r><ext>`` beside it;
 ``python -m commlib.timeline merge timeline.json`` joins them into one
-trace with a row group per rank.
+trace with a row group per rank; ``python -m commlib.timeline phases
+timeline.json`` prints each rank's spans by phase (counts, total and longest
+time, the tensors of the longest): where a step's time went.
 
 Per tensor (one row each, named by the tensor): ``QUEUE`` (held for
 batching), ``NEGOTIATE`` (until every rank submitted it; ``cache_hit``
@@ -91,6 +93,30 @@ def merge(path: str, out: str | None = None) -> str:
     return out
 
 
+def phases(events: list[dict], longest: int = 3) -> list[str]:
+    """A table of one rank's spans by phase, in the order each phase first
+    started: how many, their total and longest duration, when the first
+    started and the last ended (ms from the first event), and the tensors
+    of the longest ones: where a step's time went (a first step's
+    ``NCCL_INIT``, ``NEGOTIATE``, the executions)."""
+    spans = [e for e in events if e.get("ph") == "X"]
+    if not spans:
+        return ["(no spans)"]
+    rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    t0 = min(e["ts"] for e in events if "ts" in e)
+    by_phase: dict = {}
+    for e in sorted(spans, key=lambda e: e["ts"]):
+        by_phase.setdefault(e["name"], []).append(e)
+    out = [f"{'phase':<16}{'spans':>7}{'total ms':>11}{'max ms':>9}{'first ms':>10}{'last ms':>10}  longest"]
+    for name, group in by_phase.items():
+        durs = [e.get("dur", 0) for e in group]
+        top = sorted(group, key=lambda e: -e.get("dur", 0))[:longest]
+        out.append(f"{name:<16}{len(group):>7}{sum(durs) / 1e3:>11.1f}{max(durs) / 1e3:>9.1f}"
+                   f"{(group[0]['ts'] - t0) / 1e3:>10.1f}{(max(e['ts'] + e.get('dur', 0) for e in group) - t0) / 1e3:>10.1f}"
+                   f"  {', '.join(rows.get(e['tid'], '?') for e in top)}")
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m commlib.timeline",
                                      description="Work with commlib's per-rank timeline files.")
@@ -98,8 +124,18 @@ def main(argv=None) -> int:
     m = sub.add_parser("merge", help="join every rank's file into one Chrome trace")
     m.add_argument("path", help="the path given to COMMLIB_TIMELINE / start_timeline")
     m.add_argument("-o", "--output", help="merged file (default: <stem>.merged<ext>)")
+    p = sub.add_parser("phases", help="each rank's spans by phase: counts, total and longest, first and last")
+    p.add_argument("path", help="the path given to COMMLIB_TIMELINE / start_timeline")
     args = parser.parse_args(argv)
     try:
+        if args.command == "phases":
+            files = rank_files(args.path)
+            if not files:
+                raise FileNotFoundError(f"no timeline files for {args.path}")
+            for r, f in enumerate(files):
+                print(f"rank {r} ({f}):")
+                print("\n".join(phases(load_events(f))))
+            return 0
         written = merge(args.path, args.output)
     except (OSError, ValueError) as e:
         print(f"commlib.timeline: {e}", file=sys.stderr)

@@ -5,6 +5,8 @@
 #include "common.h"
 #include "exec/gpu_ops.h"
 #include "exec/operations.h"
+#include "runtime/progress.h"
+#include "runtime/timeline.h"
 
 namespace commlib {
 
@@ -19,7 +21,12 @@ gpu::NcclComm& GpuExecutor::comm_for(int process_set, int device, Transport& t) 
   auto key = std::make_pair(process_set, device);
   auto it = comms_.find(key);
   if (it == comms_.end()) {
+    const int64_t start = timeline().on() ? now_us() : 0;
     it = comms_.emplace(key, gpu::NcclComm::create(libs_, t, device, init_timeout_us_)).first;
+    if (start > 0) {
+      timeline().span("nccl_communicator.set" + std::to_string(process_set), "NCCL_INIT", start, now_us(),
+                      "\"device\": " + std::to_string(device));
+    }
   }
   return *it->second;
 }
@@ -27,7 +34,7 @@ gpu::NcclComm& GpuExecutor::comm_for(int process_set, int device, Transport& t) 
 void GpuExecutor::enqueue_calls(gpu::NcclComm& c, const Response& resp, std::vector<Entry*>& entries) {
   switch (resp.op_type) {
     case COMMLIB_OP_ALLREDUCE: nccl_allreduce(c, entries); break;
-    case COMMLIB_OP_BROADCAST: nccl_broadcast(c, *entries[0]); break;
+    case COMMLIB_OP_BROADCAST: nccl_broadcast(c, entries); break;
     case COMMLIB_OP_ALLGATHER: nccl_allgather(c, *entries[0], resp.rows); break;
     case COMMLIB_OP_ALLTOALL: nccl_alltoall(c, *entries[0], resp.rows); break;
     case COMMLIB_OP_REDUCESCATTER: nccl_reducescatter(c, *entries[0]); break;
@@ -77,12 +84,16 @@ std::shared_ptr<void> GpuExecutor::launch(const Response& resp, std::vector<Entr
     }
   }
   gpu::NcclComm& c = comm_for(resp.process_set, device, t);
+  c.fusion_headroom = size_t(std::max<int64_t>(0, fusion_threshold_.load()));
   gpu::DeviceGuard on(libs_.cuda, device);
-  // The communicator's stream starts once every input is ready on its caller's stream.
-  for (const Entry& e : entries) {
+  // The communicator's stream starts once every input is ready on its caller's
+  // stream; the wait took the event's state, so the event goes back to the pool.
+  for (Entry& e : entries) {
     if (e.ready_event) {
       check_cuda(libs_.cuda, libs_.cuda.stream_wait_event(c.stream(), static_cast<gpu::cudaEvent>(e.ready_event), 0),
                  "cudaStreamWaitEvent");
+      gpu::destroy_event(e.ready_event);
+      e.ready_event = nullptr;
     }
   }
   std::vector<Entry*> ptrs;
@@ -91,15 +102,14 @@ std::shared_ptr<void> GpuExecutor::launch(const Response& resp, std::vector<Entr
     ptrs.push_back(&e);
   }
   enqueue_calls(c, resp, ptrs);
-  gpu::cudaEvent ev = nullptr;
-  check_cuda(libs_.cuda, libs_.cuda.event_create_with_flags(&ev, gpu::kCudaEventDisableTiming), "cudaEventCreate");
-  std::shared_ptr<void> done(ev, gpu::destroy_event);
-  check_cuda(libs_.cuda, libs_.cuda.event_record(ev, c.stream()), "cudaEventRecord");
+  std::shared_ptr<void> done(gpu::record_event(libs_.cuda, device, c.stream()), gpu::destroy_event);
   std::string what = std::string(op_type_name(resp.op_type)) + " '" + entries[0].desc.name + "'" +
                      (entries.size() > 1 ? " (fused with " + std::to_string(entries.size() - 1) + " others)" : "") +
                      " on process set " + std::to_string(resp.process_set) + " " + ranks_str(members) +
                      ", CUDA device " + std::to_string(device);
-  inflight_.push_back(Launch{std::move(entries), &c, done, now_us, std::move(what), members});
+  // (launched now: a communicator created for it is not part of its execution or of its stall)
+  inflight_.push_back(Launch{std::move(entries), &c, done, std::max(now_us, commlib::now_us()), std::move(what),
+                             members, resp.op_type, resp.process_set});
   entries.clear();
   return done;
 }
@@ -158,7 +168,7 @@ std::vector<GpuExecutor::Done> GpuExecutor::poll(int64_t now_us, int64_t timeout
     const gpu::cudaError q = libs_.cuda.event_query(static_cast<gpu::cudaEvent>(l.done.get()));
     if (q == gpu::kCudaSuccess) {
       l.comm->last_progress_us = now_us;
-      out.push_back(Done{std::move(l.entries), COMMLIB_OK, ""});
+      out.push_back(Done{std::move(l.entries), COMMLIB_OK, "", l.op_type, l.process_set, l.launched_us});
       inflight_.erase(inflight_.begin() + long(i));
       continue;
     }

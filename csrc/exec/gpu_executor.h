@@ -11,6 +11,7 @@
 // collective that needs it (backends/nccl/nccl_comm.h).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -27,8 +28,11 @@ namespace commlib {
 
 class GpuExecutor {
  public:
-  // init_timeout_us: how long a communicator's creation may take (COMMLIB_TIMEOUT; 0: no limit).
-  GpuExecutor(const gpu::GpuLibs& libs, int64_t init_timeout_us) : libs_(libs), init_timeout_us_(init_timeout_us) {}
+  // init_timeout_us: how long a communicator's creation may take (COMMLIB_TIMEOUT; 0: no limit);
+  // fusion_threshold: the engine's COMMLIB_FUSION_THRESHOLD, the size of a
+  // communicator's fusion buffer (allocated once, at the first fused launch).
+  GpuExecutor(const gpu::GpuLibs& libs, int64_t init_timeout_us, const std::atomic<int64_t>& fusion_threshold)
+      : libs_(libs), init_timeout_us_(init_timeout_us), fusion_threshold_(fusion_threshold) {}
   ~GpuExecutor();  // destroys the communicators (abandon() first if any op is in flight)
 
   // Enqueues resp (every entry on one device) over the communicator of its
@@ -43,6 +47,8 @@ class GpuExecutor {
     std::vector<Entry> entries;
     int status;  // COMMLIB_OK, COMMLIB_ERR_INTERNAL, COMMLIB_ERR_TIMED_OUT
     std::string message;
+    int op_type = 0, process_set = 0;  // (for the timeline)
+    int64_t launched_us = 0;
   };
   // Launches that ended (in launch order per communicator). timeout_us: 0
   // for none.
@@ -59,6 +65,7 @@ class GpuExecutor {
     int64_t launched_us;
     std::string what;  // "allreduce 'x' on process set 0 (ranks [0, 1])"
     std::vector<int> members;
+    int op_type, process_set;
   };
   gpu::NcclComm& comm_for(int process_set, int device, Transport& t);
   void enqueue_calls(gpu::NcclComm& c, const Response& resp, std::vector<Entry*>& entries);
@@ -72,6 +79,7 @@ class GpuExecutor {
 
   const gpu::GpuLibs& libs_;
   int64_t init_timeout_us_ = 0;
+  const std::atomic<int64_t>& fusion_threshold_;
   std::map<std::pair<int, int>, std::unique_ptr<gpu::NcclComm>> comms_;  // (set, device)
   std::deque<Launch> inflight_;
 };

@@ -117,11 +117,32 @@ void nccl_allreduce(gpu::NcclComm& c, const std::vector<Entry*>& entries) {
   }
 }
 
-void nccl_broadcast(gpu::NcclComm& c, Entry& e) {
-  const size_t bytes = size_t(num_elements(e.desc.shape)) * dtype_size(e.desc.dtype);
+void nccl_broadcast(gpu::NcclComm& c, const std::vector<Entry*>& entries) {
+  const RequestDesc& d = entries[0]->desc;
   const gpu::NcclLib& n = c.libs().nccl;
-  check_nccl(n, n.broadcast(e.input, e.output, bytes, gpu::kNcclUint8, e.desc.root, c.comm(), c.stream()),
-             "ncclBroadcast '" + e.desc.name + "'");
+  auto bytes_of = [](const Entry* e) { return size_t(num_elements(e->desc.shape)) * dtype_size(e->desc.dtype); };
+  if (entries.size() == 1) {
+    const Entry& e = *entries[0];
+    check_nccl(n, n.broadcast(e.input, e.output, bytes_of(&e), gpu::kNcclUint8, d.root, c.comm(), c.stream()),
+               "ncclBroadcast '" + d.name + "'");
+    return;
+  }
+  size_t total = 0;
+  for (const Entry* e : entries) total += bytes_of(e);
+  char* buf = static_cast<char*>(c.fusion_buffer(total));
+  const bool root = c.rank() == d.root;
+  size_t off = 0;
+  for (const Entry* e : entries) {  // the root packs its inputs; every rank unpacks the result
+    if (root) copy_async(c, buf + off, e->input, bytes_of(e));
+    off += bytes_of(e);
+  }
+  check_nccl(n, n.broadcast(buf, buf, total, gpu::kNcclUint8, d.root, c.comm(), c.stream()),
+             "ncclBroadcast (" + std::to_string(entries.size()) + " fused tensors, first '" + d.name + "')");
+  off = 0;
+  for (const Entry* e : entries) {
+    copy_async(c, e->output, root ? e->input : buf + off, bytes_of(e));
+    off += bytes_of(e);
+  }
 }
 
 void nccl_allgather(gpu::NcclComm& c, Entry& e, const std::vector<int64_t>& rows) {

@@ -15,8 +15,9 @@ namespace commlib {
 // Allreduce of entries (several: fused through the communicator's device
 // buffer), dtype/op/scale factors of the first (fusion groups share them).
 void nccl_allreduce(gpu::NcclComm& c, const std::vector<Entry*>& entries);
-// root: rank in the communicator.
-void nccl_broadcast(gpu::NcclComm& c, Entry& e);
+// Broadcast of entries (several: one root's, fused through the
+// communicator's device buffer, any dtypes); root: rank in the communicator.
+void nccl_broadcast(gpu::NcclComm& c, const std::vector<Entry*>& entries);
 // rows: dim-0 rows of each rank (negotiated).
 void nccl_allgather(gpu::NcclComm& c, Entry& e, const std::vector<int64_t>& rows);
 // matrix: rows sent from src to dst at [src * size + dst] (negotiated).

@@ -14,6 +14,7 @@ bool fusable(const RequestDesc& d) {
     case COMMLIB_OP_ALLREDUCE: return d.group_size < 0;
     case COMMLIB_OP_ALLGATHER:
     case COMMLIB_OP_REDUCESCATTER: return d.device_type == COMMLIB_DEVICE_CPU;
+    case COMMLIB_OP_BROADCAST: return d.device_type == COMMLIB_DEVICE_CUDA;  // (through a device buffer)
     default: return false;
   }
 }
@@ -44,11 +45,14 @@ std::vector<std::vector<size_t>> plan_fusion(const std::vector<const RequestDesc
       continue;
     }
     const int64_t b = bytes ? bytes->at(i) : fusion_bytes(d, {});
-    // (an allgather moves bytes: any dtypes fuse)
-    const bool gather = d.op_type == COMMLIB_OP_ALLGATHER;
-    const Key key{d.op_type, d.process_set, d.device_type, gather ? -1 : d.dtype, gather ? 0 : d.reduce_op,
-                  gather ? 1.0 : d.prescale, gather ? 1.0 : d.postscale};
-    const int64_t limit = d.op_type == COMMLIB_OP_ALLREDUCE ? threshold : std::min(threshold, kGatherFusionBytes);
+    // (allgathers and broadcasts move bytes: any dtypes fuse; broadcasts of one root)
+    const bool gather = d.op_type == COMMLIB_OP_ALLGATHER, bytes_only = gather || d.op_type == COMMLIB_OP_BROADCAST;
+    const Key key{d.op_type, d.process_set, d.device_type, bytes_only ? -1 : d.dtype,
+                  d.op_type == COMMLIB_OP_BROADCAST ? d.root : (gather ? 0 : d.reduce_op),
+                  bytes_only ? 1.0 : d.prescale, bytes_only ? 1.0 : d.postscale};
+    const int64_t limit = d.op_type == COMMLIB_OP_ALLREDUCE || d.op_type == COMMLIB_OP_BROADCAST
+                              ? threshold
+                              : std::min(threshold, kGatherFusionBytes);
     auto o = open.find(key);
     if (o != open.end() && o->second.second + b <= limit) {
       groups[o->second.first].push_back(i);

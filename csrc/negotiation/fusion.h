@@ -11,7 +11,8 @@ namespace commlib {
 
 // A request that may join a fused group: a single-tensor allreduce (a
 // grouped allreduce is already one fused unit) on any device; an allgather
-// or a reducescatter on the host (csrc/exec/fused_gathers.cc runs those).
+// or a reducescatter on the host (csrc/exec/fused_gathers.cc runs those); a
+// broadcast of CUDA buffers (one root per group: exec/gpu_ops.h).
 bool fusable(const RequestDesc& d);
 
 // The bytes a request adds to its fused group: the reduced bytes of an

@@ -198,10 +198,9 @@ void Engine::execute(const Response& resp) {
   executor_.check_member(resp.process_set);
   note_executed(resp, entries);  // (autotune measures here)
   if (resp.process_set != 0 && resp.op_type == COMMLIB_OP_BROADCAST) {  // root: job rank -> rank in the set
-    int& root = entries[0]->desc.root;
     std::lock_guard<std::mutex> lock(queue_mu_);
     const std::vector<int>& m = sets_.at(resp.process_set);
-    root = int(std::find(m.begin(), m.end(), root) - m.begin());
+    for (Entry* e : entries) e->desc.root = int(std::find(m.begin(), m.end(), e->desc.root) - m.begin());
   }
   if (!entries.empty() && entries[0]->desc.device_type != COMMLIB_DEVICE_CPU) {
     launch_gpu(resp, entries);  // completes later, by event (poll_gpu)

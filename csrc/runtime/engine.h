@@ -206,6 +206,7 @@ class Engine : private CacheHost {
   void prepare_stand_ins(std::vector<Entry>& taken);
   const gpu::GpuLibs* gpu_libs(bool load);
   bool poll_gpu();
+  void trace_gpu_execution(GpuExecutor::Done& d);
   // Waits for the CUDA collectives in flight to end (at most COMMLIB_TIMEOUT,
   // or 10 s without one): every rank launched them, so an orderly shutdown
   // lets them finish rather than abort them mid-flight.

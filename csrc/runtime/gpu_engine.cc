@@ -11,6 +11,8 @@
 #include "common.h"
 #include "runtime/engine.h"
 #include "runtime/progress.h"
+#include "runtime/timeline.h"
+#include "runtime/trace_events.h"
 
 namespace commlib {
 
@@ -73,7 +75,7 @@ void Engine::launch_gpu(const Response& resp, const std::vector<Entry*>& entries
   int code = COMMLIB_ERR_INTERNAL;
   try {
     prepare_stand_ins(taken);
-    if (!gpu_) gpu_ = std::make_unique<GpuExecutor>(*gpu::loaded_gpu_libs(), timeout_us_);
+    if (!gpu_) gpu_ = std::make_unique<GpuExecutor>(*gpu::loaded_gpu_libs(), timeout_us_, fusion_threshold_);
     std::shared_ptr<void> done = gpu_->launch(resp, taken, executor_.transport_for(resp.process_set), members,
                                               now_us());
     // Launched: the names are free for the next requests of those names (the
@@ -119,10 +121,22 @@ void Engine::prepare_stand_ins(std::vector<Entry>& taken) {
     if (e.stand_in) e.device_id = device;
 }
 
+// Negotiation (submission to launch) and execution (launch to the
+// completion event seen here) of a CUDA collective that ran.
+void Engine::trace_gpu_execution(GpuExecutor::Done& d) {
+  Response resp;
+  resp.op_type = d.op_type;
+  resp.process_set = d.process_set;
+  std::vector<Entry*> entries;
+  for (Entry& e : d.entries) entries.push_back(&e);
+  trace_execution(resp, entries, d.launched_us, now_us(), "nccl");
+}
+
 bool Engine::poll_gpu() {
   if (!gpu_ || !gpu_->busy()) return false;
   std::vector<GpuExecutor::Done> done = gpu_->poll(now_us(), timeout_us_);
   for (GpuExecutor::Done& d : done) {
+    if (d.status == COMMLIB_OK && timeline().on()) trace_gpu_execution(d);
     for (Entry& e : d.entries) finish(e, d.status, d.message);
   }
   return !done.empty();

@@ -55,22 +55,27 @@ def broadcast_parameters(params, root_rank, prefix=None, process_set=global_proc
 
 
 class _TensorSlot:
-    """Stands for a tensor in a broadcast state_dict skeleton."""
+    """Stands for a tensor in a broadcast state_dict skeleton (``cuda``: root's
+    is on a CUDA device, and the others receive it on their current one)."""
 
-    __slots__ = ("index", "shape", "dtype")
+    __slots__ = ("index", "shape", "dtype", "cuda")
 
-    def __init__(self, index, shape, dtype):
-        self.index, self.shape, self.dtype = index, shape, dtype
+    def __init__(self, index, shape, dtype, cuda=False):
+        self.index, self.shape, self.dtype, self.cuda = index, shape, dtype, cuda
+
+    def empty(self) -> torch.Tensor:
+        device = torch.device("cuda", torch.cuda.current_device()) if self.cuda else "cpu"
+        return torch.empty(self.shape, dtype=self.dtype, device=device)
 
 
 def _strip_tensors(obj, tensors: list):
     """obj with every movable tensor replaced by a _TensorSlot (appended to
     ``tensors``); other values are kept for pickling."""
     if isinstance(obj, torch.Tensor):
-        if (obj.device.type == "cpu" and obj.layout == torch.strided
+        if (obj.device.type in ("cpu", "cuda") and obj.layout == torch.strided
                 and obj.dtype in SUPPORTED_DTYPES):
             tensors.append(obj.detach().contiguous())
-            return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype)
+            return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype, obj.device.type == "cuda")
         return obj
     if isinstance(obj, dict):
         return type(obj)((k, _strip_tensors(v, tensors)) for k, v in obj.items())
@@ -101,7 +106,8 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="broadcast_optimizer_
     DistributedOptimizer; every rank must have the same parameters.
 
     The state_dict's structure and small values travel pickled; its tensors
-    travel as tensors (no pickling of large buffers). As in Horovod, an
+    travel as tensors (no pickling of large buffers; CUDA ones stay on the
+    device, and the engine fuses their broadcasts into few NCCL calls). As in Horovod, an
     optimizer without any state yet (freshly created: no parameter has had a
     gradient) first gets its state from one step with zero gradients
     (``init_state``), so every rank ends with root's initialised state and
@@ -128,7 +134,7 @@ def broadcast_state(optimizer, root_rank, prefix="broadcast_optimizer_state",
         slots = []
         _collect_slots(skeleton, slots)
         slots.sort(key=lambda s: s.index)
-        tensors = [torch.empty(s.shape, dtype=s.dtype) for s in slots]
+        tensors = [s.empty() for s in slots]
     handles = [broadcast_async_(t, root_rank, f"{prefix}.{i}", process_set)
                for i, t in enumerate(tensors)]
     for h in handles:

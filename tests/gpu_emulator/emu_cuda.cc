@@ -4,6 +4,7 @@
 // one device per process unless COMMLIB_GPU_EMULATOR_DEVICES says more.
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -80,6 +81,11 @@ int64_t env_us(const char* name) {
 
 namespace {
 
+std::atomic<long> counts[kCountKinds];
+const char* const kCountNames[kCountKinds] = {
+    "comm_init", "stream_create", "event_create", "malloc", "free", "host_alloc", "sync", "copy", "nccl_call",
+    "allreduce", "broadcast", "allgather", "reducescatter", "reduce", "sendrecv", "group"};
+
 std::mutex& registry_mu() {
   static std::mutex mu;
   return mu;
@@ -115,6 +121,8 @@ void wait_all_streams() {
 
 }  // namespace
 
+void count(Count what) { counts[what].fetch_add(1, std::memory_order_relaxed); }
+
 Stream* stream_of(void* handle) {
   if (handle) return static_cast<Stream*>(handle);
   static Stream* legacy = [] {
@@ -132,6 +140,16 @@ using emu::Event;
 using emu::Stream;
 
 extern "C" {
+
+// How many times this process did `name` (a Count's name: comm_init,
+// stream_create, event_create, malloc, free, host_alloc, sync, copy,
+// nccl_call, allreduce, broadcast, allgather, reducescatter, reduce,
+// sendrecv, group); -1 for an unknown name. Not part of CUDA or NCCL.
+long commlib_gpu_emulator_count(const char* name) {
+  for (int i = 0; i < emu::kCountKinds; ++i)
+    if (std::strcmp(name, emu::kCountNames[i]) == 0) return emu::counts[i].load();
+  return -1;
+}
 
 int cudaRuntimeGetVersion(int* v) {
   *v = 13000;
@@ -171,6 +189,7 @@ int cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
 }
 
 int cudaStreamCreateWithPriority(void** stream, unsigned, int) {
+  emu::count(emu::kStreamCreate);
   auto* s = new Stream();
   {
     std::lock_guard<std::mutex> lock(emu::registry_mu());
@@ -185,6 +204,7 @@ int cudaStreamDestroy(void* stream) {
 }
 
 int cudaEventCreateWithFlags(void** event, unsigned) {
+  emu::count(emu::kEventCreate);
   *event = new Event();
   return 0;
 }
@@ -215,18 +235,30 @@ int cudaStreamWaitEvent(void* stream, void* event, unsigned) {
   return 0;
 }
 
-int cudaMalloc(void** ptr, size_t bytes) {
+namespace emu {
+namespace {
+
+int allocate(void** ptr, size_t bytes) {
   const size_t rounded = (bytes + 255) / 256 * 256;
   *ptr = std::aligned_alloc(256, rounded ? rounded : 256);
   if (!*ptr) return 2;  // cudaErrorMemoryAllocation
   std::memset(*ptr, 0xA5, rounded);  // (garbage, as fresh device memory is)
   std::lock_guard<std::mutex> lock(emu::registry_mu());
-  emu::allocations()[*ptr] = rounded;
+  allocations()[*ptr] = rounded;
   return 0;
+}
+
+}  // namespace
+}  // namespace emu
+
+int cudaMalloc(void** ptr, size_t bytes) {
+  emu::count(emu::kMalloc);
+  return emu::allocate(ptr, bytes);
 }
 
 int cudaFree(void* ptr) {
   if (!ptr) return 0;
+  emu::count(emu::kFree);
   emu::wait_all_streams();  // (cudaFree synchronizes the device)
   size_t bytes = 0;
   {
@@ -241,14 +273,52 @@ int cudaFree(void* ptr) {
   return 0;
 }
 
-// (not used by commlib: tests wait for a stream with it)
+// The blocking waits (not used by commlib's core: tests wait for a stream
+// with cudaStreamSynchronize), counted as host round trips.
 int cudaStreamSynchronize(void* stream) {
+  emu::count(emu::kSync);
   Stream* s = emu::stream_of(stream);
   s->wait(s->tail());
   return 0;
 }
 
+int cudaEventSynchronize(void* event) {
+  if (!event) return 1;
+  emu::count(emu::kSync);
+  const Event at = *static_cast<Event*>(event);
+  if (at.stream) at.stream->wait(at.ticket);
+  return 0;
+}
+
+int cudaDeviceSynchronize() {
+  emu::count(emu::kSync);
+  emu::wait_all_streams();
+  return 0;
+}
+
+int cudaMemcpy(void* dst, const void* src, size_t bytes, int) {
+  emu::count(emu::kSync);
+  emu::wait_all_streams();  // (a copy on the legacy stream waits for the device)
+  std::memcpy(dst, src, bytes);
+  return 0;
+}
+
+// Pinned host memory is ordinary host memory here.
+int cudaHostAlloc(void** ptr, size_t bytes, unsigned) {
+  emu::count(emu::kHostAlloc);
+  *ptr = std::malloc(bytes ? bytes : 1);
+  return *ptr ? 0 : 2;
+}
+
+int cudaMallocHost(void** ptr, size_t bytes) { return cudaHostAlloc(ptr, bytes, 0); }
+
+int cudaFreeHost(void* ptr) {
+  std::free(ptr);
+  return 0;
+}
+
 int cudaMemcpyAsync(void* dst, const void* src, size_t bytes, int, void* stream) {
+  emu::count(emu::kCopy);
   emu::stream_of(stream)->push([=] { std::memcpy(dst, src, bytes); });
   return 0;
 }
@@ -259,6 +329,7 @@ int cudaMallocAsync(void** ptr, size_t bytes, void*) { return cudaMalloc(ptr, by
 
 int cudaFreeAsync(void* ptr, void* stream) {
   if (!ptr) return 0;
+  emu::count(emu::kFree);
   size_t bytes = 0;
   {
     std::lock_guard<std::mutex> lock(emu::registry_mu());

@@ -297,6 +297,10 @@ void run_round(Comm* c, const std::vector<Op>& ops) {
 
 int enqueue(Comm* c, Stream* s, Op op) {
   if (!c) return kInvalidArgument;
+  count(kNcclCall);
+  static const Count kinds[] = {kCallAllReduce, kCallBroadcast, kCallReduce, kCallAllGather, kCallReduceScatter,
+                               kCallSendRecv, kCallSendRecv};  // (by Kind)
+  count(kinds[op.kind]);
   if (dtype_bytes(op.dtype) == 0) return kInvalidArgument;
   if ((op.kind == kSend || op.kind == kRecv || op.kind == kBroadcast || op.kind == kReduce) &&
       (op.peer < 0 || op.peer >= c->size))
@@ -357,6 +361,7 @@ struct UniqueId {
 int ncclCommInitRank(Comm** out, int nranks, UniqueId id, int rank) {
   if (nranks < 1 || nranks > emu::kMaxRanks || rank < 0 || rank >= nranks || id.internal[0] != '/')
     return emu::kInvalidArgument;
+  emu::count(emu::kCommInit);
   prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);  // (the others read this process's buffers)
   // COMMLIB_GPU_EMULATOR_INIT_HANG_RANK=r: rank r of every communicator never
   // joins it (a member frozen after the unique id went out, or a bootstrap
@@ -438,6 +443,7 @@ int ncclGroupStart() {
 int ncclGroupEnd() {
   if (emu::group_depth == 0) return emu::kInvalidUsage;
   if (--emu::group_depth > 0) return 0;
+  emu::count(emu::kGroup);
   // One round per (communicator, stream), in the order of their first call.
   std::vector<std::pair<std::pair<Comm*, emu::Stream*>, std::vector<Op>>> rounds;
   for (auto& [c, so] : emu::grouped) {

@@ -54,4 +54,22 @@ Stream* stream_of(void* handle);
 // The environment variable name as a number of microseconds (0 if unset).
 int64_t env_us(const char* name);
 
+// What a process asked of the emulator, counted per entry point class (for
+// tests of what a step costs; commlib_gpu_emulator_count reads them).
+enum Count : int {
+  kCommInit,     // ncclCommInitRank
+  kStreamCreate, // cudaStreamCreate*
+  kEventCreate,  // cudaEventCreate*
+  kMalloc,       // device memory: cudaMalloc, cudaMallocAsync
+  kFree,         // cudaFree, cudaFreeAsync
+  kHostAlloc,    // pinned host memory: cudaHostAlloc, cudaMallocHost
+  kSync,         // blocking host waits: cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize, cudaMemcpy
+  kCopy,         // cudaMemcpyAsync
+  kNcclCall,     // every NCCL collective or point-to-point call
+  kCallAllReduce, kCallBroadcast, kCallAllGather, kCallReduceScatter, kCallReduce, kCallSendRecv,
+  kGroup,        // ncclGroupEnd closing the outermost group
+  kCountKinds
+};
+void count(Count what);
+
 }  // namespace emu

@@ -1,5 +1,6 @@
 #include "backends/nccl/nccl_comm.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -29,21 +30,6 @@ NcclUniqueId shared_unique_id(const NcclLib& nccl, Transport& t) {
   // (a failure on rank 0 leaves zeros: the others then fail in ncclCommInitRank)
   t.broadcast(&id, sizeof(id), 0);
   return id;
-}
-
-void* record_event(const CudaRuntime& cuda, int device, void* stream) {
-  DeviceGuard on(cuda, device);
-  cudaEvent ev = nullptr;
-  check_cuda(cuda, cuda.event_create_with_flags(&ev, kCudaEventDisableTiming), "cudaEventCreateWithFlags");
-  const cudaError rc = cuda.event_record(ev, static_cast<cudaStream>(stream));
-  if (rc != kCudaSuccess) cuda.event_destroy(ev);
-  check_cuda(cuda, rc, "cudaEventRecord on the caller's stream");
-  return ev;
-}
-
-void destroy_event(void* event) {
-  const GpuLibs* libs = loaded_gpu_libs();
-  if (libs && libs->cuda.event_destroy) libs->cuda.event_destroy(static_cast<cudaEvent>(event));
 }
 
 DeviceGuard::DeviceGuard(const CudaRuntime& cuda, int device) : cuda_(cuda) {
@@ -151,7 +137,7 @@ ncclResult NcclComm::async_error() const {
   return rc != kNcclSuccess ? rc : err;
 }
 
-void* NcclComm::grow(void** buf, size_t* have, size_t bytes) {
+void* NcclComm::grow(void** buf, size_t* have, size_t bytes, size_t headroom) {
   if (bytes <= *have) return *buf;
   DeviceGuard on(libs_.cuda, device_);
   // The old buffer may still be in use by an operation in flight (and
@@ -159,13 +145,13 @@ void* NcclComm::grow(void** buf, size_t* have, size_t bytes) {
   if (*buf) retired_.push_back(*buf);
   *buf = nullptr;
   *have = 0;
-  const size_t want = bytes < (size_t(1) << 20) ? size_t(1) << 20 : bytes;
+  const size_t want = std::max({bytes, headroom, size_t(1) << 20});
   check_cuda(libs_.cuda, libs_.cuda.malloc(buf, want), "cudaMalloc(" + std::to_string(want) + " bytes)");
   *have = want;
   return *buf;
 }
 
-void* NcclComm::fusion_buffer(size_t bytes) { return grow(&fusion_, &fusion_bytes_, bytes); }
+void* NcclComm::fusion_buffer(size_t bytes) { return grow(&fusion_, &fusion_bytes_, bytes, fusion_headroom); }
 
 void* NcclComm::sink(size_t bytes) { return grow(&sink_, &sink_bytes_, bytes); }
 

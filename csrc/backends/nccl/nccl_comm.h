@@ -27,9 +27,11 @@ void check_nccl(const NcclLib& nccl, ncclResult rc, const std::string& what);
 // The same for a CUDA runtime call.
 void check_cuda(const CudaRuntime& cuda, cudaError rc, const std::string& what);
 
-// An event recorded on stream (of device), for another stream to wait on.
+// An event recorded on stream (of device), for another stream to wait on
+// (backends/nccl/event_pool.cc: taken from a pool of reusable events).
 void* record_event(const CudaRuntime& cuda, int device, void* stream);
-// Destroys an event of record_event (its pending work still completes).
+// Gives an event of record_event back to the pool, once nothing waits on or
+// queries it any more (its pending work still completes).
 void destroy_event(void* event);
 
 // rank 0 of t calls ncclGetUniqueId; every rank of t returns its bytes.
@@ -77,9 +79,13 @@ class NcclComm {
   ncclResult async_error() const;
   std::string error_text(ncclResult rc) const { return libs_.nccl.get_error_string(rc); }
 
-  // At least bytes of device memory for fusion, owned by the communicator
-  // (a larger one replaces it; the old one is freed with the communicator).
+  // At least bytes of device memory for fusion, owned by the communicator:
+  // allocated once with fusion_headroom bytes if that is more (a fused
+  // collective is never larger than the fusion threshold), so the first
+  // step's growing fused launches do not allocate again and again; a larger
+  // one replaces it (the old one is freed with the communicator).
   void* fusion_buffer(size_t bytes);
+  size_t fusion_headroom = 0;
   // A joined rank's stand-in buffers (runtime/join.h), grown like the fusion
   // buffer: zeros (set on the communicator's stream once, never written
   // after) and a sink for results nobody reads.
@@ -105,8 +111,9 @@ class NcclComm {
   cudaStream stream_ = nullptr;
   int device_, rank_, size_;
   bool aborted_ = false;
-  // Device memory of at least bytes in *buf (of *have bytes), replacing a smaller one.
-  void* grow(void** buf, size_t* have, size_t bytes);
+  // Device memory of at least bytes in *buf (of *have bytes; allocated with
+  // at least `headroom`), replacing a smaller one.
+  void* grow(void** buf, size_t* have, size_t bytes, size_t headroom = 0);
   void* fusion_ = nullptr;
   size_t fusion_bytes_ = 0;
   void* zeros_ = nullptr;

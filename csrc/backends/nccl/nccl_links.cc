@@ -193,7 +193,7 @@ class NcclLinks final : public DeviceLinks {
         check_cuda(libs_.cuda, rc, "cudaEventQuery (point-to-point)");
         Flight f = std::move(l.flights.front());
         l.flights.pop_front();
-        libs_.cuda.event_destroy(f.finished);
+        destroy_event(f.finished);
         l.progress_us = now;
         *moved = true;
         done_(f.req, COMMLIB_OK, "");
@@ -263,11 +263,7 @@ class NcclLinks final : public DeviceLinks {
       check_nccl(libs_.nccl, libs_.nccl.recv(q.req.out, q.nbytes, kNcclUint8, 0, l.comm, l.stream), "ncclRecv");
     }
     Flight f;
-    check_cuda(libs_.cuda, libs_.cuda.event_create_with_flags(&f.finished, kCudaEventDisableTiming),
-               "cudaEventCreateWithFlags");
-    const cudaError rc = libs_.cuda.event_record(f.finished, l.stream);
-    if (rc != kCudaSuccess) libs_.cuda.event_destroy(f.finished);
-    check_cuda(libs_.cuda, rc, "cudaEventRecord (point-to-point)");
+    f.finished = static_cast<cudaEvent>(record_event(libs_.cuda, l.device, l.stream));  // (from the pool)
     if (l.flights.empty()) l.progress_us = now;
     f.launched_us = now;
     f.req = std::move(q.req);
@@ -287,7 +283,7 @@ class NcclLinks final : public DeviceLinks {
       r.out = nullptr;
     };
     for (Flight& f : l.flights) {
-      libs_.cuda.event_destroy(f.finished);
+      destroy_event(f.finished);
       release(f.req);
       done_(f.req, code, what_of(f.req) + ": " + message);
       if (f.partner) done_(*f.partner, code, what_of(*f.partner) + ": " + message);

@@ -1,7 +1,8 @@
 """Run by tests/gpu: DistributedOptimizer on a CUDA model, each rank on its
 shard of every batch, ends within 1e-5 of one process training on the whole
 batches (computed here too, on the same GPU) after 20 steps; broadcast_parameters
-and broadcast_optimizer_state on CUDA tensors."""
+and broadcast_optimizer_state on CUDA tensors (a trained one's momentum stays on
+the device)."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -51,4 +52,16 @@ worst = max((p - q).abs().max().item() for p, q in zip(dist.parameters(), ref.pa
 if worst > 1e-5:
     fail(f"after {STEPS} steps the parameters differ from one process by {worst:.3g}")
 print(f"rank {r}: largest difference {worst:.3g}", flush=True)
+# Momentum buffers (CUDA tensors, now set apart per rank) travel as device
+# tensors, fused, and arrive on this rank's device equal to rank 0's.
+with torch.no_grad():
+    for state in opt.state.values():
+        state["momentum_buffer"].add_(r)
+hvd.broadcast_optimizer_state(opt, root_rank=0)
+buffers = [opt.state[p]["momentum_buffer"] for p in dist.parameters()]
+if any(b.device != DEVICE for b in buffers):
+    fail(f"broadcast_optimizer_state moved the momentum off {DEVICE}: {[str(b.device) for b in buffers]}")
+first = hvd.broadcast(torch.cat([b.flatten() for b in buffers]), root_rank=0, name="momentum.check")
+if not torch.equal(first, torch.cat([b.flatten() for b in buffers])):
+    fail("broadcast_optimizer_state did not give rank 0's momentum buffers")
 done()

@@ -1,0 +1,90 @@
+"""What a training step's CUDA collectives cost the process, counted by the
+GPU emulator (tests/gpu_emulator/, commlib_gpu_emulator_count) while the
+core's NCCL executor runs them (tests/parallel/workers/gpu_emulated_costs.py):
+
+- the first step of an N-parameter model (DistributedOptimizer's in-place
+  Average allreduces) creates one NCCL communicator, one stream and one
+  fusion buffer whatever N, waits on no stream or event from the host, and
+  allocates no pinned memory; events come from a pool, so the next two
+  steps create few (not one per gradient and launch) and allocate nothing;
+- a model's parameters broadcast together (broadcast_parameters) go out in a
+  few fused NCCL broadcasts, not one per tensor (at 3 ranks also on a process
+  set without rank 0, mixed dtypes, from its last rank); a lone broadcast repeated
+  costs one NCCL call each and nothing else;
+- the timeline shows the first step's phases (communicator creation,
+  negotiation, execution on the device)."""
+import json
+
+import pytest
+
+SMALL, LARGE = 10, 160
+
+
+def counts(run) -> dict:
+    out = {}
+    for line in run.stdout.splitlines():
+        if "COUNTS " in line:  # ("[0]: COUNTS <phase> <json>", from rank 0)
+            _, phase, values = line[line.index("COUNTS "):].split(" ", 2)
+            out[phase] = json.loads(values)
+    return out
+
+
+def run_case(ranks, gpu_emulator, case, count, env=None, n=2):
+    run = ranks(n, "gpu_emulated_costs.py", case, str(count), timeout=120, env=dict(gpu_emulator, **(env or {})))
+    run.assert_ok(n)
+    return counts(run)
+
+
+@pytest.mark.timeout(300)
+def test_first_step_costs_do_not_grow_with_the_parameters(ranks, gpu_emulator, tmp_path):
+    trace = tmp_path / "trace.json"
+    by_n = {SMALL: run_case(ranks, gpu_emulator, "step", SMALL, env={"COMMLIB_TIMELINE": str(trace)}),
+            LARGE: run_case(ranks, gpu_emulator, "step", LARGE)}
+    for n, c in by_n.items():
+        first, later = c["step1"], c["later"]
+        assert first["comm_init"] == 1, (n, first)
+        assert first["stream_create"] == 1, (n, first)
+        assert first["malloc"] <= 1 and first["free"] == 0, (n, first)  # (one fusion buffer, with headroom)
+        assert first["sync"] == 0 and first["host_alloc"] == 0, (n, first)
+        assert first["event_create"] <= n + first["allreduce"], (n, first)  # (at most the requests alive at once)
+        for kind in ("comm_init", "stream_create", "malloc", "free", "host_alloc", "sync"):
+            assert later[kind] == 0, (n, kind, later)
+        # (the pool holds what one step kept alive at once; a step that keeps
+        # more requests waiting adds a few: without it every request and
+        # launch made its own, 22 events for 2 steps of 10 gradients)
+        assert later["event_create"] <= n // 4 + 4, (n, later)
+    assert by_n[SMALL]["step1"]["malloc"] == by_n[LARGE]["step1"]["malloc"], by_n
+    check_timeline(trace)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+def test_parameters_broadcast_in_few_fused_calls(ranks, gpu_emulator, n):
+    c = run_case(ranks, gpu_emulator, "broadcast", LARGE, n=n)
+    for phase in ("parameters1", "parameters2"):
+        assert c[phase]["broadcast"] <= LARGE // 8, (phase, c[phase])
+        assert c[phase]["sync"] == 0 and c[phase]["free"] == 0, (phase, c[phase])
+    # (events come from the pool, which a round may still grow a little:
+    # without it every broadcast and launch made its own)
+    assert c["parameters2"]["malloc"] == 0 and c["parameters2"]["event_create"] <= LARGE // 4, c["parameters2"]
+    lone = c["broadcast10"]
+    assert lone["broadcast"] == lone["nccl_call"] == 10, lone
+    assert lone["malloc"] == lone["event_create"] == lone["sync"] == lone["comm_init"] == 0, lone
+
+
+def check_timeline(path):
+    """Every rank's timeline shows the communicator's creation, and each
+    gradient's negotiation and execution on the NCCL stream, in every step."""
+    from commlib.timeline import load_events, rank_files
+
+    files = rank_files(str(path))
+    assert len(files) == 2, files
+    for f in files:
+        events = load_events(f)
+        names = {e["name"] for e in events}
+        assert "NCCL_INIT" in names, sorted(names)
+        for phase in ("NEGOTIATE", "allreduce"):
+            spans = [e for e in events if e["name"] == phase and e.get("ph") == "X"]
+            assert len(spans) >= 3 * SMALL, (phase, len(spans))
+        runs = [e for e in events if e["name"] == "allreduce"]
+        assert all(e["args"]["algorithm"] == "nccl" for e in runs), runs[:2]
