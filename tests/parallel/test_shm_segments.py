@@ -6,8 +6,6 @@ import subprocess
 
 import pytest
 
-from conftest import run_ranks
-
 # Small per-rank areas, so that a part growing with the square of the ranks
 # would show (before: 1.9, 2.6 then 3.3 MiB more per rank from 2 to 5 ranks).
 SMALL = {"COMMLIB_SHM_PIECE_BYTES": "65536", "COMMLIB_SHM_FUSION_BYTES": "65536"}
@@ -20,10 +18,10 @@ def segment_bytes(run, n):
 
 
 @pytest.mark.timeout(400)
-def test_segment_size_grows_linearly():
+def test_segment_size_grows_linearly(ranks):
     sizes = {}
     for n in (2, 3, 4, 5):
-        run = run_ranks(n, "shm_segments.py", env=SMALL)
+        run = ranks(n, "shm_segments.py", env=SMALL)
         run.assert_ok(n)
         sizes[n] = segment_bytes(run, n)
     steps = [sizes[n + 1] - sizes[n] for n in (2, 3, 4)]
@@ -33,7 +31,7 @@ def test_segment_size_grows_linearly():
 
 
 @pytest.mark.timeout(200)
-def test_init_works_when_old_style_names_are_taken():
+def test_init_works_when_old_style_names_are_taken(ranks):
     """Someone created /dev/shm/commlib.<pid>.0 and .1 for the next pids (the
     names the pid-based scheme gave); commlib's random names do not collide."""
     pid_max = int(open("/proc/sys/kernel/pid_max").read())
@@ -49,7 +47,7 @@ def test_init_works_when_old_style_names_are_taken():
                     made.append(path)
                 except FileExistsError:
                     pass
-        run = run_ranks(2, "shm_segments.py")
+        run = ranks(2, "shm_segments.py")
     finally:
         for path in made:
             os.unlink(path)
