@@ -1,5 +1,5 @@
 """Autotune against hand-picked fusion thresholds on the synthetic benchmark's
-model (pytorch_synthetic_benchmark.py: MLP of 12.6M parameters, batch 32, SGD,
+model (synthetic_models.py: the MLP of 12.6M parameters, batch 32, SGD,
 one thread per rank), in one run:
 1. with autotune on: steps until every rank applied autotune's final setting
    (samples/s of every 20 steps on the way);
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pytorch_synthetic_benchmark import make_model  # noqa: E402
+import synthetic_models  # noqa: E402
 
 import commlib  # noqa: E402
 import commlib.torch as hvd  # noqa: E402
@@ -30,11 +30,10 @@ torch.set_num_threads(1)
 torch.manual_seed(0)
 hvd.init()
 lib = commlib._lib.lib
-model = make_model("mlp")
+model, data, target = synthetic_models.make("mlp", "cpu", 32)
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size()),
                                named_parameters=model.named_parameters())
-data, target = torch.randn(32, 1024), torch.randint(0, 1000, (32,))
 
 
 def step():

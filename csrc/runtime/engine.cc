@@ -37,8 +37,11 @@ constexpr int64_t kFullCycleUs = 50;
 // + 8 s after their submission (check_coordinator_alive, checked each second),
 // which came no later than this rank's wait began; 10 s covers that.
 constexpr int64_t kLostContactLingerUs = 10000000;
-// The same after a timeout of this rank's own (unsafe_to_finalize): the ranks
-// that submitted the same request time out within the same second or so.
+// The same after a timeout of this rank's own (unsafe_to_finalize), on one
+// host (the order log): the ranks that submitted the same request time out
+// within the same second or so. Across hosts the ranks beyond a cut give up
+// only the timeout + 8 s after their submission: this rank lingers as after
+// a lost contact, lest its abort end the job before they raise.
 constexpr int64_t kTimedOutLingerUs = 2000000;
 
 // pid and host name of every rank, for the peer monitor.
@@ -242,7 +245,7 @@ void Engine::shutdown() {
     std::fprintf(stderr, "commlib (rank %d): ERROR: a request of this rank timed out (COMMLIB_TIMEOUT) and no "
                  "collective of the whole job completed since: the ranks it waited for may be frozen, and "
                  "MPI_Finalize would wait for them forever; MPI is aborted at exit\n", topo_.rank);
-    nap_us(kTimedOutLingerUs);
+    nap_us(cache_.ordered_by_log() ? kTimedOutLingerUs : kLostContactLingerUs);
   }
   if (broken()) {  // collective MPI calls could hang on a dead peer
     transport_->abandon();

@@ -22,6 +22,7 @@ from _common import check_equal
 
 PER_VALUE_S = 20  # a hang in one value ends the rank after this long
 FUSION = 1 << 20  # bytes: the "larger" arrays exceed this, the fusion region and a piece
+PAUSES_MS = {"COMMLIB_TEST_SHM_PAUSE_MS"}
 
 
 def values_of(entry):
@@ -31,7 +32,9 @@ def values_of(entry):
     if m:
         lo = int(m.group(1))
         hi = int(m.group(2)) if m.group(2) else 2 ** 63 - 1
-        inside = [lo] + ([0] if lo < 0 < hi else []) + [hi]
+        # (a testing-only pause at its maximum only waits longer: 1 s stands for it)
+        top = min(hi, 1000) if entry.name in PAUSES_MS else hi
+        inside = [lo] + ([0] if lo < 0 < hi else []) + [top]
         return [str(v) for v in inside], [str(lo - 1), str(hi + 1)]
     m = re.fullmatch(r"number (-?\d+) to (-?\d+)", acc)
     if m:
@@ -40,7 +43,11 @@ def values_of(entry):
     if acc == "0 or 1":
         return ["0", "1"], ["2", "-1"]
     if acc == "a path":
-        return [], []  # (COMMLIB_TIMELINE and COMMLIB_NCCL_LIBRARY: tests of their own)
+        return [], []  # (COMMLIB_TIMELINE, COMMLIB_NCCL_LIBRARY, COMMLIB_AUTOTUNE_LOG: tests of their own)
+    m = re.fullmatch(r"up to (\d+) hex digits", acc)
+    if m:  # (COMMLIB_RUN_JOB: commlibrun's token, part of the segments' names)
+        digits = int(m.group(1))
+        return ["0", "f" * digits], ["0" * (digits + 1), "xyz"]
     choices = [c.strip() for c in acc.split(",")]
     return choices, ["bogus"]
 
