@@ -91,8 +91,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                                          bucket_elements=bucket_elements is not None,
                                          weight_prediction=weight_prediction is not False,
                                          gradient_predivide_factor=gradient_predivide_factor != 1.0)
-        cls = type(base.__name__, (adasum_optimizer.AdasumOptimizerBase, base),
-                   {"__module__": adasum_optimizer.__name__, "__doc__": base.__doc__})
+        cls = _wrapper_class(base, adasum_optimizer.AdasumOptimizerBase, module=adasum_optimizer)
         return _share(cls, optimizer, dist_args)
     if staleness != 0 and zero_stage != 0:
         raise ValueError("staleness=1 and zero_stage cannot be combined")
@@ -104,18 +103,22 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if weight_prediction is not False:
         raise ValueError("weight_prediction=True needs staleness=1")
     if powersgd_config is not None:
-        cls = type(base.__name__, (powersgd.PowerSGDOptimizer, base),
-                   {"__module__": powersgd.__name__, "__doc__": base.__doc__})
+        cls = _wrapper_class(base, powersgd.PowerSGDOptimizer, module=powersgd)
         return powersgd.make_powersgd(cls, optimizer, powersgd_config, dist_args)
     if zero_stage != 0 or bucket_elements is not None:
         bucket_elements = zero.check_arguments(zero_stage, bucket_elements, compression, groups)
         if included(process_set):
-            cls = type(base.__name__, (zero.ZeroMixin, DistributedOptimizerBase, base),
-                       {"__module__": zero.__name__, "__doc__": base.__doc__})
+            cls = _wrapper_class(base, zero.ZeroMixin, DistributedOptimizerBase, module=zero)
             return zero.make_zero(cls, base, optimizer, zero_stage, bucket_elements, dist_args)
-    cls = type(base.__name__, (DistributedOptimizerBase, base),
-               {"__module__": __name__, "__doc__": base.__doc__})
+    cls = _wrapper_class(base, DistributedOptimizerBase)
     return _share(cls, optimizer, dist_args)
+
+
+def _wrapper_class(base, *mixins, module=None):
+    """A class named as ``base`` that puts ``mixins`` before it (the wrapper
+    an optimizer of class ``base`` becomes), attributed to ``module``."""
+    return type(base.__name__, (*mixins, base),
+                {"__module__": module.__name__ if module else __name__, "__doc__": base.__doc__})
 
 
 def _share(cls, optimizer, dist_args):
