@@ -7,7 +7,10 @@ import pytest
 
 from test_collectives import assert_all_ok
 
-PIECES = {"COMMLIB_TEST_MPI_CALL_BYTES": "256"}
+# the worker checks that requests in flight together were fused: hold them
+# (asynchronous ones only; a blocking call is never held) long enough that a
+# loaded machine's Python between two submissions does not split the batch
+PIECES = {"COMMLIB_TEST_MPI_CALL_BYTES": "256", "COMMLIB_BATCH_GAP_US": "100000", "COMMLIB_CYCLE_TIME": "200"}
 MPI_PATHS = {**PIECES, "COMMLIB_SHM_COLLECTIVES": "never"}
 TWO_HOSTS = {**PIECES, "COMMLIB_TEST_RANKS_PER_HOST": "1"}
 SHM_PATHS = {**PIECES, "COMMLIB_SHM_COLLECTIVES": "always"}

@@ -49,8 +49,8 @@ for j, (dt, trail) in enumerate([(np.float64, (3,)), (np.uint8, (5, 2)), (np.int
     check_equal(out, want, f"allgather in place {j}")
 
 # several in flight: fused into one allgather
-handles = [commlib.allgather_async(data(f"f{j}", r, (gather_rows(j, r), 4), np.float32), name=f"fused.{j}")
-           for j in range(5)]
+gather_ins = [data(f"f{j}", r, (gather_rows(j, r), 4), np.float32) for j in range(5)]
+handles = [commlib.allgather_async(x, name=f"fused.{j}") for j, x in enumerate(gather_ins)]
 for j, h in enumerate(handles):
     want = np.concatenate([data(f"f{j}", q, (gather_rows(j, q), 4), np.float32) for q in range(n)])
     check_equal(commlib.synchronize(h), want, f"fused allgather {j}")
