@@ -80,8 +80,9 @@ def exit_code_for(returncode):
     return 128 - returncode if returncode < 0 else returncode
 
 
-def write_status(status_dir, rank, code):
-    """Atomically write ``<code> <time>`` to ``<status_dir>/rank<rank>``.
+def write_status(status_dir, rank, code, when=None):
+    """Atomically write ``<code> <time>`` to ``<status_dir>/rank<rank>``;
+    ``when`` (default now) is the ``time.time()`` at which the rank ended.
 
     Failures are ignored: on remote hosts the launcher's directory does not
     exist, and the launcher then falls back to mpiexec's exit code.
@@ -90,7 +91,7 @@ def write_status(status_dir, rank, code):
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "w") as f:
-            f.write(f"{code} {time.time()!r}\n")
+            f.write(f"{code} {(time.time() if when is None else when)!r}\n")
         os.replace(tmp, path)
     except OSError:
         pass
@@ -197,8 +198,9 @@ def failure_grace(environ=os.environ):
 def _run_child(command, rank, host):
     """Run the user command with prefixed output.
 
-    Returns ``(exit_code, signalled)``; ``signalled`` tells whether the
-    wrapper itself received (and forwarded) a signal.
+    Returns ``(exit_code, signalled, ended)``; ``signalled`` tells whether the
+    wrapper itself received (and forwarded) a signal, ``ended`` is the
+    ``time.time()`` at which the child's exit was reaped.
     """
     try:
         child = subprocess.Popen(
@@ -235,6 +237,7 @@ def _run_child(command, rank, host):
     for t in pumps:
         t.start()
     returncode = child.wait()
+    ended = time.time()  # (not after the drain below: a loaded machine may take long)
     deadline = time.monotonic() + PIPE_DRAIN_TIMEOUT
     for t in pumps:
         t.join(max(0.0, deadline - time.monotonic()))
@@ -258,16 +261,16 @@ def _run_child(command, rank, host):
     for sink, t in zip(sinks, pumps):
         if isinstance(sink, _SocketSink) and not t.is_alive():
             sink.close()
-    return code, bool(received)
+    return code, bool(received), ended
 
 
 def run(command, environ=os.environ):
     """Run ``command`` as rank ``get_rank()``; return the exit code to use."""
     rank = get_rank(environ)
-    code, signalled = _run_child(command, rank, socket.gethostname())
+    code, signalled, ended = _run_child(command, rank, socket.gethostname())
     status_dir = environ.get(STATUS_DIR_ENV)
     if status_dir:
-        write_status(status_dir, rank, code)
+        write_status(status_dir, rank, code, ended)
     if code != 0 and not signalled:
         # The MPI launcher tears the whole job down as soon as this process
         # exits with an error.  Lingering lets the other ranks notice the

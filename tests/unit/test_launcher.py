@@ -194,6 +194,16 @@ def test_status_files_round_trip(tmp_path):
     assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
 
 
+def test_status_carries_the_time_the_rank_ended(tmp_path):
+    # A killed rank's wrapper may drain its output long after the rank ended
+    # (loaded machine): the earliest *ending*, not the earliest write, is first.
+    _rankwrap.write_status(str(tmp_path), "1", 137, when=100.25)
+    _rankwrap.write_status(str(tmp_path), "0", 3, when=101.5)
+    statuses = launcher.read_statuses(str(tmp_path))
+    assert statuses == {1: (137, 100.25), 0: (3, 101.5)}
+    assert launcher.first_failure(statuses) == (1, 137)
+
+
 def test_write_status_ignores_missing_dir(tmp_path):
     _rankwrap.write_status(str(tmp_path / "missing"), "0", 1)  # must not raise
 
