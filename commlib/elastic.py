@@ -42,6 +42,22 @@ The commit protocol (one directory per rank, ``<dir>/rank<R>/``):
 Commits are files a job trusts like any checkpoint (they are unpickled).
 ``commit()``, like every collective, must be called by all ranks at the same
 points.
+
+Guarantees and limits: a rank killed at any moment, during a commit
+included, costs at most the steps since the last commit, so with
+deterministic data the final state equals an uninterrupted run's. A damaged
+file (CRC) or a directory written by a job of another size raises
+``ElasticStateError`` on every rank: the number of ranks cannot change.
+``sync()`` gives every rank rank 0's state, except sharded state (the shards
+of a ``fully_shard`` model, a ZeRO optimizer's state), which each rank
+commits and loads as its own part. ``commlibrun --restarts N`` prints each
+restart with its cause, keeps one ``--timeout`` for all attempts, sets
+``$COMMLIB_RESTART`` (0, 1, ...) in the ranks and, after the last allowed
+failure, exits with that failure's code; a timeout or a signal to
+``commlibrun`` is not restarted. Without ``$COMMLIB_ELASTIC_DIR`` it uses a
+temporary directory removed when the job ends; a directory you set is kept,
+and a later job resumes from it. On several hosts it must be shared storage
+(or the ranks must land on the same hosts).
 """
 from __future__ import annotations
 

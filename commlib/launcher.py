@@ -504,7 +504,16 @@ def make_parser():
                f"Set {MPIEXEC_ENV} to choose the mpiexec/mpirun binary. After a rank fails, "
                f"the other ranks get ${_rankwrap.FAILURE_GRACE_ENV} seconds (default "
                f"{_rankwrap.DEFAULT_FAILURE_GRACE:g}) to notice and report it before the "
-               "job is torn down.",
+               "job is torn down. The program is looked up on PATH and passed by its absolute "
+               "path, without a shell. On one host OMP_NUM_THREADS is set to cores / ranks "
+               "unless set. -np takes 1 to 65536 and a slot count 1 to 4096; other values are "
+               "refused (exit 2) before mpiexec runs. SIGTERM, SIGINT and --timeout reach the "
+               "ranks as SIGINT; once mpiexec has exited, or 5 s after the signal, whatever of "
+               "the job is left on this host is killed and its /dev/shm segments are removed. "
+               "A rank whose failure only followed another's (NotInitializedError, "
+               "RankLostError, CollectiveTimeoutError) is named only when no other rank "
+               "failed. Open MPI gets --allow-run-as-root, oversubscription and "
+               "OMPI_MCA_op=^avx (unless set).",
     )
     p.add_argument("-np", "-n", "--num-proc", dest="np", type=int, metavar="N",
                    help="number of ranks (processes) to start")

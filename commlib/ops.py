@@ -3,6 +3,39 @@
 Every collective has an ``*_async`` form returning a Handle; in-place forms end
 with an underscore. Arguments are checked here, before anything is sent:
 unsupported dtypes raise TypeError, bad shapes/roots/outputs ValueError.
+
+Fusion: requests in flight together are fused, up to COMMLIB_FUSION_THRESHOLD
+bytes per batch (allgathers and reducescatters up to 4 MiB): allreduces of one
+dtype, op and scale factors are reduced in one buffer; on the host allgathers
+(any dtypes and shapes) run as one allgather, reducescatters of one dtype, op
+and scale factors as one reduce-scatter. Each request keeps its own result and
+errors. Sizes are bounded by memory only: through MPI a collective beyond
+1 GiB goes in pieces.
+
+Dtypes (commlib.dtypes): integer sums and products wrap around as in numpy;
+for integers, Average and the scale factors are applied in double precision
+and truncated toward zero. float16/bfloat16 are reduced in float32 (through
+the ring and the tree they travel as themselves, each step reducing a block
+in float32). bool reduces as logical or (Sum, Max) and logical and (Product,
+Min).
+
+Process sets: every collective takes ``process_set=`` (default: every rank);
+only its members call it (a non-member gets ValueError before anything is
+sent). Within a set, allgather/alltoall rows and alltoall splits follow the
+set's ranks, reducescatter leaves part i on its i-th member, and broadcast's
+``root_rank`` is a job rank in the set.
+
+Adasum (``op=Adasum``; Horovod's adaptive summation, Maleki et al., MLSys
+2021): floating-point tensors are combined pairwise along a recursive-doubling
+tree: ``a`` (the lower ranks' value) and ``b`` become
+``(1 - a.b/(2|a|^2)) a + (1 - a.b/(2|b|^2)) b`` (a coefficient is 1 where the
+squared norm is below 1e-8), dot products and norms in float64; equal values
+average, orthogonal ones add up. Each tensor of a fused batch keeps its own
+coefficients; scale factors apply before and after. Any rank count: with p the
+largest power of two below it, ranks 2k and 2k+1 (k < n - p) combine first.
+Every rank gets bitwise the same result. Allreduce only (reducescatter raises
+ValueError), floating-point dtypes only (TypeError); it runs on the host over
+point-to-point messages (CUDA tensors are staged through host memory).
 """
 from __future__ import annotations
 
@@ -30,7 +63,7 @@ Product = lib.COMMLIB_PRODUCT
 
 
 # Adaptive summation (Maleki et al., MLSys 2021; Horovod's Adasum): allreduce
-# only, floating-point tensors only (see README "Adasum").
+# only, floating-point tensors only (see this module's docstring).
 Adasum = lib.COMMLIB_ADASUM
 
 _OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product",

@@ -14,6 +14,19 @@ A send completes once its receiver has taken the data (as MPI_Ssend does), so
 two ranks exchanging data post ``isend`` first, or call ``sendrecv``. A
 receive with ``out`` must get a message of out's dtype and element count:
 otherwise both the receive and the send raise ValueError, naming both shapes.
+A peer outside the job or the set raises ValueError before anything is sent; a
+peer that dies raises RankLostError; a receive with no matching send warns
+after COMMLIB_STALL_CHECK_TIME and raises CollectiveTimeoutError after
+COMMLIB_TIMEOUT. Point-to-point runs concurrently with collectives and goes on
+between the other ranks after rank 0 has called shutdown().
+
+Transport: between ranks of one host the control messages go through
+shared-memory rings; messages up to 4 KiB (one host) or
+COMMLIB_P2P_EAGER_BYTES (other hosts) travel inside their header, larger ones
+on one host are copied once from the sender's memory (process_vm_readv), from
+COMMLIB_P2P_SPLIT_BYTES on by both ranks at once when the sender waits in
+commlib; across hosts (or with COMMLIB_P2P_SINGLE_COPY=0) they go through MPI.
+A CUDA message (commlib.torch) goes through NCCL; ``recv`` here refuses one.
 """
 from __future__ import annotations
 

@@ -56,8 +56,23 @@ from .delayed import DelayedExchange
 
 class DelayedGradients:
     """The average in flight between the steps of a
-    ``DistributedGradientTape(..., staleness=1, delayed=...)`` (see the
-    module's docstring). Create it once on every rank (of ``process_set``),
+    ``DistributedGradientTape(..., staleness=1, delayed=...)``: one-step
+    delayed averaging in a custom TensorFlow loop (see the module's
+    docstring for the full rule)::
+
+        delayed = hvd.DelayedGradients()          # once, before the loop
+        ...   # in each step, eagerly or in tf.function:
+        tape = hvd.DistributedGradientTape(tape, staleness=1, delayed=delayed)
+        grads = tape.gradient(loss, model.trainable_variables)   # last step's average
+        delayed.apply_gradients(opt, zip(grads, model.trainable_variables))
+
+    ``tape.gradient()`` starts averaging this step's gradients and returns
+    the previous step's average (at step 0 none: eagerly a list of None, in
+    tf.function zeros with ``tape.has_average`` False);
+    ``apply_gradients`` steps the optimizer only when there was an average,
+    and ``synchronize()`` (eagerly) returns the last pending average. Op
+    Average or Sum; the tape's ``compression`` applies; not with groups or
+    local sources. Create it once on every rank (of ``process_set``),
     in the same order on every rank."""
 
     def __init__(self, op=Average, gradient_predivide_factor=1.0, process_set=None):

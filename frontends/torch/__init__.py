@@ -10,8 +10,9 @@
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     ...
 
-Launch with ``commlibrun -np 4 python train.py`` (or mpirun). CPU tensors
-only for now.
+Launch with ``commlibrun -np 4 python train.py`` (or mpirun). CPU and CUDA
+tensors: CUDA ones go through NCCL when it loads, else through pinned host
+memory (``COMMLIB_GPU_BACKEND``).
 
 Process sets work as in horovod.torch: ``hvd.init(process_sets=[...])`` or
 ``hvd.add_process_set([0, 2])`` (on every rank) registers a

@@ -67,8 +67,82 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     On every rank (of the set) the same parameters (names, shapes, dtypes) and
     options are required: construction checks this with one small allgather and raises
-    commlib.CollectiveMismatchError naming the differences. Parameters must be
-    CPU tensors of a supported dtype (ValueError/TypeError otherwise).
+    commlib.CollectiveMismatchError naming the differences. Parameters may be
+    CPU or CUDA tensors (CUDA ones go through NCCL, or are staged through
+    host memory without it) of a supported dtype (TypeError otherwise).
+
+    Behaviour (synchronous, ``staleness=0``):
+        A hook on every parameter starts its gradient's allreduce as soon as
+        backward has produced it, so communication overlaps the rest of
+        backward; ``step()`` waits for the results and steps the wrapped
+        optimizer. Parameters without a gradient on a rank count as zeros
+        there, so unused parameters never deadlock. ``synchronize()`` waits
+        for the averaged gradients without stepping (to clip them); then step
+        inside ``with opt.skip_synchronize(): opt.step()``. Sparse gradients
+        (``nn.Embedding(sparse=True)``) are allgathered as indices and values,
+        or with ``sparse_as_dense=True`` reduced dense and handed back sparse
+        (the rows any rank touched), so ``torch.optim.SparseAdam`` trains
+        either way. ``commlib.DistributedOptimizer(opt, ...)`` dispatches here
+        for torch optimizers. Pair it with ``broadcast_parameters`` and
+        ``broadcast_optimizer_state`` (which first gives an optimizer without
+        state Horovod's zero-gradient step) so every rank starts equal.
+
+    ``op=Adasum`` (Horovod's delta optimizer): every rank steps the wrapped
+        optimizer with its own gradients and the parameter updates are
+        combined, ``p = p_old + adasum(p_new - p_old)``; optimizer state stays
+        each rank's own. Not with staleness, zero_stage, weight_prediction,
+        gradient_predivide_factor or PowerSGD (ValueError). Do not scale the
+        learning rate by ``size()``.
+
+    ``compression=Compression.powersgd(rank, start_step, ...)``: after
+        ``start_step`` plain steps, each gradient whose 2-D view shrinks at
+        least ``min_compression_rate`` times travels as two rank-``rank``
+        factors (P orthogonalized between two allreduces), the others
+        uncompressed with P; each rank adds its error to the next gradient
+        (``error_feedback``) and starts Q from the last step's
+        (``warm_start``). ``state_dict()`` carries its state. Not with
+        staleness=1, zero_stage, groups, ops other than Average/Sum, or sparse
+        gradients without sparse_as_dense (ValueError).
+
+    ``staleness=1`` (delayed averaging): step t starts one grouped allreduce of
+        its gradients, progressed in the background during the next forward
+        and backward, and applies step t-1's average with the wrapped
+        optimizer's rule; step 0 applies nothing. ``synchronize()`` applies
+        the pending average (call it before evaluating, saving or loading).
+        No gradient copy: after ``step()`` ``p.grad`` holds the applied
+        average. ``compression=Compression.fp16`` makes the gradients travel
+        and wait as float16. Replicas stay identical. With
+        ``weight_prediction=True`` the model holds the predicted weights
+        p + (p - p_prev) between steps and the true ones are kept aside
+        (``synchronize()`` puts them back; two parameter-sized buffers). Op
+        Average or Sum only; not with groups or ``skip_synchronize``. A rank lost while an average is
+        in flight makes the next ``step()`` and ``synchronize()`` raise
+        RankLostError; a partial average is never applied.
+
+    ``zero_stage=1|2`` (ZeRO): parameters move into flat buckets (one dtype
+        and param group each, at most ``bucket_elements``) split into equal
+        padded shards; each rank keeps optimizer state for its shard only
+        (a shard-sized optimizer of the same class; hyperparameters copied
+        from ``param_groups`` every step, so LR schedulers work). Gradients
+        are reduce-scattered bucket by bucket during backward, read where
+        autograd left them; after the step each bucket's shards are gathered
+        in place into every rank's parameters. Stage 1 keeps full
+        gradients: after ``step()`` alone ``p.grad`` is this rank's own
+        (local) gradient; ``synchronize()`` also gathers the averaged one into
+        every ``p.grad``, so ``clip_grad_norm_`` works as usual (then step in
+        ``skip_synchronize()``). Stage 2 drops ``p.grad`` at the end of
+        ``step()``: clip with ``opt.clip_grad_norm_(max_norm)`` after
+        ``synchronize()``. Element-wise optimizers only (SGD, Adam, AdamW,
+        RMSprop, Adagrad, ...; not LAMB, Adafactor, LBFGS); a parameter with
+        no gradient on any rank takes a zero gradient. ``opt.state[p]`` holds
+        the state of the elements this rank owns (``opt.owned_elements(p)``);
+        ``opt.state_dict()`` is this rank's shard. Checkpoints at any world
+        size, stage or bucket size: ``save_sharded(dir, model, opt)``,
+        ``load_sharded(dir, model, opt)``; ``full_state_dict(model, opt)``
+        gathers an ordinary torch state dict, which ``load_state_dict`` of a
+        ZeRO optimizer at any size accepts. ``memory_report(model, opt)``
+        gives the bytes held per rank. Not with compression or groups. For
+        stage 3 (parameters sharded too) see ``commlib.torch.fully_shard``.
     """
     process_set = check_process_set(process_set, member=False)
     if not isinstance(optimizer, torch.optim.Optimizer):

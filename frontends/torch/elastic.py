@@ -41,7 +41,18 @@ __all__ = ["TorchState", "ObjectState", "State", "run", "ElasticStateError", "EL
 
 class TorchState(State):
     """A model's ``state_dict``, an optimizer's ``state_dict`` and any user
-    values given as keywords (``state.epoch``...). Either object may be None."""
+    values given as keywords (``state.epoch``...). Either object may be None.
+
+    ``commit()`` (a collective: every rank at the same points) keeps a copy
+    and writes each rank's part to ``$COMMLIB_ELASTIC_DIR``; ``restore()``
+    returns to the last commit in memory; ``sync()`` gives every rank rank
+    0's state, except sharded state (a ``fully_shard`` model's shards, a
+    ZeRO optimizer's state), which stays each rank's own part. With
+    ``DistributedOptimizer(staleness=1, weight_prediction=True)`` the true
+    weights are committed, not the prediction the model holds between
+    steps; a restore drops a pending average and a pending streaming
+    ``LocalSGD`` meeting (the next step applies nothing). See
+    :mod:`commlib.elastic` for the commit protocol and its guarantees."""
 
     def __init__(self, model=None, optimizer=None, **user_state):
         self.model = model

@@ -291,14 +291,36 @@ def _mark_sharded(module, name):
 
 def fully_shard(module, process_set=_ops.global_process_set, reshard_after_forward=True,
                 prefetch=True):
-    """Shards the parameters of ``module`` not taken by an earlier call
-    across the ranks of ``process_set`` (see the module docstring). Apply it
-    to submodules first, then to the root. With ``prefetch``, the module's
-    forward starts gathering the next module's parameters (in the previous
-    pass's order) and its backward the previous module's. A module whose
-    parameters all belong to modules sharded before (an ``nn.Sequential`` of
-    sharded layers) owns no shard: it drives theirs (PyTorch's root pattern,
-    see _Root). Returns ``module``."""
+    """ZeRO stage 3: shards the parameters of ``module`` not taken by an
+    earlier call across the ranks of ``process_set``. Returns ``module``.
+
+        for block in model.blocks:
+            hvd.fully_shard(block)
+        hvd.fully_shard(model)
+        opt = torch.optim.Adam(model.parameters())   # a plain optimizer over the shards
+
+    Apply it to submodules first, then to the root. The parameters (one
+    dtype per call) become one padded flat shard per rank, registered on
+    ``module`` (``model.parameters()`` yields the shards). They are
+    allgathered just before the module's forward, freed after it
+    (``reshard_after_forward=True``) and gathered again in backward; their
+    gradients are reduce-scattered (averaged over the set) into the shard's
+    ``grad``. With ``prefetch`` (default), the module's forward starts
+    gathering the next module's parameters (in the previous pass's order)
+    and its backward the previous module's; a prefetched gather is used only
+    if the shard has not changed since. A module whose parameters all belong
+    to modules sharded before (an ``nn.Sequential`` of sharded layers) owns
+    no shard: it drives theirs (PyTorch's root pattern, see _Root).
+
+    Reading a sharded parameter outside forward and backward raises
+    AttributeError; ``with hvd.full_parameters(model):`` gathers them (changes
+    are written back). Checkpoints: ``hvd.save_sharded(dir, model, opt)`` /
+    ``hvd.load_sharded(dir, model, opt)`` (one file per rank, loadable at any
+    world size, and interchangeable with stage 1-2 checkpoints when the
+    parameter names match); ``hvd.full_state_dict(model, opt)`` gathers the
+    whole parameters under their names. ``hvd.memory_report(model, opt)``
+    gives the bytes held per rank. Applying it twice to a module raises
+    ValueError."""
     process_set = check_process_set(process_set)
     if (getattr(module, "_commlib_fsdp", None) is not None
             or getattr(module, "_commlib_fsdp_root", None) is not None):

@@ -80,9 +80,31 @@ def _positive_int(value, what, minimum):
 
 class LocalSGD:
     """Wraps an optimizer (not a DistributedOptimizer) for local SGD, or
-    DiLoCo with ``outer_optimizer``; see the module's docstring. Construction
-    is collective over ``process_set`` (the model's parameters and the options
-    are checked across ranks: CollectiveMismatchError if they differ)."""
+    DiLoCo with ``outer_optimizer``; an optimizer-like object (``step``,
+    ``zero_grad``, ``synchronize``, ``state_dict``, ``load_state_dict``).
+
+        opt = hvd.LocalSGD(torch.optim.AdamW(model.parameters()), model, period=8)
+
+    Every step the wrapped optimizer steps on this rank's gradients (nothing
+    is averaged); after every ``period``-th step (counted from the end of
+    the warm-up) the ranks meet in one grouped allreduce of the parameters.
+    Without ``outer_optimizer`` they take the average; with one (DiLoCo,
+    e.g. ``SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)``,
+    built on exactly the model's parameters) every rank restarts from the
+    anchor (the parameters after the last meeting) with gradient
+    ``anchor - average`` and steps the outer optimizer. The first
+    ``warmup_steps`` steps are synchronous data parallelism.
+    ``average_buffers=True`` (default) also averages the model's
+    floating-point buffers (BatchNorm statistics) at each meeting.
+    ``streaming=True`` overlaps each meeting with the next round (one round
+    stale): a rank starts averaging a snapshot of its parameters and trains
+    on, then takes the meeting step with that average and keeps its own
+    progress since the snapshot. ``synchronize()`` holds a meeting now
+    (applying a pending streaming average first): call it before evaluating
+    or saving. The inner optimizer's state stays local. See the module's
+    docstring for the exact rule. Construction is collective over
+    ``process_set`` (the model's parameters and the options are checked
+    across ranks: CollectiveMismatchError if they differ)."""
 
     def __init__(self, optimizer, model, period, outer_optimizer=None, warmup_steps=0,
                  process_set=global_process_set, streaming=False, average_buffers=True):

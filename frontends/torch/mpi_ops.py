@@ -3,7 +3,12 @@
 CPU tensors are handed to the core without copies: ``tensor.numpy()`` shares
 the tensor's memory, so in-place operations (``allreduce_``, ``broadcast_``,
 ...) write straight into the tensor, and out-of-place results are the core's
-freshly allocated arrays wrapped with ``torch.from_numpy``.
+freshly allocated arrays wrapped with ``torch.from_numpy``. CUDA tensors work
+in every collective: through NCCL when it loads (the core runs the collective
+on its own stream after the caller's current stream, and ``synchronize``
+makes that stream wait for the result), otherwise, or with
+``COMMLIB_GPU_BACKEND=host``, staged through pinned host memory
+(cuda_dispatch chooses). The tensors of one call must be on one device.
 
 The out-of-place forms (``allreduce``, ``allgather``, ``broadcast``,
 ``alltoall``, ``reducescatter`` and the grouped forms) are differentiable
@@ -26,8 +31,8 @@ the differentiable collectives are collectives over the same set.
 
 Differences from horovod.torch, all deliberate:
 
-* CPU tensors only: a tensor on another device raises ValueError (the core has
-  no GPU path yet).
+* CPU and CUDA tensors only: a tensor on another device (``mps``, ``meta``, ...)
+  raises ValueError.
 * ``synchronize`` on an already synchronized handle raises ValueError.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""op=Adasum (adaptive summation, Horovod's definition; README "Adasum")
+"""op=Adasum (adaptive summation, Horovod's definition; commlib.ops's docstring)
 against a numpy implementation of the formula (workers/adasum_reference.py)
 on 2, 3 and 4 ranks (3: the fold-in of a rank beyond the power of two; the
 process set of ranks 1..n-1 covers 1, 2 and 3 ranks): numpy collectives

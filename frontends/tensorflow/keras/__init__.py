@@ -107,6 +107,33 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     each rank keeps the state of 1/size of the elements (flat buckets of at
     most ``bucket_elements``); both stages reduce-scatter the gradients and
     behave the same in Keras (see commlib.tensorflow.keras.zero).
+
+    Details and limits:
+    - Used in ``model.compile``/``model.fit`` or ``opt.apply(grads, vars)``
+      in a custom loop, eagerly or in tf.function (not XLA: it raises).
+    - backward_passes_per_step's accumulators and weight prediction's copies
+      are variables of their own, outside ``opt.variables``: a saved model's
+      optimizer state is the wrapped optimizer's, and ``hvd.load_model``
+      restores it.
+    - staleness=1: step t starts averaging its gradients and applies step
+      t-1's average (step 0 applies nothing); ``opt.synchronize()`` applies
+      the pending one; compression applies; with backward_passes_per_step=k
+      every k-th step swaps the aggregate for the previous one's average.
+      Not with groups or local_layers, nor weight_prediction with
+      backward_passes_per_step > 1. A rank lost while an average is in
+      flight makes the next step raise RankLostError (also a
+      tf.errors.AbortedError).
+    - zero_stage=1|2: element-wise optimizers only (Lamb, Adafactor, Muon
+      are refused); not with clipnorm/global_clipnorm, EMA,
+      gradient_accumulation_steps, backward_passes_per_step, staleness,
+      groups, local_layers, compression, process sets or a
+      LossScaleOptimizer. The shard optimizer's state is not in
+      ``opt.variables``: checkpoint with ``hvd.save_sharded(dir, model,
+      opt)`` and ``hvd.load_sharded(dir, model, opt)`` (any world size, stage
+      or bucket size); ``hvd.memory_report(model, opt)`` gives the bytes
+      held. Ranks whose variables differ raise CollectiveMismatchError at
+      the first step.
+    - ``commlib.DistributedOptimizer(opt)`` dispatches Keras optimizers here.
     """
     _check_backend()
     if isinstance(optimizer, _DistributedOptimizerMixin):

@@ -239,7 +239,19 @@ def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, pro
     ``period`` steps (see the module's docstring); pass it to
     ``model.compile`` or call its ``apply`` in a custom loop. ``model``'s
     trainable variables are the ones averaged. Build it on every rank (of
-    ``process_set``) alike."""
+    ``process_set``) alike.
+
+    The rule is torch's ``commlib.torch.LocalSGD``: every step the wrapped
+    optimizer steps on local gradients; after every ``period``-th step
+    (after ``warmup_steps`` synchronous steps) the ranks average their
+    variables, or with ``outer_optimizer`` (DiLoCo) every rank restarts from
+    the anchor with gradient ``anchor - average`` and steps the outer
+    optimizer. ``average_buffers=True`` also averages the non-trainable
+    float variables of layers that are not frozen (BatchNorm statistics).
+    ``streaming=True`` overlaps each meeting with the next round (one round
+    stale). ``synchronize()`` holds a meeting now. For elastic training,
+    ``KerasState`` also keeps its counters, DiLoCo's anchor and the outer
+    optimizer's variables."""
     from .optimizer_base import DistributedOptimizerMixin, check_backend
 
     check_backend()
