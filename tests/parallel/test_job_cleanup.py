@@ -144,9 +144,11 @@ def test_rank_sigkilled_mid_job_leaves_nothing(tmp_path):
 @pytest.mark.timeout(150)
 def test_timeout_around_commlibrun_leaves_nothing(tmp_path):
     """`timeout` sends SIGTERM to commlibrun alone; the job's proxy and ranks
-    (in sessions of their own) go too, and MPICH's segments with them."""
-    proc, watch = start(tmp_path, 3, "sleep", prefix=("timeout", "40"))
-    err = run_job(proc, watch, 3)
+    (in sessions of their own) go too, and MPICH's segments with them. The
+    job expires as soon as its ranks are up: SIGALRM is how coreutils'
+    `timeout` expires (it then exits 124, as after its full duration)."""
+    proc, watch = start(tmp_path, 3, "sleep", prefix=("timeout", "120"))
+    err = run_job(proc, watch, 3, lambda: proc.send_signal(signal.SIGALRM))
     assert proc.returncode == 124, err
     watch.assert_nothing_left()
 
