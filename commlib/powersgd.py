@@ -97,6 +97,28 @@ class PowerSGD:
     decompress = compress
 
 
+def as_config(compression):
+    """The PowerSGD configuration ``compression`` stands for (the class
+    itself means the defaults), or None for another compressor."""
+    if isinstance(compression, type) and issubclass(compression, PowerSGD):
+        return compression()
+    return compression if isinstance(compression, PowerSGD) else None
+
+
+def check_options(staleness=0, zero_stage=0, groups=None) -> None:
+    """ValueError for a frontend's options PowerSGD does not take (a
+    bucket size counts as ZeRO)."""
+    if staleness != 0:
+        raise ValueError("compression=PowerSGD cannot be combined with staleness=1")
+    if zero_stage != 0:
+        raise ValueError("compression=PowerSGD does not support zero_stage > 0 (the sharded "
+                         "optimizer reduce-scatters flat buckets, which have no low-rank form "
+                         "here); use zero_stage=0")
+    if groups is not None:
+        raise ValueError("compression=PowerSGD sends all gradients together; groups/num_groups "
+                         "are not supported with it")
+
+
 @dataclass(frozen=True)
 class Entry:
     """One gradient in the plan."""
@@ -151,6 +173,9 @@ class TensorOps:
     maximum(scalar, value) (elementwise max with a Python float).
     allreduce(tensors, name): one grouped (fused) allreduce with the
         optimizer's reduction; returns the results in order.
+    seeded_random(shape, seq, like) (optional): ``random`` from the generator
+        seeded with ``seq``, which may hold the exchange step as a tensor
+        (a frontend whose step runs in a graph).
     """
 
 
@@ -168,6 +193,23 @@ def orthogonalize(ops, m, epsilon: float):
             c = c - ops.dot(q, c) * q
         done.append(c / ops.maximum(ops.norm(c), epsilon))
     return ops.stack_columns(done)
+
+
+def initial_q(config: PowerSGD, entry: Entry) -> np.ndarray:
+    """The random Q a warm start begins from (float64): the same on every
+    rank, and the one ``compressed`` draws when no Q is given."""
+    return np.random.default_rng((config.seed, entry.index)).standard_normal(
+        (entry.cols, entry.rank))
+
+
+def draw(ops, shape, seq, like):
+    """A standard normal ``shape`` from numpy's generator seeded with ``seq``,
+    through ``ops.seeded_random(shape, seq, like)`` where the frontend has it
+    (``seq`` may hold a step tensor), else ``ops.random``."""
+    seeded = getattr(ops, "seeded_random", None)
+    if seeded is not None:
+        return seeded(shape, seq, like)
+    return ops.random(shape, np.random.default_rng(seq), like)
 
 
 class PowerSGDState:
@@ -193,47 +235,66 @@ class PowerSGDState:
         """One exchange step: ``grads`` maps names (of the plan) to this rank's
         gradients, the same names on every rank; returns name -> reduced
         gradient."""
+        if not self.started:
+            result = self.plain(grads)
+        else:
+            result, self.errors, self.qs = self.compressed(grads, self.errors, self.qs,
+                                                           self.step)
+        self.step += 1
+        return result
+
+    def _present(self, grads: dict) -> list:
         unknown = sorted(set(grads) - set(self._by_name))
         if unknown:
             raise KeyError(f"PowerSGD: gradients not in the plan: {unknown}")
-        present = [e for e in self.entries if e.name in grads]
-        ops = self.ops
-        if not self.started:
-            outs = ops.allreduce([grads[e.name] for e in present], f"{self.name}.plain") \
-                if present else []
-            self.step += 1
-            return {e.name: o for e, o in zip(present, outs)}
-        cfg = self.config
+        return [e for e in self.entries if e.name in grads]
+
+    def plain(self, grads: dict) -> dict:
+        """An exchange step before ``start_step``: one grouped allreduce of
+        every gradient (the state does not change)."""
+        present = self._present(grads)
+        outs = self.ops.allreduce([grads[e.name] for e in present], f"{self.name}.plain") \
+            if present else []
+        return {e.name: o for e, o in zip(present, outs)}
+
+    def compressed(self, grads: dict, errors: dict, qs: dict, step):
+        """A compressed exchange step from the given state, without changing
+        this object: returns ``(result, errors, qs)``, the reduced gradients
+        and the new state (new dicts). ``step`` (the exchange step) only
+        seeds a cold start's random Q; a frontend running in a graph may pass
+        it as a tensor (then ``ops.seeded_random`` draws)."""
+        present = self._present(grads)
+        cfg, ops = self.config, self.ops
+        errors, qs_out = dict(errors), dict(qs)
         plain = [e for e in present if not e.compressed]
         packed = [e for e in present if e.compressed]
-        ms, qs = [], []
+        ms, qs_in = [], []
         for e in packed:
             m = ops.matrix(grads[e.name], e.rows, e.cols)
-            if cfg.error_feedback and e.name in self.errors:
-                m = m + self.errors[e.name]
+            if cfg.error_feedback and e.name in errors:
+                m = m + errors[e.name]
             ms.append(m)
-            q = self.qs.get(e.name) if cfg.warm_start else None
+            q = qs.get(e.name) if cfg.warm_start else None
             if q is None:
-                seq = (cfg.seed, e.index) if cfg.warm_start else (cfg.seed, e.index, self.step)
-                q = ops.random((e.cols, e.rank), np.random.default_rng(seq), m)
-            qs.append(orthogonalize(ops, q, cfg.epsilon))
-        ps = [ops.matmul(m, q) for m, q in zip(ms, qs)]
+                seq = (cfg.seed, e.index) if cfg.warm_start else (cfg.seed, e.index, step)
+                q = draw(ops, (e.cols, e.rank), seq, m)
+            qs_in.append(orthogonalize(ops, q, cfg.epsilon))
+        ps = [ops.matmul(m, q) for m, q in zip(ms, qs_in)]
         outs = ops.allreduce([grads[e.name] for e in plain] + ps, f"{self.name}.pq") \
             if plain or ps else []
         result = {e.name: o for e, o in zip(plain, outs)}
         if packed:
             ps = [orthogonalize(ops, p, cfg.epsilon) for p in outs[len(plain):]]
-            qs = ops.allreduce([ops.matmul(ops.transpose(m), p) for m, p in zip(ms, ps)],
-                               f"{self.name}.q")
-            for e, m, p, q in zip(packed, ms, ps, qs):
+            new_qs = ops.allreduce([ops.matmul(ops.transpose(m), p) for m, p in zip(ms, ps)],
+                                   f"{self.name}.q")
+            for e, m, p, q in zip(packed, ms, ps, new_qs):
                 m_hat = ops.matmul(p, ops.transpose(q))
                 if cfg.error_feedback:
-                    self.errors[e.name] = m - m_hat
+                    errors[e.name] = m - m_hat
                 if cfg.warm_start:
-                    self.qs[e.name] = q
+                    qs_out[e.name] = q
                 result[e.name] = ops.restore(m_hat, grads[e.name])
-        self.step += 1
-        return result
+        return result, errors, qs_out
 
     def state_dict(self) -> dict:
         """The state to checkpoint (tensors of the frontend's framework)."""

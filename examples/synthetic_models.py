@@ -2,7 +2,8 @@
 
 ``make(kind, device, batch_size, ...)`` returns ``(model, inputs, targets)``:
 - ``resnet50``, ``resnet18``: torchvision's, on 224x224 images, 1000 classes
-  (torchvision must be installed);
+  (torchvision must be installed; without it ``resnet18`` is the same
+  network from resnet_plain.py);
 - ``transformer``: a ``torch.nn.TransformerEncoder`` (pre-norm, GELU) over
   token embeddings, mean-pooled into a classifier; 12 layers of width 512 and
   sequence length 128 unless told otherwise;
@@ -40,10 +41,13 @@ def make(kind, device, batch_size, width=512, layers=12, seq_len=128):
     if kind in ("resnet50", "resnet18"):
         try:
             import torchvision
+            model = getattr(torchvision.models, kind)(num_classes=1000)
         except ImportError as exc:
-            raise SystemExit(f"--model {kind} needs torchvision ({exc}); "
-                             "--model transformer needs only torch") from None
-        model = getattr(torchvision.models, kind)(num_classes=1000)
+            if kind != "resnet18":
+                raise SystemExit(f"--model {kind} needs torchvision ({exc}); "
+                                 "--model resnet18 or transformer needs only torch") from None
+            from resnet_plain import ResNet18
+            model = ResNet18(num_classes=1000)
         inputs = torch.randn(batch_size, 3, 224, 224)
         classes = 1000
     elif kind == "transformer":

@@ -4,6 +4,8 @@ import tensorflow as tf
 
 from commlib.compression import CastCompressor, Compressor, NoneCompressor  # noqa: F401
 
+from .powersgd import PowerSGD
+
 
 class FP16Compressor(CastCompressor):
     """Sends floating-point tensors as float16 (reduced in float32 by the
@@ -15,7 +17,11 @@ class FP16Compressor(CastCompressor):
 
 
 class Compression:
-    """Compression algorithms: ``Compression.none``, ``Compression.fp16``."""
+    """Compression algorithms: ``Compression.none``, ``Compression.fp16``,
+    ``Compression.powersgd(rank=2, ...)`` (low-rank with error feedback, for
+    the Keras DistributedOptimizer and DistributedGradientTape only; see
+    commlib.tensorflow.powersgd)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
+    powersgd = PowerSGD

@@ -32,6 +32,8 @@ from . import mpi_ops
 from .compression import Compression
 from .delayed_tape import DelayedTapeMixin, check_tape_staleness
 from .execution import check_dtype
+from .powersgd import as_config as as_powersgd
+from .powersgd import tape_reducer
 
 
 def var_key(v):
@@ -152,7 +154,9 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     gradient_predivide_factor f (op Average only) scales by 1/f before the
     sum and f/size after it; groups (an int, or lists of variables) splits
     the gradients into that many grouped allreduces; compression
-    (Compression.fp16) halves the bytes sent for float32 gradients.
+    (Compression.fp16) halves the bytes sent for float32 gradients;
+    Compression.powersgd(...) (one object, passed to every step's tape: it
+    holds the state) sends low-rank factors (see commlib.tensorflow.powersgd).
 
     staleness=1 with ``delayed=DelayedGradients(...)`` (created once, before
     the training loop; it takes op, predivide factor and process set):
@@ -167,9 +171,14 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     tape.__dict__.update(gradtape.__dict__)
     if "_recording" in tape.__dict__:
         tape._recording = False  # the original owns the recording context
-    tape._commlib_allreduce = make_allreduce_grads(device_dense, device_sparse, compression,
-                                                   sparse_as_dense, op, gradient_predivide_factor,
-                                                   groups, process_set)
+    if as_powersgd(compression) is not None:
+        tape._commlib_allreduce = tape_reducer(compression, resolve_op(op), *predivide_scales(
+            resolve_op(op), gradient_predivide_factor), process_set, sparse_as_dense, staleness,
+            groups)
+    else:
+        tape._commlib_allreduce = make_allreduce_grads(
+            device_dense, device_sparse, compression, sparse_as_dense, op,
+            gradient_predivide_factor, groups, process_set)
     tape._commlib_local = set()
     tape._commlib_scale_local = scale_local_gradients
     tape._commlib_delayed = delayed

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from commlib.powersgd import PowerSGD, PowerSGDState
+from commlib.powersgd import PowerSGD, PowerSGDState, as_config  # noqa: F401
+from commlib.powersgd import check_options as _check_options
 
 from . import mpi_ops as _ops
 from .mpi_ops import Average, Sum
@@ -32,25 +33,9 @@ from .optimizer import DistributedOptimizerBase
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def as_config(compression):
-    """The PowerSGD configuration ``compression`` stands for (the class
-    itself means the defaults), or None for another compressor."""
-    if isinstance(compression, type) and issubclass(compression, PowerSGD):
-        return compression()
-    return compression if isinstance(compression, PowerSGD) else None
-
-
 def check_options(staleness, zero_stage, bucket_elements, groups) -> None:
     """ValueError for DistributedOptimizer options PowerSGD does not take."""
-    if staleness != 0:
-        raise ValueError("compression=PowerSGD cannot be combined with staleness=1")
-    if zero_stage != 0 or bucket_elements is not None:
-        raise ValueError("compression=PowerSGD does not support zero_stage > 0 (the sharded "
-                         "optimizer reduce-scatters flat buckets, which have no low-rank form "
-                         "here); use zero_stage=0")
-    if groups is not None:
-        raise ValueError("compression=PowerSGD sends all gradients together; groups/num_groups "
-                         "are not supported with it")
+    _check_options(staleness, 1 if bucket_elements is not None else zero_stage, groups)
 
 
 class TorchOps:

@@ -4,8 +4,8 @@ of the rule within 1e-9 (float64 models) with bitwise-identical replicas
 after every step (warm and cold start, with and without error feedback, gradient
 accumulation, op=Sum), a checkpoint restores exactly, and unsupported
 combinations are refused. The bytes test counts what the core reports in its
-timeline for one step of the synthetic benchmark's 12.6M-parameter MLP
-(workers/torch_powersgd_bytes.py)."""
+timeline for one step of the synthetic benchmark's 12.6M-parameter MLP and
+of ResNet-18 (workers/torch_powersgd_bytes.py)."""
 import re
 
 import pytest
@@ -27,5 +27,7 @@ def test_powersgd_matches_simulation_and_restarts_exactly(ranks, n):
 def test_powersgd_rank2_sends_20x_fewer_bytes(ranks, tmp_path):
     run = ranks(2, "torch_powersgd_bytes.py", str(tmp_path / "trace"), timeout=170)
     run.assert_ok(2)
-    m = re.search(r"bytes per step: sync (\d+), powersgd rank 2 (\d+)", run.stdout)
-    assert m and int(m.group(1)) >= 20 * int(m.group(2)), run.stdout
+    for kind in ("mlp", "resnet18"):
+        m = re.search(kind + r": parameters \d+, bytes per step: sync (\d+), powersgd rank 2 "
+                      r"(\d+)", run.stdout)
+        assert m and int(m.group(1)) >= 20 * int(m.group(2)), run.stdout

@@ -55,14 +55,17 @@ from .optimizer_base import check_backend as _check_backend
 from .local_sgd import LocalSGD  # noqa: F401,E402
 from . import elastic  # noqa: F401 - hvd.elastic.KerasState, hvd.elastic.run
 from .memory import memory_report  # noqa: F401,E402
+from .powersgd import powersgd_allreduce
 from .zero_checkpoint import load_sharded, save_sharded  # noqa: F401,E402
 
 
 @functools.lru_cache(maxsize=None)
-def _distributed_class(base, staleness=0, zero=False):
+def _distributed_class(base, staleness=0, zero=False, powersgd=False):
     # Same name and module as the wrapped class: a saved model records the
     # plain optimizer (load_model below wraps it again).
-    if zero:
+    if powersgd:
+        from .powersgd import PowerSGDOptimizerMixin as mixin
+    elif zero:
         from .zero import ZeroOptimizerMixin as mixin
     elif staleness:
         from .delayed import DelayedOptimizerMixin as mixin
@@ -88,7 +91,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     (Horovod's partial distributed optimizer; their weights may differ across
     ranks); scaled by 1/size of the set when scale_local_gradients.
 
-    compression: Compression.fp16 sends float gradients as float16.
+    compression: Compression.fp16 sends float gradients as float16;
+    Compression.powersgd(rank=2, ...) low-rank with error feedback (see
+    commlib.tensorflow.keras.powersgd).
     sparse_as_dense: densify IndexedSlices gradients (embeddings) instead of
     allgathering their values and indices. gradient_predivide_factor f: scale
     by 1/f before the sum and f/size after (op Average only).
@@ -154,10 +159,12 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         # overflow check could skip the allreduce on some ranks only; put the
         # loss scaling inside instead, so every rank sees the same gradients.
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    allreduce_grads = make_allreduce_grads(device_dense, device_sparse, compression,
-                                           sparse_as_dense, op, gradient_predivide_factor,
-                                           groups, process_set,
-                                           name=name or f"Distributed{type(optimizer).__name__}")
+    name_ = name or f"Distributed{type(optimizer).__name__}"
+    powersgd = powersgd_allreduce(compression, op, gradient_predivide_factor, process_set,
+                                  sparse_as_dense, name_, staleness, zero_stage, groups)
+    allreduce_grads = powersgd or make_allreduce_grads(
+        device_dense, device_sparse, compression, sparse_as_dense, op, gradient_predivide_factor,
+        groups, process_set, name=name_)
     if staleness != 0:
         from .delayed import check_staleness_options
 
@@ -175,7 +182,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
             backward_passes_per_step=backward_passes_per_step, staleness=staleness,
             groups=groups, local_layers=local_layers, compression=compression,
             process_set=process_set)
-    cls = _distributed_class(type(optimizer), staleness, zero_stage != 0)
+    cls = _distributed_class(type(optimizer), staleness, zero_stage != 0, powersgd is not None)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name

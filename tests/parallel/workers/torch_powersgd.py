@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import commlib.torch as hvd
 from commlib import CollectiveMismatchError
 from _common import done, expect_raises, fail
+from powersgd_reference import exchange
 from torch_async_common import same_on_all_ranks
 
 torch.set_num_threads(1)
@@ -49,14 +50,6 @@ def part(t, k):
 # ------------------------------------------------------------ the simulation
 
 
-def gram_schmidt(a, eps=1e-8):
-    a = a.copy()
-    for i in range(a.shape[1]):
-        a[:, i] /= max(np.linalg.norm(a[:, i]), eps)
-        a[:, i + 1:] -= np.outer(a[:, i], a[:, i] @ a[:, i + 1:])
-    return a
-
-
 def simulate(rank, start, steps, warm=True, feedback=True, passes=1, total=False, seed=0):
     """Parameters (float64 numpy, by name) after every step of PowerSGD
     training on all ranks' data, computed in this one process."""
@@ -74,28 +67,9 @@ def simulate(rank, start, steps, warm=True, feedback=True, passes=1, total=False
                 x, y = batch(step, micro)
                 F.cross_entropy(model(part(x, k).double()), part(y, k)).backward()
             grads.append({name: p.grad.numpy().copy() for name, p in model.named_parameters()})
-        reduce = (lambda xs: np.sum(xs, 0)) if total else (lambda xs: np.mean(xs, 0))
-        new = {}
-        for i, name in enumerate(names):
-            shape = grads[0][name].shape
-            rows, cols = shape[0], int(np.prod(shape[1:])) if len(shape) > 1 else 1
-            rk = min(rank, rows, cols)
-            if step < start or len(shape) < 2 or rows * cols < 2 * (rows + cols) * rk:
-                new[name] = reduce([g[name] for g in grads])
-                continue
-            ms = [g[name].reshape(rows, cols) + (errors[k].get(name, 0.0) if feedback else 0.0)
-                  for k, g in enumerate(grads)]
-            if name not in qs or not warm:
-                seq = (seed, i) if warm else (seed, i, step)
-                qs[name] = np.random.default_rng(seq).standard_normal((cols, rk))
-            q = gram_schmidt(qs[name])
-            p = gram_schmidt(reduce([m @ q for m in ms]))
-            q = reduce([m.T @ p for m in ms])
-            m_hat = p @ q.T
-            for k in range(n):
-                errors[k][name] = ms[k] - m_hat
-            qs[name] = q
-            new[name] = m_hat.reshape(shape)
+        new = exchange([{i: g[name] for i, name in enumerate(names)} for g in grads], errors,
+                       qs, step, rank, start, warm, feedback, total, seed)
+        new = {name: new[i] for i, name in enumerate(names)}
         for name, p in model.named_parameters():
             p.grad = torch.from_numpy(new[name])
         opt.step()

@@ -1,0 +1,239 @@
+"""Compression.powersgd(...) in the Keras DistributedOptimizer and in
+DistributedGradientTape, on every rank: 20 steps of a small float64 MLP
+(start_step a few steps in) match a float64 simulation of PowerSGD written
+here independently in numpy (every rank's gradients backpropagated in this
+process from every rank's data, the rule, Keras' SGD) within 1e-9, and the replicas are
+bitwise identical after every step. Variants: the optimizer in
+train_on_batch (a traced step: the start is a tf.cond) and with
+backward_passes_per_step=2; the tape in a tf.function and eagerly with a
+cold start (the random Q seeded by the step) and no error feedback. A
+checkpoint after step 7 (save_weights with the optimizer; the tape's
+``psgd.variables``) restored into a fresh model continues bitwise as the
+uninterrupted run. Refused: ZeRO, staleness, groups, Adasum, a tape given
+the class, sparse gradients, different ranks across ranks. Given a trace
+path, it also counts a step's bytes (tf_powersgd_bytes.py)."""
+import os
+import sys
+import tempfile
+
+import keras
+import numpy as np
+import tensorflow as tf
+from powersgd_reference import exchange
+from tf_common import done, expect_raises, fail, hvd, same_on_all_ranks
+
+from commlib import CollectiveMismatchError
+
+r, n = hvd.rank(), hvd.size()
+B, STEPS, LR, MOMENTUM, TOL = 8, 20, 0.1, 0.9, 1e-9
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, dtype="float64")
+INIT = [np.random.default_rng(7 + i).standard_normal(s) * 0.4
+        for i, s in enumerate([(10, 32), (32,), (32, 16), (16,), (16, 4), (4,)])]
+
+
+def mlp():
+    # 10x32 and 32x16 kernels shrink >= 2x at rank 2; the 16x4 head and the biases do not
+    model = keras.Sequential([keras.Input((10,), dtype="float64"),
+                              keras.layers.Dense(32, "tanh", dtype="float64"),
+                              keras.layers.Dense(16, "tanh", dtype="float64"),
+                              keras.layers.Dense(4, dtype="float64")])
+    model.set_weights(INIT)
+    return model
+
+
+def sgd():
+    return keras.optimizers.SGD(LR, momentum=MOMENTUM)
+
+
+def batch(step, micro=0):
+    """The combined batch of all ranks (the same on every rank)."""
+    g = np.random.default_rng(1000 + 10 * step + micro)
+    return g.standard_normal((n * B, 10)), g.integers(0, 4, n * B)
+
+
+def part(a, k):
+    return a[k * B:(k + 1) * B]
+
+
+# ------------------------------------------------------------ the simulation
+
+
+def gradients(weights, x, y):
+    """The MLP's gradients of the mean cross entropy, backpropagated in numpy."""
+    w0, b0, w1, b1, w2, b2 = weights
+    h1 = np.tanh(x @ w0 + b0)
+    h2 = np.tanh(h1 @ w1 + b1)
+    z = h2 @ w2 + b2
+    p = np.exp(z - z.max(1, keepdims=True))
+    dz = (p / p.sum(1, keepdims=True) - np.eye(4)[y]) / len(y)
+    d2 = (dz @ w2.T) * (1 - h2 ** 2)
+    d1 = (d2 @ w1.T) * (1 - h1 ** 2)
+    return [x.T @ d1, d1.sum(0), h1.T @ d2, d2.sum(0), h2.T @ dz, dz.sum(0)]
+
+
+def simulate(rank, start, warm=True, feedback=True, passes=1, seed=0):
+    """The weights after every step of PowerSGD training on all ranks' data,
+    with Keras' SGD rule (it casts the learning rate and momentum from float32)."""
+    weights = [w.copy() for w in INIT]
+    velocity = [np.zeros_like(w) for w in INIT]
+    lr, momentum = float(np.float32(LR)), float(np.float32(MOMENTUM))
+    errors, qs, history = [{} for _ in range(n)], {}, []
+    for step in range(STEPS):
+        grads = []
+        for k in range(n):
+            parts = [gradients(weights, part(x, k), part(y, k))
+                     for x, y in (batch(step, micro) for micro in range(passes))]
+            grads.append([np.sum(gs, 0) for gs in zip(*parts)])
+        new = exchange([dict(enumerate(g)) for g in grads], errors, qs, step, rank, start, warm,
+                       feedback, seed=seed)
+        new = [new[i] for i in range(len(weights))]
+        for w, v, g in zip(weights, velocity, new):
+            v *= momentum
+            v -= lr * g
+            w += v
+        history.append([w.copy() for w in weights])
+    return history
+
+
+# ------------------------------------------------------------ the distributed runs
+
+
+def fit_step(model, step, passes=1):
+    for micro in range(passes):
+        x, y = batch(step, micro)
+        model.train_on_batch(part(x, r), part(y, r))
+
+
+def keras_run(psgd, passes=1):
+    model = mlp()
+    model.compile(optimizer=hvd.DistributedOptimizer(sgd(), compression=psgd,
+                                                     backward_passes_per_step=passes),
+                  loss=LOSS, jit_compile=False)
+    return model, lambda step: fit_step(model, step, passes)
+
+
+def tape_run(psgd, passes=1, graph=True):
+    model, opt = mlp(), sgd()
+
+    def step_fn(x, y):
+        with tf.GradientTape() as tape:
+            loss = LOSS(y, model(x))
+        tape = hvd.DistributedGradientTape(tape, compression=psgd)
+        grads = tape.gradient(loss, model.trainable_weights)
+        opt.apply(grads, model.trainable_weights)
+
+    fn = tf.function(step_fn) if graph else step_fn
+
+    def step(s):
+        x, y = batch(s)
+        fn(tf.constant(part(x, r)), tf.constant(part(y, r)))
+    model.opt = opt
+    return model, step
+
+
+def check_against_simulation(what, make, cfg, passes=1, **run_kwargs):
+    """Returns the model after the 20 steps."""
+    model, step = make(hvd.Compression.powersgd(**cfg), passes=passes, **run_kwargs)
+    history = simulate(cfg["rank"], cfg["start_step"], cfg.get("warm_start", True),
+                       cfg.get("error_feedback", True), passes)
+    worst = 0.0
+    for s in range(STEPS):
+        step(s)
+        got = model.get_weights()
+        same_on_all_ranks(got, f"{what}: step {s}")
+        for i, (g, w) in enumerate(zip(got, history[s])):
+            err = float(np.abs(g - w).max() / max(np.abs(w).max(), 1e-12))
+            worst = max(worst, err)
+            if err > TOL:
+                fail(f"{what}: weight {i} after step {s} differs from the simulation by "
+                     f"{err:.2e} (relative to its largest element)")
+    print(f"rank {r}: {what}: max relative difference from the simulation {worst:.2e}",
+          flush=True)
+    return model
+
+
+default = dict(rank=2, start_step=4)
+whole_keras = check_against_simulation("optimizer", keras_run, default)
+check_against_simulation("optimizer, 2 passes per step", keras_run, default, passes=2)
+whole_tape = check_against_simulation("tape in tf.function", tape_run, default)
+check_against_simulation("tape eager, cold, no feedback, rank 1", tape_run,
+                         dict(rank=1, start_step=3, warm_start=False, error_feedback=False),
+                         graph=False)
+
+# The simulation is not plain averaging after start_step: the compression is visible.
+if np.abs(simulate(2, STEPS)[-1][0] - simulate(2, 4)[-1][0]).max() < 1e-4:
+    fail("PowerSGD's simulation equals plain averaging: the check would not see compression")
+
+# ------------------------------------------------------------ checkpoints
+
+
+
+def same_as(model, whole, what):
+    for i, (a, b) in enumerate(zip(model.get_weights(), whole.get_weights())):
+        if not np.array_equal(a, b):
+            fail(f"{what}: weight {i} after the restart differs from the uninterrupted run by "
+                 f"{np.abs(a - b).max():.2e}")
+
+
+tmp = tempfile.mkdtemp(prefix=f"commlib_tf_powersgd_{r}_")
+model, step = keras_run(hvd.Compression.powersgd(**default))
+for s in range(7):
+    step(s)
+path = os.path.join(tmp, "ckpt.weights.h5")
+model.save_weights(path)
+model, step = keras_run(hvd.Compression.powersgd(**default))
+model.set_weights([w * 0 for w in INIT])
+model.optimizer.build(model.trainable_variables)
+model.load_weights(path)
+for s in range(7, STEPS):
+    step(s)
+same_as(model, whole_keras, "optimizer checkpoint")
+other, _ = keras_run(hvd.Compression.powersgd(rank=1, start_step=4))
+other.optimizer.build(other.trainable_variables)
+expect_raises(ValueError, lambda: other.load_weights(path), "other configuration",
+              match="cannot be loaded")
+
+psgd = hvd.Compression.powersgd(**default)
+model, step = tape_run(psgd)
+for s in range(7):
+    step(s)
+saved = [v.numpy() for v in psgd.variables + model.opt.variables] + model.get_weights()
+psgd = hvd.Compression.powersgd(**default)
+model, step = tape_run(psgd)
+psgd.build(model.trainable_weights)
+model.opt.build(model.trainable_weights)
+for v, a in zip(psgd.variables + model.opt.variables, saved):
+    v.assign(a)
+model.set_weights(saved[-len(INIT):])
+for s in range(7, STEPS):
+    step(s)
+same_as(model, whole_tape, "tape checkpoint")
+
+# ------------------------------------------------------------ refused combinations
+
+psgd = hvd.Compression.powersgd()
+for kwargs, match in [(dict(zero_stage=1), "zero_stage"), (dict(staleness=1), "staleness"),
+                      (dict(groups=2), "groups"), (dict(op=hvd.Adasum), "op=Average")]:
+    expect_raises(ValueError, lambda: hvd.DistributedOptimizer(sgd(), compression=psgd,
+                                                               **kwargs),
+                  f"optimizer {kwargs}", match=match)
+with tf.GradientTape() as tape:
+    pass
+expect_raises(ValueError, lambda: hvd.DistributedGradientTape(
+    tape, compression=hvd.Compression.powersgd), "tape given the class", match="created once")
+emb = keras.layers.Embedding(50, 8)
+emb.build((None,))
+with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(emb(tf.constant([r, 3 + r])))
+grads = hvd.DistributedGradientTape(tape, compression=hvd.Compression.powersgd(start_step=0))
+expect_raises(ValueError, lambda: grads.gradient(loss, emb.trainable_weights), "sparse",
+              match="sparse_as_dense=True")
+model, step = keras_run(hvd.Compression.powersgd(rank=1 if r == 0 else 2))
+expect_raises(CollectiveMismatchError, lambda: step(0), "rank differs across ranks",
+              match="PowerSGD")
+
+if len(sys.argv) > 1:  # a trace path: count the bytes of a step (tf_powersgd_bytes.py)
+    import tf_powersgd_bytes
+
+    tf_powersgd_bytes.check(sys.argv[1])
+done()
