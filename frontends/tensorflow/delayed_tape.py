@@ -20,34 +20,27 @@ caller creates once, before the training loop, and hands to every step's tape::
     if grads is not None:
         opt.apply_gradients(zip(grads, model.trainable_variables))
 
-Step t computes g_t at the current weights; ``tape.gradient()`` starts
-averaging it across ranks (one grouped allreduce that the core's background
-thread progresses while the caller goes on) and returns the average of the
-previous step's gradients, so for SGD w_{t+1} = w_t - lr * avg(g_{t-1}).
-Step 0 (and the step after ``synchronize()``) has no average: eagerly
-``gradient()`` returns a list of None and ``tape.has_average`` is False
-(Keras refuses to apply all-None gradients: skip the update); inside
-tf.function the result is zeros and ``tape.has_average`` a boolean tensor.
+The rule is commlib.delayed's. Step 0 (and the step after
+``synchronize()``) has no average: eagerly ``gradient()`` returns a list of
+None and ``tape.has_average`` is False; inside tf.function the result is
+zeros and ``tape.has_average`` a boolean tensor.
 ``delayed.apply_gradients(optimizer, grads_and_vars)`` covers both: it applies
-the gradients of the last ``gradient()`` call only when there was an average
-(``tf.cond`` in a graph; a Keras optimizer is built first), so the wrapped
-optimizer is not stepped at step 0 (its ``iterations`` stay 0). Every rank
-applies the same average, so replicas stay identical.
+the gradients only when there was an average (``tf.cond`` in a graph), so
+the wrapped optimizer is not stepped at step 0.
 
 Supported: eager and tf.function (not XLA), Keras 3 optimizers (any
 optimizer with ``apply_gradients`` eagerly), op Average or Sum with
-gradient_predivide_factor, process sets (ranks outside the set, and a set of
-one rank, delay their local gradients the same way). IndexedSlices are
-averaged as dense tensors. The sources with a gradient must be the same at
-every step. The tape's ``compression`` (Compression.fp16) applies: the
-gradients travel as float16 and the averages come back in their own dtype.
-Not with groups or local sources (ValueError).
+gradient_predivide_factor, process sets, the tape's ``compression``
+(Compression.fp16). IndexedSlices are averaged as dense tensors. The sources
+with a gradient must be the same at every step. Not with groups or local
+sources (ValueError).
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from commlib.ops import Average, Sum
+from commlib.delayed import check_op, check_staleness, present, scatter
+from commlib.ops import Average
 from commlib.reduce_args import predivide_scales, resolve_op
 
 from .compression import Compression
@@ -77,8 +70,7 @@ class DelayedGradients:
 
     def __init__(self, op=Average, gradient_predivide_factor=1.0, process_set=None):
         op = resolve_op(op)
-        if op not in (Average, Sum):
-            raise ValueError("DelayedGradients supports op=Average or op=Sum only")
+        check_op(op, "staleness=1")
         pre, post = predivide_scales(op, gradient_predivide_factor)
         self._exchange = DelayedExchange(op, pre, post, process_set)
         self.process_set = self._exchange.process_set
@@ -91,28 +83,29 @@ class DelayedGradients:
         """Whether an average is in flight (started, not applied yet)."""
         return self._exchange.pending
 
+    def drop(self) -> None:
+        """Forgets a pending average once it has ended (the weights were replaced)."""
+        self._exchange.drop()
+
     def swap(self, grads, compression=Compression.none):
         """Starts averaging ``grads`` and returns ``(has_average, averages)``:
         the previous step's average (see the module's docstring); with
         ``compression`` the gradients travel in its wire dtype."""
         grads = list(grads)
-        present = [i for i, g in enumerate(grads) if g is not None]
-        if not present:
+        at = present(grads)
+        if not at:
             raise ValueError("staleness=1: no source has a gradient")
-        layout = (len(grads), present)
+        layout = (len(grads), at)
         if self._layout is not None and layout != self._layout:
             raise ValueError("staleness=1: the sources with a gradient changed between steps "
-                             f"(gradients at {present} of {len(grads)}, before "
+                             f"(gradients at {at} of {len(grads)}, before "
                              f"{self._layout[1]} of {self._layout[0]})")
         self._layout = layout
-        dense = [tf.convert_to_tensor(grads[i]) for i in present]
-        have, averages = self._exchange.swap_op(dense, compression)
+        have, averages = self._exchange.swap_op([tf.convert_to_tensor(grads[i]) for i in at],
+                                                compression)
         if tf.executing_eagerly():
             have = bool(have)
-        out = [None] * len(grads)
-        if have is not False:
-            for i, a in zip(present, averages):
-                out[i] = a
+        out = scatter(len(grads), at, averages if have is not False else [])
         self._has_average, self._averages = have, out
         return have, out
 
@@ -147,11 +140,7 @@ class DelayedGradients:
         have, averages = self._exchange.finish_tensors()
         if not have:
             return None
-        count, present = self._layout
-        out = [None] * count
-        for i, a in zip(present, averages):
-            out[i] = a
-        return out
+        return scatter(*self._layout, averages)
 
 
 def _build(optimizer, variables):
@@ -169,9 +158,7 @@ def _build(optimizer, variables):
 def check_tape_staleness(staleness, delayed, groups):
     """ValueError for a staleness/delayed combination DistributedGradientTape
     does not take."""
-    if isinstance(staleness, bool) or staleness not in (0, 1):
-        raise ValueError(f"staleness must be 0 (synchronous) or 1 (one-step delayed "
-                         f"averaging), got {staleness!r}")
+    check_staleness(staleness, (0, 1))
     if staleness == 0:
         if delayed is not None:
             raise ValueError("delayed= is for staleness=1")

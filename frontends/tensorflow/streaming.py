@@ -17,11 +17,10 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
-import commlib
+from commlib.delayed import OneStepDelay, PendingAverage
 from commlib.process_sets import included, set_size
 
 from .buffers import OutputPool
-from .delayed import settle
 from .execution import execute
 
 _instances = collections.defaultdict(itertools.count)
@@ -35,45 +34,30 @@ class StreamingMeetings:
         self.process_set = process_set
         self.communicate = included(process_set) and set_size(process_set) > 1
         self.name = f"LocalSGDStream{next(_instances[process_set.process_set_id])}"
-        self._pending = None  # (handle or None, snapshot, average)
+        self._delay = OneStepDelay()
         self._pool = OutputPool(layouts=1, per_layout=4)  # (pending and lent: two sets each)
 
     @property
     def pending(self) -> bool:
-        return self._pending is not None
+        return self._delay.pending
 
     def start(self, arrays) -> None:
-        if self._pending is not None:
-            raise RuntimeError("a streaming meeting is already pending; finish it first")
         arrays = [np.asarray(a) for a in arrays]
         snapshot, average = self._pool.take(arrays), self._pool.take(arrays)
         for s, a in zip(snapshot, arrays):
             np.copyto(s, a)
-        handle = None
-        if self.communicate and arrays:
-            handle = commlib.grouped_allreduce_async(snapshot, name=self.name, op=commlib.Average,
-                                                     process_set=self.process_set, out=average)
-        else:  # (no one to average with)
-            for v, s in zip(average, snapshot):
-                np.copyto(v, s)
-        self._pending = (handle, snapshot, average)
+        self._delay.start(PendingAverage(snapshot, average, self.name, process_set=self.process_set,
+                                         communicate=self.communicate))
 
     def finish(self):
         """(True, average, snapshot), or (False, None, None) when none is pending."""
-        if self._pending is None:
-            return False, None, None
-        handle, snapshot, average = self._pending
-        if handle is not None:
-            commlib.synchronize(handle)  # a failed one stays pending: its error again
-        self._pending = None
-        return True, average, snapshot
+        done = self._delay.finish()
+        return (False, None, None) if done is None else (True, done.out, done.inputs)
 
     def drop(self) -> None:
-        """Waits for a pending meeting, if any, and forgets it (failed or
-        not): the weights it was for were replaced."""
-        if self._pending is not None:
-            (handle, _, _), self._pending = self._pending, None
-            settle(handle)
+        """Forgets a pending meeting once it has ended (failed or not): the
+        weights it was for were replaced."""
+        self._delay.drop()
 
     def finish_op(self, like):
         like = [tf.convert_to_tensor(t) for t in like]

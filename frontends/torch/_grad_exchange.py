@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import torch
 
-from commlib.errors import CommlibError
-
 from . import mpi_ops as _ops
 from .compression import Compression
 
@@ -72,17 +70,6 @@ class PendingGradients:
     @property
     def params(self) -> list:
         return self._params
-
-
-def settle(pending) -> None:
-    """Waits for a pending exchange (PendingGradients or PendingParameters;
-    None: nothing) and drops its result, or its error (a lost rank): what an
-    exchange whose state is being replaced ends with."""
-    if pending is not None:
-        try:
-            pending.wait()
-        except CommlibError:
-            pass
 
 
 def assign_grads(params, grads) -> None:

@@ -1,5 +1,6 @@
 """Local SGD and DiLoCo: ranks train on their own data and meet every
-``period`` steps.
+``period`` steps. The rule (schedule, DiLoCo's outer step, streaming
+meetings, buffers) is commlib.local_sgd's; this is its torch adapter.
 
     model = Net()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -10,49 +11,12 @@
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()            # no gradient is averaged
+    opt.synchronize()         # a last meeting (before evaluating or saving)
 
-The rule, with steps counted t = 0, 1, ... from the end of the warm-up:
-
-- every step, the wrapped (inner) optimizer steps on this rank's gradients;
-- after the steps with (t + 1) mod period = 0 the ranks meet (one grouped
-  allreduce of the parameters):
-  - without ``outer_optimizer`` (local SGD) every rank takes the average of
-    the parameters;
-  - with it (DiLoCo) every rank sets its parameters to the anchor (the
-    parameters after the last meeting; at first the ones the local phase
-    started from) with gradient ``anchor - average``, steps the outer
-    optimizer, and the result is the new anchor that every rank continues
-    from.
-- ``warmup_steps`` first steps are synchronous data parallelism (gradients
-  averaged, then the inner optimizer steps; post-local SGD).
-
-The model's floating-point buffers (BatchNorm's running statistics) are
-averaged at every meeting too (``average_buffers=True``, the default), so
-that after a meeting the replicas are identical in their buffers as well
-(torch's PeriodicModelAverager averages parameters only, leaving each rank
-its own statistics); the outer optimizer never sees them (DiLoCo's buffers
-take the plain average); streaming meetings treat them as parameters.
-Integer buffers (``num_batches_tracked``) are left alone: every rank counts
-the same steps. During the warm-up the buffers stay local, as with a
-DistributedOptimizer.
-
-After every meeting the replicas are identical. ``synchronize()`` holds a
-meeting now if there were local steps since the last one (call it before
-evaluating or saving); the schedule of the next meetings does not move. The
-inner optimizer's state (momentum, Adam moments) stays local to each rank.
-The outer optimizer must have been built on exactly the model's parameters
-(as torchft's DiLoCo does); the outer step uses ``p.grad`` and restores the
-inner gradients afterwards.
-
-``streaming=True`` overlaps each meeting with the next round (one round
-stale): at the end of round k every rank starts averaging a snapshot s_k of
-its parameters and goes on training; at the end of round k+1 it waits for
-that average, takes the meeting step with it (the average, or DiLoCo's outer
-step from the anchor), and keeps its own progress since the snapshot:
-x <- new + (x - s_k); then it starts averaging its new snapshot. Replicas
-then differ by their last round's progress; ``synchronize()`` applies the
-pending average and holds a synchronous meeting, after which they are
-identical again. Without it every meeting is synchronous.
+The averaged buffers are the model's floating-point ones (BatchNorm's running
+statistics; ``num_batches_tracked`` is left alone). The outer optimizer must
+be built on exactly the model's parameters (as torchft's DiLoCo does); its
+step uses ``p.grad`` and restores the inner gradients afterwards.
 """
 from __future__ import annotations
 
@@ -61,21 +25,27 @@ import itertools
 
 import torch
 
+from commlib.delayed import OneStepDelay
+from commlib.local_sgd import LocalSGDPlan, MeetingOps, meeting_step, streaming_step
 from commlib.process_sets import check_process_set, included, set_size
-from commlib.signature import check_same_everywhere
 
 from . import mpi_ops as _ops
-from ._grad_exchange import PendingGradients, assign_grads, settle
+from ._grad_exchange import PendingGradients, assign_grads
 from .streaming import PendingParameters
 from .mpi_ops import Average, global_process_set
 
 _instances = collections.defaultdict(itertools.count)
 
 
-def _positive_int(value, what, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
-    return value
+def _sorted_by_name(named, check=lambda t: True):
+    """(names, tensors) of ``named`` (name, tensor) pairs, each tensor once, by name."""
+    first = {}
+    for n, t in named:
+        if t is not None and check(t):
+            first.setdefault(t, n)
+    by_name = {n: t for t, n in first.items()}
+    names = sorted(by_name)
+    return names, [by_name[n] for n in names]
 
 
 class LocalSGD:
@@ -101,8 +71,8 @@ class LocalSGD:
     on, then takes the meeting step with that average and keeps its own
     progress since the snapshot. ``synchronize()`` holds a meeting now
     (applying a pending streaming average first): call it before evaluating
-    or saving. The inner optimizer's state stays local. See the module's
-    docstring for the exact rule. Construction is collective over
+    or saving. The inner optimizer's state stays local. See commlib.local_sgd
+    for the exact rule. Construction is collective over
     ``process_set`` (the model's parameters and the options are checked
     across ranks: CollectiveMismatchError if they differ)."""
 
@@ -119,85 +89,53 @@ class LocalSGD:
                              "average every step's gradients")
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        self.period = _positive_int(period, "period", 1)
-        self.warmup_steps = _positive_int(warmup_steps, "warmup_steps", 0)
-        if not isinstance(streaming, bool):
-            raise ValueError(f"streaming must be True or False, got {streaming!r}")
-        self.streaming = streaming
-        if not isinstance(average_buffers, bool):
-            raise ValueError(f"average_buffers must be True or False, got {average_buffers!r}")
-        self.average_buffers = average_buffers
-        self._stream = None  # PendingParameters of the last streaming meeting
-        self.optimizer = optimizer
-        self.outer_optimizer = outer_optimizer
-        named = {}
-        for n, p in model.named_parameters():
-            named.setdefault(p, n)
-        self._names = sorted(named.values())
-        by_name = {n: p for p, n in named.items()}
-        self._params = [by_name[n] for n in self._names]
+        self.plan = LocalSGDPlan(period, warmup_steps, streaming, average_buffers,
+                                 outer_optimizer, optimizer)
+        for k in ("period", "warmup_steps", "streaming", "average_buffers"):
+            setattr(self, k, getattr(self.plan, k))
+        self.optimizer, self.outer_optimizer = optimizer, outer_optimizer
+        self._names, self._params = _sorted_by_name(model.named_parameters())
         if not self._params:
             raise ValueError("the model has no parameters")
-        for n, p in zip(self._names, self._params):
-            _ops.check_tensor(p, f"LocalSGD (parameter {n!r})", inplace=True)
-        self._buffer_names, self._buffers = self._float_buffers(model, average_buffers)
-        # What a meeting averages: the parameters, then the buffers.
-        self._averaged = self._params + self._buffers
+        self._buffer_names, self._buffers = _sorted_by_name(
+            model.named_buffers() if average_buffers else [], torch.is_floating_point)
+        for n, t in zip(self._names, self._params):
+            _ops.check_tensor(t, f"LocalSGD (parameter {n!r})", inplace=True)
+        for n, t in zip(self._buffer_names, self._buffers):
+            _ops.check_tensor(t, f"LocalSGD (buffer {n!r}; average_buffers=False leaves the "
+                              f"buffers alone)", inplace=True)
+        self._averaged = self._params + self._buffers  # what a meeting averages
         if outer_optimizer is not None:
             self._check_outer(outer_optimizer)
+        self._meeting_ops = MeetingOps(torch.Tensor.copy_, torch.Tensor.add_, self._outer_step)
         self._reduces = included(self.process_set) and set_size(self.process_set) > 1
-        instance = next(_instances[self.process_set.process_set_id])
-        self._prefix = f"localsgd{instance}"
+        self._prefix = f"localsgd{next(_instances[self.process_set.process_set_id])}"
         self._anchor = None
+        self._stream = OneStepDelay()  # the streaming meeting in flight
         self._step = 0
         self._local_steps = 0  # since the last meeting
         if self._reduces:
-            self._check_same_everywhere()
-
-    @staticmethod
-    def _float_buffers(model, wanted):
-        """(names, tensors) of the model's floating-point buffers, by name."""
-        if not wanted:
-            return [], []
-        named = {}
-        for n, b in model.named_buffers():
-            if b is not None and b.is_floating_point():
-                named.setdefault(b, n)
-        names = sorted(named.values())
-        by_name = {n: b for b, n in named.items()}
-        buffers = [by_name[n] for n in names]
-        for n, b in zip(names, buffers):
-            _ops.check_tensor(b, f"LocalSGD (buffer {n!r}; average_buffers=False leaves the "
-                              f"buffers alone)", inplace=True)
-        return names, buffers
+            self.plan.check_same_everywhere(
+                [(n, tuple(t.shape), str(t.dtype)) for n, t in zip(self._names, self._params)]
+                + [(f"buffer {n}", tuple(t.shape), str(t.dtype))
+                   for n, t in zip(self._buffer_names, self._buffers)],
+                f"{self._prefix}:signature", self.process_set)
 
     def _check_outer(self, outer):
         if not isinstance(outer, torch.optim.Optimizer):
             raise TypeError(f"outer_optimizer must be a torch.optim.Optimizer, got "
                             f"{type(outer).__name__}")
-        if outer is self.optimizer:
-            raise ValueError("outer_optimizer must be a separate optimizer from the inner one")
         outer_ids = {id(p) for g in outer.param_groups for p in g["params"]}
         if outer_ids != {id(p) for p in self._params}:
             raise ValueError("outer_optimizer must be built on exactly the model's parameters, "
                              "e.g. torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, "
                              "nesterov=True)")
 
-    def _signature(self) -> list:
-        options = ("options: period, warmup_steps, outer optimizer, streaming, average_buffers",
-                   self.period, self.warmup_steps,
-                   type(self.outer_optimizer).__name__ if self.outer_optimizer else None,
-                   self.streaming, self.average_buffers)
-        return ([options] + [(n, tuple(p.shape), str(p.dtype))
-                             for n, p in zip(self._names, self._params)]
-                + [(f"buffer {n}", tuple(b.shape), str(b.dtype))
-                   for n, b in zip(self._buffer_names, self._buffers)])
-
-    def _check_same_everywhere(self):
-        check_same_everywhere(self._signature(), "LocalSGD: the model's parameters or buffers "
-                              "(name, shape, dtype) or the options (period, warmup_steps, outer "
-                              "optimizer, streaming, average_buffers)",
-                              name=f"{self._prefix}:signature", process_set=self.process_set)
+    def _outer_step(self, grads, params):
+        inner_grads = [p.grad for p in params]
+        assign_grads(params, grads)
+        self.outer_optimizer.step()
+        assign_grads(params, inner_grads)
 
     # ------------------------------------------------------------ optimizer API
 
@@ -220,7 +158,7 @@ class LocalSGD:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self._step < self.warmup_steps:
+        if self.plan.in_warmup(self._step):
             pending = PendingGradients(self._params, name=f"{self._prefix}:grads",
                                        process_set=self.process_set, communicate=self._reduces)
             assign_grads(self._params, pending.wait())
@@ -230,11 +168,8 @@ class LocalSGD:
                 self._anchor = [p.detach().clone() for p in self._params]
             self.optimizer.step()
             self._local_steps += 1
-            if (self._step - self.warmup_steps + 1) % self.period == 0:
-                if self.streaming:
-                    self._stream_meet()
-                else:
-                    self._meet()
+            if self.plan.meets_after(self._step):
+                self._stream_meet() if self.plan.streaming else self._meet()
         self._step += 1
         return loss
 
@@ -249,53 +184,28 @@ class LocalSGD:
 
     @torch.no_grad()
     def _meet(self):
-        """Averages the parameters (and buffers) across ranks (in place) and,
-        with an outer optimizer, takes its step from the anchor."""
+        """Averages the parameters (and buffers) across ranks in place and
+        takes the meeting step with the average."""
         self._local_steps = 0
         if self._reduces:
             _ops.grouped_allreduce_(self._averaged, name=f"{self._prefix}:params", op=Average,
                                     process_set=self.process_set)
-        self._outer_step()
-
-    @torch.no_grad()
-    def _outer_step(self):
-        """With an outer optimizer: from the average in the parameters, the
-        outer step from the anchor (the result is the new anchor)."""
-        if self.outer_optimizer is None:
-            return
-        inner_grads = [p.grad for p in self._params]
-        for p, a in zip(self._params, self._anchor):
-            p.grad = a - p
-            p.copy_(a)
-        self.outer_optimizer.step()
-        for p, a in zip(self._params, self._anchor):
-            a.copy_(p)
-        assign_grads(self._params, inner_grads)
+        meeting_step(self._meeting_ops, self._params, self._buffers, self._averaged,
+                     self._anchor)
 
     @torch.no_grad()
     def _finish_stream(self):
-        """Waits for the pending streaming average and takes the meeting step
-        with it, keeping this rank's progress since the snapshot."""
-        pending = self._stream
-        if pending is None:
-            return
-        average = pending.wait()  # a failed one stays pending: its error again
-        self._stream = None
-        progress = [p - s for p, s in zip(self._averaged, pending.snapshot)]
-        for p, a in zip(self._averaged, average):
-            p.copy_(a)
-        self._outer_step()
-        for p, d in zip(self._averaged, progress):
-            p.add_(d)
+        pending = self._stream.finish()
+        if pending is not None:
+            streaming_step(self._meeting_ops, self._params, self._buffers, pending.wait(),
+                           pending.snapshot, self._anchor)
 
     def _stream_meet(self):
-        """A streaming meeting: the previous one's average is applied, this
-        one's starts (see the module's docstring)."""
         self._finish_stream()
         self._local_steps = 0
-        self._stream = PendingParameters(self._averaged, name=f"{self._prefix}:stream",
-                                         process_set=self.process_set,
-                                         communicate=self._reduces)
+        self._stream.start(PendingParameters(self._averaged, name=f"{self._prefix}:stream",
+                                             process_set=self.process_set,
+                                             communicate=self._reduces))
 
     # ------------------------------------------------------------ state
 
@@ -310,8 +220,7 @@ class LocalSGD:
                 "anchor": [a.clone() for a in self._anchor] if self._anchor else None}
 
     def load_state_dict(self, state: dict) -> None:
-        pending, self._stream = self._stream, None
-        settle(pending)  # dropped: it belongs to the state before
+        self._stream.drop()  # it belongs to the state before
         self.optimizer.load_state_dict(state["optimizer"])
         if self.outer_optimizer is not None and state.get("outer_optimizer") is not None:
             self.outer_optimizer.load_state_dict(state["outer_optimizer"])
@@ -324,5 +233,4 @@ class LocalSGD:
         kind = "DiLoCo" if self.outer_optimizer is not None else "LocalSGD"
         return (f"<commlib.torch.LocalSGD {kind} period={self.period} "
                 f"warmup_steps={self.warmup_steps} streaming={self.streaming} "
-                f"average_buffers={self.average_buffers} "
-                f"step={self._step}>")
+                f"average_buffers={self.average_buffers} step={self._step}>")

@@ -6,43 +6,27 @@ gradient averaging.
     model.fit(x, y, ...)
     opt.synchronize()      # applies the last pending average
 
-Step t computes g_t at the current weights, starts averaging it across ranks
-(the allreduce runs while the next step's forward and backward do) and
-applies the average of the previous step's gradients with the wrapped
-optimizer's rule (for SGD w_{t+1} = w_t - lr * avg(g_{t-1})). Step 0 applies
-nothing (the wrapped optimizer is not stepped: ``iterations`` stays 0).
-``synchronize()`` (eager) waits for the pending average and applies it; the
-step after it applies nothing again. Replicas stay identical.
-
-``weight_prediction=True`` (opt-in) computes each step's gradients at the
-predicted weights w + (w - w_prev) they will be applied to (see
-commlib.tensorflow.keras.weight_prediction; ``synchronize()`` puts the true
-weights back).
-
-``compression=Compression.fp16``: the gradients travel (and wait for the
-next step) as float16, the averages are applied in the variables' dtype.
+The rule is commlib.delayed's. ``weight_prediction=True``: see
+commlib.tensorflow.keras.weight_prediction. ``compression=Compression.fp16``:
+the gradients travel (and wait for the next step) as float16.
 ``backward_passes_per_step=k``: the gradients of k steps are summed locally
 (averaged with average_aggregated_gradients) and every k-th step swaps that
-aggregate for the previous one's average, so an update applies the average
-of the k steps before the last k; the other steps only count in
-``iterations``, and the first k-th step applies nothing (an aggregate left
-over at the end stays local, as in the synchronous optimizer).
-IndexedSlices gradients are averaged as dense tensors. The variables with a
-gradient must be the same at every step (and on every rank). Not combined
-with groups or local_layers, nor weight_prediction with
-backward_passes_per_step > 1.
+aggregate for the previous one's average; the other steps only count in
+``iterations``, and the first k-th step applies nothing. IndexedSlices
+gradients are averaged as dense tensors. The variables with a gradient must
+be the same at every step (and on every rank). Not combined with groups or
+local_layers, nor weight_prediction with backward_passes_per_step > 1.
 """
 from __future__ import annotations
 
 import functools
 
 import keras
-import tensorflow as tf
 
-from commlib.reduce_args import predivide_scales
+from commlib.delayed import apply_average, check_staleness
 
 from ..compression import Compression
-from ..delayed import DelayedExchange
+from ..delayed_tape import DelayedGradients
 from .optimizer_base import DistributedOptimizerMixin, run_if
 from .weight_prediction import WeightPrediction
 
@@ -54,11 +38,10 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
 
     def _commlib_delayed_setup(self, op, gradient_predivide_factor, process_set,
                                weight_prediction=False, compression=Compression.none):
-        pre, post = predivide_scales(op, gradient_predivide_factor)
         s = functools.partial(object.__setattr__, self)
-        s("_commlib_exchange", DelayedExchange(op, pre, post, process_set))
+        s("_commlib_delayed", DelayedGradients(op, gradient_predivide_factor, process_set))
         s("_commlib_compression", compression)
-        s("_commlib_pending_vars", None)  # (variables, positions) of the pending average
+        s("_commlib_pending_vars", None)  # the variables of the pending average
         s("staleness", 1)
         s("weight_prediction", weight_prediction)
 
@@ -68,14 +51,9 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
             object.__setattr__(self, "_commlib_prediction", WeightPrediction(variables))
 
     def _commlib_update(self, grads, variables, predict):
-        """The wrapped optimizer's rule on the true weights; with weight
-        prediction and ``predict`` the model then holds the prediction."""
-        prediction = self._commlib_prediction
-        if prediction is not None:
-            prediction.before_update()
-        super(DistributedOptimizerMixin, self).apply(grads, variables)
-        if prediction is not None and predict:
-            prediction.predict()
+        """The wrapped optimizer's rule (see commlib.delayed.apply_average)."""
+        apply_average(lambda: super(DistributedOptimizerMixin, self).apply(grads, variables),
+                      self._commlib_prediction, predict)
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
@@ -98,53 +76,37 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
 
     def _commlib_apply_aggregate(self, grads, variables):
         """Starts averaging ``grads`` and applies the previous average."""
-        present = [i for i, g in enumerate(grads) if g is not None]
-        have, prev = self._commlib_exchange.swap_op(
-            [tf.convert_to_tensor(grads[i]) for i in present], self._commlib_compression)
-        object.__setattr__(self, "_commlib_pending_vars", (variables, present))
-        full = [None] * len(grads)
-        for i, g in zip(present, prev):
-            full[i] = g
-
+        have, full = self._commlib_delayed.swap(grads, self._commlib_compression)
+        object.__setattr__(self, "_commlib_pending_vars", variables)
         run_if(have, lambda: self._commlib_update(full, variables, predict=True))
 
     def synchronize(self):
         """Waits for the pending average and applies it (eagerly: call it
         after fit(), before evaluating or saving); with weight prediction the
         model then holds the true weights."""
-        have, averages = self._commlib_exchange.finish_tensors()
-        if not have:
-            if self._commlib_prediction is not None:
-                self._commlib_prediction.restore()
-            return
-        variables, present = self._commlib_pending_vars
-        full = [None] * len(variables)
-        for i, a in zip(present, averages):
-            full[i] = a
-        self._commlib_update(full, variables, predict=False)
+        averages = self._commlib_delayed.synchronize()
+        if averages is not None:
+            self._commlib_update(averages, self._commlib_pending_vars, predict=False)
+        elif self._commlib_prediction is not None:
+            self._commlib_prediction.restore()
 
     def _commlib_forget(self) -> None:
         """Drops the pending average and a prediction: the weights were
         replaced (KerasState's restore)."""
-        self._commlib_exchange.drop()
+        self._commlib_delayed.drop()
         if self._commlib_prediction is not None:
             self._commlib_prediction.drop()
 
     @property
     def pending(self) -> bool:
         """Whether an average is in flight (started, not applied yet)."""
-        return self._commlib_exchange.pending
+        return self._commlib_delayed.pending
 
 
 def check_staleness_options(staleness, backward_passes_per_step, groups, local_layers,
                             weight_prediction):
     """ValueError for options DistributedOptimizer(staleness=1) does not take."""
-    if isinstance(staleness, bool) or staleness != 1:
-        raise ValueError(f"staleness must be 0 (synchronous) or 1 (one-step delayed "
-                         f"averaging), got {staleness!r}")
-    refused = {"groups": groups is not None, "local_layers": bool(local_layers),
-               "weight_prediction with backward_passes_per_step > 1":
-                   weight_prediction is True and int(backward_passes_per_step) > 1}
-    bad = [k for k, v in refused.items() if v]
-    if bad:
-        raise ValueError(f"staleness=1 cannot be combined with {', '.join(bad)}")
+    check_staleness(staleness, refused={
+        "groups": groups is not None, "local_layers": bool(local_layers),
+        "weight_prediction with backward_passes_per_step > 1":
+            weight_prediction is True and int(backward_passes_per_step) > 1})

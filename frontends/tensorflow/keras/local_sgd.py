@@ -1,4 +1,6 @@
-"""Local SGD and DiLoCo for Keras: an optimizer wrapper.
+"""Local SGD and DiLoCo for Keras: an optimizer wrapper. The rule (schedule,
+DiLoCo's outer step, streaming meetings, buffers) is commlib.local_sgd's;
+this is its Keras adapter.
 
     inner = keras.optimizers.AdamW(1e-3)
     outer = keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
@@ -7,36 +9,11 @@
     model.fit(x, y, ...)
     opt.synchronize()     # a last meeting if steps were taken since the previous one
 
-The rule is commlib.torch.LocalSGD's, with steps counted t = 0, 1, ... from
-the end of the warm-up: the inner optimizer steps on this rank's gradients
-(no gradient is averaged); after the steps with (t + 1) mod period = 0 the
-ranks meet: one grouped allreduce of ``model.trainable_variables``, then
-every rank takes the average (local SGD) or, with ``outer_optimizer``
-(DiLoCo), sets its weights to the anchor (the weights after the last meeting;
-at first those the local phase started from), applies the outer optimizer
-with gradient ``anchor - average``, and the result is the new anchor. The
-first ``warmup_steps`` steps are synchronous data parallelism (gradients
-averaged before the inner step). Replicas are identical after every meeting.
-
-The model's floating-point non-trainable variables of trainable layers
-(BatchNormalization's moving mean and variance) are averaged at every
-meeting too (``average_buffers=True``, the default; the outer optimizer
-never sees them: DiLoCo's take the plain average, streaming meetings treat
-them as weights); frozen layers' variables and integer ones are left alone.
-During the warm-up they stay local, as with a DistributedOptimizer.
-
-The wrapper is a copy of the inner optimizer (an instance of a subclass of
-its class); the schedule runs inside the compiled train step (tf.cond on a
-step counter).
-
-``streaming=True`` overlaps each meeting with the next round (one round
-stale), as commlib.torch.LocalSGD's: at the end of round k every rank starts
-averaging a snapshot s_k of its weights and trains on; at the end of round
-k+1 it waits for that average, takes the meeting step with it (the average,
-or DiLoCo's outer step from the anchor) and keeps its own progress since the
-snapshot: w <- new + (w - s_k); then it starts averaging its new snapshot.
-Replicas differ by their last round's progress until ``synchronize()``
-(the pending average, then a synchronous meeting if steps were taken since).
+A meeting averages ``model.trainable_variables`` and, with
+``average_buffers``, the floating-point non-trainable variables of trainable
+layers (BatchNormalization's moving statistics). The wrapper is a copy of
+the inner optimizer (an instance of a subclass of its class); the schedule
+runs inside the compiled train step (tf.cond on a step counter).
 """
 from __future__ import annotations
 
@@ -45,9 +22,10 @@ import functools
 import keras
 import tensorflow as tf
 
+from commlib.delayed import present, scatter
+from commlib.local_sgd import LocalSGDPlan, MeetingOps, meeting_step, streaming_step
 from commlib.ops import Average
 from commlib.process_sets import check_process_set, included, set_size
-from commlib.signature import check_same_everywhere
 
 from .. import mpi_ops as _ops
 from ..gradient_tape import make_allreduce_grads
@@ -58,17 +36,19 @@ from .optimizer_base import own_counter, own_zeros_like, run_if
 class _LocalSGDMixin:
     """Placed in front of the inner optimizer's class."""
 
-    def _commlib_local_setup(self, model_vars, buffer_vars, period, outer, warmup, process_set,
-                             streaming):
+    def _commlib_local_setup(self, plan, model_vars, buffer_vars, outer, process_set):
         s = functools.partial(object.__setattr__, self)
+        for k in ("period", "warmup_steps", "streaming", "average_buffers"):
+            s(k, getattr(plan, k))
+        s("_commlib_plan", plan)
         s("_commlib_model_vars", list(model_vars))
         s("_commlib_buffer_vars", list(buffer_vars))
-        s("period", period)
-        s("warmup_steps", warmup)
         s("outer_optimizer", outer)
+        s("_commlib_ops", MeetingOps(lambda v, a: v.assign(a), lambda v, d: v.assign_add(d),
+                                     getattr(outer, "apply", None),
+                                     lambda x, y: tf.convert_to_tensor(x) - y))
         s("process_set", process_set)
-        s("streaming", streaming)
-        s("_commlib_stream", StreamingMeetings(process_set) if streaming else None)
+        s("_commlib_stream", StreamingMeetings(process_set) if plan.streaming else None)
         s("_commlib_communicate", included(process_set) and set_size(process_set) > 1)
         s("_commlib_allreduce", make_allreduce_grads(op=Average, process_set=process_set,
                                                      name="LocalSGDWarmup"))
@@ -109,40 +89,33 @@ class _LocalSGDMixin:
             with keras.name_scope(self.name, caller=self):
                 self.build(variables)
             self.built = True
-        step = tf.convert_to_tensor(self._commlib_step)
-        if self.warmup_steps:
-            grads = self._warmup_grads(grads, variables, step < self.warmup_steps)
+        plan, step = self._commlib_plan, tf.convert_to_tensor(self._commlib_step)
+        if plan.warmup_steps:
+            grads = self._warmup_grads(grads, variables, plan.in_warmup(step))
         if self._commlib_anchor is not None:
-            run_if(tf.equal(step, self.warmup_steps), self._set_anchor)
+            run_if(tf.equal(step, plan.warmup_steps), lambda: self._commlib_ops.assign(
+                self._commlib_anchor, self._commlib_model_vars))
         super().apply(grads, variables)
         self._commlib_step.assign_add(1)
-        local = step >= self.warmup_steps
-        self._commlib_local.assign_add(tf.cast(local, tf.int64))
-        run_if(tf.logical_and(local, tf.equal(tf.math.floormod(
-            step - self.warmup_steps + 1, self.period), 0)),
-            self._stream_meet if self.streaming else self._meet)
+        self._commlib_local.assign_add(tf.cast(plan.is_local(step), tf.int64))
+        run_if(plan.meets_after(step), self._stream_meet if plan.streaming else self._meet)
 
     def _warmup_grads(self, grads, variables, in_warmup):
-        present = [i for i, g in enumerate(grads) if g is not None]
-        dense = [tf.convert_to_tensor(grads[i]) for i in present]
+        at = present(grads)
+        dense = [tf.convert_to_tensor(grads[i]) for i in at]
+
+        def average():
+            return self._commlib_allreduce(dense, [variables[i] for i in at])
+
         if tf.executing_eagerly():
-            if bool(in_warmup):
-                dense = self._commlib_allreduce(dense, [variables[i] for i in present])
+            dense = average() if bool(in_warmup) else dense
         else:
-            dense = tf.cond(in_warmup, lambda: self._commlib_allreduce(
-                dense, [variables[i] for i in present]), lambda: dense)
-        out = list(grads)
-        for i, g in zip(present, dense):
-            out[i] = g
-        return out
+            dense = tf.cond(in_warmup, average, lambda: dense)
+        return scatter(len(grads), at, dense)
 
-    def _set_anchor(self):
-        for a, v in zip(self._commlib_anchor, self._commlib_model_vars):
-            a.assign(v)
-
-    def _averaged_vars(self) -> list:
-        """What a meeting averages: the trainable variables, then the buffers."""
-        return self._commlib_model_vars + self._commlib_buffer_vars
+    def _meeting(self, step, *args):
+        step(self._commlib_ops, self._commlib_model_vars, self._commlib_buffer_vars, *args,
+             self._commlib_anchor)
 
     def _meet(self):
         """Averages the model's weights (and buffers) across ranks and takes
@@ -151,45 +124,17 @@ class _LocalSGDMixin:
         if self._commlib_communicate:
             values = _ops.grouped_allreduce_raw(values, Average, name="LocalSGDMeet",
                                                 process_set=self.process_set)
-        self._meeting_step(values)
+        self._meeting(meeting_step, values)
         self._commlib_local.assign(0)
 
-    def _meeting_step(self, average):
-        """The weights become the average or, with an outer optimizer, its
-        step from the anchor (the result is the new anchor); the buffers
-        (after the weights in ``average``) become their average."""
-        model_vars = self._commlib_model_vars
-        for v, a in zip(self._commlib_buffer_vars, average[len(model_vars):]):
-            v.assign(a)
-        if self.outer_optimizer is None:
-            for v, a in zip(model_vars, average):
-                v.assign(a)
-            return
-        anchors = self._commlib_anchor
-        pseudo = [tf.convert_to_tensor(a) - avg for a, avg in zip(anchors, average)]
-        for v, a in zip(model_vars, anchors):
-            v.assign(a)
-        self.outer_optimizer.apply(pseudo, model_vars)
-        for a, v in zip(anchors, model_vars):
-            a.assign(v)
+    def _averaged_vars(self) -> list:
+        return self._commlib_model_vars + self._commlib_buffer_vars
 
     def _finish_stream(self):
-        """Waits for the pending streaming average and takes the meeting step
-        with it, keeping this rank's progress since the snapshot."""
-        averaged = self._averaged_vars()
-        have, average, snapshot = self._commlib_stream.finish_op(averaged)
-
-        def take():
-            progress = [tf.convert_to_tensor(v) - s for v, s in zip(averaged, snapshot)]
-            self._meeting_step(average)
-            for v, d in zip(averaged, progress):
-                v.assign_add(d)
-
-        run_if(have, take)
+        have, average, snapshot = self._commlib_stream.finish_op(self._averaged_vars())
+        run_if(have, lambda: self._meeting(streaming_step, average, snapshot))
 
     def _stream_meet(self):
-        """A streaming meeting: the previous one's average is applied, the
-        averaging of this one's snapshot starts."""
         self._finish_stream()
         self._commlib_stream.start_op(self._averaged_vars())
         self._commlib_local.assign(0)
@@ -217,11 +162,6 @@ def _local_sgd_class(base):
                 {"__module__": base.__module__, "__qualname__": base.__qualname__})
 
 
-def _check_int(value, what, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
-
-
 def _buffers(model) -> list:
     """The model's floating-point non-trainable variables outside frozen
     layers (BatchNormalization's moving statistics)."""
@@ -236,6 +176,7 @@ def _buffers(model) -> list:
 def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, process_set=None,
              streaming=False, average_buffers=True):
     """A copy of the Keras ``optimizer`` that trains locally and meets every
+<<<<<<< HEAD
     ``period`` steps (see the module's docstring); pass it to
     ``model.compile`` or call its ``apply`` in a custom loop. ``model``'s
     trainable variables are the ones averaged. Build it on every rank (of
@@ -252,6 +193,11 @@ def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, pro
     stale). ``synchronize()`` holds a meeting now. For elastic training,
     ``KerasState`` also keeps its counters, DiLoCo's anchor and the outer
     optimizer's variables."""
+=======
+    ``period`` steps (see commlib.local_sgd); pass it to ``model.compile``
+    or call its ``apply`` in a custom loop. ``model``'s trainable variables
+    are the ones averaged. Build it on every rank (of ``process_set``) alike."""
+>>>>>>> wip-d
     from .optimizer_base import DistributedOptimizerMixin, check_backend
 
     check_backend()
@@ -265,39 +211,20 @@ def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, pro
         raise ValueError(f"model must be a keras.Model, got {type(model).__name__}")
     if not model.trainable_variables:
         raise ValueError("the model has no trainable variables (build it first)")
-    _check_int(period, "period", 1)
-    _check_int(warmup_steps, "warmup_steps", 0)
-    if not isinstance(streaming, bool):
-        raise ValueError(f"streaming must be True or False, got {streaming!r}")
-    if not isinstance(average_buffers, bool):
-        raise ValueError(f"average_buffers must be True or False, got {average_buffers!r}")
+    plan = LocalSGDPlan(period, warmup_steps, streaming, average_buffers, outer_optimizer,
+                        optimizer)
     buffers = _buffers(model) if average_buffers else []
     if outer_optimizer is not None:
         if not isinstance(outer_optimizer, keras.optimizers.Optimizer):
             raise ValueError(f"outer_optimizer must be a Keras optimizer, got "
                              f"{type(outer_optimizer).__name__}")
-        if outer_optimizer is optimizer:
-            raise ValueError("outer_optimizer must be a separate optimizer from the inner one")
     if included(process_set) and set_size(process_set) > 1:
-        _check_same_everywhere(model, buffers, period, outer_optimizer, warmup_steps,
-                               process_set, streaming, average_buffers)
+        plan.check_same_everywhere(
+            [(f"variable {i}", tuple(v.shape), str(v.dtype))
+             for i, v in enumerate(model.trainable_variables)]
+            + [(f"buffer {i}", tuple(v.shape), str(v.dtype)) for i, v in enumerate(buffers)],
+            "LocalSGD:signature", process_set)
     new = _local_sgd_class(type(optimizer)).from_config(optimizer.get_config())
-    new._commlib_local_setup(model.trainable_variables, buffers, period, outer_optimizer,
-                             warmup_steps, process_set, streaming)
-    object.__setattr__(new, "average_buffers", average_buffers)
+    new._commlib_local_setup(plan, model.trainable_variables, buffers, outer_optimizer,
+                             process_set)
     return new
-
-
-def _check_same_everywhere(model, buffers, period, outer, warmup, process_set, streaming,
-                           average_buffers):
-    """CollectiveMismatchError on every rank if the options or the model's
-    variables (shapes, dtypes) differ across ranks (a meeting on some ranks
-    only would otherwise stall)."""
-    sig = [("options: period, warmup_steps, outer optimizer, streaming, average_buffers", period,
-            warmup, type(outer).__name__ if outer is not None else None, streaming,
-            average_buffers)]
-    sig += [(f"variable {i}", tuple(v.shape), str(v.dtype))
-            for i, v in enumerate(model.trainable_variables)]
-    sig += [(f"buffer {i}", tuple(v.shape), str(v.dtype)) for i, v in enumerate(buffers)]
-    check_same_everywhere(sig, "LocalSGD: the options or the model's variables",
-                          name="LocalSGD:signature", process_set=process_set)

@@ -1,0 +1,196 @@
+"""One-step delayed gradient averaging (``staleness=1``), written once for
+every frontend: the torch and Keras ``DistributedOptimizer(...,
+staleness=1)`` and TensorFlow's ``DistributedGradientTape(..., staleness=1)``.
+
+The rule: step t computes the gradients g_t at the current weights w_t,
+starts averaging them across ranks (one grouped allreduce that the core's
+background thread progresses while the caller runs the next forward and
+backward) and applies the average of the previous step's gradients with the
+wrapped optimizer's rule: for SGD w_{t+1} = w_t - lr * avg(g_{t-1}). Step 0
+applies nothing (the wrapped optimizer is not stepped), nor does the step
+after ``synchronize()``, which waits for the pending average and applies it
+(call it before evaluating or saving). Every rank applies the same average,
+so replicas stay identical. At most one average of an optimizer is in
+flight: the previous one is waited for before the next one starts, and a
+failed one stays pending (its error again at every step). On ranks outside
+the process set (and on a set of one rank) the same one-step delay applies
+to the local gradients. The state a checkpoint saves does not include the
+pending average (``synchronize()`` first); restoring drops it.
+
+With weight prediction (opt-in, ``weight_prediction=True``) each step's
+gradients are computed at a prediction of the weights they will be applied
+to, w + (w - w_prev), instead of at w (``apply_average``): the model holds
+the predicted weights between steps and ``synchronize()`` puts the true ones
+back.
+
+Here: the option checks, ``OneStepDelay`` (the pending exchange between
+steps, over anything with a ``wait()``), ``PendingAverage`` (numpy arrays
+averaged into buffers of their own) and the gradient layout helpers. Nothing
+here imports a framework.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import CommlibError
+from .grouped_ops import grouped_allreduce_async
+from .handle import synchronize
+from .ops import Average, Sum
+
+
+def check_staleness(staleness, allowed=(1,), refused=None) -> None:
+    """ValueError unless ``staleness`` is one of ``allowed`` (ints, not
+    bools), or when an option of ``refused`` ({what: whether it is set}) is set."""
+    if isinstance(staleness, bool) or staleness not in allowed:
+        raise ValueError(f"staleness must be 0 (synchronous) or 1 (one-step delayed "
+                         f"averaging), got {staleness!r}")
+    bad = [k for k, v in (refused or {}).items() if v]
+    if bad:
+        raise ValueError(f"staleness=1 cannot be combined with {', '.join(bad)}")
+
+
+def check_op(op, what: str) -> None:
+    """ValueError unless ``op`` is Average or Sum (what a delay averages with)."""
+    if op not in (Average, Sum):
+        raise ValueError(f"{what} supports op=Average or op=Sum only")
+
+
+def settle(pending) -> None:
+    """Waits for a pending exchange (anything with ``wait()``; None: nothing)
+    and drops its result, or its error (a lost rank): what an exchange whose
+    weights were replaced ends with."""
+    if pending is not None:
+        try:
+            pending.wait()
+        except CommlibError:
+            pass
+
+
+class PendingAverage:
+    """Starts averaging the numpy ``arrays`` across ``process_set`` into the
+    buffers ``out`` (a copy of them when ``communicate`` is False: no one to
+    average with). The arrays are read by the background thread after this
+    returns; they are kept alive until ``wait()``."""
+
+    def __init__(self, arrays, out, name, op=Average, scales=(1.0, 1.0), process_set=None,
+                 communicate=True):
+        self.inputs, self.out, self._handle = arrays, out, None
+        if communicate and arrays:
+            pre, post = scales
+            self._handle = grouped_allreduce_async(arrays, name=name, op=op,
+                                                   prescale_factor=pre, postscale_factor=post,
+                                                   process_set=process_set, out=out)
+        else:
+            for o, a in zip(out, arrays):
+                np.copyto(o, a)
+
+    def wait(self) -> list:
+        """The averaged arrays (``out``); a failed exchange raises again at every wait()."""
+        if self._handle is not None:
+            synchronize(self._handle)
+            self._handle = None
+        return self.out
+
+
+class OneStepDelay:
+    """The exchange in flight between two steps: at most one."""
+
+    def __init__(self):
+        self._pending = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether an exchange is in flight (started, not finished yet)."""
+        return self._pending is not None
+
+    def start(self, pending) -> None:
+        """Holds the started exchange ``pending`` (RuntimeError if one is held)."""
+        if self._pending is not None:
+            raise RuntimeError("an exchange is already pending; finish() it first")
+        self._pending = pending
+
+    def finish(self):
+        """Waits for the pending exchange and returns it, or None when none
+        is pending (a failed one stays pending: its error again)."""
+        pending = self._pending
+        if pending is not None:
+            pending.wait()
+            self._pending = None
+        return pending
+
+    def swap(self, start):
+        """finish(), then holds ``start()``'s new exchange; returns the finished one."""
+        previous = self.finish()
+        self.start(start())
+        return previous
+
+    def drop(self) -> None:
+        """Forgets the pending exchange once it has ended, failed or not."""
+        pending, self._pending = self._pending, None
+        settle(pending)
+
+
+class DelayedArrays:
+    """The one-step delay on numpy arrays: ``swap(arrays)`` waits for the
+    pending average and starts averaging ``arrays`` into buffers from
+    ``take(like)`` (the i-th one of a process set is named alike on every
+    rank)."""
+
+    def __init__(self, name, take, op=Average, scales=(1.0, 1.0), process_set=None,
+                 communicate=True):
+        self.name, self.op, self.scales, self.process_set = name, op, scales, process_set
+        self.communicate, self._take, self._delay = communicate, take, OneStepDelay()
+
+    @property
+    def pending(self) -> bool:
+        return self._delay.pending
+
+    def start(self, arrays) -> None:
+        """Starts averaging ``arrays`` (numpy) into buffers of its own."""
+        arrays = [np.asarray(a) for a in arrays]
+        self._delay.start(PendingAverage(arrays, self._take(arrays), self.name, self.op,
+                                         self.scales, self.process_set, self.communicate))
+
+    def finish(self):
+        """Waits for the pending average: (True, arrays), or (False, None)."""
+        done = self._delay.finish()
+        return (False, None) if done is None else (True, done.out)
+
+    def drop(self) -> None:
+        """Forgets a pending average once it has ended (failed or not)."""
+        self._delay.drop()
+
+    def swap(self, arrays):
+        """finish() then start(arrays); the previous average must have the
+        same shapes and dtypes (ValueError otherwise)."""
+        have, prev = self.finish()
+        arrays = [np.asarray(a) for a in arrays]
+        if have and [(a.shape, a.dtype) for a in prev] != [(a.shape, a.dtype) for a in arrays]:
+            raise ValueError("staleness=1: the gradients of this step do not match the pending "
+                             "ones (the variables with a gradient changed between steps)")
+        self.start(arrays)  # (into the buffers the previous swap lent out, if released)
+        return have, prev
+
+
+def apply_average(update, prediction=None, predict=False) -> None:
+    """``update()`` (the wrapped optimizer's rule) on the true weights; with
+    a weight ``prediction`` (before_update/predict/restore) and ``predict``
+    the model then holds the predicted weights."""
+    if prediction is not None:
+        prediction.before_update()
+    update()
+    if prediction is not None and predict:
+        prediction.predict()
+
+
+def present(grads) -> list:
+    """The positions of the gradients that are not None."""
+    return [i for i, g in enumerate(grads) if g is not None]
+
+
+def scatter(count: int, positions, values) -> list:
+    """A list of ``count`` Nones with ``values`` at ``positions``."""
+    out = [None] * count
+    for i, v in zip(positions, values):
+        out[i] = v
+    return out

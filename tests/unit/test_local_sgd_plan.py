@@ -1,0 +1,176 @@
+"""commlib.local_sgd, the framework-free rule of LocalSGD and DiLoCo, on
+numpy in one process: three simulated ranks train on their own quadratic
+losses with the plan's schedule and meeting steps (MeetingOps on numpy, an
+outer SGD with Nesterov momentum as torch.optim.SGD computes it), checked
+against a reference written out directly from the rule's formulas."""
+import numpy as np
+import pytest
+
+from commlib.local_sgd import LocalSGDPlan, MeetingOps, meeting_step, streaming_step
+
+RANKS, LR, OUTER_LR, MU, STEPS = 3, 0.1, 0.7, 0.9, 14
+SHAPES = [(3, 2), (4,)]  # two weights; one buffer of shape (2,) after them
+TARGETS = [[np.full(s, 1.0 + r + i) for i, s in enumerate(SHAPES)] for r in range(RANKS)]
+
+
+class NesterovSGD:
+    """torch.optim.SGD(lr, momentum, nesterov=True)'s step on numpy arrays."""
+
+    def __init__(self, lr, mu):
+        self.lr, self.mu, self.bufs = lr, mu, None
+
+    def __call__(self, grads, variables):
+        if self.bufs is None:
+            self.bufs = [g.copy() for g in grads]
+        else:
+            self.bufs = [self.mu * b + g for b, g in zip(self.bufs, grads)]
+        for v, g, b in zip(variables, grads, self.bufs):
+            v -= self.lr * (g + self.mu * b)
+
+
+def initial():
+    return [np.linspace(-1, 1, int(np.prod(s))).reshape(s) for s in SHAPES]
+
+
+def inner_step(model, buffers, r, step):
+    """SGD on 0.5 |w - target_r|^2; the buffer tracks a running statistic."""
+    for w, t in zip(model, TARGETS[r]):
+        w -= LR * (w - t)
+    buffers[0] += np.array([r, step], float)
+
+
+def simulate(plan, diloco):
+    """The rule as a frontend drives it (plan.in_warmup / meets_after,
+    meeting_step / streaming_step); the allreduce is a mean over the ranks."""
+    models = [initial() for _ in range(RANKS)]
+    buffers = [[np.zeros(2)] for _ in range(RANKS)]
+    outers = [NesterovSGD(OUTER_LR, MU) if diloco else None for _ in range(RANKS)]
+    ops = [MeetingOps(np.copyto, lambda v, d: np.add(v, d, out=v), o) for o in outers]
+    anchors, pending = [None] * RANKS, None
+
+    def averaged(r):
+        return models[r] + buffers[r]
+
+    def mean(values):
+        return [np.mean(v, axis=0) for v in zip(*values)]
+
+    for step in range(STEPS):
+        if plan.in_warmup(step):  # synchronous: the gradients are averaged
+            grads = mean([[w - t for w, t in zip(models[r], TARGETS[r])] for r in range(RANKS)])
+            for r in range(RANKS):
+                for w, g in zip(models[r], grads):
+                    w -= LR * g
+            continue
+        for r in range(RANKS):
+            if diloco and anchors[r] is None:
+                anchors[r] = [w.copy() for w in models[r]]
+            inner_step(models[r], buffers[r], r, step)
+        if not plan.meets_after(step):
+            continue
+        if plan.streaming:
+            if pending is not None:
+                average = mean(pending)
+                for r in range(RANKS):
+                    streaming_step(ops[r], models[r], buffers[r], average, pending[r], anchors[r])
+            pending = [[v.copy() for v in averaged(r)] for r in range(RANKS)]
+        else:
+            average = mean([averaged(r) for r in range(RANKS)])
+            for r in range(RANKS):
+                meeting_step(ops[r], models[r], buffers[r], average, anchors[r])
+    return models, buffers
+
+
+def reference(period, warmup, streaming, diloco):
+    """The rule's formulas, written out: meetings after local steps t with
+    (t + 1) % period == 0; DiLoCo: x <- anchor - lr (d + mu b), b <- mu b + d,
+    d = anchor - mean(x); streaming: x_r <- new(mean(s)) + (x_r - s_r)."""
+    x = [[w.copy() for w in initial()] + [np.zeros(2)] for _ in range(RANKS)]
+    n = len(SHAPES)
+    anchor, buf, snap = None, None, None
+    for step in range(STEPS):
+        if step < warmup:
+            g = [np.mean([x[r][i] - TARGETS[r][i] for r in range(RANKS)], axis=0)
+                 for i in range(n)]
+            for r in range(RANKS):
+                x[r][:n] = [w - LR * gi for w, gi in zip(x[r][:n], g)]
+            continue
+        if anchor is None:
+            anchor = [w.copy() for w in x[0][:n]]
+        for r in range(RANKS):
+            x[r][:n] = [w - LR * (w - t) for w, t in zip(x[r][:n], TARGETS[r])]
+            x[r][n] = x[r][n] + np.array([r, step], float)
+        if (step - warmup + 1) % period:
+            continue
+        source = snap if streaming else [list(v) for v in x]
+        if source is not None:
+            avg = [np.mean([source[r][i] for r in range(RANKS)], axis=0) for i in range(n + 1)]
+            new = avg
+            if diloco:
+                d = [a - m for a, m in zip(anchor, avg[:n])]
+                buf = d if buf is None else [MU * b + di for b, di in zip(buf, d)]
+                anchor = [a - OUTER_LR * (di + MU * b) for a, di, b in zip(anchor, d, buf)]
+                new = anchor + avg[n:]
+            for r in range(RANKS):
+                keep = [v - s for v, s in zip(x[r], source[r])] if streaming else [0] * (n + 1)
+                x[r] = [nv + k for nv, k in zip(new, keep)]
+        if streaming:
+            snap = [[v.copy() for v in x[r]] for r in range(RANKS)]
+    return x
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("diloco", [False, True])
+@pytest.mark.parametrize("period,warmup", [(3, 0), (4, 2)])
+def test_meetings_match_the_reference(period, warmup, streaming, diloco):
+    plan = LocalSGDPlan(period, warmup, streaming)
+    models, buffers = simulate(plan, diloco)
+    want = reference(period, warmup, streaming, diloco)
+    for r in range(RANKS):
+        for got, exp in zip(models[r] + buffers[r], want[r]):
+            np.testing.assert_allclose(got, exp, rtol=1e-12, atol=1e-12)
+    if not streaming:  # a synchronous meeting leaves the replicas identical
+        last_meeting = max(t for t in range(STEPS) if plan.meets_after(t))
+        if last_meeting == STEPS - 1:
+            for r in range(1, RANKS):
+                for a, b in zip(models[0], models[r]):
+                    np.testing.assert_array_equal(a, b)
+
+
+def test_schedule_on_ints_and_integer_arrays():
+    plan = LocalSGDPlan(period=3, warmup_steps=2)
+    assert [t for t in range(12) if plan.meets_after(t)] == [4, 7, 10]
+    assert [plan.in_warmup(t) for t in range(3)] == [True, True, False]
+    steps = np.arange(12, dtype=np.int64)  # element-wise, as a framework's tensor
+    np.testing.assert_array_equal(plan.meets_after(steps), [t in (4, 7, 10) for t in range(12)])
+    np.testing.assert_array_equal(plan.is_local(steps), steps >= 2)
+
+
+def test_meeting_step_assigns_and_keeps_the_anchor():
+    model, buffers = [np.array([1.0, 2.0])], [np.array([5.0])]
+    anchor = [np.array([0.0, 0.0])]
+    steps = []
+    ops = MeetingOps(np.copyto, lambda v, d: np.add(v, d, out=v),
+                     lambda grads, vs: steps.append([g.copy() for g in grads]))
+    meeting_step(ops, model, buffers, [np.array([3.0, 4.0]), np.array([7.0])], anchor)
+    np.testing.assert_array_equal(steps[0][0], [-3.0, -4.0])  # anchor - average
+    np.testing.assert_array_equal(model[0], [0.0, 0.0])  # the anchor (the outer step is a no-op)
+    np.testing.assert_array_equal(buffers[0], [7.0])  # buffers take the plain average
+    np.testing.assert_array_equal(anchor[0], model[0])
+    assert anchor[0] is not model[0]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(period=0), "period"), (dict(period=2.0), "period"), (dict(period=True), "period"),
+    (dict(period=2, warmup_steps=-1), "warmup_steps"), (dict(period=2, streaming=1), "streaming"),
+    (dict(period=2, average_buffers=None), "average_buffers")])
+def test_bad_options_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LocalSGDPlan(**kwargs)
+
+
+def test_outer_must_be_separate_and_is_named():
+    inner = NesterovSGD(0.1, 0.9)
+    with pytest.raises(ValueError, match="separate"):
+        LocalSGDPlan(2, outer=inner, inner=inner)
+    assert LocalSGDPlan(2, outer=NesterovSGD(0.7, 0.9), inner=inner).outer == "NesterovSGD"
+    assert LocalSGDPlan(2).outer is None
