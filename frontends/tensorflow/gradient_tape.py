@@ -30,19 +30,11 @@ from commlib.reduce_args import predivide_scales, resolve_op
 
 from . import mpi_ops
 from .compression import Compression
+from .variables import var_key  # noqa: F401 (commlib.tensorflow uses it from here)
 from .delayed_tape import DelayedTapeMixin, check_tape_staleness
 from .execution import check_dtype
 from .powersgd import as_config as as_powersgd
-from .powersgd import tape_reducer
-
-
-def var_key(v):
-    """A stable identity for a variable (a Keras variable and the tf.Variable
-    it wraps share one), for local sources and explicit groups."""
-    inner = getattr(v, "_value", None)
-    if isinstance(inner, tf.Variable):
-        return id(inner)
-    return id(v)
+from .powersgd_exchange import tape_reducer
 
 
 def make_allreduce_grads(device_dense='', device_sparse='', compression=Compression.none,

@@ -176,8 +176,7 @@ def _buffers(model) -> list:
 def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, process_set=None,
              streaming=False, average_buffers=True):
     """A copy of the Keras ``optimizer`` that trains locally and meets every
-<<<<<<< HEAD
-    ``period`` steps (see the module's docstring); pass it to
+    ``period`` steps (see commlib.local_sgd); pass it to
     ``model.compile`` or call its ``apply`` in a custom loop. ``model``'s
     trainable variables are the ones averaged. Build it on every rank (of
     ``process_set``) alike.
@@ -193,11 +192,6 @@ def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, pro
     stale). ``synchronize()`` holds a meeting now. For elastic training,
     ``KerasState`` also keeps its counters, DiLoCo's anchor and the outer
     optimizer's variables."""
-=======
-    ``period`` steps (see commlib.local_sgd); pass it to ``model.compile``
-    or call its ``apply`` in a custom loop. ``model``'s trainable variables
-    are the ones averaged. Build it on every rank (of ``process_set``) alike."""
->>>>>>> wip-d
     from .optimizer_base import DistributedOptimizerMixin, check_backend
 
     check_backend()

@@ -87,7 +87,8 @@ def powersgd_allreduce(compression, op, gradient_predivide_factor, process_set, 
     another compressor."""
     from commlib.reduce_args import predivide_scales
 
-    from ..powersgd import PowerSGDReducer, as_config, check_options
+    from ..powersgd import as_config, check_options
+    from ..powersgd_exchange import PowerSGDReducer
 
     config = as_config(compression)
     if config is None:
