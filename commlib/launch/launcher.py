@@ -7,9 +7,9 @@ Example::
 builds and runs (for MPICH hydra)::
 
     mpiexec -n 4 -hosts host1:2,host2:2 -genv COMMLIB_X value ... \\
-        <python> -I .../commlib/_rankwrap.py -- python train.py --epochs 10
+        <python> -I .../commlib/launch/_rankwrap.py -- python train.py --epochs 10
 
-Every rank runs through :mod:`commlib._rankwrap`, which prefixes output lines
+Every rank runs through :mod:`commlib.launch._rankwrap`, which prefixes output lines
 with the rank and records each rank's exit status, so that ``commlibrun`` can
 exit with the code of the rank that failed first and name it. The wrappers of
 ranks on the launcher's host send their lines to ``commlibrun`` over a Unix
@@ -36,7 +36,8 @@ import tempfile
 import threading
 import time
 
-from . import _rankwrap, failure_notes
+from .. import failure_notes
+from . import _rankwrap
 from .job_cleanup import JOB_ENV, JobReaper
 from .launch_checks import MAX_RANKS, MAX_SLOTS, check_hostfile, check_hosts, check_np  # noqa: F401
 from .restarts import ELASTIC_DIR_ENV, RESTART_ENV, Attempt, run_with_restarts
@@ -112,7 +113,7 @@ def flavour_env(flavour, environ):
 
 
 def rank_wrapper_command(python=sys.executable):
-    """Command prefix that runs :mod:`commlib._rankwrap` for each rank.
+    """Command prefix that runs :mod:`commlib.launch._rankwrap` for each rank.
 
     The wrapper is run by path in isolated mode (``-I``), so it does not
     import the ``commlib`` package and cannot be shadowed by the user's
@@ -240,7 +241,7 @@ class _Job:
     SIGINT to mpiexec's process group (hydra passes it on to the ranks, and an
     interrupted MPICH rank removes its shared-memory segments, which a
     SIGTERMed one leaves). Every process of the job on this host (found by
-    its token, commlib.job_cleanup: hydra's proxies and the ranks run in
+    its token, commlib.launch.job_cleanup: hydra's proxies and the ranks run in
     sessions of their own) is SIGKILLed if the job has not ended
     ``KILL_GRACE_SECONDS`` later, and when mpiexec has exited; then the
     segments the job left in /dev/shm are removed.

@@ -45,7 +45,7 @@ def unavailable_reason() -> str:
         return "needs torch built with CUDA (torch is not installed)"
     if not torch.cuda.is_available():
         return f"needs a CUDA device, and torch {torch.__version__} sees none"
-    from . import gpu
+    from .. import gpu
     status = gpu.load()
     if not status.nccl.usable:
         return f"needs NCCL: {status.nccl.error} (pip install nvidia-nccl-cu13)"
@@ -64,12 +64,12 @@ class CommlibCuda:
     name = "commlib"
 
     def __init__(self, commlib, torch, n):
-        from . import device_ops
-        from .dtypes import dtype_code
+        from .. import device_ops
+        from ..dtypes import dtype_code
         self.c, self.torch, self.n, self.ops, self.code = commlib, torch, n, device_ops, dtype_code
 
     def make(self, op, count, tdtype, dev):
-        from ._lib import lib
+        from .._lib import lib
         torch, n = self.torch, self.n
         code = self.code(np.dtype(str(tdtype).replace("torch.", "")))
         if op == "sendrecv":  # (the core's NCCL links, as commlib.torch's send/recv use them)
@@ -91,7 +91,7 @@ class CommlibCuda:
                                                           stream=stream, reduce_op=self.c.Sum, **extra))
 
     def _ping_pong(self, count, code, tdtype, dev):
-        from . import device_p2p
+        from .. import device_p2p
         torch, me = self.torch, self.c.rank()
         x, out = torch.ones(count, dtype=tdtype, device=dev), torch.empty(count, dtype=tdtype, device=dev)
         stream = torch.cuda.current_stream(dev).cuda_stream

@@ -10,7 +10,7 @@ MPICH's own segments (``/dev/shm/mpich_shm_*``) are learnt from the job's
 processes' open files and mappings while they run. Only those names are ever
 removed: never another job's.
 
-Standard library only (see commlib.launcher).
+Standard library only (see commlib.launch.launcher).
 """
 
 import glob

@@ -2,7 +2,7 @@
 
 ``commlibrun`` starts every rank as::
 
-    mpiexec ... <python> -I .../commlib/_rankwrap.py -- <user command...>
+    mpiexec ... <python> -I .../commlib/launch/_rankwrap.py -- <user command...>
 
 The wrapper runs the user command as a child process and
 

@@ -1,8 +1,8 @@
 """Finding the MPI launcher (``mpiexec``/``mpirun``) and telling which MPI it,
 and the library that mpi4py loads, belong to: MPICH (hydra) or Open MPI.
 
-Used by ``commlibrun`` (commlib.launcher) and ``commlibrun --check-build``
-(commlib.check_build). Only the standard library is imported, and mpi4py is
+Used by ``commlibrun`` (commlib.launch.launcher) and ``commlibrun --check-build``
+(commlib.launch.check_build). Only the standard library is imported, and mpi4py is
 only probed in a separate interpreter.
 """
 

@@ -2,7 +2,7 @@
 launcher sees them: mpiexec wraps a large ``-np`` around (4294967297 ran one
 rank) and dies on a hostfile slot count of 0 (SIGFPE) or hangs on -1.
 
-Standard library only (see commlib.launcher).
+Standard library only (see commlib.launch.launcher).
 """
 
 import re
