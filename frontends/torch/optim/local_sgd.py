@@ -64,10 +64,10 @@ import torch
 from commlib.process_sets import check_process_set, included, set_size
 from commlib.signature import check_same_everywhere
 
-from . import mpi_ops as _ops
+from .. import mpi_ops as _ops
 from ._grad_exchange import PendingGradients, assign_grads, settle
 from .streaming import PendingParameters
-from .mpi_ops import Average, global_process_set
+from ..mpi_ops import Average, global_process_set
 
 _instances = collections.defaultdict(itertools.count)
 

@@ -23,8 +23,8 @@ from contextlib import contextmanager
 
 import torch
 
-from . import mpi_ops as _ops
-from .mpi_ops import Adasum
+from .. import mpi_ops as _ops
+from ..mpi_ops import Adasum
 from .optimizer import DistributedOptimizerBase
 
 

@@ -11,7 +11,7 @@ from commlib.process_sets import check_process_set, global_process_set, set_size
 from commlib.reduce_args import reducescatter_grad_scale, resolve_op
 
 from .compression import Compression
-from .cuda_dispatch import on_cuda
+from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
 from .gather_ops import allgather, check_group, grouped_allgather_async
 from .tensor_io import check_tensor, as_tensor, input_array

@@ -33,7 +33,7 @@ set of one rank) the same one-step delay applies to the local gradients.
 
 ``weight_prediction=True`` (opt-in) computes each step's gradients at a
 prediction of the weights they will be applied to, p + (p - p_prev), instead
-of at p (see commlib.torch.weight_prediction): the model holds the predicted
+of at p (see commlib.torch.optim.weight_prediction): the model holds the predicted
 weights between steps, and ``synchronize()`` puts the true ones back (call it
 before evaluating, saving or loading the model).
 """
@@ -42,7 +42,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from ._grad_exchange import PendingGradients, assign_grads, settle
-from .mpi_ops import Average, Sum
+from ..mpi_ops import Average, Sum
 from .optimizer import DistributedOptimizerBase
 from .weight_prediction import WeightPrediction
 

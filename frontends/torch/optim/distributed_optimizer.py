@@ -11,10 +11,11 @@ from commlib.process_sets import check_process_set, included
 
 from commlib.reduce_args import resolve_op
 
-from . import adasum_optimizer, powersgd, zero
-from .compression import Compression
+from . import adasum_optimizer, powersgd
+from ..sharding import zero
+from ..collectives.compression import Compression
 from .delayed import delayed_optimizer
-from .mpi_ops import Adasum, Average, global_process_set
+from ..mpi_ops import Adasum, Average, global_process_set
 from .optimizer import DistributedOptimizerBase
 
 
@@ -33,12 +34,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             appear in error messages). Default: generated names.
         compression: Compression.none, Compression.fp16, Compression.bf16 or
             Compression.powersgd(rank=2, ...) (low-rank compression with error
-            feedback of all gradients together; see commlib.torch.powersgd).
+            feedback of all gradients together; see commlib.torch.optim.powersgd).
         backward_passes_per_step: backward passes accumulated locally before
             the gradients are exchanged (gradient accumulation).
         op: Average (default), Sum or Adasum: each rank steps with its own
             gradients and the parameter updates are combined by Adasum
-            (see commlib.torch.adasum_optimizer; the learning rate is not
+            (see commlib.torch.optim.adasum_optimizer; the learning rate is not
             scaled by the number of ranks).
         gradient_predivide_factor: with Average, gradients are divided by this
             factor before the sum and by size/factor after it.
@@ -54,13 +55,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             outside the set it does not communicate (local gradients).
         staleness: 0 (default) synchronous; 1 one-step delayed averaging,
             where ``step()`` applies the previous step's averaged gradients
-            while this step's travel (see commlib.torch.delayed).
+            while this step's travel (see commlib.torch.optim.delayed).
         weight_prediction: with staleness=1, compute the gradients at the
             predicted weights p + (p - p_prev) that they will be applied to
-            (opt-in; see commlib.torch.weight_prediction).
+            (opt-in; see commlib.torch.optim.weight_prediction).
         zero_stage: 0 (default: every rank keeps the whole optimizer state),
             1 (optimizer state sharded across the set's ranks) or 2 (also
-            the gradients); see commlib.torch.zero. Non-members of the set
+            the gradients); see commlib.torch.sharding.zero. Non-members of the set
             get the unsharded optimizer.
         bucket_elements: with zero_stage > 0, the largest flat bucket of
             parameters, in elements (default 2**23).

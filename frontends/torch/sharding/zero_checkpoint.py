@@ -27,7 +27,7 @@ from commlib.process_sets import set_rank, set_size
 from commlib.sharding import Bucket, locate
 
 from . import fully_shard_checkpoint as _fsdp
-from . import mpi_ops as _ops
+from .. import mpi_ops as _ops
 from .zero_state import (group_hyperparameters, is_elementwise, params_from_full,
                          shard_state_from_saved, torch_order)
 

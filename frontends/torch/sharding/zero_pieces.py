@@ -17,8 +17,8 @@ import torch
 import commlib as _c
 from commlib.sharding import Bucket
 
-from .handles import Handle
-from .tensor_io import as_array
+from ..collectives.handles import Handle
+from ..collectives.tensor_io import as_array
 
 
 def grad_pieces(plan: Bucket, grads: list) -> tuple[list, list]:

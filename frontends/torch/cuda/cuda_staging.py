@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .handles import Handle
+from ..collectives.handles import Handle
 
 
 def _pinned() -> bool:

@@ -3,7 +3,7 @@
 travel as float16), ``Compression.bf16`` (as bfloat16: float32's range with
 fewer mantissa bits, so large gradients do not overflow);
 ``Compression.powersgd(rank=2, ...)`` (low-rank, with error feedback: for
-DistributedOptimizer only, see commlib.torch.powersgd)."""
+DistributedOptimizer only, see commlib.torch.optim.powersgd)."""
 from __future__ import annotations
 
 import torch

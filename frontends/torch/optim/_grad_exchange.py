@@ -19,8 +19,8 @@ import torch
 
 from commlib.errors import CommlibError
 
-from . import mpi_ops as _ops
-from .compression import Compression
+from .. import mpi_ops as _ops
+from ..collectives.compression import Compression
 
 
 class PendingGradients:

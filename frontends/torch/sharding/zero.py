@@ -66,9 +66,9 @@ import commlib as _c
 from commlib.process_sets import set_rank, set_size
 from commlib.sharding import check_zero_stage, plan_buckets
 
-from . import mpi_ops as _ops
-from .compression import Compression
-from .tensor_io import as_array
+from .. import mpi_ops as _ops
+from ..collectives.compression import Compression
+from ..collectives.tensor_io import as_array
 from .zero_buckets import FlatBucket
 from .zero_pieces import reducescatter_grads_async
 from .zero_state import (group_hyperparameters, is_elementwise, owned_elements, owned_state,

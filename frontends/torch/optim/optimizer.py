@@ -56,9 +56,9 @@ from commlib.objects import allgather_object
 from commlib.process_sets import included, set_size
 from commlib.reduce_args import predivide_scales, resolve_op
 
-from . import mpi_ops as _ops
+from .. import mpi_ops as _ops
 from . import sparse_as_dense as _sad
-from .mpi_ops import Average, Sum
+from ..mpi_ops import Average, Sum
 
 # Names of the i-th DistributedOptimizer of a process set agree across the
 # set's members (counted per set, so optimizers on other sets do not shift them).

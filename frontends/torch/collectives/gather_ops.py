@@ -12,7 +12,7 @@ from commlib.ops import Average, auto_name
 from commlib.process_sets import check_process_set, global_process_set, set_rank
 
 from .allreduce_ops import allreduce, grouped_allreduce_async
-from .cuda_dispatch import on_cuda
+from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
 from .tensor_io import check_tensor, as_array, as_tensor, input_array, split_list
 

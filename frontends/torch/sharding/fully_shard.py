@@ -41,7 +41,7 @@ import torch
 from commlib.process_sets import check_process_set, set_rank, set_size
 from commlib.sharding import plan_buckets
 
-from . import mpi_ops as _ops
+from .. import mpi_ops as _ops
 from .zero_pieces import reducescatter_grads_async
 
 _count = itertools.count()

@@ -17,8 +17,8 @@ from commlib._lib import lib
 from commlib.ops import Adasum, Average, Max, Min, Product, auto_name, reducescatter_rows
 from commlib.process_sets import set_rank
 
-from .handles import Handle
-from .tensor_io import core_code
+from ..collectives.handles import Handle
+from ..collectives.tensor_io import core_code
 
 # What NCCL reduces natively: no 16-bit integers or bools; Average and scale
 # factors on floating-point data only, scale factors with Sum/Average only.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import mpi_ops as _ops
+from .. import mpi_ops as _ops
 
 
 class PendingParameters:

@@ -22,7 +22,7 @@ from commlib.ops import check_root
 from commlib.process_sets import set_rank, set_size
 from commlib.sharding import Bucket, Slot, locate
 
-from . import mpi_ops as _ops
+from .. import mpi_ops as _ops
 from .zero_state import (group_hyperparameters, is_elementwise, params_from_full,
                          shard_state_from_saved)
 

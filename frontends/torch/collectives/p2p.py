@@ -45,10 +45,10 @@ from commlib.p2p import blocking_at, plain_peer_and_tag
 from commlib.pipeline.tags import check_forward_tag, gradient_tag
 from commlib.submit import NULL, address, shape_array
 
-from . import cuda_p2p
-from .cuda_staging import host_buffer, stage_in
+from ..cuda import cuda_p2p
+from ..cuda.cuda_staging import host_buffer, stage_in
 from .handles import synchronize
-from .mpi_ops import Handle, check_tensor
+from ..mpi_ops import Handle, check_tensor
 from .tensor_io import check_receive_target, core_code
 
 __all__ = ["send", "recv", "isend", "irecv", "sendrecv", "gradient_tag"]

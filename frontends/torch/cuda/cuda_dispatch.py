@@ -22,7 +22,7 @@ from commlib.process_sets import check_process_set
 
 from . import cuda_nccl
 from .cuda_staging import staged_call
-from .tensor_io import check_tensor, split_list
+from ..collectives.tensor_io import check_tensor, split_list
 
 _noted: set = set()
 

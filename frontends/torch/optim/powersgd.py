@@ -25,8 +25,8 @@ import torch
 
 from commlib.powersgd import PowerSGD, PowerSGDState
 
-from . import mpi_ops as _ops
-from .mpi_ops import Average, Sum
+from .. import mpi_ops as _ops
+from ..mpi_ops import Average, Sum
 from .optimizer import DistributedOptimizerBase
 
 _HALF = (torch.float16, torch.bfloat16)

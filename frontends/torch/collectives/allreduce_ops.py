@@ -11,7 +11,7 @@ from commlib.process_sets import check_process_set, global_process_set
 from commlib.reduce_args import resolve_op
 
 from .compression import Compression
-from .cuda_dispatch import on_cuda
+from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
 from .tensor_io import as_array, as_tensor, check_tensor, describe, input_array
 

@@ -1,5 +1,5 @@
 """Point-to-point on CUDA tensors through NCCL (commlib.device_p2p), for
-frontends/torch/p2p.py.
+frontends/torch/collectives/p2p.py.
 
 A send of a CUDA tensor hands the core its device pointer and the current
 stream: the core's link waits on the device for the kernels queued before
@@ -22,8 +22,8 @@ import torch
 
 from commlib import device_p2p, gpu
 
-from .handles import Handle
-from .tensor_io import check_receive_target, check_tensor, core_code, torch_dtype
+from ..collectives.handles import Handle
+from ..collectives.tensor_io import check_receive_target, check_tensor, core_code, torch_dtype
 
 
 def is_nccl_tensor(t) -> bool:
