@@ -8,7 +8,7 @@ deep learning, in the tradition of Horovod.
 Launch N copies with ``commlibrun -np N python script.py`` (or mpirun).
 
 The public names load lazily (PEP 562): importing ``commlib`` alone starts
-neither MPI nor the compiled core, so the launcher (``commlib.launcher``) and
+neither MPI nor the compiled core, so the launcher (``commlib.launch.launcher``) and
 ``commlibrun --check-build`` work even where the core cannot load.
 """
 import importlib as _importlib

@@ -73,7 +73,7 @@ from typing import Any, Callable
 from . import ops, runtime
 from .errors import CommlibError
 from .objects import allgather_object, broadcast_object
-from .restarts import ELASTIC_DIR_ENV, RESTART_ENV  # noqa: F401 - RESTART_ENV re-exported
+from .launch.restarts import ELASTIC_DIR_ENV, RESTART_ENV  # noqa: F401 - RESTART_ENV re-exported
 _MAGIC = b"COMMLIB-COMMIT 1\n"
 _COMMIT_NAME = re.compile(r"commit-(\d{10})")
 

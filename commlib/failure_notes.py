@@ -16,7 +16,7 @@ import os
 import re
 import sys
 
-from ._rankwrap import STATUS_DIR_ENV  # (set by commlibrun for each rank's wrapper)
+from .launch._rankwrap import STATUS_DIR_ENV  # (set by commlibrun for each rank's wrapper)
 
 _installed = False
 _rank = None

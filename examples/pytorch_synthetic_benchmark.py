@@ -33,7 +33,7 @@ under the same load:
         --mode sync,staleness1,local-sgd,local --period 8
 
 ``--compression powersgd:2`` (mode sync) sends the gradients as PowerSGD
-rank-2 factors (commlib.torch.powersgd) from the second step on; fp16 and
+rank-2 factors (commlib.torch.optim.powersgd) from the second step on; fp16 and
 bf16 as casts (``--fp16-allreduce`` is ``--compression fp16``).
 
 Sharded data parallelism: modes zero1 and zero2 (DistributedOptimizer with

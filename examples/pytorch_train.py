@@ -8,7 +8,7 @@ trains on its own shard of each epoch's shuffle.
     commlibrun -np 2 python examples/pytorch_train.py
     commlibrun -np 2 python examples/pytorch_train.py --epochs 10 --fp16-allreduce
 
-(``python -m commlib.launcher`` is the same as ``commlibrun``.) The script is
+(``python -m commlib.launch`` is the same as ``commlibrun``.) The script is
 written as for Horovod: replacing ``commlib.torch`` by ``horovod.torch``
 in the import gives the Horovod version.
 """

@@ -49,7 +49,7 @@ def run_ranks(np_: int, script: str, *args: str, timeout: float = 120, env: dict
     full_env.setdefault("COMMLIB_STALL_CHECK_TIME", "30")
     if env:
         full_env.update(env)
-    cmd = [sys.executable, "-m", "commlib.launcher", "-np", str(np_), "--timeout", str(timeout),
+    cmd = [sys.executable, "-m", "commlib.launch", "-np", str(np_), "--timeout", str(timeout),
            *launcher_args, sys.executable, str(WORKERS / script), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=full_env,
                           cwd=str(ROOT))

@@ -23,7 +23,7 @@ A TF2 script written for Horovod runs after changing its import::
 and ``commlibrun -np 4 python train.py`` launches it. Keras users import
 ``commlib.tensorflow.keras`` (DistributedOptimizer, callbacks).
 
-Collectives work eagerly and inside tf.function (see mpi_ops for how names
+Collectives work eagerly and inside tf.function (see collectives for how names
 and ordering are kept consistent across ranks). Process sets work as in
 Horovod: ``hvd.init(process_sets=[hvd.ProcessSet([0, 2]), ...])`` or
 ``hvd.add_process_set([0, 2])`` (on every rank) registers a set; the
@@ -54,7 +54,7 @@ from commlib.reduce_args import predivide_scales, resolve_op
 from ._dispatch import is_keras_optimizer, is_tf_legacy_optimizer, is_tf_optimizer
 from .compression import Compression
 from .execution import communication_stats
-from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
+from .collectives.state_sync import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
 from .delayed_tape import DelayedGradients
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .p2p import gradient_tag, recv, send

@@ -1,5 +1,5 @@
 """How commlib.tensorflow runs a collective: eagerly, or inside tf.function
-as one ordered ``tf.numpy_function`` op named from the graph (see mpi_ops for
+as one ordered ``tf.numpy_function`` op named from the graph (see collectives for
 the rules that keep ranks in step); how generated names stay in step across
 ranks after errors; its errors as TensorFlow's (see errors); the dtypes it
 accepts, and how dtypes the core cannot reduce travel as bytes; the time

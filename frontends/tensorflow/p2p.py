@@ -19,7 +19,7 @@ shape; messages are matched by (source, tag, process set). Eagerly the
 receiver learns the dtype too; inside tf.function ``recv`` needs ``dtype``
 (a graph's output dtype is fixed when it is traced) and takes an optional
 ``shape`` for the static shape (unknown otherwise). Inside tf.function each
-send/recv is one ordered ``tf.numpy_function`` op (see mpi_ops), so they run
+send/recv is one ordered ``tf.numpy_function`` op (see collectives), so they run
 in program order.
 
 ``send`` returns a scalar token; when the tensor is differentiable, the

@@ -27,13 +27,13 @@ only (Average divides by the set's size)::
 
 ``op=Adasum`` (adaptive summation, floating-point tensors) in the allreduces;
 ``DistributedOptimizer(op=Adasum)`` steps locally and Adasum-reduces the
-parameter deltas (commlib.torch.adasum_optimizer).
+parameter deltas (commlib.torch.optim.adasum_optimizer).
 Timelines: start_timeline/stop_timeline (see commlib.timeline). Elastic training is restart from the
 last commit (``hvd.elastic``, see commlib.torch.elastic and ``commlibrun --restarts``).
 """
-from .compression import Compression
-from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
-                        broadcast_parameters)
+from .collectives.compression import Compression
+from .collectives.state_sync import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                                     broadcast_parameters)
 from .mpi_ops import (Adasum, Average, CommlibError, Handle, Max, Min, Product, ProcessSet, Sum,
                       add_process_set, allgather, allgather_async, allreduce, allreduce_,
                       allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier,
@@ -46,16 +46,16 @@ from .mpi_ops import (Adasum, Average, CommlibError, Handle, Max, Min, Product, 
                       mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, poll, rank,
                       reducescatter, reducescatter_async, remove_process_set, rocm_built, shutdown,
                       size, sparse_allreduce_async, synchronize)
-from .distributed_optimizer import DistributedOptimizer
-from .memory import memory_report
-from .fully_shard import full_parameters, fully_shard
-from .zero_checkpoint import full_state_dict, load_sharded, save_sharded
-from .p2p import gradient_tag, irecv, isend, recv, send, sendrecv
+from .optim.distributed_optimizer import DistributedOptimizer
+from .optim.memory import memory_report
+from .sharding.fully_shard import full_parameters, fully_shard
+from .sharding.zero_checkpoint import full_state_dict, load_sharded, save_sharded
+from .collectives.p2p import gradient_tag, irecv, isend, recv, send, sendrecv
 from commlib.parallel_grid import ParallelGrid
-from .local_sgd import LocalSGD
+from .optim.local_sgd import LocalSGD
 from .sync_batch_norm import SyncBatchNorm
 from . import elastic  # hvd.elastic.TorchState, hvd.elastic.run
-from ._dispatch import is_torch_optimizer
+from .optim._dispatch import is_torch_optimizer
 from commlib.dispatch import register_optimizer
 from commlib.timeline import start_timeline, stop_timeline
 from commlib.errors import (CollectiveMismatchError, HorovodInternalError, HostsUpdatedInterrupt,

@@ -31,7 +31,7 @@ import torch
 
 from commlib.elastic import ELASTIC_DIR_ENV, ElasticStateError, ObjectState, State, run  # noqa: F401
 
-from .functions import broadcast_parameters, broadcast_state
+from .collectives.state_sync import broadcast_parameters, broadcast_state
 
 # The state_dict key suffix of fully_shard's flat parameter shards.
 SHARD_KEY = "_commlib_flat_shard"

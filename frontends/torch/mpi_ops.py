@@ -37,8 +37,6 @@ Differences from horovod.torch, all deliberate:
 """
 from __future__ import annotations
 
-import torch
-
 import commlib as _c
 from commlib import CommlibError  # noqa: F401 - re-exported
 from commlib.basics import init, is_homogeneous  # noqa: F401 - re-exported
@@ -50,17 +48,19 @@ from commlib.process_sets import (  # noqa: F401 - re-exported
     ProcessSet, add_process_set, check_process_set, global_process_set, remove_process_set)
 
 # The collectives, one module per family; this module gathers Horovod's namespace.
-from .allreduce_ops import (allreduce, allreduce_,  # noqa: F401
-                            allreduce_async, allreduce_async_, grouped_allreduce,
-                            grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_)
-from .gather_ops import (allgather, allgather_async, alltoall, alltoall_async,  # noqa: F401
-                         broadcast, broadcast_, broadcast_async, broadcast_async_, grouped_allgather,
-                         grouped_allgather_async)
-from .handles import Handle, poll, synchronize  # noqa: F401 - re-exported
-from .reducescatter_ops import (grouped_reducescatter, grouped_reducescatter_async,  # noqa: F401
-                                reducescatter, reducescatter_async)
-from .sparse_allreduce import sparse_allreduce_async  # noqa: F401 - re-exported
-from .tensor_io import SUPPORTED_DTYPES, check_tensor  # noqa: F401 - re-exported
+from .collectives.control import barrier, join  # noqa: F401 - re-exported
+from .collectives.allreduce_ops import (allreduce, allreduce_,  # noqa: F401
+                                        allreduce_async, allreduce_async_, grouped_allreduce,
+                                        grouped_allreduce_, grouped_allreduce_async,
+                                        grouped_allreduce_async_)
+from .collectives.gather_ops import (allgather, allgather_async, alltoall, alltoall_async,  # noqa: F401
+                                     broadcast, broadcast_, broadcast_async, broadcast_async_,
+                                     grouped_allgather, grouped_allgather_async)
+from .collectives.handles import Handle, poll, synchronize  # noqa: F401 - re-exported
+from .collectives.reducescatter_ops import (grouped_reducescatter, grouped_reducescatter_async,  # noqa: F401
+                                            reducescatter, reducescatter_async)
+from .collectives.sparse_allreduce import sparse_allreduce_async  # noqa: F401 - re-exported
+from .collectives.tensor_io import SUPPORTED_DTYPES, check_tensor  # noqa: F401 - re-exported
 
 # ---------------------------------------------------------------- basics
 
@@ -73,27 +73,6 @@ local_rank = _c.local_rank
 cross_size = _c.cross_size
 cross_rank = _c.cross_rank
 mpi_threads_supported = _c.mpi_threads_supported
-
-
-# ---------------------------------------------------------------- barrier, join
-
-def barrier(process_set=global_process_set) -> None:
-    """Returns once every rank (of ``process_set``) has called barrier()."""
-    _c.barrier(process_set=check_process_set(process_set))
-
-
-def join(device=-1) -> int:
-    """This rank has no more batches: until every rank has called join(), it
-    takes part in the other ranks' collectives (contributing zeros to
-    allreduce, so DistributedOptimizer's Average divides the others' sum by
-    the number of ranks; no rows to allgather; receiving broadcasts), CUDA
-    ones included: those run on ``device`` (default: the device of this
-    rank's own CUDA collectives, else torch's current CUDA device once CUDA
-    is in use). Returns the rank that called join() last, the same on every
-    rank."""
-    if (device is None or int(device) < 0) and torch.cuda.is_initialized():  # (never starts CUDA)
-        device = torch.cuda.current_device()
-    return _c.join(device=-1 if device is None else int(device))
 
 
 __all__ = [

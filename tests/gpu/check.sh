@@ -98,7 +98,7 @@ step() {
 }
 
 # commlibrun, with the interpreter by absolute path (../shared/GPU.md)
-RUN=("$PY" -m commlib.launcher)
+RUN=("$PY" -m commlib.launch)
 
 if [ "$DRY" = 0 ]; then
   : > "$REPORT" || exit 2

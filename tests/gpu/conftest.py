@@ -1,6 +1,6 @@
 """tests/gpu/: commlib on a CUDA GPU. Every test here is skipped, with the
 reason, unless torch sees a CUDA device and commlib can load NCCL and the
-CUDA runtime (commlib.bench_cuda.unavailable_reason(); ``commlibrun
+CUDA runtime (commlib.bench.bench_cuda.unavailable_reason(); ``commlibrun
 --check-build`` shows the libraries).
 
 Several ranks share one GPU as ../shared/GPU.md describes: every rank gets
@@ -21,7 +21,7 @@ def pytest_collection_modifyitems(config, items):
     here = [item for item in items if "tests/gpu/" in str(item.fspath).replace("\\", "/")]
     if not here:
         return
-    from commlib.bench_cuda import unavailable_reason
+    from commlib.bench.bench_cuda import unavailable_reason
     why = unavailable_reason()
     if why:
         marker = pytest.mark.skip(reason=f"GPU test: {why}")

@@ -46,7 +46,7 @@ def unavailable_reason() -> str | None:
     for tool in ("ip", "unshare", "mount"):
         if shutil.which(tool) is None:
             return f"'{tool}' is not installed"
-    from commlib.mpi_discovery import MPICH, LauncherError, detect_flavour, find_mpiexec, mpiexec_version_text
+    from commlib.launch.mpi_discovery import MPICH, LauncherError, detect_flavour, find_mpiexec, mpiexec_version_text
     try:
         if detect_flavour(mpiexec_version_text(find_mpiexec())).name != MPICH:
             return "the multi-host tests launch through MPICH's hydra (HYDRA_LAUNCHER_EXEC)"
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                 hosts.set_rate(i, args.rate)
             env = {**os.environ, **hosts.env(),
                    "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-            cmd = [sys.executable, "-m", "commlib.launcher", "-np", str(args.hosts * args.per_host),
+            cmd = [sys.executable, "-m", "commlib.launch", "-np", str(args.hosts * args.per_host),
                    "-H", hosts.host_list(args.per_host), *program]
             return subprocess.run(cmd, env=env).returncode
         finally:

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(200)
 def test_bench_cli_prints_tables_and_fusion_cases():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "commlib.launcher", "-np", "2", "--timeout", "150", sys.executable, "-m",
+    cmd = [sys.executable, "-m", "commlib.launch", "-np", "2", "--timeout", "150", sys.executable, "-m",
            "commlib.bench", "--ops", "allreduce,allgather,reducescatter", "--max-bytes", "4K", "--no-gloo"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=str(ROOT))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -103,7 +103,7 @@ def start(tmp_path, np_, mode, *, prefix=(), **env):
     marker = uuid.uuid4().hex
     prog = tmp_path / "rank_prog.py"
     prog.write_text(textwrap.dedent(RANK_PROG))
-    cmd = [*prefix, sys.executable, "-m", "commlib.launcher", "-np", str(np_), sys.executable, str(prog), mode]
+    cmd = [*prefix, sys.executable, "-m", "commlib.launch", "-np", str(np_), sys.executable, str(prog), mode]
     proc = subprocess.Popen(cmd, env=job_env(marker, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     return proc, Watch(marker)

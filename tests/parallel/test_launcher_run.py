@@ -1,7 +1,7 @@
 """End-to-end tests of commlibrun with the installed MPI (2 and 3 ranks).
 
 The rank programs use mpi4py, not commlib's core, so these tests only need
-the launcher.  The launcher is run as ``python -m commlib.launcher`` so the
+the launcher.  The launcher is run as ``python -m commlib.launch`` so the
 console script does not have to be installed.
 """
 
@@ -38,7 +38,7 @@ def write_script(tmp_path, body):
 def commlibrun(args, timeout=100, **extra_env):
     """Run commlibrun to completion; return (CompletedProcess, seconds taken)."""
     start = time.monotonic()
-    cmd = [sys.executable, "-m", "commlib.launcher", *args]
+    cmd = [sys.executable, "-m", "commlib.launch", *args]
     with subprocess.Popen(cmd, env=launcher_env(**extra_env), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True) as proc:
         try:
@@ -213,7 +213,7 @@ def test_sigint_to_launcher_stops_job(tmp_path):
         print("ready", flush=True)
         time.sleep(600)
     """)
-    proc = subprocess.Popen([sys.executable, "-m", "commlib.launcher", "-np", "2", sys.executable, prog, marker],
+    proc = subprocess.Popen([sys.executable, "-m", "commlib.launch", "-np", "2", sys.executable, prog, marker],
                             env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().endswith("ready\n")
@@ -233,7 +233,7 @@ def test_program_found_on_callers_path(tmp_path):
     the ranks' PATH, as Open MPI's mpirun started by its absolute path does
     (here a wrapper around the installed mpiexec plays that part, and a
     ``python3`` shim in that directory comes after the caller's on PATH)."""
-    from commlib.launcher import find_mpiexec
+    from commlib.launch.launcher import find_mpiexec
 
     caller_bin, mpi_bin = tmp_path / "venv" / "bin", tmp_path / "mpi" / "bin"
     for directory, label in ((caller_bin, "caller"), (mpi_bin, "launcher")):

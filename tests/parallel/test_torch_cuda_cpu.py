@@ -27,7 +27,7 @@ def test_staging_on_cpu(ranks, n, env, path):
 def test_nccl_reducible():
     import torch
     from commlib.ops import Adasum, Average, Max, Min, Product, Sum
-    from commlib.torch.cuda_nccl import can_reduce
+    from commlib.torch.cuda.cuda_nccl import can_reduce
     assert can_reduce(torch.float16, Average, 1.0, 1.0)
     assert can_reduce(torch.bfloat16, Sum, 0.5, 2.0)
     assert can_reduce(torch.int64, Product, 1.0, 1.0)
@@ -60,7 +60,7 @@ def test_device_buffer_dtype_codes_need_no_ml_dtypes():
     code = (
         "import sys, torch\n"
         "from commlib.dtypes import code_of\n"
-        "from commlib.torch.cuda_nccl import _buffer\n"
+        "from commlib.torch.cuda.cuda_nccl import _buffer\n"
         "assert 'ml_dtypes' not in sys.modules, 'imported ml_dtypes: this test proves nothing'\n"
         "for name in ('bfloat16', 'float16', 'float32', 'int64', 'uint8', 'bool'):\n"
         "    got = _buffer(torch.zeros(3, dtype=getattr(torch, name))).dtype\n"

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 import commlib  # noqa: E402
 import commlib.gpu  # noqa: E402
-import commlib.torch.handles as th  # noqa: E402
+import commlib.torch.collectives.handles as th  # noqa: E402
 
 
 class _Stream:

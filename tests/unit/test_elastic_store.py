@@ -1,7 +1,7 @@
 """One process, no MPI: the commit files of commlib.elastic (atomic write,
 header checks, choosing the newest commit every rank holds), the in-memory
 commit/restore of a State, and commlibrun's restart loop
-(commlib.restarts.run_with_restarts)."""
+(commlib.launch.restarts.run_with_restarts)."""
 import io
 import os
 
@@ -10,7 +10,7 @@ import pytest
 
 from commlib import elastic
 from commlib.elastic import CommitStore, ElasticStateError, newest_common
-from commlib.restarts import Attempt, run_with_restarts
+from commlib.launch.restarts import Attempt, run_with_restarts
 
 
 def test_newest_common():

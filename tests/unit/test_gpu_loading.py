@@ -13,7 +13,7 @@ import pytest
 
 import commlib.config
 import commlib.gpu as gpu
-from commlib import check_build
+from commlib.launch import check_build
 
 REPO = Path(__file__).resolve().parents[2]
 WHEEL = gpu.wheel_library()

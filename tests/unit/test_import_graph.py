@@ -196,3 +196,14 @@ def test_no_export_is_shadowed_by_a_submodule():
         importlib.import_module(f"commlib.{module}")
     for name in commlib.__all__:
         assert not isinstance(getattr(commlib, name), types.ModuleType), name
+
+
+def test_horovod_module_names_only_re_export():
+    """Horovod's module names stay importable, as re-exports of the modules
+    that hold the code (collectives/ of each frontend): no definitions."""
+    for name in ("commlib.torch.mpi_ops", "commlib.torch.functions",
+                 "commlib.tensorflow.mpi_ops", "commlib.tensorflow.functions"):
+        tree = ast.parse(MODULES[name].read_text())
+        defined = [node.name for node in tree.body
+                   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        assert not defined, f"{name} defines {defined}"

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from commlib import _rankwrap, check_build, launcher
-from commlib.launcher import MPICH, OPENMPI, LauncherError, MPIFlavour
+from commlib.launch import _rankwrap, check_build, launcher
+from commlib.launch.launcher import MPICH, OPENMPI, LauncherError, MPIFlavour
 
 MPICH_VERSION_TEXT = """\
 HYDRA build details:
@@ -461,7 +461,7 @@ def test_host_lists_accepted(hosts):
 def test_bad_host_lists_refused_before_launch(hosts, says):
     with pytest.raises(LauncherError, match=says):
         build(HYDRA, hosts=hosts)
-    proc = subprocess.run([sys.executable, "-m", "commlib.launcher", "-np", "2", f"--hosts={hosts}",
+    proc = subprocess.run([sys.executable, "-m", "commlib.launch", "-np", "2", f"--hosts={hosts}",
                            "python", "-c", "pass"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and says in proc.stderr, proc
 
@@ -654,7 +654,7 @@ def test_child_dies_with_wrapper():
 
 
 def test_default_thread_env_divides_cores_among_local_ranks():
-    from commlib.launcher import default_thread_env
+    from commlib.launch.launcher import default_thread_env
 
     assert default_thread_env({}, 2, cpus=8) == {"OMP_NUM_THREADS": "4"}
     assert default_thread_env({}, 3, cpus=2) == {"OMP_NUM_THREADS": "1"}
@@ -695,7 +695,7 @@ def test_job_left_alone_without_failures(tmp_path, monkeypatch):
 
 
 def run_launcher(*argv):
-    return subprocess.run([sys.executable, "-m", "commlib.launcher", *argv], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "commlib.launch", *argv], capture_output=True,
                           text=True, timeout=60)
 
 

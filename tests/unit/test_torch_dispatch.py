@@ -1,4 +1,4 @@
-"""frontends/torch/_dispatch.py recognises torch optimizers without
+"""frontends/torch/optim/_dispatch.py recognises torch optimizers without
 importing torch (one process, no MPI)."""
 import importlib.util
 import subprocess
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-DISPATCH = Path(__file__).resolve().parents[2] / "frontends" / "torch" / "_dispatch.py"
+DISPATCH = Path(__file__).resolve().parents[2] / "frontends" / "torch" / "optim" / "_dispatch.py"
 
 
 def load():

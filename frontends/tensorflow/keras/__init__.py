@@ -45,7 +45,7 @@ from commlib.reduce_args import predivide_scales, resolve_op
 
 from ..compression import Compression
 from ..execution import communication_stats  # noqa: F401
-from ..functions import allgather_object, broadcast_object, broadcast_variables  # noqa: F401
+from ..collectives.state_sync import allgather_object, broadcast_object, broadcast_variables  # noqa: F401
 from .. import mpi_ops as _ops
 from ..gradient_tape import make_allreduce_grads
 from ..sync_batch_norm import SyncBatchNormalization  # noqa: F401

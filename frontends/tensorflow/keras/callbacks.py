@@ -12,7 +12,7 @@ import numpy as np
 
 import commlib
 
-from ..functions import broadcast_variables
+from ..collectives.state_sync import broadcast_variables
 from ..gradient_tape import var_key
 
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from commlib.elastic import ELASTIC_DIR_ENV, ElasticStateError, ObjectState, State, run  # noqa: F401
 
-from ..functions import broadcast_variables
+from ..collectives.state_sync import broadcast_variables
 
 __all__ = ["KerasState", "ObjectState", "State", "run", "CommitStateCallback",
            "UpdateBatchStateCallback", "UpdateEpochStateCallback", "ElasticStateError",

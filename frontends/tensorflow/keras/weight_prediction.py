@@ -1,7 +1,7 @@
 """Weight prediction for the Keras delayed optimizer:
 ``DistributedOptimizer(..., staleness=1, weight_prediction=True)``.
 
-The rule of ``commlib.torch.weight_prediction``: with one step of delay the
+The rule of ``commlib.torch.optim.weight_prediction``: with one step of delay the
 gradient computed at w_t is applied to w_{t+1}, so after a step that applied
 an update the model holds the predicted weights
 

@@ -47,7 +47,7 @@ from commlib.pipeline.checker import check
 from commlib.pipeline.schedules import build
 
 from ..mpi_ops import synchronize
-from ..p2p import irecv, isend
+from ..collectives.p2p import irecv, isend
 from .stage import PipelineStage
 
 

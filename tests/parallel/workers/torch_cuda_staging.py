@@ -10,7 +10,8 @@ import torch
 
 import commlib.gpu
 import commlib.torch as hvd
-from commlib.torch import allreduce_ops, cuda_staging, gather_ops, reducescatter_ops
+from commlib.torch.collectives import allreduce_ops, gather_ops, reducescatter_ops
+from commlib.torch.cuda import cuda_staging
 from _common import done, expect_raises, fail
 
 torch.set_num_threads(1)

@@ -26,7 +26,8 @@ import torch
 import commlib
 import commlib.torch as hvd
 from commlib import device_p2p
-from commlib.torch import cuda_p2p, p2p
+from commlib.torch.collectives import p2p
+from commlib.torch.cuda import cuda_p2p
 from _common import done, expect_raises, fail
 
 torch.set_num_threads(1)

@@ -1,5 +1,5 @@
 """Reduce-scatter of an array in pieces (commlib.reducescatter_pieces), ZeRO's
-gradient path on it (commlib.torch.zero_pieces) and the numpy reducescatter
+gradient path on it (commlib.torch.sharding.zero_pieces) and the numpy reducescatter
 into a caller's buffer (out=), on every rank:
 
 - commlib.reducescatter(out=) writes this rank's part into ``out`` (the

@@ -1,0 +1,6 @@
+"""``python -m commlib.launch``: the same as ``commlibrun``."""
+import sys
+
+from .launcher import main
+
+sys.exit(main())

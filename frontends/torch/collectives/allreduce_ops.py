@@ -1,0 +1,187 @@
+"""allreduce, grouped_allreduce and sparse_allreduce on torch tensors
+(Horovod's names and arguments; the out-of-place forms are differentiable);
+see mpi_ops for the conventions they share."""
+from __future__ import annotations
+
+import torch
+
+import commlib as _c
+from commlib.ops import Adasum, Average, Max, Min, Sum, allreduce_async_at
+from commlib.process_sets import check_process_set, global_process_set
+from commlib.reduce_args import resolve_op
+
+from .compression import Compression
+from ..cuda.cuda_dispatch import on_cuda
+from .handles import Handle, synchronize
+from .tensor_io import as_array, as_tensor, check_tensor, describe, input_array
+
+# ---------------------------------------------------------------- allreduce
+
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, what,
+                     process_set):
+    if output is None:  # out of place: the core allocates the result
+        arr = input_array(tensor, what)
+        h = _c.allreduce_async(arr, None, name, op, prescale_factor, postscale_factor,
+                               process_set=process_set)
+        shape = tensor.shape
+        return Handle(h, lambda out: as_tensor(out).view(shape), tensor)
+    # (the core handle itself: synchronize returns ``output``)
+    return allreduce_async_at(*describe(output, what), output, name, op, prescale_factor,
+                              postscale_factor, process_set)
+
+
+@on_cuda("allreduce")
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set) -> Handle:
+    """Starts reducing ``tensor`` over all ranks (of ``process_set``; default
+    op Average, which divides by the set's size; the input is not modified).
+    Returns a handle for ``synchronize``.
+
+    The reduction is keyed by ``name`` (auto-generated when None): tensors of
+    one name must have the same shape and dtype on every rank, or every rank
+    raises commlib.CollectiveMismatchError."""
+    process_set = check_process_set(process_set)
+    op = resolve_op(op, average)
+    return _allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor,
+                            "allreduce_async", process_set)
+
+
+@on_cuda("allreduce", inplace=True)
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set) -> Handle:
+    """In-place ``allreduce_async``: the result is written into ``tensor``."""
+    process_set = check_process_set(process_set)
+    op = resolve_op(op, average)
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor,
+                            "allreduce_async_", process_set)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
+    """In-place allreduce; returns ``tensor``."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+class HorovodAllreduce(torch.autograd.Function):
+    """allreduce as an autograd function: the gradient is the allreduce (same
+    op, scale factors and process set) of the output gradients, as in
+    Horovod. Min/Max send the gradient to the rank(s) that hold the extreme
+    value."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.op = resolve_op(op, average)
+        ctx.scales = (prescale_factor, postscale_factor)
+        ctx.process_set = process_set
+        out = synchronize(allreduce_async(tensor, None, name, ctx.op, prescale_factor,
+                                          postscale_factor, process_set))
+        if ctx.op in (Min, Max):
+            ctx.save_for_backward(tensor, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        op, ps = ctx.op, ctx.process_set
+        pre, post = ctx.scales
+        if op in (Sum, Average, Adasum):  # (Adasum: Horovod's, the op of the forward)
+            grad = allreduce(grad_output, op=op, prescale_factor=pre, postscale_factor=post,
+                             process_set=ps)
+        elif op in (Min, Max):
+            tensor, out = ctx.saved_tensors
+            hit = (tensor * pre * post == out).to(grad_output.dtype)
+            ties = allreduce(hit, op=Sum, process_set=ps)
+            grad = (allreduce(grad_output, op=Sum, process_set=ps) * hit * pre * post
+                    / ties.clamp_min(1))
+        else:
+            raise NotImplementedError("the gradient of a Product allreduce is not implemented")
+        return grad, None, None, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0,
+              process_set=global_process_set) -> torch.Tensor:
+    """The reduction (default Average) of ``tensor`` over all ranks (of
+    ``process_set``), as a new tensor; differentiable. ``compression`` (e.g.
+    Compression.fp16) casts the tensor for the transfer and back."""
+    process_set = check_process_set(process_set)
+    compressed, cctx = compression.compress(tensor)
+    out = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor,
+                                 postscale_factor, process_set)
+    return compression.decompress(out, cctx)
+
+
+# ---------------------------------------------------------------- grouped allreduce
+
+def _grouped_allreduce_async(tensors, inplace, average, name, op, prescale_factor,
+                             postscale_factor, process_set, what) -> Handle:
+    process_set = check_process_set(process_set)
+    op = resolve_op(op, average)
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError(f"{what} needs at least one tensor")
+    for t in tensors:
+        check_tensor(t, what, inplace=inplace)
+    if inplace:
+        h = _c.grouped_allreduce_async_([as_array(t) for t in tensors], None, name, op,
+                                        prescale_factor, postscale_factor, process_set)
+        return Handle(h, lambda _outs: tensors, tensors)
+    h = _c.grouped_allreduce_async([input_array(t, what) for t in tensors], None, name, op,
+                                   prescale_factor, postscale_factor, process_set)
+    shapes = [t.shape for t in tensors]
+    return Handle(h, lambda outs: [as_tensor(o).view(s) for o, s in zip(outs, shapes)], tensors)
+
+
+@on_cuda("grouped_allreduce")
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set) -> Handle:
+    """Starts reducing a list of tensors as one unit (fused together); the
+    handle's result is a list of new tensors."""
+    return _grouped_allreduce_async(tensors, False, average, name, op, prescale_factor,
+                                    postscale_factor, process_set, "grouped_allreduce_async")
+
+
+@on_cuda("grouped_allreduce", inplace=True)
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set) -> Handle:
+    """In-place ``grouped_allreduce_async``: results are written into the tensors."""
+    return _grouped_allreduce_async(tensors, True, average, name, op, prescale_factor,
+                                    postscale_factor, process_set, "grouped_allreduce_async_")
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.op = resolve_op(op, average)
+        ctx.scales = (prescale_factor, postscale_factor)
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, ctx.op,
+                                                         prescale_factor, postscale_factor,
+                                                         process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        if ctx.op not in (Sum, Average, Adasum):
+            raise NotImplementedError("grouped_allreduce is differentiable for Sum, Average and "
+                                      "Adasum only")
+        pre, post = ctx.scales
+        grads = grouped_allreduce(list(grad_outputs), op=ctx.op, prescale_factor=pre,
+                                  postscale_factor=post, process_set=ctx.process_set)
+        return (None, None, None, None, None, None, *grads)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Reduces a list of tensors as one fused unit; returns a list of new
+    tensors. Differentiable for Sum, Average and Adasum."""
+    process_set = check_process_set(process_set)
+    pairs = [compression.compress(t) for t in tensors]
+    outs = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
+                                         process_set, *[p[0] for p in pairs])
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]

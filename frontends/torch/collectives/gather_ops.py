@@ -1,0 +1,214 @@
+"""allgather, grouped_allgather, broadcast and alltoall on torch tensors
+(Horovod's names and arguments), each differentiable in its out-of-place
+form; see mpi_ops for the conventions they share."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import commlib as _c
+from commlib.errors import ScalarTensorError
+from commlib.ops import Average, auto_name
+from commlib.process_sets import check_process_set, global_process_set, set_rank
+
+from .allreduce_ops import allreduce, grouped_allreduce_async
+from ..cuda.cuda_dispatch import on_cuda
+from .handles import Handle, synchronize
+from .tensor_io import check_tensor, as_array, as_tensor, input_array, split_list
+
+# ---------------------------------------------------------------- allgather
+
+@on_cuda("allgather")
+def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
+    """Starts concatenating every rank's ``tensor`` along dimension 0 (whose
+    size may differ across ranks; the other dimensions must agree), in the
+    order of the ranks (of ``process_set``)."""
+    process_set = check_process_set(process_set)
+    t = check_tensor(tensor, "allgather_async")
+    if t.dim() == 0:
+        raise ScalarTensorError("allgather needs a tensor with at least one dimension, "
+                                "got a 0-d tensor")
+    h = _c.allgather_async(input_array(t, "allgather_async"), name, process_set=process_set)
+    return Handle(h, as_tensor, tensor)
+
+
+class HorovodAllgather(torch.autograd.Function):
+    """allgather as an autograd function. As in Horovod, the gradient of each
+    rank's slice is the average over ranks (of the process set) of the output
+    gradients."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        ctx.dim = tensor.shape[0]
+        ctx.process_set = process_set
+        return synchronize(allgather_async(tensor, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        ps = ctx.process_set
+        # Deliberate: horovod.torch averages the upstream gradients (commlib.tensorflow sums).
+        grad = allreduce(grad_output.contiguous(), op=Average, process_set=ps)
+        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64), process_set=ps)
+        offset = int(dims[:set_rank(ps)].sum())
+        return grad.narrow(0, offset, ctx.dim), None, None
+
+
+def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
+    """Every rank's ``tensor`` (of ``process_set``) concatenated along
+    dimension 0, in rank order; differentiable."""
+    process_set = check_process_set(process_set)
+    return HorovodAllgather.apply(tensor, name, process_set)
+
+
+@on_cuda("grouped_allgather")
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
+    process_set = check_process_set(process_set)
+    tensors = check_group(tensors, "grouped_allgather")
+    base = auto_name("grouped_allgather", name, process_set)
+    handles = [allgather_async(t, f"{base}.{i}", process_set) for i, t in enumerate(tensors)]
+    return Handle.of_group(handles, lambda outs: [as_tensor(o) for o in outs],
+                  tensors)
+
+
+class HorovodGroupedAllgather(torch.autograd.Function):
+    """grouped_allgather as an autograd function: as for allgather, each
+    rank's slice of every output gradient, averaged over the set (one grouped
+    allreduce and one allgather of the first dimensions)."""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.dims = [t.shape[0] if t.dim() else 0 for t in tensors]
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        ps = ctx.process_set
+        grads = synchronize(grouped_allreduce_async([g.contiguous() for g in grad_outputs],
+                                                    op=Average, process_set=ps))
+        dims = synchronize(allgather_async(torch.tensor([ctx.dims], dtype=torch.int64),
+                                           process_set=ps))
+        offsets = dims[:set_rank(ps)].sum(0).tolist()
+        return (None, None, *[g.narrow(0, off, d) for g, off, d in zip(grads, offsets, ctx.dims)])
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """allgather of each tensor of a list, negotiated as one group;
+    differentiable (Horovod's gradients, as for allgather)."""
+    process_set = check_process_set(process_set)
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
+
+
+# ---------------------------------------------------------------- broadcast
+
+@on_cuda("broadcast")
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
+    """Starts copying rank ``root_rank``'s ``tensor`` to every rank (of
+    ``process_set``; root_rank is a job rank in it); the result is a new
+    tensor (the input is not modified)."""
+    process_set = check_process_set(process_set)
+    h = _c.broadcast_async(input_array(tensor, "broadcast_async"), root_rank, name,
+                           process_set=process_set)
+    shape = tensor.shape
+    return Handle(h, lambda out: as_tensor(out).view(shape), tensor)
+
+
+@on_cuda("broadcast", inplace=True)
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
+    """In-place ``broadcast_async``: ``tensor`` receives root's value."""
+    process_set = check_process_set(process_set)
+    check_tensor(tensor, "broadcast_async_", inplace=True)
+    h = _c.broadcast_async_(as_array(tensor), root_rank, name, process_set=process_set)
+    return Handle(h, lambda _out: tensor, tensor)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+class HorovodBroadcast(torch.autograd.Function):
+    """broadcast as an autograd function. As in Horovod, the root receives
+    the average over ranks (of the process set) of the output gradients,
+    other ranks zero."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank = root_rank
+        ctx.process_set = process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        # Deliberate: horovod.torch averages the upstream gradients (commlib.tensorflow sums).
+        grad = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
+        if _c.rank() != ctx.root_rank:
+            grad = grad * 0
+        return grad, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
+    """Rank ``root_rank``'s ``tensor``, on every rank (of ``process_set``), as
+    a new tensor; differentiable."""
+    process_set = check_process_set(process_set)
+    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+
+
+# ---------------------------------------------------------------- alltoall
+
+def check_group(tensors, what: str) -> list:
+    """The list of a grouped collective, checked whole before any is sent."""
+    tensors = list(tensors)
+    for t in tensors:
+        if check_tensor(t, what).dim() == 0:
+            raise ScalarTensorError(f"{what} needs tensors with at least one dimension, "
+                                    "got a 0-d tensor")
+    return tensors
+
+
+@on_cuda("alltoall")
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
+    """Starts an all-to-all: rows ``splits[i]`` of dimension 0 go to rank i
+    (of ``process_set``: its i-th member; an even division when splits is
+    None). ``synchronize`` returns ``(output, received_splits)``, as in
+    Horovod."""
+    process_set = check_process_set(process_set)
+    t = check_tensor(tensor, "alltoall_async")
+    if t.dim() == 0:
+        raise ScalarTensorError("alltoall needs a tensor with at least one dimension, "
+                                "got a 0-d tensor")
+    send_splits = split_list(splits, t.shape[0], process_set)
+    h = _c.alltoall_async(input_array(t, "alltoall_async"), send_splits, name, process_set=process_set)
+
+    def finish(res):
+        out, recv = res
+        return as_tensor(out), torch.from_numpy(recv.astype(np.int32))
+
+    return Handle(h, finish, tensor)
+
+
+class HorovodAlltoall(torch.autograd.Function):
+    """alltoall as an autograd function: the gradient travels back with the
+    received splits."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received = received
+        ctx.process_set = process_set
+        if splits is None:
+            return out
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad_output, *_unused):
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received,
+                                             process_set=ctx.process_set))
+        return grad, None, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """All-to-all; returns the received rows (in rank order) and, when
+    ``splits`` is given, also the rows received from each rank."""
+    process_set = check_process_set(process_set)
+    return HorovodAlltoall.apply(tensor, splits, name, process_set)

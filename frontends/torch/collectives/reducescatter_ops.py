@@ -1,0 +1,115 @@
+"""reducescatter and grouped_reducescatter on torch tensors (Horovod's names
+and arguments), differentiable with Horovod's gradient; see mpi_ops."""
+from __future__ import annotations
+
+import torch
+
+import commlib as _c
+from commlib.errors import ScalarTensorError
+from commlib.ops import Average, auto_name
+from commlib.process_sets import check_process_set, global_process_set, set_size
+from commlib.reduce_args import reducescatter_grad_scale, resolve_op
+
+from .compression import Compression
+from ..cuda.cuda_dispatch import on_cuda
+from .handles import Handle, synchronize
+from .gather_ops import allgather, check_group, grouped_allgather_async
+from .tensor_io import check_tensor, as_tensor, input_array
+
+# ---------------------------------------------------------------- reducescatter
+
+@on_cuda("reducescatter")
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0) -> Handle:
+    """Starts reducing ``tensor`` over all ranks (of ``process_set``), leaving
+    on each rank its part of dimension 0 (part i on the set's i-th member;
+    lower positions get the extra rows)."""
+    process_set = check_process_set(process_set)
+    op = resolve_op(op)
+    t = check_tensor(tensor, "reducescatter_async")
+    if t.dim() == 0:
+        raise ScalarTensorError("reducescatter needs a tensor with at least one dimension, "
+                                "got a 0-d tensor")
+    h = _c.reducescatter_async(input_array(t, "reducescatter_async"), op, name, prescale_factor,
+                               postscale_factor, process_set=process_set)
+    return Handle(h, as_tensor, tensor)
+
+
+class HorovodReducescatter(torch.autograd.Function):
+    """reducescatter as an autograd function, with Horovod's gradient: the
+    allgather (over the same process set) of the output gradients times
+    ``reducescatter_grad_scale`` (size x prescale x postscale for Sum, prescale x
+    postscale otherwise)."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        op = resolve_op(op)
+        ctx.scale = reducescatter_grad_scale(op, set_size(process_set), prescale_factor,
+                                             postscale_factor)
+        ctx.process_set = process_set
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                               postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allgather((grad_output * ctx.scale).contiguous(), process_set=ctx.process_set)
+        return grad, None, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0,
+                  postscale_factor=1.0) -> torch.Tensor:
+    """This rank's part of the reduction of ``tensor`` over all ranks (of
+    ``process_set``); differentiable: the gradient is Horovod's, the
+    allgather of the output gradient times the set's size for Sum and times
+    ``prescale_factor * postscale_factor`` for every op."""
+    process_set = check_process_set(process_set)
+    compressed, cctx = compression.compress(tensor)
+    out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
+                                     postscale_factor)
+    return compression.decompress(out, cctx)
+
+
+@on_cuda("grouped_reducescatter")
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0) -> Handle:
+    process_set = check_process_set(process_set)
+    tensors = check_group(tensors, "grouped_reducescatter")
+    base = auto_name("grouped_reducescatter", name, process_set)
+    handles = [reducescatter_async(t, f"{base}.{i}", op, process_set, prescale_factor,
+                                   postscale_factor) for i, t in enumerate(tensors)]
+    return Handle.of_group(handles, lambda outs: [as_tensor(o) for o in outs],
+                  tensors)
+
+
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    """grouped_reducescatter as an autograd function: as for reducescatter
+    (Horovod's gradient), the output gradients times ``reducescatter_grad_scale``, in one
+    grouped allgather."""
+
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        op = resolve_op(op)
+        ctx.scale = reducescatter_grad_scale(op, set_size(process_set), prescale_factor,
+                                             postscale_factor)
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set,
+                                                             prescale_factor, postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = synchronize(grouped_allgather_async(
+            [(g * ctx.scale).contiguous() for g in grad_outputs], process_set=ctx.process_set))
+        return (None, None, None, None, None, *grads)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """reducescatter of each tensor of a list, negotiated as one group;
+    differentiable as reducescatter (Horovod's gradient)."""
+    process_set = check_process_set(process_set)
+    pairs = [compression.compress(t) for t in tensors]
+    outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                             postscale_factor, *[p[0] for p in pairs])
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]

@@ -1,0 +1,118 @@
+"""Where a collective on CUDA tensors runs: ``on_cuda(kind)`` decorates
+commlib.torch's asynchronous collectives; CPU tensors go straight to the
+decorated function, CUDA tensors either through NCCL in the core
+(cuda_nccl) or staged through host memory (cuda_staging), as
+commlib.gpu.cuda_path() says (COMMLIB_GPU_BACKEND and what loads; it prints
+once which path runs). Reductions NCCL cannot run (16-bit integers, bool,
+Average or scale factors on integers, scale factors with Min/Max/Product, Adasum) and
+the grouped allgather/reducescatter are staged even when NCCL runs the rest;
+a one-time message says so.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+
+import torch
+
+from commlib import gpu
+from commlib.ops import resolve_op
+from commlib.process_sets import check_process_set
+
+from . import cuda_nccl
+from .cuda_staging import staged_call
+from ..collectives.tensor_io import check_tensor, split_list
+
+_noted: set = set()
+
+
+def _note_once(key: str, message: str) -> None:
+    if key not in _noted:
+        _noted.add(key)
+        print(f"commlib: {message}", file=sys.stderr, flush=True)
+
+
+def _is_device_tensor(x) -> bool:
+    if isinstance(x, (list, tuple)):
+        return bool(x) and _is_device_tensor(x[0])
+    return isinstance(x, torch.Tensor) and not x.is_cpu  # (is_cpu: cheaper than device.type)
+
+
+def check_device_tensors(tensors, what: str, inplace: bool) -> None:
+    """Every tensor a supported dense CUDA tensor (contiguous when the result
+    is written into it), all on one device."""
+    group = tensors if isinstance(tensors, (list, tuple)) else [tensors]
+    for t in group:
+        check_tensor(t, what, inplace=inplace)
+    devices = {t.device for t in group}
+    if len(devices) > 1 or any(t.device.type == "cpu" for t in group):
+        raise ValueError(f"{what}: tensors on several devices ({sorted(map(str, devices))}); "
+                         "put a collective's tensors on one device")
+
+
+def _reducible(tensors, a, op) -> bool:
+    group = tensors if isinstance(tensors, (list, tuple)) else [tensors]
+    pre, post = a.get("prescale_factor", 1.0), a.get("postscale_factor", 1.0)
+    return all(cuda_nccl.can_reduce(t.dtype, op, pre, post) for t in group)
+
+
+def _nccl_call(kind, a, tensors, inplace):
+    """The NCCL form of the call, or None when it must be staged."""
+    ps = check_process_set(a["process_set"])
+    if kind in ("allreduce", "grouped_allreduce"):
+        op = resolve_op(a["op"], a["average"])
+        if not _reducible(tensors, a, op):
+            return None
+        pre, post = a["prescale_factor"], a["postscale_factor"]
+        if kind == "allreduce":
+            return cuda_nccl.allreduce(tensors, tensors if inplace else None, a["name"], op, pre, post, ps)
+        outs = list(tensors) if inplace else [None] * len(tensors)
+        return cuda_nccl.grouped_allreduce(tensors, outs, a["name"], op, pre, post, ps)
+    if kind == "broadcast":
+        return cuda_nccl.broadcast(tensors, tensors if inplace else None, a["root_rank"], a["name"], ps)
+    if tensors.dim() == 0:
+        return None  # (the staged call raises the CPU path's error)
+    if kind == "allgather":
+        return cuda_nccl.allgather(tensors, a["name"], ps)
+    if kind == "alltoall":
+        return cuda_nccl.alltoall(tensors, split_list(a["splits"], tensors.shape[0], ps), a["name"], ps)
+    if kind == "reducescatter":
+        op = resolve_op(a["op"])
+        if not _reducible(tensors, a, op):
+            return None
+        return cuda_nccl.reducescatter(tensors, a["name"], op, a["prescale_factor"], a["postscale_factor"], ps)
+    return None  # grouped allgather / reducescatter: staged
+
+
+def _route(kind, inplace, fn, sig, args, kwargs):
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = dict(bound.arguments)
+    first = next(iter(sig.parameters))
+    tensors = a[first]
+    check_device_tensors(tensors, fn.__name__, inplace)
+    if gpu.cuda_path() == "nccl":
+        handle = _nccl_call(kind, a, tensors, inplace)
+        if handle is not None:
+            return handle
+        _note_once(kind, f"{fn.__name__} on CUDA tensors of this kind is staged through host memory "
+                         "(NCCL does not run it)")
+    return staged_call(lambda staged: fn(**{**a, first: staged}), tensors, inplace,
+                       keep_on_host=1 if kind == "alltoall" else None)
+
+
+def on_cuda(kind: str, inplace: bool = False):
+    """Decorates an asynchronous collective whose first argument is the
+    tensor (or list of tensors): device tensors are routed here."""
+    def wrap(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            x = args[0] if args else kwargs.get(next(iter(sig.parameters)))
+            if not _is_device_tensor(x):
+                return fn(*args, **kwargs)
+            return _route(kind, inplace, fn, sig, args, kwargs)
+        return run
+    return wrap

@@ -1,0 +1,113 @@
+"""CUDA tensors through NCCL in the core (commlib.device_ops): the tensor's
+device pointer, its device and the caller's current stream go to the core,
+whose own stream waits on an event recorded on that stream; the handle
+completes once NCCL finished on the device. Outputs are allocated here, on
+the tensor's device (allgather/alltoall first learn every rank's rows with a
+small host collective). Arguments were checked by the caller
+(cuda_dispatch); each function returns a Handle like the CPU forms'.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import commlib as _c
+from commlib import device_ops
+from commlib._lib import lib
+from commlib.ops import Adasum, Average, Max, Min, Product, auto_name, reducescatter_rows
+from commlib.process_sets import set_rank
+
+from ..collectives.handles import Handle
+from ..collectives.tensor_io import core_code
+
+# What NCCL reduces natively: no 16-bit integers or bools; Average and scale
+# factors on floating-point data only, scale factors with Sum/Average only.
+_NCCL_REDUCIBLE = {torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+                   torch.float32, torch.float64}
+_FLOATS = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
+
+
+def can_reduce(dtype: torch.dtype, op: int, prescale: float, postscale: float) -> bool:
+    """Whether the NCCL executor runs this reduction (else it is staged)."""
+    scaled = prescale != 1.0 or postscale != 1.0
+    if op == Adasum or dtype not in _NCCL_REDUCIBLE:  # (Adasum: the core's host algorithm)
+        return False
+    if (scaled or op == Average) and dtype not in _FLOATS:
+        return False
+    return not (scaled and op in (Min, Max, Product))
+
+
+def _buffer(t: torch.Tensor) -> device_ops.DeviceBuffer:
+    """The core's view of a CUDA tensor. Its dtype code comes from torch's
+    dtype directly (numpy knows no bfloat16 unless ml_dtypes was imported:
+    the first GPU run failed there)."""
+    shape = tuple(t.shape) or (1,)
+    code = core_code(t.dtype)
+    if code is None:
+        raise TypeError(f"unsupported dtype {t.dtype} for a CUDA collective")
+    return device_ops.DeviceBuffer(t.data_ptr() if t.numel() else 0, code, shape)
+
+
+def _stream(t: torch.Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+def _submit(op_type, name, t, out, keep, value, **kw) -> Handle:
+    h = device_ops.submit(op_type, name, _buffer(t), out.data_ptr() if out is not None and out.numel() else 0,
+                          device=t.device.index, stream=_stream(t), keepalive=keep, value=value, **kw)
+    return Handle(h, lambda r: r, keep)
+
+
+def allreduce(tensor, output, name, op, prescale, postscale, ps) -> Handle:
+    t = tensor.contiguous()
+    out = output if output is not None else torch.empty_like(t)
+    return _submit(lib.COMMLIB_OP_ALLREDUCE, auto_name("allreduce", name, ps), t, out, (t, out),
+                   out.view(tensor.shape), reduce_op=op, prescale=prescale, postscale=postscale,
+                   process_set=ps.process_set_id)
+
+
+def grouped_allreduce(tensors, outputs, name, op, prescale, postscale, ps) -> Handle:
+    base = auto_name("grouped_allreduce", name, ps)
+    members = [allreduce(t, o, f"{base}.{i}", op, prescale, postscale, ps)
+               for i, (t, o) in enumerate(zip(tensors, outputs))]
+    return Handle.of_group(members, list, members)
+
+
+def broadcast(tensor, output, root_rank, name, ps) -> Handle:
+    t = tensor.contiguous()
+    out = output if output is not None else torch.empty_like(t)
+    return _submit(lib.COMMLIB_OP_BROADCAST, auto_name("broadcast", name, ps), t, out, (t, out), out,
+                   root=root_rank, process_set=ps.process_set_id)
+
+
+def _every_ranks(values, name, ps) -> np.ndarray:
+    """Every rank's values, one row per rank of the set (a host allgather)."""
+    return _c.allgather(np.asarray([values], dtype=np.int64), name=name + ".rows", process_set=ps)
+
+
+def allgather(tensor, name, ps) -> Handle:
+    t = tensor.contiguous()
+    name = auto_name("allgather", name, ps)
+    rows = int(_every_ranks([t.shape[0]], name, ps)[:, 0].sum())
+    out = torch.empty((rows,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+    return _submit(lib.COMMLIB_OP_ALLGATHER, name, t, out, (t, out), out, output_rows=rows,
+                   process_set=ps.process_set_id)
+
+
+def alltoall(tensor, send_splits, name, ps) -> Handle:
+    t = tensor.contiguous()
+    name = auto_name("alltoall", name, ps)
+    received = _every_ranks(list(send_splits), name, ps)[:, set_rank(ps)]
+    rows = int(received.sum())
+    out = torch.empty((rows,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+    value = (out, torch.from_numpy(received.astype(np.int32)))
+    return _submit(lib.COMMLIB_OP_ALLTOALL, name, t, out, (t, out), value, splits=list(send_splits),
+                   output_rows=rows, process_set=ps.process_set_id)
+
+
+def reducescatter(tensor, name, op, prescale, postscale, ps) -> Handle:
+    t = tensor.contiguous()
+    rows = reducescatter_rows(t.shape[0], ps)
+    out = torch.empty((rows,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+    return _submit(lib.COMMLIB_OP_REDUCESCATTER, auto_name("reducescatter", name, ps), t, out, (t, out), out,
+                   reduce_op=op, prescale=prescale, postscale=postscale, process_set=ps.process_set_id)

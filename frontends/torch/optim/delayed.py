@@ -1,0 +1,128 @@
+"""Delayed gradient averaging: ``DistributedOptimizer(..., staleness=1)``.
+The rule is commlib.delayed's; this is its torch adapter.
+
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   staleness=1)
+    for x, y in loader:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()        # starts averaging g_t, applies avg(g_{t-1})
+    opt.synchronize()     # applies the last pending average (before eval/saving)
+
+The gradient tensors are handed to the allreduce without a copy: after
+``step()``, ``p.grad`` holds the averaged gradient that was applied (None
+after a step that applied nothing), not this step's local gradient. Not
+available with staleness: ``groups`` and ``skip_synchronize`` (clip the
+local gradients before ``step()`` instead). ``weight_prediction=True``: see
+commlib.torch.optim.weight_prediction (``synchronize()`` puts the true weights
+back: call it before evaluating, saving or loading the model).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from commlib.delayed import OneStepDelay, apply_average, check_op, check_staleness
+
+from ._grad_exchange import PendingGradients, assign_grads
+from .optimizer import DistributedOptimizerBase
+from .weight_prediction import WeightPrediction
+
+
+class _DelayedOptimizer(DistributedOptimizerBase):
+    """Mixin placed before the wrapped optimizer's class (after set-up by
+    ``DistributedOptimizerBase._dist_init``, which checks the parameters and
+    options across ranks)."""
+
+    def _delayed_init(self, staleness, weight_prediction, *dist_args):
+        self.staleness = staleness
+        self.weight_prediction = weight_prediction
+        self._one_step = OneStepDelay()
+        self._dist_init(*dist_args)
+        check_op(self.op, "staleness=1")
+        self._prediction = WeightPrediction(self._params) if weight_prediction else None
+
+    def _register_hooks(self, params):
+        pass  # nothing starts during backward: step() sends all gradients at once
+
+    def _signature(self) -> list:
+        sig = super()._signature()
+        sig[0] = sig[0] + (("staleness", self.staleness),
+                           ("weight_prediction", self.weight_prediction))
+        return sig
+
+    def _start_pending(self):
+        return PendingGradients(
+            self._params, name=self._internal("delayed"), op=self.op, scales=self._scales,
+            compression=self._compression, process_set=self.process_set,
+            communicate=self._reduces, take=True)
+
+    def _apply(self, previous, predict):
+        """Applies the averaged gradients of ``previous`` (a finished
+        exchange, or None: nothing; a prediction is put back)."""
+        if previous is None:
+            if self._prediction is not None:
+                self._prediction.restore()
+            return
+        assign_grads(previous.params, previous.wait())
+        apply_average(super(DistributedOptimizerBase, self).step, self._prediction, predict)
+
+    def step(self, closure=None):
+        """Starts averaging this step's gradients and applies the previous
+        step's average (nothing at the first step or after synchronize())."""
+        loss = None
+        if closure is not None:
+            import torch
+
+            with torch.enable_grad():
+                loss = closure()
+        self._apply(self._one_step.swap(self._start_pending), predict=True)
+        return loss
+
+    def synchronize(self):
+        """Waits for the pending average and applies it (before evaluating or
+        saving the model); does nothing when none is pending."""
+        self._apply(self._one_step.finish(), predict=False)
+        self._synchronized = True
+
+    @property
+    def pending(self) -> bool:
+        """Whether an average is in flight (started, not applied yet)."""
+        return self._one_step.pending
+
+    @contextmanager
+    def skip_synchronize(self):
+        raise ValueError("skip_synchronize() is not available with staleness=1: step() applies "
+                         "the previous step's averaged gradients; clip the local gradients "
+                         "before step() instead")
+        yield  # pragma: no cover
+
+    def zero_grad(self, set_to_none: bool = True):
+        return super(DistributedOptimizerBase, self).zero_grad(set_to_none=set_to_none)
+
+    def load_state_dict(self, state_dict):
+        """Loads the state; a pending average (of the state before) is waited
+        for and dropped, a failed one too (after a lost rank, as an elastic
+        restore does)."""
+        self._one_step.drop()
+        if self._prediction is not None:
+            self._prediction.drop()
+        return super().load_state_dict(state_dict)
+
+
+_DelayedOptimizer.step.hooked = True
+
+
+def delayed_optimizer(optimizer, staleness, dist_args, weight_prediction=False):
+    """The ``staleness=1`` form of DistributedOptimizer (see the module's
+    docstring); ``dist_args`` are DistributedOptimizerBase._dist_init's."""
+    check_staleness(staleness)
+    if not isinstance(weight_prediction, bool):
+        raise ValueError(f"weight_prediction must be True or False, got {weight_prediction!r}")
+    base = optimizer.__class__
+    cls = type(base.__name__, (_DelayedOptimizer, base),
+               {"__module__": DistributedOptimizerBase.__module__, "__doc__": base.__doc__})
+    dist = cls.__new__(cls)
+    dist.__dict__.update(optimizer.__dict__)
+    dist._delayed_init(staleness, weight_prediction, *dist_args)
+    return dist
