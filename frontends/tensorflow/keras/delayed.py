@@ -50,10 +50,11 @@ from .weight_prediction import WeightPrediction
 class DelayedOptimizerMixin(DistributedOptimizerMixin):
     """Placed in front of the wrapped optimizer's class."""
 
-    _commlib_prediction = None  # WeightPrediction, built with the optimizer
+    commlib_prediction = None  # WeightPrediction, built with the optimizer
 
-    def _commlib_delayed_setup(self, op, gradient_predivide_factor, process_set,
-                               weight_prediction=False, compression=Compression.none):
+    def commlib_delayed_setup(self, op, gradient_predivide_factor, process_set,
+                              weight_prediction=False, compression=Compression.none):
+        """Called once by DistributedOptimizer on the new optimizer (staleness=1)."""
         pre, post = predivide_scales(op, gradient_predivide_factor)
         s = functools.partial(object.__setattr__, self)
         s("_commlib_exchange", DelayedExchange(op, pre, post, process_set))
@@ -64,13 +65,13 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
 
     def build(self, variables):
         super().build(variables)
-        if getattr(self, "weight_prediction", False) and self._commlib_prediction is None:
-            object.__setattr__(self, "_commlib_prediction", WeightPrediction(variables))
+        if getattr(self, "weight_prediction", False) and self.commlib_prediction is None:
+            object.__setattr__(self, "commlib_prediction", WeightPrediction(variables))
 
     def _commlib_update(self, grads, variables, predict):
         """The wrapped optimizer's rule on the true weights; with weight
         prediction and ``predict`` the model then holds the prediction."""
-        prediction = self._commlib_prediction
+        prediction = self.commlib_prediction
         if prediction is not None:
             prediction.before_update()
         super(DistributedOptimizerMixin, self).apply(grads, variables)
@@ -114,8 +115,8 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
         model then holds the true weights."""
         have, averages = self._commlib_exchange.finish_tensors()
         if not have:
-            if self._commlib_prediction is not None:
-                self._commlib_prediction.restore()
+            if self.commlib_prediction is not None:
+                self.commlib_prediction.restore()
             return
         variables, present = self._commlib_pending_vars
         full = [None] * len(variables)
@@ -123,12 +124,12 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
             full[i] = a
         self._commlib_update(full, variables, predict=False)
 
-    def _commlib_forget(self) -> None:
+    def commlib_forget(self) -> None:
         """Drops the pending average and a prediction: the weights were
         replaced (KerasState's restore)."""
         self._commlib_exchange.drop()
-        if self._commlib_prediction is not None:
-            self._commlib_prediction.drop()
+        if self.commlib_prediction is not None:
+            self.commlib_prediction.drop()
 
     @property
     def pending(self) -> bool:
