@@ -1,5 +1,14 @@
 """Access to the compiled core (commlib._core) and the mapping of its status
-codes to Python exceptions. Nothing above this module touches cffi."""
+codes to Python exceptions.
+
+Only the binding modules below import this module: they alone touch cffi
+(``ffi``, ``lib``), each wrapping one part of the core's C API in Python
+types; every other module of commlib, and the frontends, call their public
+functions (tests/unit/test_import_graph.py checks the list).
+Binding modules: basics, config, device_ops, device_p2p, dtypes, gpu,
+grouped_ops, handle, ops, p2p, pieces_ops, process_sets, runtime, submit,
+timeline.
+"""
 from __future__ import annotations
 
 # mpi4py first: it initialises MPI (MPI_THREAD_MULTIPLE) and loads the MPI

@@ -24,7 +24,13 @@ from . import gpu
 from ._lib import check, ffi, lib
 from .handle import Handle, synchronize_on_stream
 
-__all__ = ["DeviceBuffer", "submit", "synchronize_on_stream"]
+__all__ = ["DeviceBuffer", "OPS", "submit", "synchronize_on_stream"]
+
+# The collectives on device buffers: name -> the core's op code (``submit``'s ``op_type``).
+OPS = {"allreduce": lib.COMMLIB_OP_ALLREDUCE, "allgather": lib.COMMLIB_OP_ALLGATHER,
+       "broadcast": lib.COMMLIB_OP_BROADCAST, "alltoall": lib.COMMLIB_OP_ALLTOALL,
+       "reducescatter": lib.COMMLIB_OP_REDUCESCATTER}
+_OP_NAMES = {code: name for name, code in OPS.items()}
 
 _loaded = []
 
@@ -46,7 +52,8 @@ def submit(op_type: int, name: str, inp: DeviceBuffer, out_ptr: int, *, device: 
            reduce_op: int = 0, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
            splits: Sequence[int] | None = None, output_rows: int = -1, process_set: int = 0,
            keepalive=None, value=None) -> Handle:
-    """Submits one collective on device buffers; the returned Handle's result
+    """Submits one collective on device buffers (``op_type``: a value of
+    ``OPS``); the returned Handle's result
     is ``value``. ``keepalive`` (the framework tensors) stays referenced until
     the handle completes. Errors the core finds before anything is queued (no
     NCCL, no CUDA runtime, COMMLIB_GPU_BACKEND=host, a dtype or op NCCL cannot
@@ -75,7 +82,3 @@ def submit(op_type: int, name: str, inp: DeviceBuffer, out_ptr: int, *, device: 
     return Handle(hid[0], None, (keep, keepalive), _OP_NAMES.get(op_type, "collective"), value=value,
                   device=device)
 
-
-_OP_NAMES = {lib.COMMLIB_OP_ALLREDUCE: "allreduce", lib.COMMLIB_OP_ALLGATHER: "allgather",
-             lib.COMMLIB_OP_BROADCAST: "broadcast", lib.COMMLIB_OP_ALLTOALL: "alltoall",
-             lib.COMMLIB_OP_REDUCESCATTER: "reducescatter"}

@@ -20,7 +20,7 @@ class Handle:
     """An in-flight collective. Pass it to ``synchronize`` for the result.
     ``device``: the CUDA device of a collective on device buffers, else None."""
 
-    __slots__ = ("_id", "_finish", "_value", "_done", "_error", "op", "device")
+    __slots__ = ("_id", "_finish", "_result", "_done", "_error", "op", "device")
 
     def __init__(self, hid: int, finish: Callable[[int], Any] | None, keepalive: Any, op: str,
                  value: Any = None, device: int | None = None):
@@ -29,7 +29,7 @@ class Handle:
         ``value``, known when the request was submitted (the output array)."""
         self._id = hid
         self._finish = finish
-        self._value = value
+        self._result = value
         self._done = False
         self._error = None  # the error it raised (raised again by a later synchronize)
         self.op = op
@@ -72,7 +72,7 @@ def synchronize(handle: Handle):
         if rc != _OK:
             handle._error = error_for(rc, last_error())
             raise handle._error
-        return handle._value
+        return handle._result
     try:
         if rc != _OK:
             handle._error = error_for(rc, last_error())
@@ -111,7 +111,7 @@ def synchronize_on_stream(handle: Handle, stream: int):
     if rc != _OK:
         handle._error = error_for(rc, last_error())
         raise handle._error
-    return handle._value
+    return handle._result
 
 
 # Buffers of handles synchronized on a stream, by handle id, until the core

@@ -69,7 +69,6 @@ class CommlibCuda:
         self.c, self.torch, self.n, self.ops, self.code = commlib, torch, n, device_ops, dtype_code
 
     def make(self, op, count, tdtype, dev):
-        from .._lib import lib
         torch, n = self.torch, self.n
         code = self.code(np.dtype(str(tdtype).replace("torch.", "")))
         if op == "sendrecv":  # (the core's NCCL links, as commlib.torch's send/recv use them)
@@ -80,9 +79,7 @@ class CommlibCuda:
         out_rows = {"allreduce": count, "broadcast": count, "allgather": per * n, "alltoall": per * n,
                     "reducescatter": per}[op]
         out = torch.empty(out_rows, dtype=tdtype, device=dev)
-        kind = {"allreduce": lib.COMMLIB_OP_ALLREDUCE, "allgather": lib.COMMLIB_OP_ALLGATHER,
-                "broadcast": lib.COMMLIB_OP_BROADCAST, "reducescatter": lib.COMMLIB_OP_REDUCESCATTER,
-                "alltoall": lib.COMMLIB_OP_ALLTOALL}[op]
+        kind = self.ops.OPS[op]
         buf = self.ops.DeviceBuffer(x.data_ptr(), code, tuple(x.shape))
         stream = torch.cuda.current_stream(dev).cuda_stream
         name = f"bench.cuda.{op}.{count}"

@@ -28,7 +28,7 @@ from . import errors
 try:
     from tensorflow.python.autograph.core import config as _ag_config
 
-    if not any(getattr(rule, "_prefix", None) == "commlib" for rule in _ag_config.CONVERSION_RULES):
+    if not any(rule.matches("commlib") for rule in _ag_config.CONVERSION_RULES):
         _ag_config.CONVERSION_RULES = ((_ag_config.DoNotConvert("commlib"),) +
                                        tuple(_ag_config.CONVERSION_RULES))
 except Exception:  # pragma: no cover - internal API moved; do_not_convert below still applies

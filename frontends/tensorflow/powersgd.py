@@ -51,12 +51,14 @@ class PowerSGD(_PowerSGD):
 
     _commlib_tape_state = None
 
-    def build(self, sources) -> None:
+    def build(self, sources) -> "StateVariables":
         """Creates the tape's state for ``sources`` (the variables the tape
-        differentiates; collective: every rank) if not done yet."""
+        differentiates; collective: every rank) if not done yet, and
+        returns it (a StateVariables)."""
         if self._commlib_tape_state is None:
             self._commlib_tape_state = StateVariables(self, list(sources), "tape")
         self._commlib_tape_state.check_sources(list(sources))
+        return self._commlib_tape_state
 
     @property
     def variables(self) -> list:

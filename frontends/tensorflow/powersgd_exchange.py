@@ -152,8 +152,7 @@ def tape_reducer(config, op, pre, post, process_set, sparse_as_dense, staleness,
                          "the training loop (it holds the state between steps)")
 
     def make_state(variables):
-        config.build(variables)
-        return config._commlib_tape_state
+        return config.build(variables)
 
     return PowerSGDReducer(config, op, pre, post, process_set, sparse_as_dense, "tape",
                            make_state)

@@ -32,6 +32,7 @@ import torch
 from commlib.elastic import ELASTIC_DIR_ENV, ElasticStateError, ObjectState, State, run  # noqa: F401
 
 from .collectives.state_sync import broadcast_parameters, broadcast_state
+from .sharding.fully_shard import groups_of
 
 # The state_dict key suffix of fully_shard's flat parameter shards.
 SHARD_KEY = "_commlib_flat_shard"
@@ -66,8 +67,8 @@ class TorchState(State):
             # Weight prediction (staleness=1): the model holds predicted
             # weights between steps; commit the true ones (restoring loads the
             # optimizer's state after the model's, which drops the prediction).
-            prediction = getattr(self.optimizer, "_prediction", None)
-            true = prediction.true_weights() if prediction is not None else {}
+            true_weights = getattr(self.optimizer, "true_weights", None)
+            true = true_weights() if true_weights is not None else {}
             for name, p in self.model.named_parameters():
                 if id(p) in true:
                     snap["model"][name] = true[id(p)].detach().clone()
@@ -96,8 +97,7 @@ class TorchState(State):
         """Whether the optimizer holds state that is sharded across ranks."""
         if getattr(self.optimizer, "zero_stage", 0) > 0:
             return any(self.optimizer.state_dict()["shard_state"])
-        sharded_model = self.model is not None and any(
-            getattr(m, "_commlib_fsdp", None) is not None for m in self.model.modules())
+        sharded_model = self.model is not None and bool(groups_of(self.model))
         return sharded_model and len(self.optimizer.state) > 0
 
     def _serialize(self, snapshot: dict) -> bytes:

@@ -187,14 +187,14 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     if name is not None:
         config["name"] = name
     new = cls.from_config(config)
-    new._commlib_setup(allreduce_grads, backward_passes_per_step, average_aggregated_gradients,
-                       scale_local_gradients)
+    new.commlib_setup(allreduce_grads, backward_passes_per_step, average_aggregated_gradients,
+                      scale_local_gradients)
     if staleness:
-        new._commlib_delayed_setup(op, gradient_predivide_factor, process_set, weight_prediction,
-                                   compression)
+        new.commlib_delayed_setup(op, gradient_predivide_factor, process_set, weight_prediction,
+                                  compression)
     if zero_stage != 0:
-        new._commlib_zero_setup(type(optimizer), zero_stage, bucket_elements, op,
-                                *predivide_scales(op, gradient_predivide_factor))
+        new.commlib_zero_setup(type(optimizer), zero_stage, bucket_elements, op,
+                               *predivide_scales(op, gradient_predivide_factor))
     if getattr(optimizer, "built", False):
         _copy_state(optimizer, new)
     for layer in _as_layer_list(local_layers):

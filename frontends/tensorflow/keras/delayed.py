@@ -34,10 +34,11 @@ from .weight_prediction import WeightPrediction
 class DelayedOptimizerMixin(DistributedOptimizerMixin):
     """Placed in front of the wrapped optimizer's class."""
 
-    _commlib_prediction = None  # WeightPrediction, built with the optimizer
+    commlib_prediction = None  # WeightPrediction, built with the optimizer
 
-    def _commlib_delayed_setup(self, op, gradient_predivide_factor, process_set,
-                               weight_prediction=False, compression=Compression.none):
+    def commlib_delayed_setup(self, op, gradient_predivide_factor, process_set,
+                              weight_prediction=False, compression=Compression.none):
+        """Called once by DistributedOptimizer on the new optimizer (staleness=1)."""
         s = functools.partial(object.__setattr__, self)
         s("_commlib_delayed", DelayedGradients(op, gradient_predivide_factor, process_set))
         s("_commlib_compression", compression)
@@ -47,13 +48,13 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
 
     def build(self, variables):
         super().build(variables)
-        if getattr(self, "weight_prediction", False) and self._commlib_prediction is None:
-            object.__setattr__(self, "_commlib_prediction", WeightPrediction(variables))
+        if getattr(self, "weight_prediction", False) and self.commlib_prediction is None:
+            object.__setattr__(self, "commlib_prediction", WeightPrediction(variables))
 
     def _commlib_update(self, grads, variables, predict):
         """The wrapped optimizer's rule (see commlib.delayed.apply_average)."""
         apply_average(lambda: super(DistributedOptimizerMixin, self).apply(grads, variables),
-                      self._commlib_prediction, predict)
+                      self.commlib_prediction, predict)
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
@@ -87,15 +88,15 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
         averages = self._commlib_delayed.synchronize()
         if averages is not None:
             self._commlib_update(averages, self._commlib_pending_vars, predict=False)
-        elif self._commlib_prediction is not None:
-            self._commlib_prediction.restore()
+        elif self.commlib_prediction is not None:
+            self.commlib_prediction.restore()
 
-    def _commlib_forget(self) -> None:
+    def commlib_forget(self) -> None:
         """Drops the pending average and a prediction: the weights were
         replaced (KerasState's restore)."""
         self._commlib_delayed.drop()
-        if self._commlib_prediction is not None:
-            self._commlib_prediction.drop()
+        if self.commlib_prediction is not None:
+            self.commlib_prediction.drop()
 
     @property
     def pending(self) -> bool:

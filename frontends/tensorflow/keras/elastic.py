@@ -59,13 +59,13 @@ class KerasState(State):
         if self.optimizer is None:
             return []
         v = self.optimizer.variables
-        extra = getattr(self.optimizer, "_commlib_state_variables", None)  # (LocalSGD's)
+        extra = getattr(self.optimizer, "commlib_state_variables", None)  # (LocalSGD's)
         return list(v() if callable(v) else v) + (extra() if extra is not None else [])
 
     def _snapshot(self) -> dict:
         # Weight prediction (staleness=1): the model holds predicted weights
         # between steps; commit the true ones.
-        prediction = getattr(self.optimizer, "_commlib_prediction", None)
+        prediction = getattr(self.optimizer, "commlib_prediction", None)
         true = prediction.true_values() if prediction is not None else {}
         return {"model": [true[id(v)].copy() if id(v) in true else _to_numpy(v)
                           for v in self.model.variables],
@@ -73,7 +73,7 @@ class KerasState(State):
 
     def _apply(self, snapshot: dict) -> None:
         _assign(self.model.variables, snapshot["model"], "model")
-        forget = getattr(self.optimizer, "_commlib_forget", None)
+        forget = getattr(self.optimizer, "commlib_forget", None)
         if forget is not None:  # (staleness=1: a pending average, a prediction)
             forget()
         saved = snapshot["optimizer"]

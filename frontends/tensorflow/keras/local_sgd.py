@@ -62,7 +62,7 @@ class _LocalSGDMixin:
             return
         # The schedule's counters and DiLoCo's anchor are not the optimizer's
         # variables (own_zeros_like): KerasState checkpoints them, with the
-        # outer optimizer's (_commlib_state_variables).
+        # outer optimizer's (commlib_state_variables).
         s = functools.partial(object.__setattr__, self)
         s("_commlib_step", own_counter("commlib_step"))
         s("_commlib_local", own_counter("commlib_local_steps"))
@@ -70,7 +70,7 @@ class _LocalSGDMixin:
             s("_commlib_anchor", own_zeros_like(self._commlib_model_vars, "commlib_anchor"))
             self.outer_optimizer.build(self._commlib_model_vars)
 
-    def _commlib_state_variables(self) -> list:
+    def commlib_state_variables(self) -> list:
         """Training state beyond ``variables`` (the inner optimizer's): the
         counters, the anchor and the outer optimizer's variables, for
         KerasState."""
@@ -148,7 +148,7 @@ class _LocalSGDMixin:
         if self._commlib_local is not None and int(self._commlib_local) > 0:
             self._meet()
 
-    def _commlib_forget(self) -> None:
+    def commlib_forget(self) -> None:
         """Drops a pending streaming meeting: the weights were replaced
         (KerasState's restore; the round's counters are restored with the
         optimizer's variables)."""

@@ -29,7 +29,7 @@ def _nbytes(variables) -> int:
 
 
 def _accumulators(optimizer) -> list:
-    return list(getattr(optimizer, "_commlib_acc", None) or [])
+    return list(getattr(optimizer, "commlib_accumulators", None) or [])
 
 
 def memory_report(model, optimizer=None) -> dict:
@@ -41,17 +41,17 @@ def memory_report(model, optimizer=None) -> dict:
     state = 0
     if optimizer is not None and getattr(optimizer, "built", False):
         state = _nbytes(optimizer.variables)  # (commlib's own state is not in it)
-        extra = getattr(optimizer, "_commlib_state_variables", None)  # (LocalSGD's)
+        extra = getattr(optimizer, "commlib_state_variables", None)  # (LocalSGD's)
         if extra is not None:
             state += _nbytes(extra())
         grads_extra = _nbytes(_accumulators(optimizer))
-        prediction = getattr(optimizer, "_commlib_prediction", None)
+        prediction = getattr(optimizer, "commlib_prediction", None)
         if prediction is not None:
             params += _nbytes(prediction.variables)
-        shards = getattr(optimizer, "_zero_shards", None)
+        shards = getattr(optimizer, "zero_shards", None)
         if shards is not None:
             params += _nbytes(shards)
-            state += _nbytes(optimizer._zero_inner.variables)
+            state += _nbytes(optimizer.zero_shard_optimizer.variables)
             grads = _nbytes(shards)
         grads += grads_extra
     report = {"parameters": params, "gradients": grads, "optimizer_state": state}

@@ -60,8 +60,11 @@ def own_counter(name: str):
 class DistributedOptimizerMixin:
     """Placed in front of the wrapped optimizer's class in the MRO."""
 
-    def _commlib_setup(self, allreduce_grads, backward_passes_per_step,
-                       average_aggregated_gradients, scale_local_gradients):
+    def commlib_setup(self, allreduce_grads, backward_passes_per_step,
+                      average_aggregated_gradients, scale_local_gradients):
+        """Called once by DistributedOptimizer on the new optimizer.
+        ``commlib_accumulators``: the gradient accumulators (built with the
+        optimizer when backward_passes_per_step > 1, else None)."""
         # object.__setattr__: plain attributes, outside Keras/TF tracking
         s = functools.partial(object.__setattr__, self)
         s("_commlib_allreduce", allreduce_grads)
@@ -69,7 +72,7 @@ class DistributedOptimizerMixin:
         s("_commlib_avg_agg", bool(average_aggregated_gradients))
         s("_commlib_scale_local", bool(scale_local_gradients))
         s("_commlib_local", set())
-        s("_commlib_acc", None)
+        s("commlib_accumulators", None)
         s("_commlib_counter", None)
 
     def register_local_var(self, var):
@@ -79,10 +82,10 @@ class DistributedOptimizerMixin:
 
     def build(self, variables):
         super().build(variables)
-        if getattr(self, "_commlib_bpps", 1) > 1 and self._commlib_acc is None:
+        if getattr(self, "_commlib_bpps", 1) > 1 and self.commlib_accumulators is None:
             # (Not in the saved state: a checkpoint taken between updates
             # drops the partial sum, as Horovod's does.)
-            object.__setattr__(self, "_commlib_acc",
+            object.__setattr__(self, "commlib_accumulators",
                                own_zeros_like(variables, "commlib_accumulator"))
             object.__setattr__(self, "_commlib_counter", own_counter("commlib_backward_passes"))
 
@@ -114,7 +117,7 @@ class DistributedOptimizerMixin:
                 self.build(variables)
             self.built = True
         k = self._commlib_bpps
-        acc = [self._commlib_acc[self._get_variable_index(v)] for v in variables]
+        acc = [self.commlib_accumulators[self._get_variable_index(v)] for v in variables]
         for g, a in zip(grads, acc):
             if g is not None:
                 self.assign_add(a, g)

@@ -70,17 +70,23 @@ _NOT_ELEMENTWISE = ("Lamb", "Adafactor", "Muon")
 class ZeroOptimizerMixin(DistributedOptimizerMixin):
     """Placed in front of the wrapped optimizer's class (zero_stage 1 or 2)."""
 
-    def _commlib_zero_setup(self, base, stage, bucket_elements, op, pre, post):
+    def commlib_zero_setup(self, base, stage, bucket_elements, op, pre, post):
+        """Called once by DistributedOptimizer on the new optimizer: ``base``
+        is the wrapped optimizer's class, ``pre``/``post`` the reduction's
+        scale factors. Until ``build``, ``zero_buckets`` (one
+        commlib.sharding.Bucket per flat bucket), ``zero_shards`` (this
+        rank's shard variable per bucket) and ``zero_shard_optimizer`` (the
+        wrapped optimizer's class, built on the shards) are None."""
         s = functools.partial(object.__setattr__, self)
         s("zero_stage", stage)
         s("_zero_base", base)
         s("_zero_bucket_elements", bucket_elements)
         s("_zero_op", op)
         s("_zero_scales", (pre, post))
-        s("_zero_buckets", None)  # commlib.sharding.Bucket per flat bucket
+        s("zero_buckets", None)
         s("_zero_vars", None)  # the model variables, in the order of the plan's entries
-        s("_zero_shards", None)  # this rank's shard variable per bucket
-        s("_zero_inner", None)  # the wrapped optimizer's class, built on the shards
+        s("zero_shards", None)
+        s("zero_shard_optimizer", None)
 
     # ------------------------------------------------------------ set-up
 
@@ -104,22 +110,22 @@ class ZeroOptimizerMixin(DistributedOptimizerMixin):
                 raise TypeError(f"zero_stage: variable {n!r} has dtype {dtype}; only floating "
                                 "point variables can be trained with ZeRO")
         buckets = plan_buckets(entries, world, self._zero_bucket_elements)
-        object.__setattr__(self, "_zero_buckets", buckets)
+        object.__setattr__(self, "zero_buckets", buckets)
         object.__setattr__(self, "_zero_vars", variables)
         object.__setattr__(self, "_zero_index", {n: i for i, n in enumerate(names)})
-        shards = [keras.Variable(self._zero_local_shard(i, pos), dtype=b.dtype,
+        shards = [keras.Variable(self.zero_local_shard(i, pos), dtype=b.dtype,
                                  name=f"{SHARD_PREFIX}{i}")
                   for i, b in enumerate(buckets)]
         config = self.get_config()
         config["name"] = f"{config.get('name') or 'optimizer'}_zero_shard"
         inner = self._zero_base.from_config(config)
         inner.build(shards)
-        object.__setattr__(self, "_zero_shards", shards)
-        object.__setattr__(self, "_zero_inner", inner)
+        object.__setattr__(self, "zero_shards", shards)
+        object.__setattr__(self, "zero_shard_optimizer", inner)
 
-    def _zero_local_shard(self, i, pos):
-        """This rank's shard of bucket i, read from the model's variables."""
-        b = self._zero_buckets[i]
+    def zero_local_shard(self, i, pos):
+        """Rank ``pos``'s shard of bucket ``i``, read from the model's variables."""
+        b = self.zero_buckets[i]
         parts, filled = [], 0
         for slot, lo, hi, _at in b.owned_slots(pos):
             v = self._zero_vars[self._zero_index[slot.name]]
@@ -154,7 +160,7 @@ class ZeroOptimizerMixin(DistributedOptimizerMixin):
             self._zero_step(by_index)
 
     def _zero_flat(self, i, by_index):
-        b = self._zero_buckets[i]
+        b = self.zero_buckets[i]
         parts = []
         for s in b.slots:
             g = by_index.get(self._zero_index[s.name])
@@ -172,7 +178,7 @@ class ZeroOptimizerMixin(DistributedOptimizerMixin):
         stages)."""
         pre, post = self._zero_scales
         out = []
-        for f, b in zip(flats, self._zero_buckets):
+        for f, b in zip(flats, self.zero_buckets):
             rows = _ops.reducescatter_raw(tf.reshape(f, [b.world, b.shard]), self._zero_op,
                                            pre, post)
             out.append(tf.reshape(rows, [b.shard]))
@@ -181,17 +187,16 @@ class ZeroOptimizerMixin(DistributedOptimizerMixin):
     def _zero_step(self, by_index):
         pos = set_rank(None)
         shard_grads = self._zero_reduce([self._zero_flat(i, by_index)
-                                         for i in range(len(self._zero_buckets))])
-        for i, s in enumerate(self._zero_shards):
-            s.assign(self._zero_local_shard(i, pos))
-        inner = self._zero_inner
+                                         for i in range(len(self.zero_buckets))])
+        self.zero_reload_shards(pos)
+        inner = self.zero_shard_optimizer
         inner._iterations.assign(self._iterations)
         if isinstance(self._learning_rate, keras.Variable):
             inner._learning_rate.assign(self._learning_rate)
-        inner.apply(shard_grads, self._zero_shards)
+        inner.apply(shard_grads, self.zero_shards)
         gathered = _ops.grouped_allgather_raw([tf.convert_to_tensor(s)
-                                                for s in self._zero_shards])
-        for b, full in zip(self._zero_buckets, gathered):
+                                                for s in self.zero_shards])
+        for b, full in zip(self.zero_buckets, gathered):
             for s in b.slots:
                 v = self._zero_vars[self._zero_index[s.name]]
                 v.assign(tf.reshape(full[s.offset:s.offset + s.numel], s.shape))
@@ -199,13 +204,23 @@ class ZeroOptimizerMixin(DistributedOptimizerMixin):
 
     # ------------------------------------------------------------ state
 
+    def zero_variables(self) -> dict:
+        """{name: model variable} of the variables the plan shards, in plan order."""
+        return {n: self._zero_vars[i] for n, i in self._zero_index.items()}
+
+    def zero_reload_shards(self, pos: int) -> None:
+        """Copies rank ``pos``'s shard of every bucket from the model's
+        variables into ``zero_shards``."""
+        for i, s in enumerate(self.zero_shards):
+            s.assign(self.zero_local_shard(i, pos))
+
     def shard_states(self) -> list:
         """This rank's optimizer state: per bucket, {slot key: the private
         optimizer's shard-sized variable} (e.g. Adam's momentum, velocity)."""
-        if self._zero_inner is None:
+        if self.zero_shard_optimizer is None:
             return []
-        out = [{} for _ in self._zero_buckets]
-        for v in self._zero_inner.variables:
+        out = [{} for _ in self.zero_buckets]
+        for v in self.zero_shard_optimizer.variables:
             m = _SLOT_NAME.search(v.name)
             if m and int(m.group(1)) < len(out):
                 out[int(m.group(1))][m.group(2)] = v

@@ -42,7 +42,7 @@ def _zero(optimizer, model=None):
 
 def _extra_variables(model, optimizer) -> dict:
     """The model's variables the optimizer does not shard, by unique path."""
-    managed = {id(v) for v in optimizer._zero_vars}
+    managed = {id(v) for v in optimizer.zero_variables().values()}
     others = [v for v in model.variables if id(v) not in managed]
     return dict(zip(variable_names(others), others))
 
@@ -59,7 +59,7 @@ def save_sharded(directory, model, optimizer) -> None:
     pos = rank()
     arrays = {}
     for i, st in enumerate(opt.shard_states()):
-        arrays[f"b{i}.param"] = opt._zero_local_shard(i, pos).numpy()
+        arrays[f"b{i}.param"] = opt.zero_local_shard(i, pos).numpy()
         for k, v in sorted(st.items()):
             arrays[f"b{i}.{k}"] = np.asarray(v.numpy())
     write_arrays(shard_folder(directory, pos), arrays)
@@ -68,7 +68,7 @@ def save_sharded(directory, model, optimizer) -> None:
         write_arrays(shard_folder(directory, "extra"),
                      {k: np.asarray(v.numpy()) for k, v in extra.items()})
         write_meta(directory, {"version": VERSION, "world": size(), "stage": opt.zero_stage,
-                               "layout": [b.to_dict() for b in opt._zero_buckets],
+                               "layout": [b.to_dict() for b in opt.zero_buckets],
                                "iterations": int(opt._iterations.numpy()),
                                "learning_rate": _learning_rate(opt)})
     _ops.barrier()
@@ -83,12 +83,11 @@ def load_sharded(directory, model, optimizer) -> None:
     opt = _zero(optimizer, model)
     old = [Bucket.from_dict(d) for d in meta["layout"]]
     saved = SavedArrays(directory, int(meta["world"]))
-    values = {}
-    for name, vi in opt._zero_index.items():
-        v = opt._zero_vars[vi]
+    variables, values = opt.zero_variables(), {}
+    for name, v in variables.items():
         flat = np.empty(int(np.prod(v.shape, dtype=np.int64)), dtype=str(v.dtype))
         read_range(old, saved, name, 0, flat.size, "param", flat)
-        values[vi] = flat.reshape(tuple(v.shape))
+        values[name] = flat.reshape(tuple(v.shape))
     extra = _extra_variables(model, opt)
     saved_extra = set(saved.keys("extra"))
     for what, keys in (("the checkpoint has model variables this model lacks",
@@ -99,14 +98,14 @@ def load_sharded(directory, model, optimizer) -> None:
             raise KeyError(f"{what}: {', '.join(keys[:5])}")
     states = [{k: read_shard(b, rank(), old, saved, k, str(var.dtype))
                for k, var in st.items()}
-              for b, st in zip(opt._zero_buckets, opt.shard_states())]
+              for b, st in zip(opt.zero_buckets, opt.shard_states())]
     # everything read: now assign (a failed read leaves the model as it was)
-    for vi, value in values.items():
-        opt._zero_vars[vi].assign(value)
+    for name, value in values.items():
+        variables[name].assign(value)
     for k, v in extra.items():
         v.assign(np.asarray(saved.array("extra", k)))
-    for i, (st, arrays) in enumerate(zip(opt.shard_states(), states)):
-        opt._zero_shards[i].assign(opt._zero_local_shard(i, rank()))
+    opt.zero_reload_shards(rank())
+    for st, arrays in zip(opt.shard_states(), states):
         for k, var in st.items():
             var.assign(arrays[k])
     opt._iterations.assign(int(meta["iterations"]))

@@ -21,6 +21,12 @@ class Handle:
     def __repr__(self):
         return f"<commlib.torch.Handle {self._handles!r}>"
 
+    def then(self, after, keep=None) -> "Handle":
+        """A handle on the same collective whose result is ``after(result)``
+        (this handle's result); it keeps ``keep`` alive too."""
+        finish = self._finish
+        return Handle(self._handles, lambda results: after(finish(results)), (self._keep, keep))
+
     @classmethod
     def of_group(cls, handles, finish, keep=None):
         """One handle over the core handles of several (one per member of a group)."""

@@ -13,7 +13,7 @@ import torch
 
 import commlib as _c
 from commlib import device_ops
-from commlib._lib import lib
+from commlib.device_ops import OPS
 from commlib.ops import Adasum, Average, Max, Min, Product, auto_name, reducescatter_rows
 from commlib.process_sets import set_rank
 
@@ -61,7 +61,7 @@ def _submit(op_type, name, t, out, keep, value, **kw) -> Handle:
 def allreduce(tensor, output, name, op, prescale, postscale, ps) -> Handle:
     t = tensor.contiguous()
     out = output if output is not None else torch.empty_like(t)
-    return _submit(lib.COMMLIB_OP_ALLREDUCE, auto_name("allreduce", name, ps), t, out, (t, out),
+    return _submit(OPS["allreduce"], auto_name("allreduce", name, ps), t, out, (t, out),
                    out.view(tensor.shape), reduce_op=op, prescale=prescale, postscale=postscale,
                    process_set=ps.process_set_id)
 
@@ -76,7 +76,7 @@ def grouped_allreduce(tensors, outputs, name, op, prescale, postscale, ps) -> Ha
 def broadcast(tensor, output, root_rank, name, ps) -> Handle:
     t = tensor.contiguous()
     out = output if output is not None else torch.empty_like(t)
-    return _submit(lib.COMMLIB_OP_BROADCAST, auto_name("broadcast", name, ps), t, out, (t, out), out,
+    return _submit(OPS["broadcast"], auto_name("broadcast", name, ps), t, out, (t, out), out,
                    root=root_rank, process_set=ps.process_set_id)
 
 
@@ -90,7 +90,7 @@ def allgather(tensor, name, ps) -> Handle:
     name = auto_name("allgather", name, ps)
     rows = int(_every_ranks([t.shape[0]], name, ps)[:, 0].sum())
     out = torch.empty((rows,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
-    return _submit(lib.COMMLIB_OP_ALLGATHER, name, t, out, (t, out), out, output_rows=rows,
+    return _submit(OPS["allgather"], name, t, out, (t, out), out, output_rows=rows,
                    process_set=ps.process_set_id)
 
 
@@ -101,7 +101,7 @@ def alltoall(tensor, send_splits, name, ps) -> Handle:
     rows = int(received.sum())
     out = torch.empty((rows,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
     value = (out, torch.from_numpy(received.astype(np.int32)))
-    return _submit(lib.COMMLIB_OP_ALLTOALL, name, t, out, (t, out), value, splits=list(send_splits),
+    return _submit(OPS["alltoall"], name, t, out, (t, out), value, splits=list(send_splits),
                    output_rows=rows, process_set=ps.process_set_id)
 
 
@@ -109,5 +109,5 @@ def reducescatter(tensor, name, op, prescale, postscale, ps) -> Handle:
     t = tensor.contiguous()
     rows = reducescatter_rows(t.shape[0], ps)
     out = torch.empty((rows,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
-    return _submit(lib.COMMLIB_OP_REDUCESCATTER, auto_name("reducescatter", name, ps), t, out, (t, out), out,
+    return _submit(OPS["reducescatter"], auto_name("reducescatter", name, ps), t, out, (t, out), out,
                    reduce_op=op, prescale=prescale, postscale=postscale, process_set=ps.process_set_id)

@@ -56,12 +56,8 @@ def staged_call(call, tensors, inplace: bool, keep_on_host: int | None = None) -
     hosts = [stage_in(t) for t in originals]
     inner = call(hosts if group else hosts[0])
     device = originals[0].device if originals else torch.device("cpu")
-    # (in-place forms may hand back the core's handle itself, whose result is final)
-    own = isinstance(inner, Handle)
-    core_handles, keep = (inner._handles, inner._keep) if own else (inner, None)
 
-    def finish(core_results):
-        result = inner._finish(core_results) if own else core_results
+    def finish(result):
         if inplace:
             for original, host in zip(originals, hosts):
                 original.copy_(host)
@@ -70,4 +66,7 @@ def staged_call(call, tensors, inplace: bool, keep_on_host: int | None = None) -
             return tuple(r if i == keep_on_host else to_device(r, device) for i, r in enumerate(result))
         return to_device(result, device)
 
-    return Handle(core_handles, finish, (keep, originals, hosts))
+    # (in-place forms may hand back the core's handle itself, whose result is final)
+    if isinstance(inner, Handle):
+        return inner.then(finish, (originals, hosts))
+    return Handle(inner, finish, (originals, hosts))

@@ -42,6 +42,11 @@ class _DelayedOptimizer(DistributedOptimizerBase):
         check_op(self.op, "staleness=1")
         self._prediction = WeightPrediction(self._params) if weight_prediction else None
 
+    def true_weights(self) -> dict:
+        """With weight_prediction, {id(parameter): its true (not predicted)
+        weights} while the model holds predicted ones; else {}."""
+        return self._prediction.true_weights() if self._prediction is not None else {}
+
     def _register_hooks(self, params):
         pass  # nothing starts during backward: step() sends all gradients at once
 

@@ -16,7 +16,7 @@ from ..sharding import zero
 from ..collectives.compression import Compression
 from .delayed import delayed_optimizer
 from ..mpi_ops import Adasum, Average, global_process_set
-from .optimizer import DistributedOptimizerBase
+from .optimizer import DistributedOptimizerBase, share_state
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -167,7 +167,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                                          weight_prediction=weight_prediction is not False,
                                          gradient_predivide_factor=gradient_predivide_factor != 1.0)
         cls = _wrapper_class(base, adasum_optimizer.AdasumOptimizerBase, module=adasum_optimizer)
-        return _share(cls, optimizer, dist_args)
+        return share_state(cls, optimizer, dist_args)
     if staleness != 0 and zero_stage != 0:
         raise ValueError("staleness=1 and zero_stage cannot be combined")
     if staleness != 0:
@@ -186,7 +186,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             cls = _wrapper_class(base, zero.ZeroMixin, DistributedOptimizerBase, module=zero)
             return zero.make_zero(cls, base, optimizer, zero_stage, bucket_elements, dist_args)
     cls = _wrapper_class(base, DistributedOptimizerBase)
-    return _share(cls, optimizer, dist_args)
+    return share_state(cls, optimizer, dist_args)
 
 
 def _wrapper_class(base, *mixins, module=None):
@@ -195,11 +195,3 @@ def _wrapper_class(base, *mixins, module=None):
     return type(base.__name__, (*mixins, base),
                 {"__module__": module.__name__ if module else __name__, "__doc__": base.__doc__})
 
-
-def _share(cls, optimizer, dist_args):
-    """An instance of cls sharing the wrapped optimizer's param_groups,
-    state, defaults and hooks."""
-    dist = cls.__new__(cls)
-    dist.__dict__.update(optimizer.__dict__)
-    dist._dist_init(*dist_args)
-    return dist

@@ -30,8 +30,9 @@ def _bytes(tensors, seen: set) -> int:
     return total
 
 
-def _state_tensors(state) -> list:
-    return [v for st in state.values() for v in st.values() if torch.is_tensor(v)]
+def _state_tensors(states) -> list:
+    """The tensors of ``states``: one optimizer state dict per parameter."""
+    return [v for st in states for v in st.values() if torch.is_tensor(v)]
 
 
 def memory_report(model, optimizer=None) -> dict:
@@ -43,16 +44,16 @@ def memory_report(model, optimizer=None) -> dict:
     grads = [p.grad for p in params]
     state = []
     if optimizer is not None:
-        buckets = getattr(optimizer, "_buckets", None)
+        buckets = getattr(optimizer, "zero_buckets", None)
         if buckets is not None:  # ZeRO: shard gradients and the shard optimizer's state
             # (stage 1's flat gradient stays allocated while p.grad is None)
             # (stage 2's shard gradient buffer too)
             grads += [t for b in buckets for t in (b.shard.grad, b.grad_flat,
                                                    getattr(b, "grad_shard", None))]
-            state = _state_tensors(optimizer._inner.state)
+            state = _state_tensors(optimizer.shard_states())
         else:
             grads += [p.grad for g in optimizer.param_groups for p in g["params"]]
-            state = _state_tensors(optimizer.state)
+            state = _state_tensors(optimizer.state.values())
     report["gradients"] = _bytes(grads, seen)
     report["optimizer_state"] = _bytes(state, seen)
     report["total"] = sum(report.values())

@@ -65,6 +65,20 @@ from ..mpi_ops import Average, Sum
 _instances = collections.defaultdict(itertools.count)
 
 
+def share_state(cls, optimizer, dist_args: tuple, **attributes):
+    """An instance of ``cls`` (a class with DistributedOptimizerBase before
+    the wrapped optimizer's class) sharing ``optimizer``'s param_groups,
+    state, defaults and hooks, given ``attributes`` (what its signature
+    needs), then set up by ``dist_args`` (DistributedOptimizer's named
+    parameters, compression, backward passes, op, predivide factor, groups,
+    sparse_as_dense, process set)."""
+    dist = cls.__new__(cls)
+    dist.__dict__.update(optimizer.__dict__)
+    dist.__dict__.update(attributes)
+    dist._dist_init(*dist_args)
+    return dist
+
+
 class DistributedOptimizerBase:
     """Mixin placed before the wrapped optimizer's class."""
 
@@ -141,6 +155,18 @@ class DistributedOptimizerBase:
         if self._reduces:
             self._check_same_everywhere()
             self._register_hooks(self._params)
+
+    @property
+    def parameter_names(self) -> dict:
+        """{parameter: its name} (from named_parameters, else ``noname.<i>``),
+        for every parameter this optimizer averages."""
+        return dict(self._parameter_names)
+
+    @property
+    def name_prefix(self) -> str:
+        """The prefix of this optimizer's collective names (``grad.`` for
+        the first DistributedOptimizer of a process set, ``grad<i>.`` after)."""
+        return self._prefix
 
     def _internal(self, what: str) -> str:
         """Names of the optimizer's own collectives ("grad:has_grad"), apart

@@ -28,7 +28,7 @@ from commlib.powersgd import check_options as _check_options
 
 from .. import mpi_ops as _ops
 from ..mpi_ops import Average, Sum
-from .optimizer import DistributedOptimizerBase
+from .optimizer import DistributedOptimizerBase, share_state
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -124,8 +124,6 @@ class PowerSGDOptimizer(DistributedOptimizerBase):
 def make_powersgd(cls, optimizer, config: PowerSGD, dist_args: tuple):
     """The PowerSGD DistributedOptimizer: ``cls`` is the generated class
     (PowerSGDOptimizer first, the wrapped optimizer's class last)."""
-    dist = cls.__new__(cls)
-    dist.__dict__.update(optimizer.__dict__)
-    dist._dist_init(*dist_args)
+    dist = share_state(cls, optimizer, dist_args)
     dist._powersgd_init(config)
     return dist

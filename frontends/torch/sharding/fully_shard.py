@@ -370,13 +370,19 @@ def _drive(module, root: _Root):
     return module
 
 
+def groups_of(module) -> list:
+    """The fully_shard groups under ``module`` (itself included), in module
+    order ([] if none): each with its process set, parameters and shard."""
+    return [m._commlib_fsdp for m in module.modules()
+            if getattr(m, "_commlib_fsdp", None) is not None]
+
+
 @contextmanager
 def full_parameters(module, writeback=True):
     """Gathers the whole parameters of every fully_shard module under
     ``module`` (collective over their sets) for reading or changing them;
     with ``writeback``, changes go back into the shards on exit."""
-    groups = [m._commlib_fsdp for m in module.modules()
-              if getattr(m, "_commlib_fsdp", None) is not None]
+    groups = groups_of(module)
     _schedule.new_pass()  # (a prefetched gather may predate a step)
     with torch.no_grad():
         for g in groups:

@@ -23,14 +23,9 @@ from commlib.process_sets import set_rank, set_size
 from commlib.sharding import Bucket, Slot, locate
 
 from .. import mpi_ops as _ops
+from .fully_shard import groups_of
 from .zero_state import (group_hyperparameters, is_elementwise, params_from_full,
                          shard_state_from_saved)
-
-
-def groups_of(model) -> list:
-    """The fully_shard groups under ``model``, in module order ([] if none)."""
-    return [m._commlib_fsdp for m in model.modules()
-            if getattr(m, "_commlib_fsdp", None) is not None]
 
 
 def _process_set(groups):

@@ -69,6 +69,7 @@ from commlib.sharding import check_zero_stage, plan_buckets
 from .. import mpi_ops as _ops
 from ..collectives.compression import Compression
 from ..collectives.tensor_io import as_array
+from ..optim.optimizer import share_state
 from .zero_buckets import FlatBucket
 from .zero_pieces import reducescatter_grads_async
 from .zero_state import (group_hyperparameters, is_elementwise, owned_elements, owned_state,
@@ -325,6 +326,13 @@ class ZeroMixin:
         b = self._bucket_of.get(p)
         return None if b is None else owned_elements(b, p)
 
+    @property
+    def zero_buckets(self) -> list:
+        """This rank's flat buckets (zero_buckets.FlatBucket), in plan order:
+        each with its plan (commlib.sharding.Bucket), parameters, flat
+        buffer and this rank's shard of it."""
+        return self._buckets
+
     def shard_states(self) -> list:
         """This rank's optimizer state, one dict per bucket (empty before
         the first step)."""
@@ -363,7 +371,7 @@ class ZeroMixin:
             shard_states = state_dict["shard_state"]
         else:
             shard_states = self._shards_from_torch(state_dict)
-        self._load_shards(shard_states, state_dict["param_groups"])
+        self.load_shards(shard_states, state_dict["param_groups"])
 
     def _shards_from_torch(self, state_dict) -> list:
         order = torch_order(self, self._parameter_names)
@@ -374,7 +382,10 @@ class ZeroMixin:
         return [shard_from_params(b.plan, b.pos, by_name, b.flat.dtype) or {}
                 for b in self._buckets]
 
-    def _load_shards(self, shard_states, hyper_groups):
+    def load_shards(self, shard_states, hyper_groups):
+        """Sets this rank's optimizer state, one dict per bucket (as
+        ``shard_states()`` returns them), and the param groups'
+        hyperparameters (``hyper_groups``: one dict per group)."""
         if len(shard_states) != len(self._buckets):
             raise ValueError(f"{len(shard_states)} bucket states for {len(self._buckets)} buckets")
         for outer, hyper in zip(self.param_groups, hyper_groups):
@@ -414,9 +425,7 @@ def make_zero(cls, base, optimizer, stage: int, bucket_elements: int, dist_args:
         raise ValueError("zero_stage > 0 must wrap an optimizer that has not stepped yet (its "
                          "state would not be sharded); load state afterwards with "
                          "load_state_dict or commlib.torch.load_sharded")
-    dist = cls.__new__(cls)
-    dist.__dict__.update(optimizer.__dict__)
-    dist.zero_stage, dist._bucket_elements = stage, bucket_elements  # for the signature
-    dist._dist_init(*dist_args)
+    # (zero_stage and the bucket size are part of the signature _dist_init checks)
+    dist = share_state(cls, optimizer, dist_args, zero_stage=stage, _bucket_elements=bucket_elements)
     dist._zero_init(base, stage, bucket_elements)
     return dist

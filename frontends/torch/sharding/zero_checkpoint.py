@@ -39,7 +39,7 @@ def _shard_path(directory, pos: int) -> str:
 
 
 def _zero(optimizer, model=None):
-    if getattr(optimizer, "_buckets", None) is None:
+    if getattr(optimizer, "zero_buckets", None) is None:
         what = "DistributedOptimizer built with zero_stage=1 or 2 on this rank"
         if model is not None:
             what += ", or a model with fully_shard modules"
@@ -49,11 +49,11 @@ def _zero(optimizer, model=None):
 
 def _fully_shard(model, optimizer) -> bool:
     """Whether this is a fully_shard model with its plain optimizer (stage 3)."""
-    return getattr(optimizer, "_buckets", None) is None and bool(_fsdp.groups_of(model))
+    return getattr(optimizer, "zero_buckets", None) is None and bool(_fsdp.groups_of(model))
 
 
 def _managed(optimizer) -> set:
-    return {id(p) for b in optimizer._buckets for p in b.params}
+    return {id(p) for b in optimizer.zero_buckets for p in b.params}
 
 
 def _save(obj, path):
@@ -76,14 +76,14 @@ def save_sharded(directory, model, optimizer) -> None:
     pos = set_rank(opt.process_set)
     os.makedirs(directory, exist_ok=True)
     shards = [{"param": b.shard.detach().clone(), "state": dict(st)}
-              for b, st in zip(opt._buckets, opt.shard_states())]
+              for b, st in zip(opt.zero_buckets, opt.shard_states())]
     _save({"buckets": shards}, _shard_path(directory, pos))
     if pos == 0:
         managed = _managed(opt)
         extra = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()
                  if id(v) not in managed}
         _save({"version": 1, "world": set_size(opt.process_set), "stage": opt.zero_stage,
-               "layout": [b.plan.to_dict() for b in opt._buckets],
+               "layout": [b.plan.to_dict() for b in opt.zero_buckets],
                "param_groups": group_hyperparameters(opt), "model_extra": extra},
               os.path.join(directory, META))
     _ops.barrier(process_set=opt.process_set)
@@ -135,7 +135,7 @@ def load_sharded(directory, model, optimizer) -> None:
         if keys:
             raise KeyError(f"{what}: {', '.join(keys[:5])}")
     states = []
-    for b in opt._buckets:
+    for b in opt.zero_buckets:
         for s in b.plan.slots:
             view = b.flat[s.offset:s.offset + s.numel]
             for pos, obi, at, count, dst in locate(old, s.name, 0, s.numel):
@@ -144,7 +144,7 @@ def load_sharded(directory, model, optimizer) -> None:
     with torch.no_grad():
         for k, v in extra.items():
             current[k].copy_(v)
-    opt._load_shards(states, meta["param_groups"])
+    opt.load_shards(states, meta["param_groups"])
 
 
 def full_state_dict(model, optimizer, root=0):
@@ -161,8 +161,8 @@ def full_state_dict(model, optimizer, root=0):
     if root is not None:
         check_root(root, ps)
     gathered, per_name = [], {}
-    for i, (b, st) in enumerate(zip(opt._buckets, opt.shard_states())):
-        handles = {k: _ops.allgather_async(v.detach(), name=f"{opt._prefix}zero{i}.full.{k}",
+    for i, (b, st) in enumerate(zip(opt.zero_buckets, opt.shard_states())):
+        handles = {k: _ops.allgather_async(v.detach(), name=f"{opt.name_prefix}zero{i}.full.{k}",
                                            process_set=ps)
                    for k, v in sorted(st.items()) if is_elementwise(v, b.plan.shard)}
         gathered.append((b, st, handles))
@@ -172,7 +172,7 @@ def full_state_dict(model, optimizer, root=0):
             per_name.update(params_from_full(b.plan, full))
     if root is not None and _ops.rank() != root:
         return None
-    order = torch_order(opt, opt._parameter_names)
+    order = torch_order(opt, opt.parameter_names)
     state = {i: per_name[name] for i, _, name in order if name in per_name}
     groups, index = [], {id(p): i for i, p, _ in order}
     for g in opt.param_groups:

@@ -111,7 +111,7 @@ expect_raises(ValueError, lambda: hvd.DistributedOptimizer(keras.optimizers.Lamb
 expect_raises(ValueError, lambda: hvd.DistributedOptimizer(keras.optimizers.Adam(), zero_stage=1,
                                                            bucket_elements=0),
               "bucket_elements", match="bucket_elements")
-expect_raises(ValueError, lambda: hvd.DistributedOptimizer(fit1_opt._zero_inner, zero_stage=1),
+expect_raises(ValueError, lambda: hvd.DistributedOptimizer(fit1_opt.zero_shard_optimizer, zero_stage=1),
               "built optimizer", match="not been built")
 expect_raises(TypeError, lambda: hvd.save_sharded(ckpt_dir, ref_fit, ref_fit.optimizer),
               "save_sharded of a plain optimizer", match="zero_stage")
