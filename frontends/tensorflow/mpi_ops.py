@@ -58,7 +58,7 @@ import numpy as np
 import tensorflow as tf
 
 import commlib
-from commlib.errors import ScalarTensorError
+from commlib.checks import check_has_rows
 from commlib.ops import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F401 - re-exported
                          check_root, even_splits, reducescatter_rows)
 from commlib.process_sets import (  # noqa: F401 - re-exported
@@ -115,9 +115,7 @@ def _allgather_np(x, cname, process_set=None):
 
 
 def _allgather_raw(t, name=None, ignore_name_scope=False, process_set=None):
-    if t.shape.rank == 0:
-        raise ScalarTensorError("allgather needs a tensor with at least one dimension, "
-                                "got a 0-d tensor")
+    check_has_rows(t.shape.rank, "allgather")
 
     def fn(cname, x):
         return [_allgather_np(x, cname, process_set)]
@@ -167,9 +165,7 @@ def _broadcast_raw(t, root_rank, name=None, ignore_name_scope=False, process_set
 
 def _alltoall_raw(t, splits, name=None, ignore_name_scope=False, process_set=None):
     """(output, received_splits as int32)."""
-    if t.shape.rank == 0:
-        raise ScalarTensorError("alltoall needs a tensor with at least one dimension, "
-                                "got a 0-d tensor")
+    check_has_rows(t.shape.rank, "alltoall")
     inputs = [t]
     if splits is not None:
         inputs.append(tf.cast(tf.convert_to_tensor(splits), tf.int64))
@@ -193,9 +189,7 @@ def _alltoall_raw(t, splits, name=None, ignore_name_scope=False, process_set=Non
 
 def _reducescatter_raw(t, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False,
                        process_set=None):
-    if t.shape.rank == 0:
-        raise ScalarTensorError("reducescatter needs a tensor with at least one dimension, "
-                                "got a 0-d tensor")
+    check_has_rows(t.shape.rank, "reducescatter")
 
     def fn(cname, x):
         return [commlib.reducescatter(x, op=op, name=cname, prescale_factor=pre,
@@ -489,9 +483,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=N
         ts = [_as_tensor(t) for t in tensors]
         for t in ts:
             check_dtype(t.dtype, "grouped_allgather", movable=True)
-            if t.shape.rank == 0:
-                raise ScalarTensorError("allgather needs tensors with at least one dimension, "
-                                        "got a 0-d tensor")
+            check_has_rows(t.shape.rank, "allgather", several=True)
         return _grouped_allgather_op(ts, name, ignore_name_scope, process_set)
 
 
@@ -558,9 +550,8 @@ def grouped_reducescatter(tensors, device_dense='', compression=Compression.none
     list raises ScalarTensorError before any of them is sent."""
     with collective_call("reducescatter", None, process_set):
         tensors = [_as_tensor(t) for t in tensors]
-        if any(t.shape.rank == 0 for t in tensors):
-            raise ScalarTensorError("reducescatter needs tensors with at least one dimension, "
-                                    "got a 0-d tensor")
+        for t in tensors:
+            check_has_rows(t.shape.rank, "reducescatter", several=True)
         return [reducescatter(t, device_dense, compression, op, process_set=process_set,
                               prescale_factor=prescale_factor,
                               postscale_factor=postscale_factor)
