@@ -111,7 +111,7 @@ for i in range(2):
     hvd.grouped_allreduce_(g, op=hvd.Sum, name="g.inplace")
     check_equal(g[4].numpy(), np.full((2, 3), total, np.float64), f"grouped in place {i}")
 g[1].data = torch.full((7,), float(r + 1), dtype=torch.float64)  # a new storage, shape and dtype
-g[4].resize_(50, 40)  # the data moves
+g[4].data = torch.empty((50, 40), dtype=torch.float64)  # the data moves
 for x in g:
     x.fill_(r + 1)
 hvd.grouped_allreduce_(g, op=hvd.Average, name="g.changed")
