@@ -201,6 +201,14 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     """Reduces a list of tensors as one fused unit; returns a list of new
     tensors. Differentiable for Sum, Average and Adasum."""
     process_set = check_process_set(process_set)
+    if compression is Compression.none:  # (nothing to cast: no per-tensor calls)
+        tensors = list(tensors)
+        if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+            # (no graph to record: the autograd function's per-tensor work is saved)
+            return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                                       postscale_factor, process_set))
+        return list(HorovodGroupedAllreduce.apply(average, name, op, prescale_factor,
+                                                  postscale_factor, process_set, *tensors))
     pairs = [compression.compress(t) for t in tensors]
     outs = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
                                          process_set, *[p[0] for p in pairs])
