@@ -21,8 +21,10 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 from . import gpu
-from ._lib import check, ffi, lib
+from ._lib import lib
 from .handle import Handle, synchronize_on_stream
+from .submit import address, request
+from .submit import submit as submit_request
 
 __all__ = ["DeviceBuffer", "OPS", "submit", "synchronize_on_stream"]
 
@@ -59,26 +61,11 @@ def submit(op_type: int, name: str, inp: DeviceBuffer, out_ptr: int, *, device: 
     NCCL, no CUDA runtime, COMMLIB_GPU_BACKEND=host, a dtype or op NCCL cannot
     run) raise here, on every rank alike."""
     ensure_loaded()
-    req = ffi.new("commlib_request*")
-    keep = [req]
-    cname = ffi.new("char[]", name.encode())
-    shape = ffi.new("int64_t[]", list(inp.shape) or [0])
-    keep += [cname, shape]
-    req.op_type, req.name, req.process_set = op_type, cname, process_set
-    req.dtype, req.ndim, req.shape = inp.dtype, len(inp.shape), shape
-    req.input = ffi.cast("void*", inp.ptr)
-    req.output = ffi.cast("void*", out_ptr)
-    req.reduce_op, req.prescale, req.postscale, req.root = reduce_op, float(prescale), float(postscale), root
-    if splits is not None:
-        s = ffi.new("int64_t[]", list(splits) or [0])
-        keep.append(s)
-        req.splits, req.nsplits = s, len(splits)
-    req.device_type = lib.COMMLIB_DEVICE_CUDA
-    req.device_id = device
-    req.stream = ffi.cast("void*", stream)
-    req.output_rows = output_rows
-    hid = ffi.new("int64_t*")
-    check(lib.commlib_enqueue(req, hid))
-    return Handle(hid[0], None, (keep, keepalive), _OP_NAMES.get(op_type, "collective"), value=value,
+    hid = submit_request(request(
+        op_type, name, shape=tuple(inp.shape), dtype=inp.dtype, input=address(inp.ptr),
+        output=address(out_ptr), reduce_op=reduce_op, prescale=prescale, postscale=postscale,
+        root=root, splits=splits, process_set=process_set, device_type=lib.COMMLIB_DEVICE_CUDA,
+        device_id=device, stream=address(stream), output_rows=output_rows))
+    return Handle(hid, None, keepalive, _OP_NAMES.get(op_type, "collective"), value=value,
                   device=device)
 

@@ -37,6 +37,7 @@ from .dtypes import dtype_code, dtype_size
 from .handle import Handle
 from .p2p import check_out, check_peer, check_tag, new_array
 from .process_sets import process_set_id as _psid
+from .submit import address, request, submit
 
 __all__ = ["DeviceMessage", "isend_device", "irecv_device", "release"]
 
@@ -57,25 +58,13 @@ class DeviceMessage(NamedTuple):
         return n * dtype_size(self.dtype)
 
 
-def _enqueue(op_type: int, *, dtype: int, shape: Sequence[int] | None, ptr: int, peer: int, tag: int,
+def _submit_device(op_type: int, *, dtype: int, shape: Sequence[int] | None, ptr: int, peer: int, tag: int,
              psid: int, device: int, stream: int, on_device: bool, flags: int = 0) -> int:
-    req = ffi.new("commlib_request*")
-    dims = ffi.new("int64_t[]", list(shape) or [0]) if shape is not None else ffi.NULL
-    req.op_type, req.process_set, req.peer, req.tag = op_type, psid, peer, tag
-    req.dtype = dtype
-    req.ndim = len(shape) if shape is not None else 0
-    req.shape = dims
-    buf = ffi.cast("void*", ptr)
-    if op_type == lib.COMMLIB_OP_SEND:
-        req.input = buf
-    else:
-        req.output = buf
-    req.device_type = lib.COMMLIB_DEVICE_CUDA if on_device else lib.COMMLIB_DEVICE_CPU
-    req.device_id, req.stream = device, ffi.cast("void*", stream)
-    req.p2p_flags = flags
-    hid = ffi.new("int64_t*")
-    check(lib.commlib_enqueue(req, hid))
-    return hid[0]
+    buf = "input" if op_type == lib.COMMLIB_OP_SEND else "output"
+    return submit(request(op_type, None, shape=tuple(shape) if shape is not None else None,
+                          process_set=psid, peer=peer, tag=tag, dtype=dtype, **{buf: address(ptr)},
+                          device_type=lib.COMMLIB_DEVICE_CUDA if on_device else lib.COMMLIB_DEVICE_CPU,
+                          device_id=device, stream=address(stream), p2p_flags=flags))
 
 
 def isend_device(ptr: int, dtype: int, shape: Sequence[int], dst: int, tag: int = 0, process_set=None, *,
@@ -87,7 +76,7 @@ def isend_device(ptr: int, dtype: int, shape: Sequence[int], dst: int, tag: int 
     runtime.require_init()
     device_ops.ensure_loaded()
     peer = check_peer(dst, "dst", process_set)
-    hid = _enqueue(lib.COMMLIB_OP_SEND, dtype=dtype, shape=tuple(shape), ptr=ptr, peer=peer, tag=check_tag(tag),
+    hid = _submit_device(lib.COMMLIB_OP_SEND, dtype=dtype, shape=tuple(shape), ptr=ptr, peer=peer, tag=check_tag(tag),
                    psid=_psid(process_set), device=device, stream=stream, on_device=True)
     return Handle(hid, None, keepalive, "send")
 
@@ -115,7 +104,7 @@ def irecv_device(src: int, tag: int = 0, process_set=None, *, device: int, strea
     if dtype < 0:
         shape = None
     ptr = host_out.ctypes.data if host_out is not None and host_out.size else device_out
-    hid = _enqueue(lib.COMMLIB_OP_RECV, dtype=dtype, shape=shape, ptr=ptr, peer=peer, tag=check_tag(tag),
+    hid = _submit_device(lib.COMMLIB_OP_RECV, dtype=dtype, shape=shape, ptr=ptr, peer=peer, tag=check_tag(tag),
                    psid=_psid(process_set), device=device, stream=stream, on_device=bool(device_out),
                    flags=lib.COMMLIB_P2P_TAKES_DEVICE)
 

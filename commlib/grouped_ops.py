@@ -10,11 +10,12 @@ import weakref
 import numpy as np
 
 from . import runtime
-from ._lib import check, ffi, lib
+from ._lib import ffi, lib
 from .dtypes import dtype_code
 from .handle import Handle, synchronize
 from .ops import as_input, check_output, check_result_like, resolve_op
 from .process_sets import process_set_id as _psid
+from .submit import c_name, request, submit
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -54,33 +55,70 @@ def _pointers(arrays):
                                for a in arrays] or [ffi.NULL])
 
 
-class _GroupLayout:
-    """The flat description of a list of arrays that the core's group call
-    takes (dtype codes, ranks, dimensions, data pointers). It refers to the
-    arrays weakly (a cached layout must not keep a model's worth of arrays
-    alive): a request keeps its arrays alive through its handle."""
+class GroupLayout:
+    """The flat description of a list of buffers that a group request takes
+    (dtype codes, ranks, dimensions, data pointers), from each buffer's dtype
+    code, shape, address and size in bytes (a frontend describes its tensors
+    so, numpy arrays through ``of_arrays``). It refers to the buffers weakly
+    (a cached layout must not keep a model's worth of them alive): a request
+    keeps its buffers alive through its handle. ``request(...)`` is the group
+    request on them (its arguments and result cached, as training loops
+    repeat them)."""
 
-    __slots__ = ("refs", "shapes", "dtypes", "ndims", "dims", "ptrs", "out_offsets", "out_specs",
-                 "out_bytes", "uniform")
+    __slots__ = ("refs", "shapes", "codes", "dtypes", "ndims", "dims", "ptrs", "out_offsets",
+                 "out_specs", "out_bytes", "uniform", "last", "facts")
 
-    def __init__(self, arrays):
-        self.refs = [weakref.ref(a) for a in arrays]
-        self.shapes = [a.shape for a in arrays]
-        self.dtypes = ffi.new("int32_t[]", [dtype_code(a.dtype) for a in arrays] or [0])
-        self.ndims = ffi.new("int32_t[]", [len(s) for s in self.shapes] or [0])
-        self.dims = ffi.new("int64_t[]", [d for s in self.shapes for d in s] or [0])
-        self.ptrs = _pointers(arrays)
+    def __init__(self, buffers, codes, shapes, addresses, nbytes, dtypes=None):
+        self.refs = [weakref.ref(b) for b in buffers]
+        self.shapes = shapes
+        self.codes = codes
+        self.dtypes = ffi.new("int32_t[]", codes or [0])
+        self.ndims = ffi.new("int32_t[]", [len(s) for s in shapes] or [0])
+        self.dims = ffi.new("int64_t[]", [d for s in shapes for d in s] or [0])
+        self.ptrs = self.pointers(addresses)
         # Out of place: every result in one buffer, at 64-byte aligned offsets.
         offsets, at = [], 0
-        for a in arrays:
+        for n in nbytes:
             offsets.append(at)
-            at += (a.nbytes + 63) // 64 * 64
+            at += (n + 63) // 64 * 64
         self.out_offsets = np.array(offsets, dtype=np.int64)
-        self.out_specs = [(a.shape, a.dtype, o) for a, o in zip(arrays, offsets)]
+        self.out_specs = list(zip(shapes, dtypes or codes, offsets))
         self.out_bytes = max(1, at)
-        first = arrays[0] if arrays else None
-        self.uniform = first is not None and first.nbytes % 64 == 0 and all(
-            a.shape == first.shape and a.dtype == first.dtype for a in arrays)
+        self.uniform = bool(shapes) and nbytes[0] % 64 == 0 and all(
+            s == shapes[0] and c == codes[0] for s, c in zip(shapes, codes))
+        self.last = None
+        self.facts = None  # (a frontend's: what says its buffers still hold)
+
+    @classmethod
+    def of_arrays(cls, arrays):
+        return cls(arrays, [dtype_code(a.dtype) for a in arrays], [a.shape for a in arrays],
+                   [a.ctypes.data if a.size else 0 for a in arrays], [a.nbytes for a in arrays],
+                   [a.dtype for a in arrays])
+
+    def request(self, name, outputs, op: int, prescale: float, postscale: float, psid: int):
+        """The group request (outputs: a C array of addresses, this layout's
+        ptrs in place); the last one again when its arguments repeat."""
+        args = (name, outputs, op, prescale, postscale, psid)
+        last = self.last
+        if last is not None and last[0] == args:
+            return last[1]
+        r = request(lib.COMMLIB_OP_ALLREDUCE, name, reduce_op=op, prescale=prescale,
+                    postscale=postscale, process_set=psid, shape=self.dims,
+                    nmembers=len(self.shapes), member_dtypes=self.dtypes,
+                    member_ndims=self.ndims, member_inputs=self.ptrs, member_outputs=outputs)
+        self.last = (args, r)
+        return r
+
+    @staticmethod
+    def pointers(addresses):
+        """Addresses (ints; 0: none) as a C array."""
+        return ffi.new("void*[]", [ffi.cast("void*", a) if a else ffi.NULL for a in addresses] or [ffi.NULL])
+
+    def out_addresses(self, base: int):
+        """The C array of the results' addresses in one buffer at ``base``
+        (and the numpy array that holds it)."""
+        addresses = self.out_offsets + base
+        return ffi.cast("void**", ffi.from_buffer(addresses)), addresses
 
     def outputs(self):
         """New result arrays (views of one new buffer) for the arrays of this
@@ -93,8 +131,7 @@ class _GroupLayout:
             outs = list(np.ndarray((len(self.out_specs),) + shape, dtype, buf, base))
         else:
             outs = [np.ndarray(shape, dtype, buf, base + o) for shape, dtype, o in self.out_specs]
-        addresses = self.out_offsets + (address + base)
-        return outs, (ffi.cast("void**", ffi.from_buffer(addresses)), addresses, buf)
+        return outs, (*self.out_addresses(address + base), buf)
 
     def still_valid(self, arrays) -> bool:
         """The same arrays (alive: their ids were not reused), same shapes."""
@@ -108,12 +145,12 @@ _layout_cache: dict = {}
 _LAYOUT_CACHE_SIZE = 64
 
 
-def _cached_layout(arrays, inplace: bool) -> _GroupLayout | None:
+def _cached_layout(arrays, inplace: bool) -> GroupLayout | None:
     layout = _layout_cache.get((inplace, *map(id, arrays)))
     return layout if layout is not None and layout.still_valid(arrays) else None
 
 
-def _layout_for(arrays, inplace: bool) -> _GroupLayout:
+def _layout_for(arrays, inplace: bool) -> GroupLayout:
     """The layout of a group's inputs (already checked by as_input; in place
     they are the outputs too, checked writable here), built when first seen,
     then cached."""
@@ -123,21 +160,17 @@ def _layout_for(arrays, inplace: bool) -> _GroupLayout:
         if inplace:
             for a in arrays:
                 check_output(a, "grouped_allreduce_")
-        layout = _GroupLayout(arrays)
+        layout = GroupLayout.of_arrays(arrays)
         if len(_layout_cache) >= _LAYOUT_CACHE_SIZE:
             _layout_cache.pop(next(iter(_layout_cache)))
         _layout_cache[key] = layout
     return layout
 
 
-def _grouped(ins, inplace: bool, src: _GroupLayout, average, name, op, prescale, postscale,
+def _grouped(ins, inplace: bool, src: GroupLayout, average, name, op, prescale, postscale,
              process_set, out=None) -> Handle:
     """Submits a group described by ``src`` (the layout of ``ins``); in place
     the results go into ``ins``, else into ``out`` (checked) or new arrays."""
-    runtime.require_init()
-    rop = resolve_op(op, average)
-    psid = _psid(process_set)
-    base = runtime.auto_name("allreduce", name, psid)
     if inplace:
         outs, dst = ins, src.ptrs
         keep = dst
@@ -147,11 +180,17 @@ def _grouped(ins, inplace: bool, src: _GroupLayout, average, name, op, prescale,
     else:  # (outputs: the inputs' dtypes and shapes)
         outs, keep = src.outputs()
         dst = keep[0]
-    hid = ffi.new("int64_t*")
-    check(lib.commlib_enqueue_allreduce_group(base.encode(), len(ins), src.dtypes, src.ndims,
-                                              src.dims, src.ptrs, dst, rop, float(prescale),
-                                              float(postscale), psid, hid))
-    return Handle(hid[0], None, (src, keep, ins, outs), "grouped_allreduce", outs)
+    hid = submit_group(src, dst, average, name, op, prescale, postscale, process_set)
+    return Handle(hid, None, (src, keep, ins, outs), "grouped_allreduce", outs)
+
+
+def submit_group(src: GroupLayout, dst, average, name, op, prescale, postscale, process_set) -> int:
+    """Submits the group ``src`` describes, results to the addresses ``dst``
+    (a C array: src.ptrs in place); returns the handle id."""
+    runtime.require_init()
+    rop = resolve_op(op, average)
+    psid = _psid(process_set)
+    return submit(src.request(c_name("allreduce", name, psid), dst, rop, prescale, postscale, psid))
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,

@@ -39,20 +39,18 @@ point-to-point messages (CUDA tensors are staged through host memory).
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 
 from . import runtime
-from ._lib import check, ffi, lib
+from ._lib import lib
+from .checks import check_has_rows
 from .dtypes import dtype_code
-from .errors import ScalarTensorError
 from .handle import Handle, core_result, core_splits, synchronize
 from .process_sets import global_process_set
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
-from .process_sets import set_size
-from .submit import NULL, cached_facts, facts, submit, submit_in_place, submit_named
+from .process_sets import set_rank, set_size
+from .submit import array_fields, cached_facts, request, submit, submit_in_place
 
 # Reduction operators (Horovod's names).
 Sum = lib.COMMLIB_SUM
@@ -135,68 +133,11 @@ def resolve_op(op=None, average=None, default=Average) -> int:
     return op
 
 
-def _fill(req, keep: list, op_type: int, name: str, inp: np.ndarray | None,
-          out: np.ndarray | None, reduce_op: int = 0, prescale: float = 1.0,
-          postscale: float = 1.0, root: int = 0, splits: Sequence[int] | None = None,
-          process_set: int = 0, output_rows: int = -1, device: int = -1) -> None:
-    """Fills one commlib_request; cffi objects it points to go into keep.
-    ``device`` >= 0: the request names that CUDA device."""
-    req.op_type = op_type
-    req.process_set = process_set
-    cname = ffi.new("char[]", name.encode())
-    keep.append(cname)
-    req.name = cname
-    if inp is not None:
-        shape = ffi.new("int64_t[]", list(inp.shape) or [0])
-        keep.append(shape)
-        req.dtype = dtype_code(inp.dtype)
-        req.ndim = inp.ndim
-        req.shape = shape
-        req.input = ffi.from_buffer(inp, require_writable=False) if inp.size else ffi.NULL
-    if out is not None and out.size:
-        req.output = ffi.from_buffer(out, require_writable=True)
-    req.output_rows = output_rows
-    req.reduce_op = reduce_op
-    req.prescale = float(prescale)
-    req.postscale = float(postscale)
-    req.root = root
-    if splits is not None:
-        s = ffi.new("int64_t[]", list(splits) or [0])
-        keep.append(s)
-        req.splits = s
-        req.nsplits = len(splits)
-    if device >= 0:
-        req.device_type, req.device_id = lib.COMMLIB_DEVICE_CUDA, device
-
-
-def _enqueue(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | None,
-             reduce_op: int = 0, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
-             splits: Sequence[int] | None = None, process_set: int = 0, output_rows: int = -1,
-             device: int = -1):
-    """Submits one request; returns (handle id, cffi objects to keep alive).
-    (Before init() the core refuses it with NotInitializedError.)"""
-    if splits is not None or output_rows >= 0 or device >= 0:  # (the request struct carries them)
-        req = ffi.new("commlib_request*")
-        keep = [req]
-        _fill(req, keep, op_type, name, inp, out, reduce_op, prescale, postscale, root, splits,
-              process_set, output_rows, device)
-        hid = ffi.new("int64_t*")
-        check(lib.commlib_enqueue(req, hid))
-        return hid[0], keep
-    if inp is None:
-        code, ndim, shape, in_ptr = 0, 0, NULL, NULL
-    else:
-        f = facts(inp)
-        code, ndim, shape, in_ptr = f.code, f.ndim, f.cshape, f.ptr
-    if out is None or not out.size:
-        out_ptr = NULL
-    elif out is inp:  # in place: one pointer (the caller checked it writable)
-        out_ptr = in_ptr
-    else:
-        out_ptr = ffi.from_buffer(out, require_writable=True)
-    hid = submit(op_type, name, code, ndim, shape, in_ptr, out_ptr, reduce_op, float(prescale),
-                 float(postscale), root, process_set)
-    return hid, (out_ptr if out_ptr is not in_ptr else None)
+def _submit(op_type: int, name: str, inp: np.ndarray | None, out: np.ndarray | None,
+            **fields) -> int:
+    """Submits one request on numpy arrays (see commlib.submit.request for
+    ``fields``); returns its handle id."""
+    return submit(request(op_type, name, **array_fields(inp, out), **fields))
 
 
 # ---------------------------------------------------------------- allreduce
@@ -235,37 +176,28 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     if f is None:
         return _allreduce(check_output(tensor, "allreduce_"), tensor, average, name, op,
                           prescale_factor, postscale_factor, process_set)
-    # the fast path of a training loop's repeated calls (the array was checked
-    # before): with a plain op on the global set, straight to the core
-    if (average is None and type(op) is int and op in _OP_NAMES
-            and (process_set is None or process_set is global_process_set)):
-        hid = submit_in_place(_OP_ALLREDUCE, "allreduce", name, f, op, float(prescale_factor),
-                              float(postscale_factor), 0)
-        return Handle(hid, None, tensor, "allreduce", tensor)
-    return allreduce_async_at(f.code, f.ndim, f.cshape, f.ptr, tensor, name,
-                              resolve_op(op, average), prescale_factor, postscale_factor,
-                              process_set)
+    return allreduce_in_place(f, tensor, name, resolve_op(op, average), prescale_factor,
+                              postscale_factor, process_set)
 
 
-def allreduce_async_at(code: int, ndim: int, cshape, ptr, keep, name=None, op=Average,
-                       prescale_factor=1.0, postscale_factor=1.0, process_set=None) -> Handle:
-    """In-place allreduce of memory its caller describes (a frontend's
-    checked tensor: the dtype's core code, the shape as a C array, the data
-    pointer; see commlib.submit). ``keep`` is kept alive until the handle
-    completes and is what ``synchronize`` returns."""
+def allreduce_in_place(f, keep, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=None) -> Handle:
+    """In-place allreduce of the buffer ``f`` (commlib.submit.Facts: a
+    checked array's, or a frontend's checked tensor's) describes, with a
+    resolved op. ``keep`` is kept alive until the handle completes and is
+    what ``synchronize`` returns."""
     psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
-    hid = submit_named(_OP_ALLREDUCE, "allreduce", name, code, ndim, cshape, ptr, ptr, op,
-                       float(prescale_factor), float(postscale_factor), 0, psid)
+    hid = submit_in_place(f, _OP_ALLREDUCE, "allreduce", name, op, prescale_factor,
+                          postscale_factor, psid)
     return Handle(hid, None, keep, "allreduce", keep)
 
 
 def _allreduce(inp, out, average, name, op, prescale, postscale, process_set) -> Handle:
     rop = resolve_op(op, average)
     psid = _psid(process_set)
-    hid, keep = _enqueue(lib.COMMLIB_OP_ALLREDUCE,
-                         runtime.auto_name("allreduce", name, psid), inp, out,
-                         reduce_op=rop, prescale=prescale, postscale=postscale, process_set=psid)
-    return Handle(hid, None, (keep, inp, out), "allreduce", out)
+    hid = _submit(_OP_ALLREDUCE, runtime.auto_name("allreduce", name, psid), inp, out,
+                  reduce_op=rop, prescale=prescale, postscale=postscale, process_set=psid)
+    return Handle(hid, None, (inp, out), "allreduce", out)
 
 
 def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -293,9 +225,7 @@ def allgather_async(tensor, name=None, process_set=None, out=None) -> Handle:
     (else ValueError on that rank). ``tensor`` may be this rank's own part of
     ``out`` (in place: ``allgather(out[lo:hi], out=out)``)."""
     inp = as_input(tensor)
-    if inp.ndim == 0:
-        raise ScalarTensorError("allgather needs a tensor with at least one dimension, "
-                                "got a 0-d tensor")
+    check_has_rows(inp.ndim, "allgather")
     psid = _psid(process_set)
     name = runtime.auto_name("allgather", name, psid)
     if out is not None:
@@ -305,16 +235,16 @@ def allgather_async(tensor, name=None, process_set=None, out=None) -> Handle:
         if out.ndim != inp.ndim or out.shape[1:] != inp.shape[1:]:
             raise ValueError(f"allgather '{name}': out has shape {out.shape}; the result has shape "
                              f"(rows,) + {inp.shape[1:]}")
-        hid, keep = _enqueue(lib.COMMLIB_OP_ALLGATHER, name, inp, out, process_set=psid,
-                             output_rows=out.shape[0])
-        return Handle(hid, None, (keep, inp, out), "allgather", value=out)
-    hid, keep = _enqueue(lib.COMMLIB_OP_ALLGATHER, name, inp, None, process_set=psid)
+        hid = _submit(lib.COMMLIB_OP_ALLGATHER, name, inp, out, process_set=psid,
+                      output_rows=out.shape[0])
+        return Handle(hid, None, (inp, out), "allgather", value=out)
+    hid = _submit(lib.COMMLIB_OP_ALLGATHER, name, inp, None, process_set=psid)
 
     def finish(h):
         data, rows = core_result(h)
         return np.frombuffer(data, dtype=inp.dtype).reshape((rows,) + inp.shape[1:])
 
-    return Handle(hid, finish, (keep, inp), "allgather")
+    return Handle(hid, finish, inp, "allgather")
 
 
 def allgather(tensor, name=None, process_set=None, out=None) -> np.ndarray:
@@ -354,10 +284,9 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
 def _broadcast(inp, out, root_rank, name, process_set) -> Handle:
     psid = _psid(process_set)
     root = check_root(root_rank, process_set)
-    hid, keep = _enqueue(lib.COMMLIB_OP_BROADCAST,
-                         runtime.auto_name("broadcast", name, psid), inp, out,
-                         root=root, process_set=psid)
-    return Handle(hid, None, (keep, inp, out), "broadcast", out)
+    hid = _submit(lib.COMMLIB_OP_BROADCAST, runtime.auto_name("broadcast", name, psid), inp, out,
+                  root=root, process_set=psid)
+    return Handle(hid, None, (inp, out), "broadcast", out)
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None) -> np.ndarray:
@@ -375,9 +304,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     (of ``process_set``: its i-th member) (equal parts when splits is None). The result is the received rows in rank
     order, and, when splits is given, the rows received from each rank."""
     inp = as_input(tensor)
-    if inp.ndim == 0:
-        raise ScalarTensorError("alltoall needs a tensor with at least one dimension, "
-                                "got a 0-d tensor")
+    check_has_rows(inp.ndim, "alltoall")
     split_list = None
     if splits is not None:
         s = np.asarray(splits)
@@ -388,9 +315,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     n = len(_members(process_set))
     if split_list is not None and len(split_list) != n:
         raise ValueError(f"alltoall splits must have one entry per rank ({n}), got {len(split_list)}")
-    hid, keep = _enqueue(lib.COMMLIB_OP_ALLTOALL,
-                         runtime.auto_name("alltoall", name, psid), inp, None,
-                         splits=split_list, process_set=psid)
+    hid = _submit(lib.COMMLIB_OP_ALLTOALL, runtime.auto_name("alltoall", name, psid), inp, None,
+                  splits=split_list, process_set=psid)
 
     def finish(h):
         data, rows = core_result(h)
@@ -399,7 +325,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
             return out
         return out, np.asarray(core_splits(h, n), dtype=np.int64)
 
-    return Handle(hid, finish, (keep, inp), "alltoall")
+    return Handle(hid, finish, inp, "alltoall")
 
 
 def even_splits(rows: int, process_set=None) -> list[int]:
@@ -422,11 +348,7 @@ def reducescatter_rows(dim0: int, process_set=None) -> int:
     """The rows of dimension 0 that reducescatter leaves on this rank: the
     set's members split them in order, lower positions get the extra rows.
     ValueError when this rank is not a member."""
-    ranks = _members(process_set)
-    me = runtime.rank()
-    if me not in ranks:
-        raise ValueError(f"rank {me} is not a member of {process_set}")
-    n, pos = len(ranks), ranks.index(me)
+    n, pos = set_size(process_set), set_rank(process_set)
     return dim0 // n + (1 if pos < dim0 % n else 0)
 
 
@@ -439,21 +361,17 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
     array of that part's shape and the input's dtype to write the result
     into (no allocation); it is the result."""
     inp = as_input(tensor)
-    if inp.ndim == 0:
-        raise ScalarTensorError("reducescatter needs a tensor with at least one dimension, "
-                                "got a 0-d tensor")
+    check_has_rows(inp.ndim, "reducescatter")
     psid = _psid(process_set)
     if splits is None:
         rows = reducescatter_rows(inp.shape[0], process_set)
     else:
         splits = [int(x) for x in splits]
-        ranks = _members(process_set)
-        if runtime.rank() not in ranks:
-            raise ValueError(f"rank {runtime.rank()} is not a member of {process_set}")
-        if len(splits) != len(ranks) or min(splits, default=0) < 0 or sum(splits) != inp.shape[0]:
-            raise ValueError(f"reducescatter splits {splits}: expected {len(ranks)} non-negative "
+        pos, n = set_rank(process_set), set_size(process_set)
+        if len(splits) != n or min(splits, default=0) < 0 or sum(splits) != inp.shape[0]:
+            raise ValueError(f"reducescatter splits {splits}: expected {n} non-negative "
                              f"entries summing to dimension 0 ({inp.shape[0]})")
-        rows = splits[ranks.index(runtime.rank())]
+        rows = splits[pos]
     shape = (rows,) + inp.shape[1:]
     if out is None:
         out = np.empty(shape, dtype=inp.dtype)
@@ -461,11 +379,10 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
         check_out_part(out, shape, inp.dtype, "reducescatter")
         if np.may_share_memory(out, inp):
             raise ValueError("reducescatter: out must not overlap the input")
-    hid, keep = _enqueue(lib.COMMLIB_OP_REDUCESCATTER,
-                         runtime.auto_name("reducescatter", name, psid), inp,
-                         out, reduce_op=resolve_op(op), prescale=prescale_factor,
-                         postscale=postscale_factor, splits=splits, process_set=psid)
-    return Handle(hid, None, (keep, inp, out), "reducescatter", out)
+    hid = _submit(lib.COMMLIB_OP_REDUCESCATTER, runtime.auto_name("reducescatter", name, psid),
+                  inp, out, reduce_op=resolve_op(op), prescale=float(prescale_factor),
+                  postscale=float(postscale_factor), splits=splits, process_set=psid)
+    return Handle(hid, None, (inp, out), "reducescatter", out)
 
 
 def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0,
@@ -490,9 +407,9 @@ def check_out_part(out, shape: tuple, dtype, what: str) -> np.ndarray:
 def barrier(process_set=None) -> None:
     """Returns once every rank (of ``process_set``) has called barrier()."""
     psid = _psid(process_set)
-    hid, keep = _enqueue(lib.COMMLIB_OP_BARRIER, runtime.auto_name("barrier", None, psid), None,
-                         None, process_set=psid)
-    synchronize(Handle(hid, None, keep, "barrier"))
+    hid = _submit(lib.COMMLIB_OP_BARRIER, runtime.auto_name("barrier", None, psid), None, None,
+                  process_set=psid)
+    synchronize(Handle(hid, None, None, "barrier"))
 
 
 def join(device: int = -1) -> int:
@@ -508,8 +425,9 @@ def join(device: int = -1) -> int:
     ``device``: the CUDA device on which this rank stands in for the others'
     CUDA collectives (by default the device of its own CUDA collectives; -1:
     none given)."""
-    hid, keep = _enqueue(lib.COMMLIB_OP_JOIN, f"commlib.join.{runtime.name_epoch()}", None, None,
-                         device=-1 if device is None else int(device))
-    last = synchronize(Handle(hid, lambda h: core_splits(h, 1)[0], keep, "join"))
+    device = -1 if device is None else int(device)
+    cuda = {"device_type": lib.COMMLIB_DEVICE_CUDA, "device_id": device} if device >= 0 else {}
+    hid = _submit(lib.COMMLIB_OP_JOIN, f"commlib.join.{runtime.name_epoch()}", None, None, **cuda)
+    last = synchronize(Handle(hid, lambda h: core_splits(h, 1)[0], None, "join"))
     runtime.names_after_join()
     return int(last)

@@ -37,7 +37,7 @@ from ._lib import check, ffi, lib
 from .dtypes import dtype_code, numpy_dtype
 from .handle import WAIT_SLICE_S, Handle, core_result, synchronize
 from .ops import as_input
-from .submit import cached_facts, facts
+from .submit import cached_facts, describe, p2p_blocking, request, submit
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
 
@@ -64,37 +64,37 @@ def check_tag(tag) -> int:
     return int(tag)
 
 
-def _args(arr, out, peer: int, tag: int, psid: int) -> tuple:
-    """The core's arguments for a send of ``arr`` or a receive into ``out``."""
-    buf = arr if arr is not None else out
-    if buf is None:
-        dtype, ndim, shape, ptr = -1, 0, ffi.NULL, ffi.NULL
-    else:
-        f = facts(buf)  # (checked by the caller: as_input, or check_out for a receive)
-        dtype, ndim, shape, ptr = f.code, f.ndim, f.cshape, f.ptr
-    data = ptr if arr is not None else ffi.NULL
-    dst = ptr if out is not None else ffi.NULL
-    return dtype, ndim, shape, data, dst, peer, tag, psid
+def _request(send: bool, f, peer: int, tag: int, psid: int):
+    """The request of a send of (a receive into) the buffer ``f``
+    (commlib.submit.Facts) describes, or of a receive into memory the core
+    allocates (f None); a buffer's last one again when its arguments repeat."""
+    if f is None:
+        return request(_RECV, None, dtype=-1, peer=peer, tag=tag, process_set=psid)
+    args = (send, peer, tag, psid)
+    last = f.last
+    if last is not None and last[0] == args:
+        return last[1]
+    r = request(_SEND if send else _RECV, None, dtype=f.code, ndim=f.ndim, shape=f.cshape, peer=peer,
+                tag=tag, process_set=psid, **{"input" if send else "output": f.ptr})
+    f.last = (args, r)
+    return r
 
 
 def _submit(op_type: int, arr, out, peer: int, tag: int, psid: int) -> int:
-    hid = lib.commlib_submit_p2p(op_type, *_args(arr, out, peer, tag, psid))
-    if hid < 0:
-        check(-hid)
-    return hid
+    buf = arr if arr is not None else out  # (checked by the caller: as_input, or check_out)
+    return submit(_request(op_type == _SEND, None if buf is None else describe(buf), peer, tag, psid))
 
 
 def _blocking(op_type: int, arr, out, peer: int, tag: int, psid: int) -> None:
     """Runs one request to completion in one core call; one still pending
     after a slice (long waits, so that Ctrl-C reaches Python) is synchronized."""
-    _finish(lib.commlib_p2p_blocking(op_type, *_args(arr, out, peer, tag, psid), WAIT_SLICE_S), arr, out)
+    buf = arr if arr is not None else out
+    _finish(p2p_blocking(_request(op_type == _SEND, describe(buf), peer, tag, psid), WAIT_SLICE_S), arr, out)
 
 
 def _finish(rc: int, arr, out) -> None:
-    """Raises a blocking call's error, or waits for its request still pending."""
-    if rc < 0:
-        check(-rc)
-    elif rc > 0:
+    """Waits for a blocking call's request still pending (rc: its handle)."""
+    if rc > 0:
         synchronize(Handle(rc, None, (arr, out), "send" if arr is not None else "recv"))
 
 
@@ -124,19 +124,16 @@ def plain_peer_and_tag(peer, tag) -> bool:
     return type(peer) is int and type(tag) is int and 0 <= tag < _TAGS
 
 
-def blocking_at(send: bool, code: int, ndim: int, cshape, ptr, peer: int, tag: int, keep) -> None:
-    """A blocking send of, or receive into, the memory the core's facts
-    describe (``ptr``: data address, see commlib.submit) on the global set,
-    in one core call; the core checks the peer and the tag. ``keep`` stays
-    alive while a long wait goes on. For frontends' fast paths."""
-    rc = _c_blocking(_SEND if send else _RECV, code, ndim, cshape, ptr if send else _NULL,
-                     _NULL if send else ptr, peer, tag, 0, WAIT_SLICE_S)
+def blocking_at(send: bool, f, peer: int, tag: int, keep) -> None:
+    """A blocking send of, or receive into, the memory ``f`` describes
+    (commlib.submit.Facts) on the global set, in one core call; the core
+    checks the peer and the tag. ``keep`` stays alive while a long wait goes
+    on. For frontends' fast paths."""
+    rc = p2p_blocking(_request(send, f, peer, tag, 0), WAIT_SLICE_S)
     if rc:
         _finish(rc, keep if send else None, None if send else keep)
 
 
-_c_blocking = lib.commlib_p2p_blocking
-_NULL = ffi.NULL
 
 
 def send(array, dst, tag=0, process_set=None) -> None:
@@ -149,9 +146,7 @@ def send(array, dst, tag=0, process_set=None) -> None:
             and 0 <= tag < _TAGS:
         f = cached_facts(array, False)
         if f is not None:
-            rc = _c_blocking(_SEND, f.code, f.ndim, f.cshape, f.ptr, _NULL, dst, tag, 0, WAIT_SLICE_S)
-            if rc:
-                _finish(rc, array, None)
+            blocking_at(True, f, dst, tag, array)
             return
     runtime.require_init()
     arr = _send_array(array)
@@ -200,9 +195,7 @@ def recv(src, tag=0, out=None, process_set=None) -> np.ndarray:
     if process_set is None and type(src) is int and type(tag) is int and 0 <= tag < _TAGS:
         f = cached_facts(out, True)  # (send's fast path, for a receive into out)
         if f is not None:
-            rc = _c_blocking(_RECV, f.code, f.ndim, f.cshape, _NULL, f.ptr, src, tag, 0, WAIT_SLICE_S)
-            if rc:
-                _finish(rc, None, out)
+            blocking_at(False, f, src, tag, out)
             return out
     runtime.require_init()
     check_out(out)

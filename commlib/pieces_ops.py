@@ -18,11 +18,12 @@ import math
 import numpy as np
 
 from . import runtime
-from ._lib import check, ffi, lib
+from ._lib import ffi, lib
 from .dtypes import dtype_code
 from .handle import Handle, synchronize
 from .ops import Average, check_out_part, reducescatter_rows, resolve_op
 from .process_sets import process_set_id
+from .submit import request, submit
 
 
 def _check_pieces(pieces, dtype: np.dtype) -> tuple[list, list]:
@@ -76,25 +77,16 @@ def reducescatter_pieces_async(pieces, shape, dtype, op=Average, name=None, pres
         check_out_part(out, part, dtype, "reducescatter_pieces")
         if any(isinstance(p, np.ndarray) and np.may_share_memory(out, p) for p in pieces):
             raise ValueError("reducescatter_pieces: out must not overlap a piece")
-    req = ffi.new("commlib_request*")
-    cname = ffi.new("char[]", runtime.auto_name("reducescatter", name, psid).encode())
-    cshape = ffi.new("int64_t[]", list(shape))
     cptrs = ffi.new("void*[]", ptrs or [ffi.NULL])
     ccounts = ffi.new("int64_t[]", counts or [0])
-    req.op_type = lib.COMMLIB_OP_REDUCESCATTER
-    req.name, req.dtype, req.ndim, req.shape = cname, code, len(shape), cshape
-    if out.size:
-        req.output = ffi.from_buffer(out, require_writable=True)
-    req.reduce_op = resolve_op(op)
-    req.prescale, req.postscale = float(prescale_factor), float(postscale_factor)
-    req.process_set = psid
-    req.pieces, req.piece_elements, req.npieces = cptrs, ccounts, len(ptrs)
-    if not ptrs:  # no pieces at all: an empty array, one empty piece
-        req.npieces = 1
-    hid = ffi.new("int64_t*")
-    check(lib.commlib_enqueue(req, hid))
-    keep = (req, cname, cshape, cptrs, ccounts, list(pieces), out)
-    return Handle(hid[0], None, keep, "reducescatter", out)
+    hid = submit(request(
+        lib.COMMLIB_OP_REDUCESCATTER, runtime.auto_name("reducescatter", name, psid), shape=shape,
+        dtype=code, output=ffi.from_buffer(out, require_writable=True) if out.size else ffi.NULL,
+        reduce_op=resolve_op(op), prescale=prescale_factor, postscale=postscale_factor,
+        process_set=psid, pieces=cptrs, piece_elements=ccounts,
+        npieces=len(ptrs) or 1))  # (no pieces at all: an empty array, one empty piece)
+    keep = (cptrs, ccounts, list(pieces), out)
+    return Handle(hid, None, keep, "reducescatter", out)
 
 
 def reducescatter_pieces(pieces, shape, dtype, op=Average, name=None, prescale_factor=1.0,

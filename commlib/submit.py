@@ -1,14 +1,18 @@
-"""One request into the core from facts about its memory (the dtype's core
-code, the shape as a C array, the data address): the submission path of the
-numpy API's single-array collectives and of the frontends' single-tensor
-calls, which describe a tensor without building a numpy view of it.
+"""The one way a request enters the core. ``request(...)`` fills a C
+``commlib_request`` (the only place in Python that does), ``submit(r)``
+hands it to the core's one entry, ``commlib_submit``, and returns the
+handle id (the core's error raised). Every collective, group, send and
+receive of the numpy API, the device paths and the frontends goes through
+these two.
 
-A training loop submits the same arrays step after step, and working their
-facts out again (``ffi.from_buffer``, the dtype lookup) costs more than the
-core's own bookkeeping of the request; so the facts of a numpy array are
-cached by the array's identity and checked on each use against what can
-change on a live array (its shape, dtype, contiguity and writability; numpy
-does not let an array's data move)."""
+A training loop submits the same buffers step after step, and building a
+request again (the name as a C string, the shape as a C array, the data
+address) costs more than the core's own bookkeeping of it; so:
+``describe(arr)`` caches the facts of a numpy array by its identity (checked
+on each use against what can change on a live array: shape, dtype,
+contiguity, writability), frontends cache their tensors' facts the same way
+(``Facts``), and ``submit_in_place`` keeps the last request built for each
+buffer, submitted again as it is while its arguments repeat."""
 from __future__ import annotations
 
 import weakref
@@ -21,6 +25,15 @@ from .dtypes import dtype_code
 
 NULL = ffi.NULL
 _VOIDP = ffi.typeof("void *")
+_REQUEST = ffi.typeof("commlib_request *")
+_c_submit = lib.commlib_submit
+
+
+def _bounded(cache: dict, limit: int) -> dict:
+    if len(cache) >= limit:
+        cache.clear()
+    return cache
+
 
 # Shapes as C arrays, by shape tuple: a training step submits the same shapes
 # again and again, and a fresh cffi array costs more than the lookup.
@@ -30,9 +43,7 @@ _shape_arrays: dict = {}
 def shape_array(shape: tuple):
     arr = _shape_arrays.get(shape)
     if arr is None:
-        if len(_shape_arrays) >= 4096:
-            _shape_arrays.clear()
-        arr = _shape_arrays[shape] = ffi.new("int64_t[]", list(shape) or [0])
+        arr = _bounded(_shape_arrays, 4096)[shape] = ffi.new("int64_t[]", list(shape) or [0])
     return arr
 
 
@@ -41,115 +52,152 @@ def address(addr: int):
     return ffi.cast(_VOIDP, addr) if addr else NULL
 
 
-_c_submit = lib.commlib_submit
-_c_submit_tensor = lib.commlib_submit_tensor
-
 # Given names as the core's C strings, by name: a training loop submits the
 # same names step after step, and checking and encoding them each time costs
 # more than this lookup.
-_name_bytes: dict = {}
+_names: dict = {}
 
 
-def name_bytes(kind: str, name, psid: int = 0) -> bytes:
-    """``runtime.auto_name(kind, name, psid)`` encoded for the core (a given
-    name checked once, then looked up; a generated one made afresh)."""
+def c_name(kind: str, name=None, psid: int = 0):
+    """``runtime.auto_name(kind, name, psid)`` as a C string (a given name
+    checked once, then looked up; a generated one made afresh)."""
     if type(name) is str:
-        b = _name_bytes.get(name)
-        if b is not None:
-            return b
-    b = runtime.auto_name(kind, name, psid).encode()
-    if type(name) is str:
-        if len(_name_bytes) >= 8192:
-            _name_bytes.clear()
-        _name_bytes[name] = b
-    return b
+        c = _names.get(name)
+        if c is None:
+            c = _bounded(_names, 8192)[name] = ffi.new("char[]", runtime.auto_name(kind, name, psid).encode())
+        return c
+    return ffi.new("char[]", runtime.auto_name(kind, name, psid).encode())
 
 
-def submit(op_type: int, name: str, code: int, ndim: int, cshape, in_ptr, out_ptr,
-           reduce_op: int = 0, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
-           psid: int = 0) -> int:
-    """Submits one request; returns its handle id (the core's error raised)."""
-    hid = _c_submit(op_type, name.encode(), code, ndim, cshape, in_ptr, out_ptr, reduce_op,
-                    prescale, postscale, root, psid)
+class Request:
+    """A filled ``commlib_request`` (``c``) and the C arrays it points to."""
+
+    __slots__ = ("c", "keep")
+
+    def __init__(self, c, keep):
+        self.c = c
+        self.keep = keep
+
+
+def request(op_type: int, name=None, *, shape=None, splits=None, output_rows: int = -1,
+            prescale: float = 1.0, postscale: float = 1.0, **fields) -> Request:
+    """The request of one submission: ``name`` a C string (c_name) or a
+    str, ``shape`` a tuple (or a C array from shape_array; ndim given then),
+    ``splits`` a list of ints; every other field of commlib_request by its
+    name, with the C value it takes (pointers as cdata: ``address``)."""
+    req = ffi.new(_REQUEST)
+    keep = []
+    req.op_type = op_type
+    if name is not None:
+        if type(name) is str:
+            name = ffi.new("char[]", name.encode())
+            keep.append(name)
+        req.name = name
+    if type(shape) is tuple:
+        req.ndim = len(shape)
+        req.shape = shape_array(shape)
+    elif shape is not None:
+        req.shape = shape
+    if splits is not None:
+        s = ffi.new("int64_t[]", list(splits) or [0])
+        keep.append(s)
+        req.splits, req.nsplits = s, len(splits)
+    req.output_rows = output_rows
+    req.prescale = float(prescale)
+    req.postscale = float(postscale)
+    for field, value in fields.items():
+        setattr(req, field, value)
+    return Request(req, keep)
+
+
+def submit(r: Request) -> int:
+    """Submits a request; returns its handle id (the core's error raised).
+    (Before init() the core refuses it with NotInitializedError.)"""
+    hid = _c_submit(r.c)
     if hid < 0:
         check(-hid)
     return hid
 
 
-def submit_named(op_type: int, kind: str, name, code: int, ndim: int, cshape, in_ptr, out_ptr,
-                 reduce_op: int, prescale: float, postscale: float, root: int, psid: int) -> int:
-    """submit() named ``runtime.auto_name(kind, name, psid)`` (see name_bytes):
-    the path of a training loop's repeated calls, kept short."""
-    b = _name_bytes.get(name) if type(name) is str else None
-    if b is None:
-        b = name_bytes(kind, name, psid)
-    hid = _c_submit(op_type, b, code, ndim, cshape, in_ptr, out_ptr, reduce_op, prescale,
-                    postscale, root, psid)
-    if hid < 0:
-        check(-hid)
-    return hid
+def p2p_blocking(r: Request, timeout_s: float) -> int:
+    """A send or receive run to completion by this thread (commlib_p2p_blocking):
+    0 when done, else the handle id of the still pending request."""
+    rc = lib.commlib_p2p_blocking(r.c, timeout_s)
+    if rc < 0:
+        check(-rc)
+    return rc
 
 
-def submit_in_place(op_type: int, kind: str, name, f: "ArrayFacts", reduce_op: int,
-                    prescale: float, postscale: float, psid: int) -> int:
-    """submit_named() of an in-place request on the array ``f`` describes,
-    through its C description (four arguments fewer for cffi to convert)."""
-    b = _name_bytes.get(name) if type(name) is str else None
-    if b is None:
-        b = name_bytes(kind, name, psid)
-    hid = _c_submit_tensor(op_type, b, f.ctensor or f.make_ctensor(), reduce_op, prescale,
-                           postscale, psid)
-    if hid < 0:
-        check(-hid)
-    return hid
+class Facts:
+    """What the core needs to know about one buffer written in place (the
+    dtype's code, ndim, the shape as a C array, the data pointer), and the
+    last request submitted on it (``last``: its arguments and the Request)."""
+
+    __slots__ = ("ref", "shape", "dtype", "code", "ndim", "cshape", "ptr", "last")
+
+    def __init__(self, code: int, shape: tuple, ptr, ref=None, dtype=None):
+        self.ref, self.shape, self.dtype, self.code = ref, shape, dtype, code
+        self.ndim, self.cshape, self.ptr = len(shape), shape_array(shape), ptr
+        self.last = None
 
 
-class ArrayFacts:
-    """What the core needs to know about one numpy array."""
-
-    __slots__ = ("ref", "shape", "dtype", "code", "ndim", "cshape", "ptr", "ctensor")
-
-    def __init__(self, arr: np.ndarray, key: int):
-        self.ref = weakref.ref(arr, lambda _r: _facts.pop(key, None))
-        self.shape = arr.shape
-        self.dtype = arr.dtype
-        self.code = dtype_code(arr.dtype)
-        self.ndim = arr.ndim
-        self.cshape = shape_array(arr.shape)
-        # (an address, not from_buffer's object: that would keep arr alive here)
-        self.ptr = address(int(ffi.cast("uintptr_t", ffi.from_buffer(arr)))) if arr.size else NULL
-        self.ctensor = None  # all of it as one C struct: made by submit_in_place's first call
-
-    def make_ctensor(self):
-        """The facts as a commlib_tensor (pointing at cshape, held here)."""
-        self.ctensor = ffi.new("commlib_tensor *", {"dtype": self.code, "ndim": self.ndim,
-                                                    "shape": self.cshape, "data": self.ptr})
-        return self.ctensor
+def submit_in_place(f: Facts, op_type: int, kind: str, name, reduce_op: int, prescale: float,
+                    postscale: float, psid: int) -> int:
+    """Submits an in-place request (input and output f's buffer), named
+    ``runtime.auto_name(kind, name, psid)``. With a given name and the
+    arguments of the last call on ``f``, its request is submitted again as it
+    is (the core copies what it keeps)."""
+    args = (op_type, name, reduce_op, prescale, postscale, psid)
+    last = f.last
+    if last is not None and last[0] == args:
+        return submit(last[1])
+    r = request(op_type, c_name(kind, name, psid), dtype=f.code, ndim=f.ndim, shape=f.cshape,
+                input=f.ptr, output=f.ptr, reduce_op=reduce_op, prescale=prescale,
+                postscale=postscale, process_set=psid)
+    if type(name) is str:  # (a generated name differs on every call)
+        f.last = (args, r)
+    return submit(r)
 
 
-_facts: dict[int, ArrayFacts] = {}
+def array_fields(inp: np.ndarray | None, out: np.ndarray | None) -> dict:
+    """request()'s fields of a numpy input (sent; None: none) and output
+    (written; None or empty: none)."""
+    fields = {}
+    in_ptr = NULL
+    if inp is not None:
+        f = describe(inp)
+        in_ptr = f.ptr
+        fields.update(dtype=f.code, ndim=f.ndim, shape=f.cshape, input=in_ptr)
+    if out is not None and out.size:
+        # (in place: one pointer; the caller checked it writable)
+        fields["output"] = in_ptr if out is inp else ffi.from_buffer(out, require_writable=True)
+    return fields
+
+
+_facts: dict[int, Facts] = {}
 _FACTS_LIMIT = 8192
 
 
-def _held(f: ArrayFacts | None, arr) -> bool:
+def _held(f: Facts | None, arr) -> bool:
     """Whether ``f`` (the cache entry at ``id(arr)``) still describes ``arr``."""
     return f is not None and f.ref() is arr and arr.dtype is f.dtype and arr.shape == f.shape
 
 
-def facts(arr: np.ndarray) -> ArrayFacts:
+def describe(arr: np.ndarray) -> Facts:
     """The facts of a C-contiguous array of a supported dtype (the caller
     checked it: as_input / a writable-output check), cached."""
     key = id(arr)
     f = _facts.get(key)
     if _held(f, arr):
         return f
-    if len(_facts) >= _FACTS_LIMIT:
-        _facts.clear()
-    f = _facts[key] = ArrayFacts(arr, key)
+    # (an address, not from_buffer's object: that would keep arr alive here)
+    ptr = address(int(ffi.cast("uintptr_t", ffi.from_buffer(arr)))) if arr.size else NULL
+    f = _bounded(_facts, _FACTS_LIMIT)[key] = Facts(
+        dtype_code(arr.dtype), arr.shape, ptr, weakref.ref(arr, lambda _r: _facts.pop(key, None)), arr.dtype)
     return f
 
 
-def cached_facts(arr, writable: bool) -> ArrayFacts | None:
+def cached_facts(arr, writable: bool) -> Facts | None:
     """The cached facts of ``arr`` when they still hold and it is still
     C-contiguous (and writable, when written into); None otherwise (the
     caller then checks the array the long way, with its error messages)."""

@@ -54,21 +54,6 @@ std::shared_ptr<commlib::HandleState> find_handle(int64_t handle) {
   return h;
 }
 
-commlib_request p2p_request(int op_type, int dtype, int ndim, const int64_t* shape, const void* data, void* out,
-                            int peer, int64_t tag, int process_set) {
-  commlib_request req{};
-  req.op_type = op_type;
-  req.dtype = dtype;
-  req.ndim = ndim;
-  req.shape = shape;
-  req.input = data;
-  req.output = out;
-  req.peer = peer;
-  req.tag = tag;
-  req.process_set = process_set;
-  return req;
-}
-
 }  // namespace
 
 extern "C" {
@@ -113,72 +98,23 @@ int commlib_local_size(void) { return Engine::get().topology().local_size; }
 int commlib_cross_rank(void) { return Engine::get().topology().cross_rank; }
 int commlib_cross_size(void) { return Engine::get().topology().cross_size; }
 
-int commlib_enqueue(const commlib_request* req, int64_t* handle) {
-  return guarded([&] {
+int64_t commlib_submit(const commlib_request* req) {
+  int64_t handle = 0;
+  const int rc = guarded([&] {
+    if (!req) throw Error(COMMLIB_ERR_VALUE, "commlib_submit: no request given");
+    Engine& engine = Engine::get();
     const bool p2p = req->op_type == COMMLIB_OP_SEND || req->op_type == COMMLIB_OP_RECV;
-    *handle = p2p ? Engine::get().enqueue_p2p(*req) : Engine::get().enqueue(*req);
+    handle = p2p ? engine.enqueue_p2p(*req) : req->member_dtypes ? engine.enqueue_group(*req) : engine.enqueue(*req);
   });
-}
-
-int64_t commlib_submit(int op_type, const char* name, int dtype, int ndim, const int64_t* shape,
-                       const void* input, void* output, int reduce_op, double prescale,
-                       double postscale, int root, int process_set) {
-  commlib_request req{};
-  req.op_type = op_type;
-  req.name = name;
-  req.dtype = dtype;
-  req.ndim = ndim;
-  req.shape = shape;
-  req.input = input;
-  req.output = output;
-  req.reduce_op = reduce_op;
-  req.prescale = prescale;
-  req.postscale = postscale;
-  req.root = root;
-  req.process_set = process_set;
-  int64_t handle = 0;
-  const int rc = commlib_enqueue(&req, &handle);
   return rc == COMMLIB_OK ? handle : -int64_t(rc);
 }
 
-int64_t commlib_submit_tensor(int op_type, const char* name, const commlib_tensor* t, int reduce_op,
-                              double prescale, double postscale, int process_set) {
-  if (!t) {
-    g_last_error = "commlib_submit_tensor: no tensor given";
-    return -int64_t(COMMLIB_ERR_VALUE);
-  }
-  return commlib_submit(op_type, name, t->dtype, t->ndim, t->shape, t->data, t->data, reduce_op, prescale,
-                        postscale, 0, process_set);
-}
-
-int commlib_enqueue_allreduce_group(const char* base_name, int n, const int32_t* dtypes,
-                                    const int32_t* ndims, const int64_t* shapes,
-                                    void* const* inputs, void* const* outputs, int reduce_op,
-                                    double prescale, double postscale, int process_set,
-                                    int64_t* handle) {
-  return guarded([&] {
-    *handle = Engine::get().enqueue_allreduce_group(base_name, n, dtypes, ndims, shapes, inputs,
-                                                    outputs, reduce_op, prescale, postscale,
-                                                    process_set);
-  });
-}
-
-
-int64_t commlib_submit_p2p(int op_type, int dtype, int ndim, const int64_t* shape,
-                           const void* data, void* out, int peer, int64_t tag, int process_set) {
-  const commlib_request req = p2p_request(op_type, dtype, ndim, shape, data, out, peer, tag, process_set);
-  int64_t handle = 0;
-  const int rc = guarded([&] { handle = Engine::get().enqueue_p2p(req); });
-  return rc == COMMLIB_OK ? handle : -int64_t(rc);
-}
-
-int64_t commlib_p2p_blocking(int op_type, int dtype, int ndim, const int64_t* shape, const void* data,
-                             void* out, int peer, int64_t tag, int process_set, double timeout_s) {
-  const commlib_request req = p2p_request(op_type, dtype, ndim, shape, data, out, peer, tag, process_set);
+int64_t commlib_p2p_blocking(const commlib_request* req, double timeout_s) {
   int64_t pending = 0;
   const int rc = guarded([&] {
+    if (!req) throw Error(COMMLIB_ERR_VALUE, "commlib_p2p_blocking: no request given");
     Engine& engine = Engine::get();
-    const std::shared_ptr<HandleState> h = engine.queue_p2p(req, true);
+    const std::shared_ptr<HandleState> h = engine.queue_p2p(*req, true);
     if (!engine.wait(*h, timeout_s)) {
       pending = engine.handles().adopt(h);  // (Python synchronizes it by this id)
       return;

@@ -288,6 +288,40 @@ def fusion_case(commlib, comm, count: int = 128, nbytes: int = 4096, iters: int 
     return interleaved_medians(cases, iters, comm)
 
 
+def torch_fusion_case(comm, count: int = 128, nbytes: int = 4096, iters: int = 60):
+    """commlib.torch's submission route: count float32 tensors of nbytes as
+    count ``allreduce_async_`` + ``synchronize``, and as one
+    ``grouped_allreduce``, vs count sequential MPI_Allreduce calls (mpi4py).
+    Returns the three median times; None without torch."""
+    import importlib
+
+    try:
+        import torch
+    except ImportError:
+        return None
+    ct = importlib.import_module("commlib.torch")  # (by name: commlib/ imports no frontend)
+    from mpi4py import MPI
+
+    ts = [torch.ones(nbytes // 4) for _ in range(count)]
+    xs = [np.ones(nbytes // 4, np.float32) for _ in range(count)]
+    names = [f"tfusion.{i}" for i in range(count)]
+
+    def separate():
+        hs = [ct.allreduce_async_(t, name=nm, op=ct.Sum) for t, nm in zip(ts, names)]
+        for h in hs:
+            ct.synchronize(h)
+
+    def grouped():
+        ct.grouped_allreduce(ts, name="tfusion.grouped", op=ct.Sum)
+
+    def sequential():
+        for x in xs:
+            comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
+
+    torch.set_num_threads(1)
+    return interleaved_medians((separate, grouped, sequential), iters, comm)
+
+
 def gather_fusion_case(commlib, comm, count: int = 128, nbytes: int = 4096, iters: int = 30):
     """count allgathers (and count reducescatters) of nbytes per rank
     submitted asynchronously, then synchronized (the core fuses them), vs
@@ -360,6 +394,8 @@ def main(argv=None) -> int:
     p.add_argument("--algo", default=None, help="COMMLIB_ALLREDUCE_ALGO for this run (auto, shm, mpi, ...)")
     p.add_argument("--no-gloo", action="store_true", help="skip torch gloo even if torch is installed")
     p.add_argument("--no-fusion", action="store_true", help="skip the 128 x 4 KiB fusion cases")
+    p.add_argument("--fusion-only", action="store_true",
+                   help="only the 128 x 4 KiB fusion cases (numpy and commlib.torch against MPI)")
     p.add_argument("--plot", metavar="PNG", help="draw bus bandwidth against size to this file")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cuda: CUDA buffers, commlib's NCCL path against torch.distributed NCCL (bench_cuda)")
@@ -414,11 +450,14 @@ def main(argv=None) -> int:
     # with every other library's waits (on 2 cores they halve commlib's
     # small-message speed), which would not be a fair comparison.
     times: dict = {}
+    if args.fusion_only:
+        cases = []
     run(impls)
     fusion = None if args.no_fusion else fusion_case(commlib, comm)
+    tfusion = None if args.no_fusion else torch_fusion_case(comm)
     gfusion = None if args.no_fusion or n < 2 else gather_fusion_case(commlib, comm)
     names = [i.name for i in impls]
-    torch = None if args.no_gloo else init_gloo(comm)
+    torch = None if args.no_gloo or args.fusion_only else init_gloo(comm)
     if torch is not None:
         gloo = GlooImpl(torch, n)
         run([gloo])
@@ -461,6 +500,11 @@ def main(argv=None) -> int:
             f"grouped_allreduce (out of place) {grouped_oop * 1e6:.1f} us "
             f"(ratio {mpi / grouped_oop:.2f}), "
             f"128 allreduce_async_ + synchronize {separate * 1e6:.1f} us (ratio {mpi / separate:.2f})")
+    if tfusion is not None:
+        separate, grouped, mpi = tfusion
+        say(f"fusion, 128 x 4 KiB commlib.torch: 128 sequential MPI_Allreduce {mpi * 1e6:.1f} us; "
+            f"128 allreduce_async_ + synchronize {separate * 1e6:.1f} us (ratio {mpi / separate:.2f}), "
+            f"grouped_allreduce {grouped * 1e6:.1f} us (ratio {mpi / grouped:.2f})")
     if gfusion is not None:
         ag, ag_mpi, rs, rs_mpi = gfusion
         say(f"fusion, 128 x 4 KiB allgather_async + synchronize {ag * 1e6:.1f} us against 128 sequential "

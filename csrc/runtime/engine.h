@@ -72,12 +72,9 @@ class Engine : private CacheHost {
 
   // Validates and queues a request; returns the handle id.
   int64_t enqueue(const commlib_request& req);
-  // Validates and queues n allreduces negotiated and fused as one unit
-  // (member i is named base.i); one handle.
-  int64_t enqueue_allreduce_group(const char* base, int n, const int32_t* dtypes,
-                                  const int32_t* ndims, const int64_t* shapes,
-                                  void* const* inputs, void* const* outputs, int reduce_op,
-                                  double prescale, double postscale, int process_set);
+  // Validates and queues req.nmembers allreduces negotiated and fused as
+  // one unit (member i is named <req.name>.i); one handle.
+  int64_t enqueue_group(const commlib_request& req);
   // Point-to-point send/recv (p2p/engine_p2p.cc; see c_api.h): never negotiated.
   int64_t enqueue_p2p(const commlib_request& req);
   // The same, its handle not in the table yet (handles().adopt() puts it

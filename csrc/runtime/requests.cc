@@ -275,52 +275,44 @@ void Engine::abort_others(const commlib_request& q, const std::string& why) {
   wake_for(false);  // (outside queue_mu_, which it may take)
 }
 
-int64_t Engine::enqueue_allreduce_group(const char* base, int n, const int32_t* dtypes,
-                                        const int32_t* ndims, const int64_t* shapes,
-                                        void* const* inputs, void* const* outputs, int reduce_op,
-                                        double prescale, double postscale, int process_set) {
+int64_t Engine::enqueue_group(const commlib_request& req) {
   if (!running_.load()) {
     throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
   }
+  const int n = req.nmembers;
   if (n < 0) throw Error(COMMLIB_ERR_VALUE, "negative group size");
-  if (!base || !*base) throw Error(COMMLIB_ERR_VALUE, "a collective needs a non-empty name");
+  if (req.op_type != COMMLIB_OP_ALLREDUCE) throw Error(COMMLIB_ERR_VALUE, "only allreduces are submitted as a group");
+  if (!req.name || !*req.name) throw Error(COMMLIB_ERR_VALUE, "a collective needs a non-empty name");
   std::vector<int> members;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    members = members_of(process_set);
+    members = members_of(req.process_set);
   }
   Entry e;
   RequestDesc& d = e.desc;
-  d.name = base;
-  d.process_set = process_set;
+  d.name = req.name;
+  d.process_set = req.process_set;
   d.op_type = COMMLIB_OP_ALLREDUCE;
-  d.dtype = n > 0 ? dtypes[0] : COMMLIB_FLOAT32;
-  d.reduce_op = reduce_op;
-  d.prescale = prescale;
-  d.postscale = postscale;
+  d.dtype = n > 0 ? req.member_dtypes[0] : COMMLIB_FLOAT32;
+  d.reduce_op = req.reduce_op;
+  d.prescale = req.prescale;
+  d.postscale = req.postscale;
   d.group_size = n;
-  const int64_t* shape = shapes;
+  commlib_request q = req;  // (member i: the group's request with its own tensor)
+  q.nmembers = 0;
   for (int i = 0; i < n; ++i) {
-    commlib_request q{};
-    q.op_type = COMMLIB_OP_ALLREDUCE;
-    q.name = base;
-    q.dtype = dtypes[i];
-    q.ndim = ndims[i];
-    q.shape = shape;
-    q.input = inputs[i];
-    q.output = outputs[i];
-    q.reduce_op = reduce_op;
-    q.prescale = prescale;
-    q.postscale = postscale;
-    q.process_set = process_set;
+    q.dtype = req.member_dtypes[i];
+    q.ndim = req.member_ndims[i];
+    q.input = req.member_inputs[i];
+    q.output = req.member_outputs[i];
     validate_request(q, members);
-    d.members.push_back(dtypes[i]);
-    d.members.push_back(ndims[i]);
-    d.members.insert(d.members.end(), shape, shape + ndims[i]);
+    d.members.push_back(q.dtype);
+    d.members.push_back(q.ndim);
+    d.members.insert(d.members.end(), q.shape, q.shape + q.ndim);
     int64_t count = 1;
-    for (int k = 0; k < ndims[i]; ++k) count *= shape[k];
-    e.members.push_back({dtypes[i], size_t(count), inputs[i], outputs[i]});
-    shape += ndims[i];
+    for (int k = 0; k < q.ndim; ++k) count *= q.shape[k];
+    e.members.push_back({q.dtype, size_t(count), req.member_inputs[i], req.member_outputs[i]});
+    q.shape += q.ndim;
   }
   return push(n > 0 ? &e : nullptr);
 }

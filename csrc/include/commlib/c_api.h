@@ -130,6 +130,20 @@ typedef struct {
   const int64_t* piece_elements;  /* elements of each piece (sum: the shape's) */
   int npieces;            /* 0: the input is `input`                         */
   int p2p_flags;          /* recv: COMMLIB_P2P_TAKES_DEVICE (below)          */
+  int nmembers;           /* allreduce with member_dtypes set: a group of
+                             nmembers tensors (none: the handle completes at
+                             once) submitted as one unit with one handle, negotiated
+                             as one request (validated member by member,
+                             "<name>.<i>" in errors) and fused up to the
+                             fusion threshold. Member i has member_dtypes[i],
+                             member_ndims[i] dimensions taken in order from
+                             shape, buffers member_inputs[i] and
+                             member_outputs[i]; dtype, ndim, input and output
+                             are not read                                    */
+  const int32_t* member_dtypes;
+  const int32_t* member_ndims;
+  void* const* member_inputs;
+  void* const* member_outputs;
 } commlib_request;
 
 /* Point-to-point on CUDA buffers (through NCCL). A send with device_type
@@ -173,51 +187,25 @@ int commlib_local_size(void);
 int commlib_cross_rank(void);
 int commlib_cross_size(void);
 
-/* Requests and handles. enqueue returns a handle id > 0 in *handle. */
-int commlib_enqueue(const commlib_request* req, int64_t* handle);
-/* The same, with the request's fields as arguments (no splits): the fast path
- * of the Python layer. Returns the handle (> 0), or minus the error code. */
-int64_t commlib_submit(int op_type, const char* name, int dtype, int ndim, const int64_t* shape,
-                       const void* input, void* output, int reduce_op, double prescale,
-                       double postscale, int root, int process_set);
-/* One tensor as the Python layer caches it per array: its dtype, its shape
- * and its data. */
-typedef struct {
-  int dtype;
-  int ndim;
-  const int64_t* shape;
-  void* data;
-} commlib_tensor;
-/* commlib_submit of an in-place request on *t (input and output t->data,
- * root 0): fewer arguments to convert on each call of the Python layer. */
-int64_t commlib_submit_tensor(int op_type, const char* name, const commlib_tensor* t, int reduce_op,
-                              double prescale, double postscale, int process_set);
-/* Submits n allreduces as one unit with one handle: they are negotiated as
- * one request (validated member by member) and fused up to the fusion
- * threshold. Member i (named "<base_name>.<i>" in errors) has dtypes[i],
- * ndims[i] dimensions taken in order from shapes, and buffers
- * inputs[i]/outputs[i]. */
-int commlib_enqueue_allreduce_group(const char* base_name, int n, const int32_t* dtypes,
-                                    const int32_t* ndims, const int64_t* shapes,
-                                    void* const* inputs, void* const* outputs, int reduce_op,
-                                    double prescale, double postscale, int process_set,
-                                    int64_t* handle);
-
-/* Point-to-point. send: data of dtype/shape to job rank peer. recv: from job
- * rank peer into out (dtype/shape: out's; the message must have that dtype
- * and element count), or with out NULL and dtype -1 into a buffer the core
- * allocates (commlib_handle_take_result; dtype and shape from
+/* Requests and handles. One entry submits every request: a collective, a
+ * group of allreduces (member_dtypes set, see commlib_request), a point-to-point
+ * send or recv. Returns the handle id (> 0), or minus the error code (the
+ * message: commlib_last_error()). The core copies what it keeps (name,
+ * shape, splits, member arrays): the struct may be reused at once.
+ *
+ * Point-to-point. send: data of dtype/shape to job rank peer. recv: from job
+ * rank peer into output (dtype/shape: output's; the message must have that
+ * dtype and element count), or with output NULL and dtype -1 into a buffer
+ * the core allocates (commlib_handle_take_result; dtype and shape from
  * commlib_handle_recv_info). Matched by (peer, tag, process set), in the
  * order sent per pair and tag; a send completes once the receiver took its
- * data. Returns the handle (> 0), or minus the error code. */
-int64_t commlib_submit_p2p(int op_type, int dtype, int ndim, const int64_t* shape,
-                           const void* data, void* out, int peer, int64_t tag, int process_set);
-/* The same, run to completion by the calling thread (a blocking send, or a
- * recv into out): 0 when it finished within timeout_s (nothing to release),
- * minus the error code when it failed, else the still pending request's
- * handle (> 0; synchronize it as usual). */
-int64_t commlib_p2p_blocking(int op_type, int dtype, int ndim, const int64_t* shape, const void* data,
-                             void* out, int peer, int64_t tag, int process_set, double timeout_s);
+ * data. */
+int64_t commlib_submit(const commlib_request* req);
+/* A send or recv run to completion by the calling thread (a blocking send,
+ * or a recv into output): 0 when it finished within timeout_s (nothing to
+ * release), minus the error code when it failed, else the still pending
+ * request's handle (> 0; synchronize it as usual). */
+int64_t commlib_p2p_blocking(const commlib_request* req, double timeout_s);
 /* A completed recv's message: dtype, ndim and up to max_ndim dimensions. */
 int commlib_handle_recv_info(int64_t handle, int* dtype, int* ndim, int64_t* shape, int max_ndim);
 

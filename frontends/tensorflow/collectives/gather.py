@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from commlib.errors import ScalarTensorError
+from commlib.checks import check_has_rows
 from commlib.process_sets import check_process_set, set_rank
 
 from ..execution import check_dtype, collective_call
@@ -100,9 +100,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=N
         ts = [_as_tensor(t) for t in tensors]
         for t in ts:
             check_dtype(t.dtype, "grouped_allgather", movable=True)
-            if t.shape.rank == 0:
-                raise ScalarTensorError("allgather needs tensors with at least one dimension, "
-                                        "got a 0-d tensor")
+            check_has_rows(t.shape.rank, "allgather", several=True)
         return _grouped_allgather_op(ts, name, ignore_name_scope, process_set)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 import commlib
-from commlib.errors import ScalarTensorError
+from commlib.checks import check_has_rows
 from commlib.ops import Sum, even_splits, reducescatter_rows
 from commlib.process_sets import set_size
 
@@ -59,9 +59,7 @@ def _allgather_np(x, cname, process_set=None):
 
 
 def allgather_raw(t, name=None, ignore_name_scope=False, process_set=None):
-    if t.shape.rank == 0:
-        raise ScalarTensorError("allgather needs a tensor with at least one dimension, "
-                                "got a 0-d tensor")
+    check_has_rows(t.shape.rank, "allgather")
 
     def fn(cname, x):
         return [_allgather_np(x, cname, process_set)]
@@ -111,9 +109,7 @@ def broadcast_raw(t, root_rank, name=None, ignore_name_scope=False, process_set=
 
 def alltoall_raw(t, splits, name=None, ignore_name_scope=False, process_set=None):
     """(output, received_splits as int32)."""
-    if t.shape.rank == 0:
-        raise ScalarTensorError("alltoall needs a tensor with at least one dimension, "
-                                "got a 0-d tensor")
+    check_has_rows(t.shape.rank, "alltoall")
     inputs = [t]
     if splits is not None:
         inputs.append(tf.cast(tf.convert_to_tensor(splits), tf.int64))
@@ -137,9 +133,7 @@ def alltoall_raw(t, splits, name=None, ignore_name_scope=False, process_set=None
 
 def reducescatter_raw(t, op, pre=1.0, post=1.0, name=None, ignore_name_scope=False,
                        process_set=None):
-    if t.shape.rank == 0:
-        raise ScalarTensorError("reducescatter needs a tensor with at least one dimension, "
-                                "got a 0-d tensor")
+    check_has_rows(t.shape.rank, "reducescatter")
 
     def fn(cname, x):
         return [commlib.reducescatter(x, op=op, name=cname, prescale_factor=pre,

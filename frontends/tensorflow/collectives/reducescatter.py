@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from commlib.errors import ScalarTensorError
+from commlib.checks import check_has_rows
 from commlib.ops import Average
 from commlib.process_sets import check_process_set, set_size
 from commlib.reduce_args import reducescatter_grad_scale, resolve_op
@@ -58,9 +58,8 @@ def grouped_reducescatter(tensors, device_dense='', compression=Compression.none
     list raises ScalarTensorError before any of them is sent."""
     with collective_call("reducescatter", None, process_set):
         tensors = [_as_tensor(t) for t in tensors]
-        if any(t.shape.rank == 0 for t in tensors):
-            raise ScalarTensorError("reducescatter needs tensors with at least one dimension, "
-                                    "got a 0-d tensor")
+        for t in tensors:
+            check_has_rows(t.shape.rank, "reducescatter", several=True)
         return [reducescatter(t, device_dense, compression, op, process_set=process_set,
                               prescale_factor=prescale_factor,
                               postscale_factor=postscale_factor)

@@ -6,14 +6,15 @@ from __future__ import annotations
 import torch
 
 import commlib as _c
-from commlib.ops import Adasum, Average, Max, Min, Sum, allreduce_async_at
+from commlib.grouped_ops import submit_group
+from commlib.ops import Adasum, Average, Max, Min, Sum, allreduce_in_place
 from commlib.process_sets import check_process_set, global_process_set
 from commlib.reduce_args import resolve_op
 
 from .compression import Compression
 from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
-from .tensor_io import as_array, as_tensor, check_tensor, describe, input_array
+from .tensor_io import as_tensor, cached_facts, describe, group_layout, group_outputs, input_array
 
 # ---------------------------------------------------------------- allreduce
 
@@ -26,7 +27,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
         shape = tensor.shape
         return Handle(h, lambda out: as_tensor(out).view(shape), tensor)
     # (the core handle itself: synchronize returns ``output``)
-    return allreduce_async_at(*describe(output, what), output, name, op, prescale_factor,
+    return allreduce_in_place(describe(output, what), output, name, op, prescale_factor,
                               postscale_factor, process_set)
 
 
@@ -46,15 +47,34 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                             "allreduce_async", process_set)
 
 
-@on_cuda("allreduce", inplace=True)
+_PLAIN_OPS = frozenset((Sum, Average, Min, Max, Adasum, _c.Product))
+
+
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """In-place ``allreduce_async``: the result is written into ``tensor``."""
+    # A training loop's repeated call (a CPU tensor described before and
+    # unchanged since, a plain op, the global set) goes straight to the
+    # core's request; anything else takes the checked way below.
+    if average is None and process_set is global_process_set and (op is None or type(op) is int):
+        f = cached_facts(tensor)
+        if f is not None and (op is None or op in _PLAIN_OPS):
+            return allreduce_in_place(f, tensor, name, Average if op is None else op,
+                                      prescale_factor, postscale_factor)
+    return _allreduce_async_checked(tensor, average, name, op, prescale_factor, postscale_factor,
+                                    process_set)
+
+
+def _checked(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+             process_set=global_process_set) -> Handle:
     process_set = check_process_set(process_set)
     op = resolve_op(op, average)
     return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor,
                             "allreduce_async_", process_set)
 
+
+_checked.__name__ = "allreduce_async_"  # (the name on_cuda's messages give)
+_allreduce_async_checked = on_cuda("allreduce", inplace=True)(_checked)
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
@@ -120,16 +140,16 @@ def _grouped_allreduce_async(tensors, inplace, average, name, op, prescale_facto
     tensors = list(tensors)
     if not tensors:
         raise ValueError(f"{what} needs at least one tensor")
-    for t in tensors:
-        check_tensor(t, what, inplace=inplace)
-    if inplace:
-        h = _c.grouped_allreduce_async_([as_array(t) for t in tensors], None, name, op,
-                                        prescale_factor, postscale_factor, process_set)
-        return Handle(h, lambda _outs: tensors, tensors)
-    h = _c.grouped_allreduce_async([input_array(t, what) for t in tensors], None, name, op,
-                                   prescale_factor, postscale_factor, process_set)
-    shapes = [t.shape for t in tensors]
-    return Handle(h, lambda outs: [as_tensor(o).view(s) for o, s in zip(outs, shapes)], tensors)
+    layout = group_layout(tensors, what, inplace)
+    if layout is None:  # (a non-contiguous input: copied, through numpy views)
+        h = _c.grouped_allreduce_async([input_array(t, what) for t in tensors], None, name, op,
+                                       prescale_factor, postscale_factor, process_set)
+        shapes = [t.shape for t in tensors]
+        return Handle(h, lambda outs: [as_tensor(o).view(s) for o, s in zip(outs, shapes)], tensors)
+    outs, keep = (tensors, (layout.ptrs,)) if inplace else group_outputs(layout, tensors)
+    hid = submit_group(layout, keep[0], None, name, op, prescale_factor, postscale_factor,
+                       process_set)
+    return _c.Handle(hid, None, (layout, keep, tensors, outs), "grouped_allreduce", outs)
 
 
 @on_cuda("grouped_allreduce")
@@ -181,6 +201,14 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     """Reduces a list of tensors as one fused unit; returns a list of new
     tensors. Differentiable for Sum, Average and Adasum."""
     process_set = check_process_set(process_set)
+    if compression is Compression.none:  # (nothing to cast: no per-tensor calls)
+        tensors = list(tensors)
+        if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+            # (no graph to record: the autograd function's per-tensor work is saved)
+            return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                                       postscale_factor, process_set))
+        return list(HorovodGroupedAllreduce.apply(average, name, op, prescale_factor,
+                                                  postscale_factor, process_set, *tensors))
     pairs = [compression.compress(t) for t in tensors]
     outs = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
                                          process_set, *[p[0] for p in pairs])

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 import commlib as _c
-from commlib.errors import ScalarTensorError
+from commlib.checks import check_has_rows
 from commlib.ops import Average, auto_name
 from commlib.process_sets import check_process_set, global_process_set, set_rank
 
@@ -25,9 +25,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
     order of the ranks (of ``process_set``)."""
     process_set = check_process_set(process_set)
     t = check_tensor(tensor, "allgather_async")
-    if t.dim() == 0:
-        raise ScalarTensorError("allgather needs a tensor with at least one dimension, "
-                                "got a 0-d tensor")
+    check_has_rows(t.dim(), "allgather")
     h = _c.allgather_async(input_array(t, "allgather_async"), name, process_set=process_set)
     return Handle(h, as_tensor, tensor)
 
@@ -159,9 +157,7 @@ def check_group(tensors, what: str) -> list:
     """The list of a grouped collective, checked whole before any is sent."""
     tensors = list(tensors)
     for t in tensors:
-        if check_tensor(t, what).dim() == 0:
-            raise ScalarTensorError(f"{what} needs tensors with at least one dimension, "
-                                    "got a 0-d tensor")
+        check_has_rows(check_tensor(t, what).dim(), what, several=True)
     return tensors
 
 
@@ -173,9 +169,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     Horovod."""
     process_set = check_process_set(process_set)
     t = check_tensor(tensor, "alltoall_async")
-    if t.dim() == 0:
-        raise ScalarTensorError("alltoall needs a tensor with at least one dimension, "
-                                "got a 0-d tensor")
+    check_has_rows(t.dim(), "alltoall")
     send_splits = split_list(splits, t.shape[0], process_set)
     h = _c.alltoall_async(input_array(t, "alltoall_async"), send_splits, name, process_set=process_set)
 

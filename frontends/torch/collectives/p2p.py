@@ -43,13 +43,12 @@ import torch
 import commlib as _c
 from commlib.p2p import blocking_at, plain_peer_and_tag
 from commlib.pipeline.tags import check_forward_tag, gradient_tag
-from commlib.submit import NULL, address, shape_array
 
 from ..cuda import cuda_p2p
 from ..cuda.cuda_staging import host_buffer, stage_in
 from .handles import synchronize
 from ..mpi_ops import Handle, check_tensor
-from .tensor_io import check_receive_target, core_code
+from .tensor_io import cached_facts, check_receive_target, core_code, describe
 
 __all__ = ["send", "recv", "isend", "irecv", "sendrecv", "gradient_tag"]
 
@@ -136,12 +135,15 @@ def _fast(send: bool, tensor, peer, tag, process_set) -> bool:
     raises the errors)."""
     if process_set is not None or not plain_peer_and_tag(peer, tag) or type(tensor) is not torch.Tensor:
         return False
-    code = core_code(tensor.dtype)
-    if (code is None or not tensor.is_cpu or tensor.layout is not torch.strided or tensor.dim() == 0
-            or not tensor.is_contiguous()):
+    f = cached_facts(tensor)
+    if f is None:
+        if (core_code(tensor.dtype) is None or not tensor.is_cpu or tensor.layout is not torch.strided
+                or not tensor.is_contiguous()):
+            return False
+        f = describe(tensor, "send" if send else "recv")
+    if f.tshape == ():  # (0-d: the long way says why not)
         return False
-    ptr = address(tensor.data_ptr()) if tensor.numel() else NULL
-    blocking_at(send, code, tensor.dim(), shape_array(tensor.shape), ptr, peer, tag, tensor)
+    blocking_at(send, f, peer, tag, tensor)
     return True
 
 

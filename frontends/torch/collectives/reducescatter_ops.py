@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import commlib as _c
-from commlib.errors import ScalarTensorError
+from commlib.checks import check_has_rows
 from commlib.ops import Average, auto_name
 from commlib.process_sets import check_process_set, global_process_set, set_size
 from commlib.reduce_args import reducescatter_grad_scale, resolve_op
@@ -27,9 +27,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     process_set = check_process_set(process_set)
     op = resolve_op(op)
     t = check_tensor(tensor, "reducescatter_async")
-    if t.dim() == 0:
-        raise ScalarTensorError("reducescatter needs a tensor with at least one dimension, "
-                                "got a 0-d tensor")
+    check_has_rows(t.dim(), "reducescatter")
     h = _c.reducescatter_async(input_array(t, "reducescatter_async"), op, name, prescale_factor,
                                postscale_factor, process_set=process_set)
     return Handle(h, as_tensor, tensor)

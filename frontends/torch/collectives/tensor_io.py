@@ -4,13 +4,16 @@ CUDA tensors are routed by cuda_dispatch) and the
 zero-copy views both ways (bfloat16 through ml_dtypes)."""
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import torch
 
 from commlib import dtypes as _dtypes
 from commlib.ops import even_splits
 from commlib.process_sets import set_size
-from commlib.submit import NULL, address, shape_array
+from commlib.grouped_ops import GroupLayout
+from commlib.submit import NULL, Facts, address
 
 # commlib.dtypes' table, by name (torch builds without a dtype skip it)
 SUPPORTED_DTYPES = tuple(getattr(torch, name) for name in _dtypes.SUPPORTED if hasattr(torch, name))
@@ -84,11 +87,43 @@ def check_receive_target(out, device, what: str):
     return device
 
 
-def describe(tensor, what: str):
-    """The core's facts of a tensor written in place (the dtype's code, the
-    number of dimensions, the shape as a C array, the data pointer), checked
-    as ``check_tensor(tensor, what, inplace=True)`` does, without a numpy
-    view. 0-d tensors are described as 1-element 1-d ones."""
+class TensorFacts(Facts):
+    """commlib.submit.Facts of a checked contiguous CPU tensor, with what
+    says it still holds: the tensor (weakly), its data address, dtype and
+    shape (``tensor.data = ...`` or ``set_`` can change each)."""
+
+    __slots__ = ("addr", "tdtype", "tshape")
+
+    def __init__(self, tensor, code: int):
+        shape = tuple(tensor.shape)
+        self.addr, self.tdtype, self.tshape = tensor.data_ptr(), tensor.dtype, tensor.shape
+        key = id(tensor)
+        super().__init__(code, shape or (1,), address(self.addr) if tensor.numel() else NULL,
+                         weakref.ref(tensor, lambda _r: _facts.pop(key, None)))
+
+    def holds(self, t) -> bool:
+        return (self.ref() is t and t.data_ptr() == self.addr and t.dtype is self.tdtype
+                and t.shape == self.tshape and t.is_contiguous())
+
+
+_facts: dict[int, TensorFacts] = {}
+
+
+def cached_facts(tensor):
+    """The facts ``describe`` gave ``tensor`` when they still hold, else None."""
+    f = _facts.get(id(tensor))
+    return f if f is not None and f.holds(tensor) else None
+
+
+def describe(tensor, what: str) -> TensorFacts:
+    """The core's facts of a tensor written in place (commlib.submit.Facts:
+    the dtype's code, ndim, the shape as a C array, the data pointer),
+    checked as ``check_tensor(tensor, what, inplace=True)`` does, without a
+    numpy view, and cached by the tensor's identity. 0-d tensors are
+    described as 1-element 1-d ones."""
+    f = _facts.get(id(tensor))
+    if f is not None and f.holds(tensor):
+        return f
     code = _CODE_OF.get(getattr(tensor, "dtype", None))
     if (code is None or not isinstance(tensor, torch.Tensor) or not tensor.is_cpu
             or tensor.layout is not torch.strided or not tensor.is_contiguous()):
@@ -96,9 +131,50 @@ def describe(tensor, what: str):
         if not tensor.is_cpu:  # (a device pointer must never reach the host path)
             raise ValueError(f"{what}: a {tensor.device} tensor reached the host path; CUDA tensors "
                              "go through commlib.torch's collectives (cuda_dispatch)")
-    shape = tensor.shape or (1,)
-    ptr = address(tensor.data_ptr()) if tensor.numel() else NULL
-    return code, len(shape), shape_array(shape), ptr
+    if len(_facts) >= 8192:
+        _facts.clear()
+    f = _facts[id(tensor)] = TensorFacts(tensor, code)
+    return f
+
+
+_layouts: dict = {}
+
+
+def group_layout(tensors, what: str, inplace: bool) -> GroupLayout | None:
+    """The group layout (commlib.grouped_ops.GroupLayout) of contiguous CPU
+    tensors, each checked (check_tensor), cached by their identities; None
+    when one is not contiguous (out of place: the caller copies it)."""
+    key = (inplace, *map(id, tensors))
+    layout = _layouts.get(key)
+    if layout is not None and all(map(TensorFacts.holds, layout.facts, tensors)):
+        return layout
+    for t in tensors:
+        check_tensor(t, what, inplace=inplace)
+        if not t.is_cpu:
+            raise ValueError(f"{what}: a {t.device} tensor reached the host path")
+    if not all(t.is_contiguous() for t in tensors):
+        return None
+    facts = [describe(t, what) for t in tensors]
+    layout = GroupLayout(tensors, [f.code for f in facts], [f.shape for f in facts],
+                         [f.addr if t.numel() else 0 for f, t in zip(facts, tensors)],
+                         [t.numel() * t.element_size() for t in tensors], [t.dtype for t in tensors])
+    layout.facts = facts
+    if len(_layouts) >= 64:
+        _layouts.pop(next(iter(_layouts)))
+    _layouts[key] = layout
+    return layout
+
+
+def group_outputs(layout, tensors):
+    """New result tensors like ``tensors`` (their shapes) for an
+    out-of-place group, and the C array of their addresses (with what keeps
+    it valid)."""
+    if layout.uniform:  # (one buffer of rows: one allocation, one unbind)
+        t0 = tensors[0]
+        buf = torch.empty((len(tensors),) + tuple(t0.shape), dtype=t0.dtype)
+        return list(buf.unbind(0)), layout.out_addresses(buf.data_ptr())
+    outs = [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
+    return outs, (GroupLayout.pointers([o.data_ptr() if o.numel() else 0 for o in outs]),)
 
 
 def as_array(tensor: torch.Tensor) -> np.ndarray:

@@ -80,4 +80,41 @@ expect_raises(TypeError, lambda: hvd.allreduce_async_(np.ones(3), name="t.np"), 
 expect_raises(TypeError, lambda: hvd.allreduce_async_(torch.ones(3, dtype=torch.complex64),
                                                       name="t.cplx"),
               "unsupported dtype", match="unsupported dtype")
+w = torch.full((6,), float(r + 1))
+hvd.allreduce_(w, op=hvd.Sum, name="t.retype.0")
+w.data = w.view(torch.int32)  # the same memory, address and shape: another dtype
+w.fill_(r + 1)
+hvd.allreduce_(w, op=hvd.Sum, name="t.retype.1")
+check_equal(w.numpy(), np.full(6, total, np.int32), "torch retyped over the same memory")
+w.data = torch.full((6,), float(r + 1))
+for op, want in ((hvd.Sum, total), (hvd.Average, total / n), (hvd.Sum, total)):  # (new, changed, changed)
+    w.fill_(r + 1)
+    hvd.allreduce_(w, op=op, name="t.ops", prescale_factor=2.0)
+    check_equal(w.numpy(), np.full(6, 2 * want, np.float32), f"torch op {op} with a prescale")
+
+# torch grouped: the layout of a list of tensors is cached, and sees their changes
+g = [torch.full((16,), float(r + 1)) for _ in range(4)] + [torch.full((2, 3), float(r + 1), dtype=torch.float64)]
+for i in range(3):
+    outs = hvd.grouped_allreduce(g, op=hvd.Sum, name="g.oop")
+    for k, (o, x) in enumerate(zip(outs, g)):
+        check_equal(o.numpy(), np.full(tuple(x.shape), total, x.numpy().dtype), f"grouped out of place {i}.{k}")
+        check_equal(x.numpy(), np.full(tuple(x.shape), r + 1, x.numpy().dtype), f"grouped input kept {i}.{k}")
+uniform = [torch.full((16,), float(r + 1)) for _ in range(3)]
+outs = hvd.grouped_allreduce(uniform, op=hvd.Sum, name="g.uniform")
+outs[0].fill_(-1)  # results are tensors of their own shape, apart from one another's data
+check_equal(outs[1].numpy(), np.full(16, total, np.float32), "uniform grouped results apart")
+if tuple(outs[2].shape) != (16,):
+    raise SystemExit(f"rank {r}: a uniform group's result has shape {tuple(outs[2].shape)}")
+for i in range(2):
+    for x in g:
+        x.fill_(r + 1)
+    hvd.grouped_allreduce_(g, op=hvd.Sum, name="g.inplace")
+    check_equal(g[4].numpy(), np.full((2, 3), total, np.float64), f"grouped in place {i}")
+g[1].data = torch.full((7,), float(r + 1), dtype=torch.float64)  # a new storage, shape and dtype
+g[4].data = torch.empty((50, 40), dtype=torch.float64)  # the data moves
+for x in g:
+    x.fill_(r + 1)
+hvd.grouped_allreduce_(g, op=hvd.Average, name="g.changed")
+for k, x in enumerate(g):
+    check_equal(x.numpy(), np.full(tuple(x.shape), total / n, x.numpy().dtype), f"grouped after changes {k}")
 done()

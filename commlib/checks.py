@@ -1,0 +1,15 @@
+"""Argument checks that the numpy API and every frontend make alike, written
+once: the same exception type and message whichever path a call takes.
+Nothing here imports a framework."""
+from __future__ import annotations
+
+from .errors import ScalarTensorError
+
+
+def check_has_rows(ndim, what: str, several: bool = False) -> None:
+    """ScalarTensorError (a ValueError) for a 0-d tensor (``ndim`` 0) given to
+    a collective along dimension 0 (allgather, alltoall, reducescatter);
+    ``several``: one of a group's tensors."""
+    if ndim == 0:
+        raise ScalarTensorError(f"{what} needs {'tensors' if several else 'a tensor'} with at least "
+                                "one dimension, got a 0-d tensor")
