@@ -6,7 +6,7 @@ it reads at ``init()``, with their defaults and accepted values.
         print(entry.name, entry.default, entry.accepted, entry.meaning)
     commlib.config.check("COMMLIB_ALLREDUCE_ALGO", "ring")   # None, or ValueError
 
-The table lives in the compiled core (csrc/runtime/config.cc); ``init()``
+The table lives in the compiled core (csrc/base/config.cc); ``init()``
 raises the same ``ValueError`` on every rank when a value is bad. None of
 these functions needs ``init()``. An empty variable counts as unset.
 """

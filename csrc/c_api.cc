@@ -9,11 +9,11 @@
 #include <string>
 #include <type_traits>
 
-#include "common.h"
-#include "runtime/config.h"
+#include "base/common.h"
+#include "base/config.h"
+#include "base/result_pool.h"
+#include "base/timeline.h"
 #include "runtime/engine.h"
-#include "runtime/result_pool.h"
-#include "runtime/timeline.h"
 
 using commlib::Engine;
 using commlib::Error;

@@ -1,5 +1,6 @@
 // All-reduce algorithms, each in its own file, written against Transport.
-// Which one runs is decided in exec/algorithm.h, and nowhere else.
+// Which one runs is decided in exec/algorithm.h (across hosts:
+// allreduce_across.h), and nowhere else.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +9,9 @@
 #include "backends/transport.h"
 
 namespace commlib {
+
+// COMMLIB_ALLREDUCE_ALGO's choices (exec/algorithm.h parses and picks them).
+enum class AllreduceAlgo { kAuto, kMpi, kShm, kRing, kTree };
 
 // Every algorithm: in-place all-reduce of count elements (dtype is not a
 // half type; op is not Average: the caller applies scale factors).

@@ -24,9 +24,9 @@
 // same bits, so every rank ends with a bitwise identical result.
 #include <vector>
 
+#include "base/common.h"
 #include "collectives/allreduce.h"
 #include "collectives/pairwise_tree.h"
-#include "common.h"
 
 namespace commlib {
 namespace {

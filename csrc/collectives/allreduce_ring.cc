@@ -53,11 +53,11 @@
 #include <algorithm>
 #include <vector>
 
+#include "base/common.h"
+#include "base/fusion_buffer.h"
+#include "base/reduce.h"
 #include "collectives/allreduce.h"
 #include "collectives/ring_schedule.h"
-#include "common.h"
-#include "fusion_buffer.h"
-#include "reduce.h"
 
 namespace commlib {
 namespace {

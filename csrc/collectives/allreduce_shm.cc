@@ -24,10 +24,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "common.h"
-#include "exec/algorithm.h"
-#include "reduce.h"
-#include "runtime/progress.h"
+#include "base/common.h"
+#include "base/progress.h"
+#include "base/reduce.h"
+#include "collectives/allreduce_across.h"
 
 namespace commlib {
 namespace {

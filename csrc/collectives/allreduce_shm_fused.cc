@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "common.h"
-#include "exec/algorithm.h"
-#include "reduce.h"
+#include "base/common.h"
+#include "base/reduce.h"
+#include "collectives/allreduce_across.h"
 
 namespace commlib {
 

@@ -11,10 +11,10 @@
 // value is the accumulator and the result stays in its buffer (for the
 // higher partner that is the received one: the two buffers swap roles
 // instead of paying for a copy each round).
+#include "base/common.h"
+#include "base/reduce.h"
 #include "collectives/allreduce.h"
 #include "collectives/pairwise_tree.h"
-#include "common.h"
-#include "reduce.h"
 
 namespace commlib {
 

@@ -4,8 +4,8 @@
 #include <utility>
 #include <vector>
 
+#include "base/fusion_buffer.h"
 #include "collectives/tree_schedule.h"
-#include "fusion_buffer.h"
 
 namespace commlib {
 namespace {

@@ -12,10 +12,10 @@
 #include <cstring>
 
 #include "backends/shm/shm_block.h"
-#include "collectives/pieces.h"
+#include "base/common.h"
+#include "base/pieces.h"
+#include "base/reduce.h"
 #include "collectives/shm_collectives.h"
-#include "common.h"
-#include "reduce.h"
 
 namespace commlib {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "backends/shm/shm.h"
-#include "collectives/pieces.h"
+#include "base/pieces.h"
 
 namespace commlib {
 

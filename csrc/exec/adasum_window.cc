@@ -7,11 +7,12 @@
 #include <cstring>
 #include <vector>
 
+#include "base/common.h"
+#include "base/half.h"
+#include "base/reduce.h"
+#include "base/timeline.h"
 #include "collectives/allreduce.h"
-#include "common.h"
 #include "exec/operations.h"
-#include "half.h"
-#include "reduce.h"
 
 namespace commlib {
 

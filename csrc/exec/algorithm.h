@@ -1,5 +1,6 @@
-// The one place that picks an algorithm: which all-reduce runs (and the
-// inter-host step of the hierarchical one), and whether broadcast, allgather
+// The one place that picks an algorithm: which all-reduce runs (the
+// inter-host step of the hierarchical one, ring or tree by size, is
+// collectives/allreduce_across.h), and whether broadcast, allgather
 // and reducescatter go through the host's shared memory. The algorithms
 // themselves are in collectives/, one per file.
 #pragma once
@@ -9,26 +10,13 @@
 
 #include "backends/shm/shm.h"
 #include "backends/transport.h"
+#include "collectives/allreduce.h"
 
 namespace commlib {
-
-enum class AllreduceAlgo { kAuto, kMpi, kShm, kRing, kTree };
 
 // COMMLIB_ALLREDUCE_ALGO: auto|shm|ring|tree|mpi. Throws
 // Error(COMMLIB_ERR_VALUE) for unknown names.
 AllreduceAlgo parse_allreduce_algo(const std::string& name);
-
-// The algorithm kAuto picks over a Transport (no shared memory) for a
-// message of `bytes` bytes on `ranks` ranks (never kAuto).
-AllreduceAlgo choose_allreduce_algo(size_t bytes, int ranks);
-
-// The size from which kAuto runs the ring rather than the tree (up to 4
-// ranks; scaled up beyond, see algorithm.cc). Autotune sets it, on every rank
-// at the same point of the order (runtime/engine_tune.cc); init restores the
-// default.
-constexpr size_t kTreeMaxBytes = size_t(16) << 10;
-void set_tree_max_bytes(size_t bytes);
-size_t tree_max_bytes();
 
 // In-place all-reduce of count elements (dtype is not a half type; op is
 // not Average: the caller applies scale factors). shm is this host's
@@ -48,20 +36,6 @@ size_t tree_max_bytes();
 void allreduce(Transport& t, ShmSegment* shm, Transport* cross, void* buf, size_t count,
                int dtype, int op, AllreduceAlgo algo, double post = 1.0,
                const void* in = nullptr, int travel = -1);
-
-// The ring or the tree over t, chosen by size (the inter-host step); the
-// result multiplied by post. travel (a half type, with dtype float32): the
-// values are rounded to it, all-reduced as such and widened back (-1: they
-// travel as dtype).
-void allreduce_across(Transport& t, void* buf, size_t count, int dtype, int op, double post = 1.0,
-                      int travel = -1);
-
-// What ran, for the timeline (runtime/timeline.h): the code that picks an
-// algorithm notes its name ("ring", "shm", "hierarchical", "mpi", ...) while
-// the timeline is on; the executor takes the names noted during a response
-// (joined by '+', each once).
-void note_algorithm(const char* name);
-std::string take_algorithms();
 
 // Where broadcast/allgather/alltoall/reducescatter go through shared memory.
 enum { kShmAuto = 0, kShmAlways = 1, kShmNever = 2 };

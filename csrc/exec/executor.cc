@@ -1,6 +1,6 @@
 #include "exec/executor.h"
 
-#include "common.h"
+#include "base/common.h"
 
 namespace commlib {
 

@@ -12,10 +12,11 @@
 
 #include "backends/mpi/mpi_transport.h"
 #include "backends/shm/shm.h"
+#include "base/fusion_buffer.h"
+#include "base/message.h"
+#include "base/timeline.h"
 #include "exec/algorithm.h"
 #include "exec/operations.h"
-#include "fusion_buffer.h"
-#include "message.h"
 
 namespace commlib {
 

@@ -4,8 +4,8 @@
 // them all; each member's result is then cut out of the blocks.
 #include <cstring>
 
-#include "collectives/pieces.h"
-#include "common.h"
+#include "base/common.h"
+#include "base/pieces.h"
 #include "exec/operations.h"
 #include "negotiation/fusion.h"
 

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 
-#include "common.h"
+#include "base/common.h"
+#include "base/progress.h"
+#include "base/timeline.h"
 #include "exec/gpu_ops.h"
 #include "exec/operations.h"
-#include "runtime/progress.h"
-#include "runtime/timeline.h"
 
 namespace commlib {
 

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "backends/nccl/nccl_comm.h"
-#include "message.h"
-#include "runtime/entry.h"
+#include "base/entry.h"
+#include "base/message.h"
 
 namespace commlib {
 

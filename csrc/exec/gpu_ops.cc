@@ -3,10 +3,10 @@
 #include <cstring>
 #include <string>
 
-#include "common.h"
+#include "base/common.h"
+#include "base/half.h"
 #include "exec/gpu_route.h"
 #include "exec/operations.h"
-#include "half.h"
 
 namespace commlib {
 namespace {

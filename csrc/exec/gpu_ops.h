@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "backends/nccl/nccl_comm.h"
-#include "runtime/entry.h"
+#include "base/entry.h"
 
 namespace commlib {
 

@@ -1,7 +1,7 @@
 #include "exec/gpu_route.h"
 
 #include "backends/nccl/gpu_api.h"
-#include "common.h"
+#include "base/common.h"
 
 namespace commlib {
 namespace {

@@ -4,11 +4,12 @@
 
 #include <algorithm>
 
+#include "base/common.h"
+#include "base/half.h"
+#include "base/reduce.h"
+#include "base/timeline.h"
 #include "collectives/allreduce_shm_fused.h"
 #include "collectives/shm_collectives.h"
-#include "common.h"
-#include "half.h"
-#include "reduce.h"
 
 namespace commlib {
 size_t row_bytes(const RequestDesc& d) {
@@ -97,7 +98,7 @@ void reduce_window_in_shm(OpContext& ctx, const Member* first, const Member* las
 
 // Whether half types (float16, bfloat16) travel as they are: through
 // commlib's own algorithms over the transport (ring, tree), which reduce them
-// a block at a time in float32 (reduce.h), so that they move half the bytes
+// a block at a time in float32 (base/reduce.h), so that they move half the bytes
 // of float32 between hosts (the point of fp16 compression). The shared
 // segment and MPI's own collective (which cannot reduce them) take them
 // widened to float32; between hosts the hierarchical algorithm rounds each

@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "backends/transport.h"
+#include "base/entry.h"
+#include "base/fusion_buffer.h"
+#include "base/message.h"
 #include "exec/algorithm.h"
-#include "fusion_buffer.h"
-#include "message.h"
-#include "runtime/entry.h"
 
 namespace commlib {
 

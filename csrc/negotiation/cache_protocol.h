@@ -3,7 +3,8 @@
 // cached bits, completing them (through the log on one host, through rank 0
 // across hosts), running what the log orders, and ending assignments that no
 // longer hold. Rank 0's side of it (which bits are assigned, which hosts have
-// arrived) lives here too.
+// arrived) lives here too. The protocol's steps across hosts are in
+// cache_across_hosts.cc, the rest in cache_protocol.cc.
 //
 // It runs on the thread that owns communication, and reaches the rest of the
 // engine only through CacheHost.
@@ -18,10 +19,10 @@
 #include <vector>
 
 #include "backends/shm/shm.h"
-#include "message.h"
+#include "base/entry.h"
+#include "base/message.h"
 #include "negotiation/order_log.h"
 #include "negotiation/response_cache.h"
-#include "runtime/entry.h"
 
 namespace commlib {
 

@@ -13,7 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "message.h"
+#include "base/message.h"
 
 namespace commlib {
 

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "common.h"
-#include "runtime/progress.h"
-#include "runtime/timeline.h"
+#include "base/common.h"
+#include "base/progress.h"
+#include "base/timeline.h"
 
 namespace commlib {
 

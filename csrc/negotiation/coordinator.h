@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backends/mpi/mpi_control.h"
-#include "message.h"
+#include "base/message.h"
 #include "negotiation/cache_protocol.h"
 #include "negotiation/controller.h"
 

@@ -5,7 +5,7 @@
 #include <map>
 #include <tuple>
 
-#include "common.h"
+#include "base/common.h"
 
 namespace commlib {
 

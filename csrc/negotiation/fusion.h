@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "message.h"
+#include "base/message.h"
 
 namespace commlib {
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "common.h"
+#include "base/common.h"
 
 namespace commlib {
 namespace {

@@ -24,7 +24,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "message.h"
+#include "base/message.h"
 
 namespace commlib {
 

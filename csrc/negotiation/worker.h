@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "backends/mpi/mpi_control.h"
-#include "message.h"
-#include "runtime/entry.h"
+#include "base/entry.h"
+#include "base/message.h"
 
 namespace commlib {
 

@@ -1,6 +1,6 @@
 // Point-to-point messages between device (CUDA) buffers: matching and the
 // control messages stay PointToPoint's (point_to_point.h); the data moves
-// through the device's own transport (NCCL: backends/nccl/nccl_links.h).
+// through the device's own transport (NCCL: p2p/nccl_links.h).
 //
 // A link is one direction between this rank and a peer: this rank either
 // sends on it or receives. Its transfers run in the order both ends queue

@@ -1,8 +1,8 @@
 // PointToPoint's device (CUDA) messages: a receive that takes one, the
 // device "clear to send" and the hand-over to the device links
 // (point_to_point.h).
-#include "common.h"
-#include "message.h"
+#include "base/common.h"
+#include "base/message.h"
 #include "p2p/point_to_point.h"
 #include "p2p/wire.h"
 

@@ -6,7 +6,7 @@
 
 #include "backends/mpi/mpi_transport.h"
 #include "backends/shm/shm.h"
-#include "common.h"
+#include "base/common.h"
 
 namespace commlib {
 size_t P2PLanes::ring_bytes(int n) {

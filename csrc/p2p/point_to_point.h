@@ -55,10 +55,10 @@
 #include <vector>
 
 #include "backends/mpi/pending_sends.h"
+#include "base/handles.h"
+#include "base/message.h"
 #include "p2p/device_links.h"
 #include "p2p/lanes.h"
-#include "message.h"
-#include "runtime/handles.h"
 
 namespace commlib {
 

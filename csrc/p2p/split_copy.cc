@@ -5,7 +5,7 @@
 // that cannot write leaves its half to the receiver.
 #include <algorithm>
 
-#include "common.h"
+#include "base/common.h"
 #include "p2p/cma.h"
 #include "p2p/point_to_point.h"
 #include "p2p/wire.h"

@@ -32,7 +32,7 @@ namespace commlib {
 struct TuneSetting {
   int64_t fusion_threshold = 0;  // bytes
   int64_t cycle_us = 0;
-  int64_t tree_max_bytes = 0;    // the tree below, the ring from it (exec/algorithm.h)
+  int64_t tree_max_bytes = 0;    // the tree below, the ring from it (collectives/allreduce_across.h)
   bool operator==(const TuneSetting& o) const {
     return fusion_threshold == o.fusion_threshold && cycle_us == o.cycle_us && tree_max_bytes == o.tree_max_bytes;
   }

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "common.h"
 #include "backends/mpi/mpi_transport.h"
+#include "base/common.h"
 
 namespace commlib {
 

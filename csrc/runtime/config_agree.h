@@ -3,7 +3,7 @@
 
 #include <mpi.h>
 
-#include "runtime/config.h"
+#include "base/config.h"
 
 namespace commlib {
 

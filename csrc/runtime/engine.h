@@ -7,9 +7,10 @@
 // lifecycle; the roles it runs are objects of their own: the Coordinator
 // (rank 0) or the Worker (every other rank) for negotiation, the
 // CacheProtocol for the response cache and order log, the Executor for the
-// data movement. Its code is in engine.cc (lifecycle, loop, failure),
-// requests.cc (caller threads) and cycle.cc (one pass of the loop);
-// point-to-point in p2p/engine_p2p.cc.
+// data movement. Its methods are in runtime/engine_*.cc, one file per role:
+// lifecycle (init, start, shutdown), scheduling (the loop, drive and wait,
+// one cycle), requests (caller threads), execution (negotiated responses
+// run), endings (finish and fail), gpu (CUDA requests) and tune (autotune).
 //
 // Negotiation is asynchronous and point-to-point: there is no per-cycle
 // collective, so an idle rank costs nothing to the others and a request is
@@ -34,6 +35,8 @@
 #include "backends/mpi/mpi_control.h"
 #include "backends/mpi/mpi_transport.h"
 #include "backends/shm/shm.h"
+#include "base/config.h"
+#include "base/handles.h"
 #include "exec/executor.h"
 #include "exec/gpu_executor.h"
 #include "exec/gpu_route.h"
@@ -43,8 +46,6 @@
 #include "negotiation/worker.h"
 #include "p2p/point_to_point.h"
 #include "runtime/autotune.h"
-#include "runtime/config.h"
-#include "runtime/handles.h"
 
 namespace commlib {
 
@@ -75,7 +76,7 @@ class Engine : private CacheHost {
   // Validates and queues req.nmembers allreduces negotiated and fused as
   // one unit (member i is named <req.name>.i); one handle.
   int64_t enqueue_group(const commlib_request& req);
-  // Point-to-point send/recv (p2p/engine_p2p.cc; see c_api.h): never negotiated.
+  // Point-to-point send/recv (engine_requests.cc; see c_api.h): never negotiated.
   int64_t enqueue_p2p(const commlib_request& req);
   // The same, its handle not in the table yet (handles().adopt() puts it
   // there): a blocking send/recv that ends within its wait needs no id.
@@ -88,7 +89,7 @@ class Engine : private CacheHost {
   // Waits for a handle; the waiting thread drives the engine meanwhile.
   // until_launched: also returns once a CUDA request was launched.
   bool wait(HandleState& h, double timeout_s, bool until_launched = false);
-  // A CUDA request's synchronize on the caller's stream (runtime/gpu_engine.cc,
+  // A CUDA request's synchronize on the caller's stream (runtime/engine_gpu.cc,
   // c_api.h commlib_wait_on_stream): waits until h completed or was launched;
   // launched and not complete, makes `stream` wait for its completion event
   // and detaches h (true in *on_stream). False on timeout.
@@ -101,7 +102,7 @@ class Engine : private CacheHost {
   void cache_stats(int64_t out[4]) const { cache_.stats(out); }
 
   // rank 0 of the process set makes an NCCL unique id and every member gets
-  // its bytes over MPI (runtime/gpu_engine.cc). Collective over the set's
+  // its bytes over MPI (runtime/engine_gpu.cc). Collective over the set's
   // members, run by the caller with the engine's communication lock held:
   // no collective of the set may be in flight (diagnostics and tests).
   void nccl_unique_id(int process_set, uint8_t out[128]);
@@ -125,14 +126,14 @@ class Engine : private CacheHost {
   // Splits base into this host's ranks (local) and the same local rank on
   // every host (cross); *uniform: every host has as many ranks.
   Topology split_topology(MPI_Comm base, MPI_Comm data, MPI_Comm* local, MPI_Comm* cross, bool* uniform);
-  void start_timeline_from_config();  // COMMLIB_TIMELINE (runtime/timeline.h)
+  void start_timeline_from_config();  // COMMLIB_TIMELINE (base/timeline.h)
   // Transports, the negotiation role, the executor, the cache; then the thread.
   void start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mode);
   Entry make_entry(const commlib_request& q);
   // The members of process set id, checking that this rank is one of them.
   // Caller holds queue_mu_.
   const std::vector<int>& members_of(int id) const;
-  int64_t push(Entry* e);  // (requests.cc)
+  int64_t push(Entry* e);  // (engine_requests.cc)
   void loop();
   bool cycle();  // one pass of the background loop; true when it did work
   // cycle() (or, full=false, only its point-to-point part) unless
@@ -196,7 +197,7 @@ class Engine : private CacheHost {
   std::mutex tune_mu_;
   std::vector<std::array<int64_t, 5>> tune_history_;
 
-  // CUDA requests (runtime/gpu_engine.cc): the route check and ready event
+  // CUDA requests (runtime/engine_gpu.cc): the route check and ready event
   // at enqueue, the launch of a negotiated response, polling the launches.
   void prepare_gpu_entry(const commlib_request& q, Entry& e);
   void launch_gpu(const Response& resp, const std::vector<Entry*>& entries);
@@ -217,7 +218,8 @@ class Engine : private CacheHost {
   int deferred_code_ = 0;
   std::string deferred_message_;
 
-  // Point-to-point (p2p/engine_p2p.cc).
+  // Point-to-point (set up in engine_lifecycle.cc, queued in engine_requests.cc,
+  // run in engine_scheduling.cc).
   // lanes: control messages between ranks of this host through shared memory.
   void init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, size_t split_bytes, bool single_copy,
                 bool lanes);
@@ -227,7 +229,7 @@ class Engine : private CacheHost {
   HandleTable handles_;
   std::atomic<bool> running_{false};
   std::atomic<bool> stop_{false};
-  Config config_;  // read from the environment at init (runtime/config.h)
+  Config config_;  // read from the environment at init (base/config.h)
   std::atomic<int64_t> fusion_threshold_{Config::defaults().fusion_threshold};
   AllreduceAlgo algo_ = AllreduceAlgo::kAuto;
   int64_t stall_warning_us_ = 60000000;
@@ -257,7 +259,7 @@ class Engine : private CacheHost {
   std::vector<Entry> queue_;
   std::vector<P2PRequest> p2p_queue_;
   std::vector<P2PRequest> p2p_batch_;  // cycle_p2p's, under cycle_mu_
-  std::unordered_set<std::string> in_flight_;  // request keys (message.h)
+  std::unordered_set<std::string> in_flight_;  // request keys (base/message.h)
   std::map<int, std::vector<int>> sets_;        // process sets' members by id
   int64_t set_calls_ = 0;                       // add/remove calls (their names)
   int dead_code_ = 0;            // non-zero: the engine can no longer communicate

@@ -11,10 +11,11 @@
 // every rank applies it where it runs it, after the same collectives.
 #include <algorithm>
 
+#include "base/progress.h"
+#include "collectives/allreduce_across.h"
 #include "exec/algorithm.h"
 #include "negotiation/fusion.h"
 #include "runtime/engine.h"
-#include "runtime/progress.h"
 
 namespace commlib {
 

@@ -2,7 +2,7 @@
 
 #include <memory>
 
-#include "common.h"
+#include "base/common.h"
 #include "exec/operations.h"
 
 namespace commlib {

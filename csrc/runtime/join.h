@@ -1,12 +1,12 @@
 // join(): a rank that has joined takes part in collectives it never
 // submitted. For each, it builds a stand-in request from the description the
-// coordinator sends (message.h, Response::descs) with buffers of its own:
+// coordinator sends (base/message.h, Response::descs) with buffers of its own:
 // zeros into reductions, no rows into allgather/alltoall, a buffer to receive
 // a broadcast or its part of a reducescatter. The results are discarded.
 #pragma once
 
-#include "message.h"
-#include "runtime/entry.h"
+#include "base/entry.h"
+#include "base/message.h"
 
 namespace commlib {
 

@@ -1,7 +1,7 @@
 #include "runtime/trace_events.h"
 
-#include "common.h"
-#include "runtime/timeline.h"
+#include "base/common.h"
+#include "base/timeline.h"
 
 namespace commlib {
 namespace {

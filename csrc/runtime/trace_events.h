@@ -1,4 +1,4 @@
-// What the engine records in the timeline (runtime/timeline.h) when a
+// What the engine records in the timeline (base/timeline.h) when a
 // negotiated response has run on this rank.
 #pragma once
 
@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "message.h"
-#include "runtime/entry.h"
+#include "base/entry.h"
+#include "base/message.h"
 
 namespace commlib {
 

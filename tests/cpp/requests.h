@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "message.h"
+#include "base/message.h"
 
 namespace commlib_test {
 

@@ -1,15 +1,15 @@
 // Fusion planning (csrc/negotiation/fusion.h plan_fusion / fusable) and the
 // fusion buffer's alignment and reuse.
 //
-// csrc: negotiation/fusion.cc fusion_buffer.cc common.cc
+// csrc: negotiation/fusion.cc base/fusion_buffer.cc base/common.cc
 #include <cstdint>
 #include <map>
 #include <tuple>
 #include <vector>
 
+#include "base/common.h"
+#include "base/fusion_buffer.h"
 #include "check.h"
-#include "common.h"
-#include "fusion_buffer.h"
 #include "negotiation/fusion.h"
 #include "requests.h"
 

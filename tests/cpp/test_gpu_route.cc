@@ -3,11 +3,11 @@
 // dtypes and reductions to NCCL's; the device type in negotiation (encoded,
 // compared across ranks, never fused with the other kind).
 //
-// csrc: exec/gpu_route.cc common.cc message.cc negotiation/controller.cc negotiation/fusion.cc
+// csrc: exec/gpu_route.cc base/common.cc base/message.cc negotiation/controller.cc negotiation/fusion.cc
 #include <string>
 
+#include "base/common.h"
 #include "check.h"
-#include "common.h"
 #include "exec/gpu_route.h"
 #include "negotiation/controller.h"
 #include "negotiation/fusion.h"

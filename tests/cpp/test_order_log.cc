@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/common.h"
 #include "check.h"
-#include "common.h"
 #include "negotiation/order_log.h"
 
 using commlib::LogEntry;

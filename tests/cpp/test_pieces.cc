@@ -1,15 +1,15 @@
-// A reduce-scatter's input in pieces (csrc/collectives/pieces.h): every
+// A reduce-scatter's input in pieces (csrc/base/pieces.h): every
 // window [first, first + n) of the virtual buffer reads as the packed buffer
 // would, through copy() and for_each() alike, with NULL pieces as zeros,
 // empty pieces skipped, and windows that start and end inside pieces.
 //
-// csrc: collectives/pieces.cc
+// csrc: base/pieces.cc
 #include <cstdint>
 #include <random>
 #include <vector>
 
+#include "base/pieces.h"
 #include "check.h"
-#include "collectives/pieces.h"
 
 using commlib::Piece;
 using commlib::PieceInput;

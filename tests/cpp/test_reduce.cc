@@ -4,17 +4,17 @@
 // every op and the dtypes it fuses (and falls back for the others); half
 // types reduce as float32 and round back once per call.
 //
-// csrc: reduce.cc common.cc half.cc
+// csrc: base/reduce.cc base/common.cc base/half.cc
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
+#include "base/common.h"
+#include "base/half.h"
+#include "base/reduce.h"
 #include "check.h"
-#include "common.h"
-#include "half.h"
-#include "reduce.h"
 
 namespace {
 

@@ -2,15 +2,15 @@
 // the coordinator's CacheBits, alone and together, with the coordinator's
 // bit assignments installed on several simulated ranks.
 //
-// csrc: negotiation/response_cache.cc message.cc common.cc
+// csrc: negotiation/response_cache.cc base/message.cc base/common.cc
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "check.h"
-#include "requests.h"
 #include "negotiation/response_cache.h"
+#include "requests.h"
 
 using commlib::CacheBits;
 using commlib::RequestDesc;

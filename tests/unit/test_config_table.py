@@ -1,4 +1,4 @@
-"""The core's configuration table (csrc/runtime/config.cc) and README's
+"""The core's configuration table (csrc/base/config.cc) and README's
 "Configuration" table list the same variables with the same defaults, and
 the table is the only place in the core that reads the environment."""
 import re
@@ -72,7 +72,7 @@ def sources(*dirs, suffixes):
 def test_only_config_cc_reads_the_environment():
     readers = [str(p.relative_to(REPO)) for p in sources("csrc", suffixes={".cc", ".h", ".cpp"})
                if re.search(r"getenv|\benviron\b", p.read_text())]
-    assert readers == ["csrc/runtime/config.cc"]
+    assert readers == ["csrc/base/config.cc"]
 
 
 def test_every_variable_named_in_the_core_is_in_the_table():

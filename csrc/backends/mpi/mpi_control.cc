@@ -2,7 +2,7 @@
 
 #include "backends/mpi/mpi_transport.h"
 #include "backends/mpi/session_stamp.h"
-#include "common.h"
+#include "base/common.h"
 
 namespace commlib {
 namespace {

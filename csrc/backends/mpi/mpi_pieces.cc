@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "backends/mpi/mpi_transport.h"
-#include "common.h"
+#include "base/common.h"
 
 namespace commlib {
 namespace {

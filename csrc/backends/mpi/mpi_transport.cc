@@ -4,8 +4,8 @@
 #include <cstring>
 #include <string>
 
-#include "common.h"
-#include "runtime/progress.h"
+#include "base/common.h"
+#include "base/progress.h"
 
 namespace commlib {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <thread>
 
-#include "common.h"
+#include "base/common.h"
 
 namespace commlib {
 namespace gpu {

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "backends/mpi/mpi_transport.h"
-#include "common.h"
+#include "base/common.h"
 
 namespace commlib {
 namespace {

@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "backends/shm/shm.h"
-#include "runtime/progress.h"
+#include "base/progress.h"
 
 namespace commlib {
 

@@ -1,7 +1,7 @@
 """Run by tests/parallel/test_gpu_emulated_p2p.py: point-to-point between
-device buffers through the core's NCCL links (csrc/backends/nccl/
-nccl_links.cc), on CPU against the GPU emulator (tests/gpu_emulator/):
-"device" buffers are numpy arrays, stream 0 is the emulator's legacy default
+device buffers through the core's NCCL links (csrc/p2p/nccl_links.cc), on
+CPU against the GPU emulator (tests/gpu_emulator/): "device" buffers are
+numpy arrays, stream 0 is the emulator's legacy default
 stream. Every received message is checked against what its sender made.
 
 argv[1]:

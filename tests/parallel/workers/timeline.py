@@ -1,4 +1,4 @@
-"""The timeline (commlib/timeline.py, csrc/runtime/timeline.h): every rank
+"""The timeline (commlib/timeline.py, csrc/base/timeline.h): every rank
 writes a valid Chrome trace with the phases of each tensor; rank 0 also sees
 every rank's request arrive. argv[1]: the timeline path; argv[2]: "env" when
 COMMLIB_TIMELINE started it at init (else start/stop_timeline do)."""

@@ -1,4 +1,4 @@
-#include "runtime/parse.h"
+#include "base/parse.h"
 
 #include <cerrno>
 #include <cmath>

@@ -1,9 +1,9 @@
-#include "runtime/progress.h"
+#include "base/progress.h"
 
 #include <atomic>
 
-#include "common.h"
-#include "runtime/config.h"
+#include "base/common.h"
+#include "base/config.h"
 
 namespace commlib {
 namespace {

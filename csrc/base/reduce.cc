@@ -1,12 +1,12 @@
-#include "reduce.h"
+#include "base/reduce.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
-#include "common.h"
-#include "half.h"
+#include "base/common.h"
+#include "base/half.h"
 
 namespace commlib {
 namespace {

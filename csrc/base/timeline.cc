@@ -1,4 +1,4 @@
-#include "runtime/timeline.h"
+#include "base/timeline.h"
 
 #include <cerrno>
 #include <chrono>
@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "common.h"
+#include "base/common.h"
 
 namespace commlib {
 namespace {
@@ -146,6 +146,29 @@ void Timeline::mark(const std::string& name, const char* what, int64_t ts_us, co
   buffer_.append(head, size_t(std::min<int>(n, int(sizeof(head)) - 1)));
   buffer_ += args_json;
   buffer_ += "}},\n";
+}
+
+namespace {
+thread_local std::string t_algorithms;
+}  // namespace
+
+void note_algorithm(const char* name) {
+  if (!timeline().on()) return;
+  const std::string n(name);
+  size_t at = 0;
+  while ((at = t_algorithms.find(n, at)) != std::string::npos) {
+    const size_t end = at + n.size();
+    if ((at == 0 || t_algorithms[at - 1] == '+') && (end == t_algorithms.size() || t_algorithms[end] == '+')) return;
+    at = end;
+  }
+  if (!t_algorithms.empty()) t_algorithms += '+';
+  t_algorithms += n;
+}
+
+std::string take_algorithms() {
+  std::string out;
+  out.swap(t_algorithms);
+  return out;
 }
 
 }  // namespace commlib

@@ -1,4 +1,4 @@
-#include "runtime/result_pool.h"
+#include "base/result_pool.h"
 
 #include <malloc.h>
 
@@ -7,7 +7,7 @@
 #include <new>
 #include <vector>
 
-#include "runtime/config.h"
+#include "base/config.h"
 
 namespace commlib {
 namespace {

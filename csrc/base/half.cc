@@ -1,4 +1,4 @@
-#include "half.h"
+#include "base/half.h"
 
 #include <cstdint>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <immintrin.h>
 #endif
 
-#include "common.h"
+#include "base/common.h"
 
 namespace commlib {
 namespace {

@@ -1,150 +1,18 @@
-// The callers' side of the engine: validating requests, queueing them under
+// The callers' side of the engine (Engine, runtime/engine.h): collectives and
+// point-to-point requests checked (runtime/request_checks.h) and queued under
 // one handle, and the process-set calls (all on caller threads, under
 // queue_mu_ where they touch what the background thread reads).
 #include <algorithm>
-#include <cmath>
 #include <string>
 
-#include "common.h"
-#include "reduce.h"
+#include "base/common.h"
+#include "base/progress.h"
+#include "base/reduce.h"
+#include "base/timeline.h"
 #include "runtime/engine.h"
-#include "runtime/progress.h"
-#include "runtime/timeline.h"
+#include "runtime/request_checks.h"
 
 namespace commlib {
-namespace {
-
-// members: the job ranks of the request's process set.
-// A reducescatter's input in pieces: CPU only, no `input`, piece sizes that
-// add up to the tensor's elements.
-void validate_pieces(const commlib_request& q, int64_t n) {
-  if (q.op_type != COMMLIB_OP_REDUCESCATTER || q.device_type != COMMLIB_DEVICE_CPU) {
-    throw Error(COMMLIB_ERR_VALUE, "an input in pieces is supported by CPU reducescatter only");
-  }
-  if (q.npieces < 0 || !q.pieces || !q.piece_elements || q.input) {
-    throw Error(COMMLIB_ERR_VALUE, "reducescatter pieces: needs npieces > 0, the pieces and their "
-                                   "sizes, and no input buffer");
-  }
-  int64_t sum = 0;
-  for (int i = 0; i < q.npieces; ++i) {
-    if (q.piece_elements[i] < 0) throw Error(COMMLIB_ERR_VALUE, "reducescatter pieces must have non-negative sizes");
-    sum += q.piece_elements[i];
-  }
-  if (sum != n) {
-    throw Error(COMMLIB_ERR_VALUE, "reducescatter pieces hold " + std::to_string(sum) +
-                                       " elements, the tensor's shape " + std::to_string(n));
-  }
-}
-
-void validate_request(const commlib_request& q, const std::vector<int>& members) {
-  if ((q.op_type < COMMLIB_OP_ALLREDUCE || q.op_type > COMMLIB_OP_BARRIER) && q.op_type != COMMLIB_OP_JOIN)
-    throw Error(COMMLIB_ERR_VALUE, "unknown collective operation " + std::to_string(q.op_type));
-  if (!q.name || !*q.name) throw Error(COMMLIB_ERR_VALUE, "a collective needs a non-empty name");
-  if (q.op_type == COMMLIB_OP_JOIN && q.process_set != 0)
-    throw Error(COMMLIB_ERR_VALUE, "join() runs over every rank of the job, not over a process set");
-  if (q.op_type == COMMLIB_OP_BARRIER || q.op_type == COMMLIB_OP_JOIN) return;
-  if (!is_valid_dtype(q.dtype))
-    throw Error(COMMLIB_ERR_TYPE, "unsupported dtype code " + std::to_string(q.dtype));
-  if (q.ndim < 0 || (q.ndim > 0 && !q.shape)) throw Error(COMMLIB_ERR_VALUE, "invalid shape");
-  for (int i = 0; i < q.ndim; ++i)
-    if (q.shape[i] < 0) throw Error(COMMLIB_ERR_VALUE, "negative dimension in shape");
-  const char* what = op_type_name(q.op_type);
-  if (q.op_type == COMMLIB_OP_ALLREDUCE || q.op_type == COMMLIB_OP_REDUCESCATTER) {
-    if (q.reduce_op == COMMLIB_ADASUM && q.op_type != COMMLIB_OP_ALLREDUCE)
-      throw Error(COMMLIB_ERR_VALUE, std::string(what) + " does not support op Adasum (allreduce only)");
-    if (q.reduce_op == COMMLIB_ADASUM && !is_float_dtype(q.dtype)) {
-      throw Error(COMMLIB_ERR_TYPE, std::string(what) + " with op Adasum needs a floating-point tensor "
-                                        "(float16, bfloat16, float32, float64), got " + dtype_name(q.dtype));
-    }
-    if (!reduction_supported(q.dtype, q.reduce_op)) {
-      throw Error(COMMLIB_ERR_TYPE, std::string(what) + " with op " + reduce_op_name(q.reduce_op) +
-                                        " is not supported for dtype " + dtype_name(q.dtype));
-    }
-    // (a NaN would also never compare equal across ranks: a mismatch every time)
-    if (!std::isfinite(q.prescale) || !std::isfinite(q.postscale)) {
-      throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": scale factors must be finite, got prescale " +
-                                         std::to_string(q.prescale) + ", postscale " + std::to_string(q.postscale));
-    }
-  }
-  if (q.op_type == COMMLIB_OP_BROADCAST &&
-      std::find(members.begin(), members.end(), q.root) == members.end()) {
-    if (q.process_set == 0) {
-      throw Error(COMMLIB_ERR_VALUE, "broadcast root_rank " + std::to_string(q.root) +
-                                         " is outside the job (size " + std::to_string(members.size()) + ")");
-    }
-    throw Error(COMMLIB_ERR_VALUE, "broadcast root_rank " + std::to_string(q.root) + " is not a member of process set " +
-                                       std::to_string(q.process_set) + " " +
-                                       ranks_str(members));
-  }
-  if ((q.op_type == COMMLIB_OP_ALLGATHER || q.op_type == COMMLIB_OP_ALLTOALL ||
-       q.op_type == COMMLIB_OP_REDUCESCATTER) && q.ndim < 1) {
-    throw Error(COMMLIB_ERR_VALUE, std::string(what) + " needs a tensor with at least one dimension");
-  }
-  int64_t n = 1;
-  for (int i = 0; i < q.ndim; ++i) n *= q.shape[i];
-  if (q.npieces != 0) {
-    validate_pieces(q, n);
-  } else if (n > 0 && !q.input) {
-    throw Error(COMMLIB_ERR_VALUE, "input buffer is NULL");
-  }
-  if (q.op_type == COMMLIB_OP_ALLGATHER && q.output && q.output_rows < 0) {
-    throw Error(COMMLIB_ERR_VALUE, std::string(what) + ": an output needs its rows (output_rows >= 0)");
-  }
-  // (reducescatter: a rank may receive no rows, so its output may be NULL)
-  const bool needs_output = q.op_type == COMMLIB_OP_ALLREDUCE || q.op_type == COMMLIB_OP_BROADCAST;
-  if (needs_output && n > 0 && !q.output) throw Error(COMMLIB_ERR_VALUE, "output buffer is NULL");
-}
-
-// A reducescatter's explicit rows per rank (none: the even split).
-std::vector<int64_t> reducescatter_splits(const commlib_request& q, int size) {
-  if (q.nsplits == 0) return {};
-  const std::string what = std::string("reducescatter '") + (q.name ? q.name : "") + "'";
-  if (q.nsplits != size) {
-    throw Error(COMMLIB_ERR_VALUE, what + ": splits must have one entry per rank (" + std::to_string(size) +
-                                       "), got " + std::to_string(q.nsplits));
-  }
-  std::vector<int64_t> s(q.splits, q.splits + q.nsplits);
-  int64_t sum = 0;
-  for (int64_t x : s) {
-    if (x < 0) throw Error(COMMLIB_ERR_VALUE, what + ": splits must be non-negative");
-    sum += x;
-  }
-  if (sum != q.shape[0]) {
-    throw Error(COMMLIB_ERR_VALUE, what + ": splits sum to " + std::to_string(sum) + " but dimension 0 of the "
-                                       "tensor is " + std::to_string(q.shape[0]));
-  }
-  return s;
-}
-
-// Rows sent to each rank (of the process set) by an alltoall: explicit
-// splits or equal parts.
-std::vector<int64_t> alltoall_splits(const commlib_request& q, int size) {
-  const int64_t dim0 = q.shape[0];
-  if (q.nsplits == 0) {
-    if (dim0 % size != 0) {
-      throw Error(COMMLIB_ERR_VALUE, "alltoall without splits needs dimension 0 (" + std::to_string(dim0) +
-                                         ") divisible by the number of ranks (" + std::to_string(size) + ")");
-    }
-    return std::vector<int64_t>(size, dim0 / size);
-  }
-  if (q.nsplits != size) {
-    throw Error(COMMLIB_ERR_VALUE, "alltoall splits must have one entry per rank (" + std::to_string(size) +
-                                       "), got " + std::to_string(q.nsplits));
-  }
-  std::vector<int64_t> s(q.splits, q.splits + q.nsplits);
-  int64_t sum = 0;
-  for (int64_t x : s) {
-    if (x < 0) throw Error(COMMLIB_ERR_VALUE, "alltoall splits must be non-negative");
-    sum += x;
-  }
-  if (sum != dim0) {
-    throw Error(COMMLIB_ERR_VALUE, "alltoall splits sum to " + std::to_string(sum) +
-                                       " but dimension 0 of the tensor is " + std::to_string(dim0));
-  }
-  return s;
-}
-
-}  // namespace
 
 const std::vector<int>& Engine::members_of(int id) const {
   auto it = sets_.find(id);
@@ -356,6 +224,67 @@ int64_t Engine::remove_process_set(int id) {
     e.desc.name = "process_set.remove." + std::to_string(set_calls_++);
   }
   return push(&e);
+}
+
+int64_t Engine::enqueue_p2p(const commlib_request& q) { return handles_.adopt(queue_p2p(q, false)); }
+
+std::shared_ptr<HandleState> Engine::queue_p2p(const commlib_request& q, bool caller_waits) {
+  if (!running_.load()) {
+    throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
+  }
+  if (q.op_type != COMMLIB_OP_SEND && q.op_type != COMMLIB_OP_RECV)
+    throw Error(COMMLIB_ERR_VALUE, "not a point-to-point operation: " + std::to_string(q.op_type));
+  std::vector<int> members;
+  if (q.process_set != 0) {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    members = members_of(q.process_set);
+  }
+  validate_p2p(q, q.process_set != 0 ? &members : nullptr, topo_.size);
+  P2PRequest r;
+  r.is_send = q.op_type == COMMLIB_OP_SEND;
+  r.peer = q.peer;
+  r.tag = q.tag;
+  r.process_set = q.process_set;
+  if (r.is_send || q.output || (q.dtype >= 0 && q.p2p_flags)) {
+    r.dtype = q.dtype;
+    r.shape.assign(q.shape, q.shape + q.ndim);
+  }
+  r.data = q.input;
+  r.out = q.output;
+  r.caller_waits = caller_waits;
+  if (q.device_type == COMMLIB_DEVICE_CUDA || (q.p2p_flags & COMMLIB_P2P_TAKES_DEVICE)) prepare_device_p2p(q, r);
+  auto handle = std::make_shared<HandleState>();
+  r.handle = handle;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    int code = stop_.load() ? COMMLIB_ERR_NOT_INIT : dead_code_;
+    if (code) throw Error(code, stop_.load() ? std::string("commlib is shutting down") : dead_message_);
+    p2p_queue_.push_back(std::move(r));
+    p2p_outstanding_.fetch_add(1);  // (before outstanding_: drive() compares the two)
+  }
+  outstanding_.fetch_add(1);
+  if (!caller_waits) start_p2p();
+  wake_for(caller_waits);
+  return handle;
+}
+
+// A send from CUDA memory, or a receive that takes device messages (into
+// CUDA memory, or memory the core allocates on the device): the transfer runs
+// through NCCL once the caller's stream has reached this point.
+void Engine::prepare_device_p2p(const commlib_request& q, P2PRequest& r) {
+  const char* what = r.is_send ? "send" : "recv";
+  if (gpu_backend_ == GpuBackend::kHost) {
+    throw Error(COMMLIB_ERR_VALUE, std::string(what) + " of CUDA memory: COMMLIB_GPU_BACKEND=host (the frontend "
+                                                       "stages CUDA tensors through host memory)");
+  }
+  const gpu::GpuLibs* libs = gpu_libs(true);
+  const std::string why = gpu::unusable_reason(*libs);
+  if (!why.empty()) {
+    throw Error(COMMLIB_ERR_VALUE, std::string(what) + " of CUDA memory needs NCCL and the CUDA runtime: " + why);
+  }
+  r.device = q.device_id;
+  r.out_on_device = !r.is_send && q.device_type == COMMLIB_DEVICE_CUDA;
+  r.ready = std::shared_ptr<void>(gpu::record_event(libs->cuda, q.device_id, q.stream), gpu::destroy_event);
 }
 
 }  // namespace commlib

@@ -1,4 +1,4 @@
-#include "runtime/liveness.h"
+#include "base/liveness.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -7,7 +7,7 @@
 #include <mutex>
 #include <thread>
 
-#include "common.h"
+#include "base/common.h"
 
 namespace commlib {
 namespace {

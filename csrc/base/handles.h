@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "runtime/result_pool.h"
+#include "base/result_pool.h"
 
 namespace commlib {
 
@@ -42,7 +42,7 @@ struct HandleState {
   std::vector<int64_t> shape;
   void* device_result = nullptr;  // recv: a device message in device memory the core allocated
   int64_t id = 0;  // in the HandleTable
-  // CUDA collectives (runtime/gpu_engine.cc): once launched on the device,
+  // CUDA collectives (runtime/engine_gpu.cc): once launched on the device,
   // the launch's completion event (a caller's stream may wait on it). A
   // caller that let go (detached: commlib_wait_on_stream) leaves the rest to
   // the engine, which releases the handle when it completes; claimed: the

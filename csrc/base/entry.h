@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "collectives/pieces.h"
-#include "message.h"
-#include "runtime/handles.h"
+#include "base/handles.h"
+#include "base/message.h"
+#include "base/pieces.h"
 
 namespace commlib {
 

@@ -1,98 +1,18 @@
-// One pass of the background loop (Engine::cycle): batching new requests,
-// handing them to the cache or to negotiation, control messages, and running
-// responses in the order every rank runs them.
+// The engine's execution (Engine, runtime/engine.h; on its thread): handing
+// batched requests to the response cache or to negotiation, control messages,
+// and running the responses in the order every rank runs them.
 #include <algorithm>
 #include <string>
 #include <vector>
 
-#include "common.h"
+#include "base/common.h"
+#include "base/progress.h"
+#include "base/timeline.h"
 #include "runtime/engine.h"
 #include "runtime/join.h"
-#include "runtime/liveness.h"
-#include "runtime/progress.h"
-#include "runtime/timeline.h"
 #include "runtime/trace_events.h"
 
 namespace commlib {
-
-bool Engine::cycle() {
-  bool worked = take_requests();
-  worked |= forward_tune_requests();
-  worked |= cycle_p2p();
-  worked |= poll_messages();
-  if (coordinator_) worked |= coordinate();
-  worked |= run_ready();
-  worked |= poll_gpu();
-  const int64_t now = now_us();
-  cache_.expire_waiting(now);
-  if (worker_) check_coordinator_alive(now);
-  control_->progress();
-  throw_if_peer_lost();
-  if (worked && timeline().marks_cycles()) timeline().mark("", "CYCLE", now_us());
-  return worked;
-}
-
-bool Engine::take_requests() {
-  // The queue, held_ and taken_ trade buffers rather than entries: each keeps
-  // its capacity, and a batch taken while nothing is held moves no entry.
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    taken_.swap(queue_);
-  }
-  bool worked = !taken_.empty();
-  if (held_.empty() && taken_.empty()) return worked;
-  const int64_t now = now_us();
-  if (!taken_.empty()) {
-    if (held_.empty()) {
-      held_since_us_ = now;
-      held_.swap(taken_);
-    } else {
-      for (Entry& e : taken_) held_.push_back(std::move(e));
-      taken_.clear();
-    }
-    last_arrival_us_ = now;
-  }
-  // Report now unless more requests are still streaming in (then they are
-  // negotiated, and fused, together).
-  if (stop_.load()) {
-    for (Entry& e : held_) finish(e, COMMLIB_ERR_NOT_INIT, "commlib was shut down before this collective started");
-    held_.clear();
-  } else if (handles_.waiting() > 0 || now - last_arrival_us_ >= batch_gap_us_ ||
-             now - held_since_us_ >= cycle_us_) {
-    submit(held_);
-    held_.clear();
-    worked = true;
-  }
-  return worked;
-}
-
-bool Engine::poll_messages() {
-  bool worked = false;
-  int source;
-  std::string msg;
-  while (control_->poll(&source, &msg)) {
-    on_message(source, msg);
-    worked = true;
-  }
-  return worked;
-}
-
-bool Engine::coordinate() {
-  const bool worked = coordinator_->take_responses(fusion_threshold_.load(), ready_);
-  coordinator_->check_stalls(now_us());
-  return worked;
-}
-
-// With the order log, the log says when each response runs; otherwise they
-// run as they come.
-bool Engine::run_ready() {
-  if (cache_.ordered_by_log()) return cache_.run_log();
-  bool worked = false;
-  while (execute_next_ready()) worked = true;
-  const std::string closing = worker_ ? worker_->take_closing() : std::string();
-  if (!closing.empty()) fail_collectives(COMMLIB_ERR_NOT_INIT, closing);  // the coordinator's acknowledgement or departure
-  return worked;
-}
 
 void Engine::submit(std::vector<Entry>& batch) {
   std::vector<Entry*> negotiate, completed;
@@ -129,35 +49,9 @@ Entry* Engine::find_pending(const std::string& key) {
   return it == pending_.end() ? nullptr : &it->second;
 }
 
-bool Engine::execute_next_ready() {
-  if (ready_.empty()) return false;
-  Response resp = std::move(ready_.front());
-  ready_.pop_front();
-  execute(resp);
-  return true;
-}
-
 void Engine::renegotiate(Entry& e) {
   e.desc.waited_us = now_us() - e.cached_since_us;  // (rank 0's timeout counts from the arrival)
   report({&e});
-}
-
-void Engine::check_coordinator_alive(int64_t now) {
-  // Rank 0 fails them at the timeout (checked each second); this is for when it
-  // cannot. 8 s: with this check's own second and a request submitted just
-  // before its peers became unreachable, the worker still fails within the
-  // timeout + 10 s.
-  constexpr int64_t kGraceUs = 8000000;
-  if (timeout_us_ <= 0 || now - last_timeout_check_us_ < 1000000 || !ready_.empty()) return;
-  last_timeout_check_us_ = now;
-  for (const auto& [key, e] : pending_) {
-    if (e.desc.op_type == COMMLIB_OP_JOIN || now - e.submitted_us < timeout_us_ + kGraceUs) continue;
-    throw Error(COMMLIB_ERR_TIMED_OUT,
-                std::string(op_type_name(e.desc.op_type)) + " '" + e.desc.name + "' has waited " +
-                    std::to_string((now - e.submitted_us) / 1000000) +
-                    " s and rank 0 (the coordinator) never answered, not even with a timeout "
-                    "(COMMLIB_TIMEOUT): rank 0 is frozen, overloaded or unreachable");
-  }
 }
 
 void Engine::drop(const std::string& key, int code, const std::string& message) {

@@ -1,3 +1,6 @@
+// The engine's lifecycle (Engine, runtime/engine.h): init (configuration,
+// topology, shared memory, point-to-point), start of the background loop,
+// and the shutdown handshake.
 #include "runtime/engine.h"
 
 #include <unistd.h>
@@ -8,29 +11,20 @@
 #include <algorithm>
 
 #include "backends/mpi/session_stamp.h"
-#include "common.h"
-#include "reduce.h"
+#include "backends/nccl/nccl_comm.h"
+#include "base/common.h"
+#include "base/liveness.h"
+#include "base/progress.h"
+#include "base/reduce.h"
+#include "base/result_pool.h"
+#include "base/timeline.h"
+#include "p2p/nccl_links.h"
 #include "runtime/config_agree.h"
-#include "runtime/liveness.h"
-#include "runtime/progress.h"
-#include "runtime/result_pool.h"
-#include "runtime/timeline.h"
 #include "runtime/trace_events.h"
 
 namespace commlib {
 namespace {
 
-// How often the background thread looks whether the waiters still drive: as
-// long as an idle one naps. Each look is a wake-up on a core a waiter needs;
-// at 200 us, one 1 MiB transfer in eight copied at half speed (2 ranks, 2
-// cores). What the drivers leave behind wakes it at once (wake_for, wait).
-constexpr int64_t kYieldNapUs = kMaxNapUs;
-// A request queued this soon after its thread's last wait ended most likely
-// belongs to a caller that waits, and drives, next: no wake-up for it.
-constexpr int64_t kFollowUpUs = 50;
-thread_local int64_t t_wait_ended_us = -kFollowUpUs;  // this thread's last wait that drove
-// How often a waiter driving only point-to-point runs the whole cycle.
-constexpr int64_t kFullCycleUs = 50;
 // How long a rank that lost contact with a peer waits at shutdown before its
 // MPI_Abort ends the job (Engine::shutdown). The ranks beyond a cut may be
 // waiting for rank 0's answer rather than for data: they give up the timeout
@@ -62,6 +56,38 @@ std::vector<PeerInfo> exchange_peer_info(MPI_Comm comm, int rank, int size) {
     }
   }
   return local;
+}
+
+// Where each job rank lives: its pid and its rank on this host (0 and -1 for
+// ranks elsewhere).
+struct HostRanks {
+  std::vector<pid_t> pids;
+  std::vector<int> local_of_job;
+};
+
+HostRanks host_ranks(MPI_Comm base, MPI_Comm local, int size) {
+  int n = 0;
+  MPI_Comm_size(local, &n);
+  std::vector<int> pids(size_t(n), 0), local_ranks(size_t(n), 0), job_ranks(size_t(n), 0);
+  int mine = int(getpid());
+  check_mpi(MPI_Allgather(&mine, 1, MPI_INT, pids.data(), 1, MPI_INT, local), "MPI_Allgather(pids)");
+  MPI_Group lg, bg;
+  MPI_Comm_group(local, &lg);
+  MPI_Comm_group(base, &bg);
+  for (int i = 0; i < n; ++i) local_ranks[size_t(i)] = i;
+  MPI_Group_translate_ranks(lg, n, local_ranks.data(), bg, job_ranks.data());
+  MPI_Group_free(&lg);
+  MPI_Group_free(&bg);
+  HostRanks out;
+  out.pids.assign(size_t(size), 0);
+  out.local_of_job.assign(size_t(size), -1);
+  for (int i = 0; i < n; ++i) {
+    const int j = job_ranks[size_t(i)];
+    if (j < 0 || j >= size) continue;
+    out.pids[size_t(j)] = pid_t(pids[size_t(i)]);
+    out.local_of_job[size_t(j)] = i;
+  }
+  return out;
 }
 
 }  // namespace
@@ -321,126 +347,28 @@ bool Engine::coordinator_may_leave(int64_t now) {
   return true;
 }
 
-bool Engine::step(bool full) {
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    if (dead_code_ == COMMLIB_ERR_PEER_LOST || dead_code_ == COMMLIB_ERR_INTERNAL) {
-      return false;  // nothing can be sent any more: just idle until shutdown
-    }
-  }
-  try {
-    if (!full) {
-      const bool worked = cycle_p2p();
-      throw_if_peer_lost();
-      return worked;
-    }
-    return cycle();
-  } catch (const Error& e) {
-    // A wait that timed out (a peer cut off or frozen mid-collective, or rank
-    // 0 never answering) ends the engine: MPI_Finalize would wait forever.
-    if (e.code() == COMMLIB_ERR_TIMED_OUT) lost_contact_.store(true);
-    fail_everything(e.code(), e.what());
-    return true;
-  }
-}
-
-bool Engine::drive() {
-  if (stop_.load() || !running_.load()) return false;  // the leave handshake is the loop's
-  std::unique_lock<std::mutex> lock(cycle_mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return false;
-  // With only point-to-point in flight a waiter runs just its part, which
-  // is most of a small message's latency saved; the whole cycle (this
-  // rank's share of other ranks' negotiations) still runs every
-  // kFullCycleUs, far more often than an idle background thread's naps.
-  const int64_t now = now_us();
-  if (outstanding_.load() == p2p_outstanding_.load() && now - last_full_cycle_us_ < kFullCycleUs) {
-    return step(false);
-  }
-  last_full_cycle_us_ = now;
-  return step();
-}
-
-bool Engine::wait(HandleState& h, double timeout_s, bool until_launched) {
-  // When the last driver stops with requests still open (its own, if it
-  // goes to sleep; or asynchronous ones), the background thread takes over.
-  return handles_.wait(
-      h, timeout_s, [this] { return drive(); },
-      [this] {
-        t_wait_ended_us = now_us();
-        if (handles_.driving() == 0 && bg_yields_.load() && outstanding_.load() > 0) wake_yielding();
-      },
-      until_launched);
-}
-
-void Engine::wake_for(bool caller_waits) {
-  // An idle background thread is woken for every request. One napping while
-  // waiters drove is woken when no one drives any more and the caller will
-  // not (an asynchronous request submitted after computing), so that the
-  // request starts now and not at the end of the nap. A caller that waits
-  // next, or one whose request follows the end of its own last wait closely
-  // (a loop of blocking calls), drives it itself: a wake-up there would cost
-  // it the futex call and the background thread's turn on a core.
-  if (bg_sleeping_.load()) {
-    queue_cv_.notify_one();  // (it looks at the queues under queue_mu_ before it sleeps)
-  } else if (!caller_waits && bg_yields_.load() && handles_.driving() == 0 &&
-             now_us() - t_wait_ended_us >= kFollowUpUs) {
-    wake_yielding();
-  }
-}
-
-void Engine::wake_yielding() {
-  { std::lock_guard<std::mutex> lock(queue_mu_); }  // it is inside wait_for, or will see driving() == 0
-  queue_cv_.notify_one();
-}
-
-void Engine::loop() {
-  mark_background_thread();
-  leave_deadline_us_ = 0;
-  int64_t idle_since = now_us();
-  int64_t nap = 20;
-  for (;;) {
-    if (handles_.driving() > 0 && !stop_.load()) {
-      // A waiting thread drives the engine: stay off the cores it needs.
-      // The last driver to leave with requests open wakes us (Engine::wait),
-      // and so does a request queued later by a caller that does not drive
-      // (wake_for); the rest is picked up at the next look.
-      std::unique_lock<std::mutex> lock(queue_mu_);
-      bg_yields_.store(true);
-      if (handles_.driving() > 0) queue_cv_.wait_for(lock, std::chrono::microseconds(kYieldNapUs));
-      bg_yields_.store(false);
-      idle_since = now_us();
-      continue;
-    }
-    bool worked, gpu_busy;
-    {
-      std::lock_guard<std::mutex> lock(cycle_mu_);
-      worked = step();
-      gpu_busy = gpu_ && gpu_->busy();
-    }
-    if (stop_.load() && leave()) break;
-    if (worked) {
-      idle_since = now_us();
-      nap = 20;
-      continue;
-    }
-    if (now_us() - idle_since < spin_budget_us()) {
-      sched_yield();
-      continue;
-    }
-    std::unique_lock<std::mutex> lock(queue_mu_);
-    bg_sleeping_.store(true);
-    if (queue_.empty() && p2p_queue_.empty() && !stop_.load())
-      queue_cv_.wait_for(lock, std::chrono::microseconds(gpu_busy ? std::min(nap, kGpuPollNapUs) : nap));
-    bg_sleeping_.store(false);
-    if (nap < kMaxNapUs) nap *= 2;
-  }
-  try {
-    if (!broken()) p2p_->say_goodbye();
-    if (coordinator_) send_shutdown_notice();  // workers said goodbye in leave()
-  } catch (const Error&) {
-    // The job is going away; a notice that cannot be sent changes nothing.
-  }
-  fail_everything(COMMLIB_ERR_NOT_INIT, "commlib was shut down before this collective completed");
+void Engine::init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, size_t split_bytes,
+                      bool single_copy, bool lanes) {
+  HostRanks host = host_ranks(base, local, topo_.size);
+  std::vector<pid_t> pids = std::move(host.pids);
+  if (!single_copy) std::fill(pids.begin(), pids.end(), pid_t(0));
+  std::unique_ptr<P2PLanes> shm_lanes;
+  if (lanes && topo_.local_size > 1) shm_lanes = std::make_unique<P2PLanes>(local, std::move(host.local_of_job));
+  MPI_Comm comm;
+  check_mpi(MPI_Comm_dup(base, &comm), "MPI_Comm_dup(p2p)");
+  p2p_ = std::make_unique<PointToPoint>(comm, std::move(pids), eager_bytes, split_bytes, std::move(shm_lanes),
+                                        [this](HandleState& h, int status, const std::string& message) {
+                                          p2p_outstanding_.fetch_sub(1);
+                                          outstanding_.fetch_sub(1);
+                                          note_ending(status, false);
+                                          handles_.complete(h, status, message);
+                                        });
+  p2p_->set_device_links([this](DeviceLinks::Done done) {
+    const gpu::GpuLibs* libs = gpu_libs(true);
+    const std::string why = gpu::unusable_reason(*libs);
+    if (!why.empty()) throw Error(COMMLIB_ERR_VALUE, "point-to-point on CUDA buffers needs NCCL: " + why);
+    return gpu::make_nccl_links(*libs, timeout_us_, std::move(done));
+  });
 }
 
 }  // namespace commlib

@@ -1,4 +1,4 @@
-#include "collectives/pieces.h"
+#include "base/pieces.h"
 
 #include <algorithm>
 #include <cstring>

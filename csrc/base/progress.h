@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/liveness.h"
+#include "base/liveness.h"
 
 namespace commlib {
 

@@ -1,4 +1,4 @@
-#include "fusion_buffer.h"
+#include "base/fusion_buffer.h"
 
 #include <cstdint>
 

@@ -3,10 +3,10 @@
 // exit (whether MPI may be finalized).
 #include <cstdio>
 
-#include "common.h"
+#include "base/common.h"
+#include "base/progress.h"
+#include "base/timeline.h"
 #include "runtime/engine.h"
-#include "runtime/progress.h"
-#include "runtime/timeline.h"
 #include "runtime/trace_events.h"
 
 namespace commlib {

@@ -72,4 +72,11 @@ Timeline& timeline();
 // `text` as a JSON string literal (with quotes).
 std::string json_string(const std::string& text);
 
+// What ran, for the timeline: the code that picks an algorithm notes its
+// name ("ring", "shm", "hierarchical", "mpi", ...) while the timeline is on;
+// the executor takes the names noted during a response (joined by '+', each
+// once).
+void note_algorithm(const char* name);
+std::string take_algorithms();
+
 }  // namespace commlib

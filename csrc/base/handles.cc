@@ -1,8 +1,8 @@
-#include "runtime/handles.h"
+#include "base/handles.h"
 
 #include <sched.h>
 
-#include "runtime/progress.h"
+#include "base/progress.h"
 
 namespace commlib {
 

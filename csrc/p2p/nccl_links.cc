@@ -1,4 +1,4 @@
-#include "backends/nccl/nccl_links.h"
+#include "p2p/nccl_links.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,9 +6,9 @@
 #include <map>
 
 #include "backends/nccl/nccl_comm.h"
-#include "common.h"
+#include "base/common.h"
+#include "base/progress.h"
 #include "p2p/point_to_point.h"
-#include "runtime/progress.h"
 
 namespace commlib {
 namespace gpu {

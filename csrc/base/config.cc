@@ -1,10 +1,10 @@
-#include "runtime/config.h"
+#include "base/config.h"
 
 #include <cstdlib>
 #include <limits>
 
-#include "common.h"
-#include "runtime/parse.h"
+#include "base/common.h"
+#include "base/parse.h"
 
 namespace commlib {
 namespace {
