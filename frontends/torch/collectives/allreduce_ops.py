@@ -75,6 +75,9 @@ def _checked(tensor, average=None, name=None, op=None, prescale_factor=1.0, post
 
 _checked.__name__ = "allreduce_async_"  # (the name on_cuda's messages give)
 _allreduce_async_checked = on_cuda("allreduce", inplace=True)(_checked)
+# Like the other CUDA-aware collectives, __wrapped__ is the host-only function
+# (the fast path above only ever takes CPU tensors).
+allreduce_async_.__wrapped__ = _checked
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
