@@ -12,7 +12,7 @@ pytest.importorskip("tensorflow")
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [3])  # (TensorFlow's start dominates: one rank count)
 def test_tensorflow_errors_and_names_in_step(ranks, n):
     run = ranks(n, "tf_errors.py", timeout=150, env={"COMMLIB_TIMEOUT": "3"})
     run.assert_ok(n)
