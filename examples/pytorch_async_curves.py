@@ -20,7 +20,8 @@ the table is printed) and prints the final losses relative to sync; with
 ``--seeds K`` every mode is trained for K seeds (student initialisation and
 training samples) and the mean gap to sync, its standard error and its
 spread are printed. Mode staleness1-predict is staleness 1 with
-``weight_prediction=True`` (gradients taken at p + (p - p_prev)).
+``weight_prediction=True`` (gradients taken at p + (p - p_prev)); mode
+powersgd<R> (e.g. powersgd2) is sync with PowerSGD rank-R compression.
 """
 import argparse
 import copy
@@ -47,7 +48,8 @@ def parse_args():
     p.add_argument("--noise", type=float, default=0.05)
     p.add_argument("--modes", default=",".join(MODES),
                    help="also staleness1-predict (weight_prediction=True), local-sgd-stream, "
-                        "diloco-stream (LocalSGD(streaming=True))")
+                        "diloco-stream (LocalSGD(streaming=True)), powersgd<R> "
+                        "(compression=Compression.powersgd(rank=R, start_step=10))")
     p.add_argument("--seed", type=int, default=0,
                    help="shifts the student's initialisation and the training samples")
     p.add_argument("--seeds", type=int, default=1,
@@ -82,6 +84,10 @@ def optimizer_for(mode, model, args):
         return hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters(),
                                         staleness=int(mode != "sync"),
                                         weight_prediction=mode == "staleness1-predict"), inner
+    if mode.startswith("powersgd") and mode[len("powersgd"):].isdigit():
+        psgd = hvd.Compression.powersgd(rank=int(mode[len("powersgd"):]), start_step=10)
+        return hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters(),
+                                        compression=psgd), inner
     if mode not in ("local-sgd", "diloco", "local-sgd-stream", "diloco-stream"):
         raise SystemExit(f"unknown mode {mode!r}")
     outer = (torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)

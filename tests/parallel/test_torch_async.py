@@ -33,15 +33,17 @@ def test_torch_local_sgd_and_diloco(ranks, n):
 
 @pytest.mark.timeout(150)
 def test_async_curves_example_runs(ranks):
-    """The loss-curve example trains every mode (no PNG: matplotlib is not a
+    """The loss-curve example trains every mode, PowerSGD's too (no PNG: matplotlib is not a
     test dependency) and every mode's held-out loss falls below the initial."""
     from pathlib import Path
 
     example = Path(__file__).resolve().parents[2] / "examples" / "pytorch_async_curves.py"
-    run = ranks(2, str(example), "--steps", "48", "--eval-every", "16", timeout=120)
+    modes = ("sync", "staleness1", "staleness1-predict", "local-sgd", "diloco", "powersgd2")
+    run = ranks(2, str(example), "--steps", "48", "--eval-every", "16", "--modes", ",".join(modes),
+                timeout=120)
     assert run.returncode == 0, run
     start = float(re.search(r"initial (\S+),", run.stdout).group(1))
-    for mode in ("sync", "staleness1", "local-sgd", "diloco"):
+    for mode in modes:
         m = re.search(rf"final {mode}: (\S+) ", run.stdout)
         assert m and float(m.group(1)) < 0.5 * start, run
 
