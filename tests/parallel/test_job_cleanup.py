@@ -145,10 +145,10 @@ def test_rank_sigkilled_mid_job_leaves_nothing(tmp_path):
 def test_timeout_around_commlibrun_leaves_nothing(tmp_path):
     """`timeout` sends SIGTERM to commlibrun alone; the job's proxy and ranks
     (in sessions of their own) go too, and MPICH's segments with them. The
-    job expires as soon as its ranks are up: SIGALRM is how coreutils'
+    job expires 2 s after its ranks are up: SIGALRM is how coreutils'
     `timeout` expires (it then exits 124, as after its full duration)."""
     proc, watch = start(tmp_path, 3, "sleep", prefix=("timeout", "120"))
-    err = run_job(proc, watch, 3, lambda: proc.send_signal(signal.SIGALRM))
+    err = run_job(proc, watch, 3, lambda: (time.sleep(2), proc.send_signal(signal.SIGALRM)))
     assert proc.returncode == 124, err
     watch.assert_nothing_left()
 
