@@ -246,6 +246,7 @@ class Engine : private CacheHost {
   // MPICH's MPI_Finalize would wait for it forever, so broken() turns true
   // and commlib.shutdown() has MPI aborted at exit instead.
   std::atomic<bool> lost_contact_{false};
+  std::atomic<bool> coordinator_silent_{false};  // (the lost contact was rank 0's: every worker waits on it)
   std::atomic<bool> timed_out_{false};  // (unsafe_to_finalize)
   // Batching: new requests are held while more keep arriving (gaps shorter
   // than batch_gap_us_), at most cycle_us_, and never while a thread waits.

@@ -28,13 +28,16 @@ namespace {
 // How long a rank that lost contact with a peer waits at shutdown before its
 // MPI_Abort ends the job (Engine::shutdown). The ranks beyond a cut may be
 // waiting for rank 0's answer rather than for data: they give up the timeout
-// + 8 s after their submission (check_coordinator_alive, checked each second),
-// which came no later than this rank's wait began; 10 s covers that.
-constexpr int64_t kLostContactLingerUs = 10000000;
+// + 4 s after their submission (check_coordinator_alive, checked each second),
+// which came no later than this rank's wait began; 6 s covers that.
+constexpr int64_t kLostContactLingerUs = 6000000;
+// The same when the contact lost was rank 0's: every other worker waits on
+// it by the same rule, and gives up within a second or two of this one.
+constexpr int64_t kCoordinatorSilentLingerUs = 2000000;
 // The same after a timeout of this rank's own (unsafe_to_finalize), on one
 // host (the order log): the ranks that submitted the same request time out
 // within the same second or so. Across hosts the ranks beyond a cut give up
-// only the timeout + 8 s after their submission: this rank lingers as after
+// only the timeout + 4 s after their submission: this rank lingers as after
 // a lost contact, lest its abort end the job before they raise.
 constexpr int64_t kTimedOutLingerUs = 2000000;
 
@@ -234,6 +237,7 @@ void Engine::start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mo
     dead_code_ = 0;
     coll_code_ = 0;
     lost_contact_.store(false);
+    coordinator_silent_.store(false);
     timed_out_.store(false);
     dead_message_.clear();
     coll_message_.clear();
@@ -266,7 +270,7 @@ void Engine::shutdown() {
   if (lost_contact_.load()) {
     // The ranks it could not reach time out too: they get to raise their own
     // errors before this rank's MPI_Abort ends the job.
-    nap_us(kLostContactLingerUs);
+    nap_us(coordinator_silent_.load() ? kCoordinatorSilentLingerUs : kLostContactLingerUs);
   } else if (!broken() && timed_out_.load()) {
     std::fprintf(stderr, "commlib (rank %d): ERROR: a request of this rank timed out (COMMLIB_TIMEOUT) and no "
                  "collective of the whole job completed since: the ranks it waited for may be frozen, and "
@@ -333,8 +337,8 @@ bool Engine::leave() {
 bool Engine::coordinator_may_leave(int64_t now) {
   const std::vector<int> silent = coordinator_->silent_since_timeout();
   if (silent.empty()) return true;
-  // As long as they wait for rank 0 before they give up (check_coordinator_alive),
-  // and 2 s more (the timeout + 10 s): they get to raise their own errors before the abort ends the job.
+  // Longer than they wait for rank 0 before they give up (check_coordinator_alive:
+  // the timeout + 4-5 s), up to the timeout + 10 s: they get to raise their own errors before the abort ends the job.
   if (leave_deadline_us_ == 0) leave_deadline_us_ = now + timeout_us_ + 10000000;
   if (now <= leave_deadline_us_) return false;
   std::string ranks;

@@ -244,15 +244,17 @@ bool Engine::execute_next_ready() {
 }
 
 void Engine::check_coordinator_alive(int64_t now) {
-  // Rank 0 fails them at the timeout (checked each second); this is for when it
-  // cannot. 8 s: with this check's own second and a request submitted just
-  // before its peers became unreachable, the worker still fails within the
-  // timeout + 10 s.
-  constexpr int64_t kGraceUs = 8000000;
+  // Rank 0 fails them at the timeout (checked each second, its verdict here
+  // a cycle later); this is for when it cannot. 4 s: a loaded rank 0 still
+  // answers first, and with this check's own second, the linger at shutdown
+  // (kCoordinatorSilentLingerUs) and the abort, a frozen rank 0 ends the job
+  // within the timeout + 10 s.
+  constexpr int64_t kGraceUs = 4000000;
   if (timeout_us_ <= 0 || now - last_timeout_check_us_ < 1000000 || !ready_.empty()) return;
   last_timeout_check_us_ = now;
   for (const auto& [key, e] : pending_) {
     if (e.desc.op_type == COMMLIB_OP_JOIN || now - e.submitted_us < timeout_us_ + kGraceUs) continue;
+    coordinator_silent_.store(true);
     throw Error(COMMLIB_ERR_TIMED_OUT,
                 std::string(op_type_name(e.desc.op_type)) + " '" + e.desc.name + "' has waited " +
                     std::to_string((now - e.submitted_us) / 1000000) +

@@ -19,7 +19,8 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("n,victim,mode", [(2, 1, "allreduce"), (2, 1, "p2p"), (3, 1, "grouped"),
-                                           (3, 2, "allreduce"), (3, 2, "p2p")])
+                                           (3, 2, "allreduce"), (3, 2, "p2p"),
+                                           (2, 0, "allreduce"), (3, 0, "grouped")])  # (0: the coordinator)
 def test_frozen_rank_ends_the_job(ranks, tmp_path, n, victim, mode):
     """Rank `victim` stops itself (SIGSTOP) before a request the others wait
     on: they raise CollectiveTimeoutError naming it, then abort MPI at exit
