@@ -18,6 +18,7 @@ import json
 import pytest
 
 SMALL, LARGE = 10, 160
+HELD = {"COMMLIB_BATCH_GAP_US": "100000", "COMMLIB_CYCLE_TIME": "200"}
 
 
 def counts(run) -> dict:
@@ -49,10 +50,13 @@ def test_first_step_costs_do_not_grow_with_the_parameters(ranks, gpu_emulator, t
         assert first["event_create"] <= n + first["allreduce"], (n, first)  # (at most the requests alive at once)
         for kind in ("comm_init", "stream_create", "malloc", "free", "host_alloc", "sync"):
             assert later[kind] == 0, (n, kind, later)
-        # (the pool holds what one step kept alive at once; a step that keeps
-        # more requests waiting adds a few: without it every request and
-        # launch made its own, 22 events for 2 steps of 10 gradients)
-        assert later["event_create"] <= n // 4 + 4, (n, later)
+        # The pool holds what one step kept alive at once: all the steps
+        # together never create more events than one step can have alive (its
+        # requests and launches), however the load spreads them (without the
+        # pool every request and launch made its own: 22 events for 2 steps
+        # of 10 gradients, on top of the first step's).
+        alive = n + max(first["allreduce"], later["allreduce"])
+        assert first["event_create"] + later["event_create"] <= alive, (n, first, later)
     assert by_n[SMALL]["step1"]["malloc"] == by_n[LARGE]["step1"]["malloc"], by_n
     check_timeline(trace)
 
@@ -60,13 +64,18 @@ def test_first_step_costs_do_not_grow_with_the_parameters(ranks, gpu_emulator, t
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("n", [2, 3])
 def test_parameters_broadcast_in_few_fused_calls(ranks, gpu_emulator, n):
-    c = run_case(ranks, gpu_emulator, "broadcast", LARGE, n=n)
+    # (requests in flight together are held until the submissions stop, so a
+    # loaded machine's slow Python between two submissions splits no batch)
+    c = run_case(ranks, gpu_emulator, "broadcast", LARGE, n=n, env=HELD)
     for phase in ("parameters1", "parameters2"):
         assert c[phase]["broadcast"] <= LARGE // 8, (phase, c[phase])
         assert c[phase]["sync"] == 0 and c[phase]["free"] == 0, (phase, c[phase])
-    # (events come from the pool, which a round may still grow a little:
-    # without it every broadcast and launch made its own)
-    assert c["parameters2"]["malloc"] == 0 and c["parameters2"]["event_create"] <= LARGE // 4, c["parameters2"]
+    # Events come from the pool: both rounds together create no more than one
+    # round can have alive at once (its requests and launches), however the
+    # load spreads them; without it every broadcast and launch made its own.
+    alive = LARGE + max(c["parameters1"]["broadcast"], c["parameters2"]["broadcast"])
+    assert c["parameters1"]["event_create"] + c["parameters2"]["event_create"] <= alive, c
+    assert c["parameters2"]["malloc"] == 0, c["parameters2"]
     lone = c["broadcast10"]
     assert lone["broadcast"] == lone["nccl_call"] == 10, lone
     assert lone["malloc"] == lone["event_create"] == lone["sync"] == lone["comm_init"] == 0, lone
