@@ -37,6 +37,20 @@ class RankRun:
             pytest.fail(f"ranks {missing} did not print their OK line\n" + self.describe(), pytrace=False)
 
 
+_MPIEXEC: list = []
+
+
+def session_mpiexec() -> str:
+    """The launcher commlibrun finds for this interpreter, found once per
+    session: the search runs a probe interpreter and each candidate's
+    ``--version`` (about 0.5 s a job; tests/unit/test_launcher*.py test it)."""
+    if not _MPIEXEC:
+        from commlib.launch.mpi_discovery import find_mpiexec
+
+        _MPIEXEC.append(find_mpiexec(python=sys.executable))
+    return _MPIEXEC[0]
+
+
 def run_ranks(np_: int, script: str, *args: str, timeout: float = 120, env: dict | None = None,
               launcher_args: tuple = ()) -> RankRun:
     """Runs tests/parallel/workers/<script> on np_ ranks through commlibrun.
@@ -47,6 +61,7 @@ def run_ranks(np_: int, script: str, *args: str, timeout: float = 120, env: dict
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
     full_env.setdefault("COMMLIB_STALL_CHECK_TIME", "30")
+    full_env.setdefault("COMMLIB_MPIEXEC", session_mpiexec())
     if env:
         full_env.update(env)
     cmd = [sys.executable, "-m", "commlib.launch", "-np", str(np_), "--timeout", str(timeout),

@@ -117,9 +117,10 @@ def rank_wrapper_command(python=sys.executable):
 
     The wrapper is run by path in isolated mode (``-I``), so it does not
     import the ``commlib`` package and cannot be shadowed by the user's
-    ``PYTHONPATH`` or working directory.
+    ``PYTHONPATH`` or working directory; it needs only the standard library,
+    so it skips ``site`` (``-S``: no ``.pth`` files run at each rank's start).
     """
-    return [python, "-I", os.path.abspath(_rankwrap.__file__), "--"]
+    return [python, "-I", "-S", os.path.abspath(_rankwrap.__file__), "--"]
 
 
 def resolve_program(command, environ=os.environ):

@@ -30,8 +30,7 @@ OPTIMIZERS = {"torch": ("adasum_torch.py", "torch",
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("frontend", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("frontend,n", [("torch", 2), ("torch", 3), ("keras", 3)])  # (TensorFlow: one rank count)
 def test_adasum_frontend_and_optimizer(ranks, frontend, n):
     worker, module, pattern, limit = OPTIMIZERS[frontend]
     pytest.importorskip(module)

@@ -46,7 +46,7 @@ PRTE_VERSION_TEXT = "prterun (PRRTE) 3.0.6\n\nReport bugs to https://github.com/
 HYDRA = MPIFlavour(MPICH, "4.1.2")
 OMPI4 = MPIFlavour(OPENMPI, "4.1.5")
 OMPI5 = MPIFlavour(OPENMPI, "5.0.3")
-WRAP = ["PY", "-I", "WRAP.py", "--"]
+WRAP = ["PY", "-I", "-S", "WRAP.py", "--"]
 TRICKY_ARGS = ["python", "train.py", "a b", "it's", '"quoted"', "$HOME", "x;rm -rf /", "*", "--lr=0.1", ""]
 
 
@@ -157,9 +157,9 @@ def test_build_errors():
 
 def test_rank_wrapper_command_runs_wrapper_file_isolated():
     cmd = launcher.rank_wrapper_command()
-    assert cmd[:2] == [sys.executable, "-I"]
-    assert os.path.samefile(cmd[2], _rankwrap.__file__)
-    assert cmd[3] == "--"
+    assert cmd[:3] == [sys.executable, "-I", "-S"]
+    assert os.path.samefile(cmd[3], _rankwrap.__file__)
+    assert cmd[4] == "--"
 
 
 # --- environment forwarding --------------------------------------------------------------
