@@ -23,7 +23,8 @@ to, w + (w - w_prev), instead of at w (``apply_average``): the model holds
 the predicted weights between steps and ``synchronize()`` puts the true ones
 back.
 
-Here: the option checks, ``OneStepDelay`` (the pending exchange between
+Here: the option checks, ``DelayedRule`` (what a step and ``synchronize()``
+do, over a frontend's update and exchange), ``OneStepDelay`` (the pending exchange between
 steps, over anything with a ``wait()``), ``PendingAverage`` (numpy arrays
 averaged into buffers of their own) and the gradient layout helpers. Nothing
 here imports a framework.
@@ -194,3 +195,117 @@ def scatter(count: int, positions, values) -> list:
     for i, v in zip(positions, values):
         out[i] = v
     return out
+
+
+def check_tape_options(staleness, delayed, groups, delayed_type) -> None:
+    """ValueError for a staleness/delayed combination DistributedGradientTape
+    does not take (``delayed`` must be a ``delayed_type`` with staleness=1)."""
+    check_staleness(staleness, (0, 1))
+    if staleness == 0:
+        if delayed is not None:
+            raise ValueError("delayed= is for staleness=1")
+        return
+    if not isinstance(delayed, delayed_type):
+        raise ValueError("staleness=1 needs delayed=hvd.DelayedGradients(), created once before "
+                         "the training loop (it holds the average between steps)")
+    if groups is not None:
+        raise ValueError("staleness=1 cannot be combined with groups")
+
+
+class GradientLayout:
+    """Which gradients of a step are not None: the same at every step (the
+    average of a step's gradients is applied at the next)."""
+
+    def __init__(self):
+        self.count, self.positions = None, None
+
+    def present(self, grads) -> list:
+        """The positions of ``grads`` that are not None (ValueError if none
+        is, or if they differ from the previous step's)."""
+        at = present(grads)
+        if not at:
+            raise ValueError("staleness=1: no source has a gradient")
+        if self.positions is not None and (len(grads), at) != (self.count, self.positions):
+            raise ValueError("staleness=1: the sources with a gradient changed between steps "
+                             f"(gradients at {at} of {len(grads)}, before "
+                             f"{self.positions} of {self.count})")
+        self.count, self.positions = len(grads), at
+        return at
+
+    def scatter(self, values) -> list:
+        """The last step's layout with ``values`` where its gradients were."""
+        return scatter(self.count, self.positions, values)
+
+
+class StartedExchanges:
+    """The one-step delay of the exchanges ``begin()`` starts (objects with
+    ``wait()``, which returns the averages): ``swap()`` and ``finish()`` give
+    ``(have, averages)``."""
+
+    def __init__(self, begin):
+        self._begin, self._delay = begin, OneStepDelay()
+
+    @property
+    def pending(self) -> bool:
+        return self._delay.pending
+
+    def swap(self):
+        return _averages(self._delay.swap(self._begin))
+
+    def finish(self):
+        return _averages(self._delay.finish())
+
+    def drop(self) -> None:
+        self._delay.drop()
+
+
+def _averages(done):
+    return (False, None) if done is None else (True, done.wait())
+
+
+def _python_when(pred, fn) -> None:
+    if pred:
+        fn()
+
+
+class DelayedRule:
+    """What ``staleness=1`` does at a step and at ``synchronize()`` (see the
+    module's docstring), over a frontend's ``exchange`` (``swap(*args)``:
+    waits for the pending average and starts averaging this step's
+    gradients, ``(have, averages)``; ``finish()``: the same without a new
+    one; ``drop()``; ``pending``), its ``update(averages)`` (the wrapped
+    optimizer's rule with those gradients) and ``when(pred, fn)`` (a Python
+    if; tf.cond in a graph). ``prediction``: a weight prediction, or None."""
+
+    def __init__(self, exchange, update, when=_python_when, prediction=None):
+        self.exchange, self.update, self.when, self.prediction = exchange, update, when, prediction
+
+    @property
+    def pending(self) -> bool:
+        """Whether an average is in flight (started, not applied yet)."""
+        return self.exchange.pending
+
+    def _apply(self, averages, predict) -> None:
+        apply_average(lambda: self.update(averages), self.prediction, predict)
+
+    def step(self, *args) -> None:
+        """Starts averaging this step's gradients and applies the previous
+        step's average (nothing at the first step or after synchronize())."""
+        have, averages = self.exchange.swap(*args)
+        self.when(have, lambda: self._apply(averages, predict=True))
+
+    def synchronize(self) -> None:
+        """Waits for the pending average and applies it (eagerly); the model
+        then holds the true weights."""
+        have, averages = self.exchange.finish()
+        if have:
+            self._apply(averages, predict=False)
+        elif self.prediction is not None:
+            self.prediction.restore()
+
+    def forget(self) -> None:
+        """Drops the pending average (waited for, failed or not) and a
+        prediction: the weights were replaced."""
+        self.exchange.drop()
+        if self.prediction is not None:
+            self.prediction.drop()

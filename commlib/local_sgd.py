@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import operator
 
+from .delayed import OneStepDelay
+from .process_sets import communicates
 from .signature import check_same_everywhere
 
 
@@ -57,14 +59,25 @@ def _flag(value, what: str) -> bool:
     return value
 
 
-class MeetingOps:
-    """What a meeting's arithmetic needs from a frontend, built from its
-    element-wise operations: ``assign(variable, value)`` and ``add(variable,
-    delta)`` (in place), ``outer_step(grads, variables)`` (one step of the
-    outer optimizer, DiLoCo only) and ``sub(x, y)`` (a new value, x - y)."""
+def _python_when(pred, fn) -> None:
+    if pred:
+        fn()
 
-    def __init__(self, assign, add, outer_step=None, sub=operator.sub):
+
+class MeetingOps:
+    """What a LocalSGD needs from a frontend, built from its element-wise
+    operations: ``assign(variable, value)`` and ``add(variable, delta)`` (in
+    place), ``outer_step(grads, variables)`` (one step of the outer
+    optimizer, DiLoCo only), ``sub(x, y)`` (a new value, x - y),
+    ``when(pred, fn)`` (fn() when pred holds: a Python bool, or a bool tensor
+    in a graph), ``copy(values)`` (new tensors) and ``average(values)``
+    (the values averaged across the ranks, in place or new; None: no one to
+    average with)."""
+
+    def __init__(self, assign, add, outer_step=None, sub=operator.sub, when=_python_when,
+                 copy=None, average=None):
         self._assign, self._add, self.outer_step, self._sub = assign, add, outer_step, sub
+        self.when, self._copy, self._average = when, copy, average
 
     def sub(self, xs, ys) -> list:
         return [self._sub(x, y) for x, y in zip(xs, ys)]
@@ -77,6 +90,12 @@ class MeetingOps:
     def add(self, variables, deltas) -> None:
         for v, d in zip(variables, deltas):
             self._add(v, d)
+
+    def copy(self, values) -> list:
+        return [self._copy(v) for v in values]
+
+    def average(self, values) -> list:
+        return self._average(values) if self._average is not None else values
 
 
 class LocalSGDPlan:
@@ -106,18 +125,41 @@ class LocalSGDPlan:
         """Whether the ranks meet after local step ``step``."""
         return (step >= self.warmup_steps) & ((step - self.warmup_steps + 1) % self.period == 0)
 
-    def check_same_everywhere(self, entries, name: str, process_set) -> None:
-        """CollectiveMismatchError on every rank if the options or
-        ``entries`` (the averaged variables: name, shape, dtype) differ
-        across the ranks of ``process_set`` (a meeting on some ranks only
-        would otherwise stall)."""
+    def check_same_everywhere(self, model, buffers, name: str, process_set) -> None:
+        """CollectiveMismatchError on every rank if the options or the
+        averaged variables (``model`` and ``buffers``: (name, variable)
+        pairs; their shapes and dtypes) differ across the ranks of
+        ``process_set`` (a meeting on some ranks only would otherwise
+        stall); nothing to check when this rank averages with no one."""
+        if not communicates(process_set):
+            return
         options = ("options: period, warmup_steps, outer optimizer, streaming, average_buffers",
                    self.period, self.warmup_steps, self.outer, self.streaming,
                    self.average_buffers)
-        check_same_everywhere([options] + list(entries), "LocalSGD: the options (period, "
+        entries = [(prefix + str(n), tuple(v.shape), str(v.dtype))
+                   for prefix, pairs in (("", model), ("buffer ", buffers)) for n, v in pairs]
+        check_same_everywhere([options] + entries, "LocalSGD: the options (period, "
                               "warmup_steps, outer optimizer, streaming, average_buffers) or "
                               "the model's variables (name, shape, dtype)",
                               name=name, process_set=process_set)
+
+    def describe(self, step) -> str:
+        """The options and ``step``, for a wrapper's repr."""
+        return (f"{'DiLoCo' if self.outer else 'LocalSGD'} period={self.period} "
+                f"warmup_steps={self.warmup_steps} streaming={self.streaming} "
+                f"average_buffers={self.average_buffers} step={int(step)}")
+
+
+def by_name(named, keep=lambda v: True):
+    """(names, variables) of ``named`` (name, variable) pairs that ``keep``
+    accepts, each variable once (under its first name), sorted by name."""
+    first = {}
+    for n, v in named:
+        if v is not None and keep(v):
+            first.setdefault(id(v), (n, v))
+    named_once = dict(first.values())
+    names = sorted(named_once)
+    return names, [named_once[n] for n in names]
 
 
 def meeting_step(ops, model, buffers, average, anchor=None) -> None:
@@ -143,3 +185,128 @@ def streaming_step(ops, model, buffers, average, snapshot, anchor=None) -> None:
     progress = ops.sub(variables, snapshot)
     meeting_step(ops, model, buffers, average, anchor)
     ops.add(variables, progress)
+
+
+class Counter:
+    """A step counter with the methods of the tf.Variable a graph counts
+    with (``read_value``, ``assign``, ``assign_add``, ``int()``)."""
+
+    def __init__(self, value: int = 0):
+        self.value = int(value)
+
+    def read_value(self) -> int:
+        return self.value
+
+    def assign(self, value) -> None:
+        self.value = int(value)
+
+    def assign_add(self, delta) -> None:
+        self.value += int(delta)
+
+    def __int__(self) -> int:
+        return self.value
+
+
+class StreamingMeetings:
+    """The streaming meeting in flight (at most one): ``start(values)``
+    holds ``begin(values)``, a started average of a snapshot of the values
+    (an object with ``inputs``, the snapshot, and ``wait()``, the average);
+    ``finish(like)`` waits for it: ``(have, average, snapshot)``."""
+
+    def __init__(self, begin=None):
+        self._begin, self._delay = begin, OneStepDelay()
+
+    @property
+    def pending(self) -> bool:
+        return self._delay.pending
+
+    def start(self, values) -> None:
+        self._delay.start(self._begin(values))
+
+    def finish(self, like=None):
+        """(True, average, snapshot), or (False, None, None) when none is pending."""
+        done = self._delay.finish()
+        return (False, None, None) if done is None else (True, done.wait(), done.inputs)
+
+    def drop(self) -> None:
+        """Forgets a pending meeting once it has ended (failed or not): the
+        weights it was for were replaced."""
+        self._delay.drop()
+
+
+class LocalSGDRun:
+    """One LocalSGD's control flow (see the module's docstring) over a
+    frontend's ``ops`` (MeetingOps): what each step does, when the ranks
+    meet and what they average (the ``model``'s variables, then the
+    ``buffers``), the streaming meeting's sequencing (``stream``: a
+    StreamingMeetings, or None) and DiLoCo's anchor. ``step`` and
+    ``local_steps`` are Counters (or a graph's variables); ``anchor``:
+    variables like the model's, or None (DiLoCo then takes copies at the
+    first local step)."""
+
+    def __init__(self, plan, ops, model, buffers, stream=None, step=None, local_steps=None,
+                 anchor=None):
+        self.plan, self.ops, self.stream, self.anchor = plan, ops, stream, anchor
+        self.model, self.buffers = list(model), list(buffers)
+        self.step = step if step is not None else Counter()
+        self.local_steps = local_steps if local_steps is not None else Counter()
+
+    def run_step(self, inner_step) -> None:
+        """One step: ``inner_step(in_warmup)`` (the frontend averages the
+        gradients when in_warmup holds, then steps the inner optimizer),
+        DiLoCo's anchor taken before the first local step, and a meeting
+        after every ``period``-th local step."""
+        plan, ops, step = self.plan, self.ops, self.step.read_value()
+        if ops.outer_step is not None and self.anchor is None:
+            if plan.is_local(step):
+                self.anchor = ops.copy(self.model)
+        elif ops.outer_step is not None:
+            ops.when(step == plan.warmup_steps, lambda: ops.assign(self.anchor, self.model))
+        inner_step(plan.in_warmup(step))
+        self.step.assign_add(1)
+        ops.when(plan.is_local(step), lambda: self.local_steps.assign_add(1))
+        ops.when(plan.meets_after(step), self._stream_meet if plan.streaming else self.meet)
+
+    def meet(self) -> None:
+        """Averages the weights (and buffers) across the ranks and takes the
+        meeting step with the average."""
+        self.local_steps.assign(0)
+        average = self.ops.average(self.model + self.buffers)
+        meeting_step(self.ops, self.model, self.buffers, average, self.anchor)
+
+    def _finish_stream(self) -> None:
+        have, average, snapshot = self.stream.finish(self.model + self.buffers)
+        self.ops.when(have, lambda: streaming_step(self.ops, self.model, self.buffers, average,
+                                                   snapshot, self.anchor))
+
+    def _stream_meet(self) -> None:
+        self._finish_stream()
+        self.local_steps.assign(0)
+        self.stream.start(self.model + self.buffers)
+
+    def synchronize(self) -> None:
+        """Applies a pending streaming average, then holds a meeting now if
+        there were local steps since the last one (eagerly)."""
+        if self.stream is not None and self.stream.pending:
+            self._finish_stream()
+        if int(self.local_steps) > 0:
+            self.meet()
+
+    def forget(self) -> None:
+        """Drops a pending streaming meeting: the weights were replaced."""
+        if self.stream is not None:
+            self.stream.drop()
+
+    def state(self) -> dict:
+        """The counters and DiLoCo's anchor (copies), as a checkpoint holds them."""
+        return {"step": int(self.step), "local_steps": int(self.local_steps),
+                "anchor": self.ops.copy(self.anchor) if self.anchor else None}
+
+    def load_state(self, state: dict) -> None:
+        """Loads ``state()``'s counters and anchor; a pending streaming
+        meeting (of the state before) is dropped."""
+        self.forget()
+        self.step.assign(state["step"])
+        self.local_steps.assign(state["local_steps"])
+        anchor = state.get("anchor")
+        self.anchor = self.ops.copy(anchor) if anchor else None

@@ -19,6 +19,8 @@ pending on it raise ValueError, on every rank alike.
 """
 from __future__ import annotations
 
+import collections
+import itertools
 from typing import Iterable
 
 from . import runtime
@@ -255,3 +257,19 @@ def set_rank(process_set=None) -> int:
 def included(process_set=None) -> bool:
     """Whether this rank belongs to ``process_set`` (default: the job)."""
     return runtime.rank() in members(process_set)
+
+
+def communicates(process_set=None) -> bool:
+    """Whether this rank exchanges with others in ``process_set``: it is a
+    member of a set of more than one rank."""
+    return included(process_set) and set_size(process_set) > 1
+
+
+_instances: collections.defaultdict = collections.defaultdict(itertools.count)
+
+
+def instance_name(prefix: str, process_set) -> str:
+    """``prefix<i>`` for the i-th object named ``prefix`` built with
+    ``process_set`` in this process: the same name on every rank that builds
+    them in the same order (what its collectives are named after)."""
+    return f"{prefix}{next(_instances[prefix, process_set.process_set_id])}"

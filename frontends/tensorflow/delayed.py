@@ -14,22 +14,16 @@ overwritten.
 """
 from __future__ import annotations
 
-import collections
-import itertools
-
 import numpy as np
 import tensorflow as tf
 
 import commlib
 from commlib.delayed import DelayedArrays
-from commlib.process_sets import check_process_set, included, set_size
+from commlib.process_sets import check_process_set, communicates, instance_name
 
 from .buffers import OutputPool
 from .compression import Compression
 from .execution import check_dtype, execute
-
-_instances = collections.defaultdict(itertools.count)
-
 
 class DelayedExchange(DelayedArrays):
     """The pending average of one optimizer. Built on every rank (of
@@ -39,9 +33,8 @@ class DelayedExchange(DelayedArrays):
     def __init__(self, op=commlib.Average, prescale=1.0, postscale=1.0, process_set=None):
         process_set = check_process_set(process_set, member=False)
         pool = OutputPool(layouts=1, per_layout=2)  # (pending, lent out: a set each)
-        super().__init__(f"delayed{next(_instances[process_set.process_set_id])}", pool.take,
-                         op, (prescale, postscale), process_set,
-                         included(process_set) and set_size(process_set) > 1)
+        super().__init__(instance_name("delayed", process_set), pool.take, op,
+                         (prescale, postscale), process_set, communicates(process_set))
         self._decompress = (Compression.none, [])  # (of the last swap_op: compression, ctxs)
 
     def swap_op(self, tensors, compression=Compression.none):

@@ -1,45 +1,13 @@
-"""One-step delayed averaging with ``DistributedGradientTape(..., staleness=1)``.
-
-A tape lives for one step, but the average started at step t is applied at
-step t+1, so the pending average lives in a ``DelayedGradients`` object the
-caller creates once, before the training loop, and hands to every step's tape::
-
-    delayed = hvd.DelayedGradients()             # once; owns the average in flight
-
-    @tf.function                                  # or eagerly
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(model(x), y)
-        tape = hvd.DistributedGradientTape(tape, staleness=1, delayed=delayed)
-        grads = tape.gradient(loss, model.trainable_variables)   # avg(g_{t-1})
-        delayed.apply_gradients(opt, zip(grads, model.trainable_variables))
-
-    for x, y in data:
-        train_step(x, y)
-    grads = delayed.synchronize()                 # eagerly: the last pending average
-    if grads is not None:
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-
-The rule is commlib.delayed's. Step 0 (and the step after
-``synchronize()``) has no average: eagerly ``gradient()`` returns a list of
-None and ``tape.has_average`` is False; inside tf.function the result is
-zeros and ``tape.has_average`` a boolean tensor.
-``delayed.apply_gradients(optimizer, grads_and_vars)`` covers both: it applies
-the gradients only when there was an average (``tf.cond`` in a graph), so
-the wrapped optimizer is not stepped at step 0.
-
-Supported: eager and tf.function (not XLA), Keras 3 optimizers (any
-optimizer with ``apply_gradients`` eagerly), op Average or Sum with
-gradient_predivide_factor, process sets, the tape's ``compression``
-(Compression.fp16). IndexedSlices are averaged as dense tensors. The sources
-with a gradient must be the same at every step. Not with groups or local
-sources (ValueError).
+"""One-step delayed averaging with ``DistributedGradientTape(...,
+staleness=1)``: a tape lives for one step, but the average started at step t
+is applied at step t+1, so the pending average lives in a
+``DelayedGradients`` (the rule is commlib.delayed's; see its docstring).
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from commlib.delayed import check_op, check_staleness, present, scatter
+from commlib.delayed import GradientLayout, check_op, check_tape_options
 from commlib.ops import Average
 from commlib.reduce_args import predivide_scales, resolve_op
 
@@ -50,23 +18,42 @@ from .delayed import DelayedExchange
 class DelayedGradients:
     """The average in flight between the steps of a
     ``DistributedGradientTape(..., staleness=1, delayed=...)``: one-step
-    delayed averaging in a custom TensorFlow loop (see the module's
-    docstring for the full rule)::
+    delayed averaging in a custom TensorFlow loop (the rule is
+    commlib.delayed's). Create it once, before the training loop, on every
+    rank (of ``process_set``), in the same order on every rank, and hand it
+    to every step's tape::
 
-        delayed = hvd.DelayedGradients()          # once, before the loop
-        ...   # in each step, eagerly or in tf.function:
-        tape = hvd.DistributedGradientTape(tape, staleness=1, delayed=delayed)
-        grads = tape.gradient(loss, model.trainable_variables)   # last step's average
-        delayed.apply_gradients(opt, zip(grads, model.trainable_variables))
+        delayed = hvd.DelayedGradients()             # once; owns the average in flight
+
+        @tf.function                                  # or eagerly
+        def train_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(model(x), y)
+            tape = hvd.DistributedGradientTape(tape, staleness=1, delayed=delayed)
+            grads = tape.gradient(loss, model.trainable_variables)   # avg(g_{t-1})
+            delayed.apply_gradients(opt, zip(grads, model.trainable_variables))
+
+        for x, y in data:
+            train_step(x, y)
+        grads = delayed.synchronize()                 # eagerly: the last pending average
+        if grads is not None:
+            opt.apply_gradients(zip(grads, model.trainable_variables))
 
     ``tape.gradient()`` starts averaging this step's gradients and returns
-    the previous step's average (at step 0 none: eagerly a list of None, in
-    tf.function zeros with ``tape.has_average`` False);
-    ``apply_gradients`` steps the optimizer only when there was an average,
-    and ``synchronize()`` (eagerly) returns the last pending average. Op
-    Average or Sum; the tape's ``compression`` applies; not with groups or
-    local sources. Create it once on every rank (of ``process_set``),
-    in the same order on every rank."""
+    the previous step's average. Step 0 (and the step after
+    ``synchronize()``) has no average: eagerly ``gradient()`` returns a list
+    of None and ``tape.has_average`` is False; inside tf.function the result
+    is zeros and ``tape.has_average`` a boolean tensor.
+    ``apply_gradients(optimizer, grads_and_vars)`` covers both: it applies
+    the gradients only when there was an average (``tf.cond`` in a graph),
+    so the wrapped optimizer is not stepped at step 0.
+
+    Supported: eager and tf.function (not XLA), Keras 3 optimizers (any
+    optimizer with ``apply_gradients`` eagerly), op Average or Sum with
+    gradient_predivide_factor, process sets, the tape's ``compression``
+    (Compression.fp16). IndexedSlices are averaged as dense tensors. The
+    sources with a gradient must be the same at every step. Not with groups
+    or local sources (ValueError)."""
 
     def __init__(self, op=Average, gradient_predivide_factor=1.0, process_set=None):
         op = resolve_op(op)
@@ -74,7 +61,7 @@ class DelayedGradients:
         pre, post = predivide_scales(op, gradient_predivide_factor)
         self._exchange = DelayedExchange(op, pre, post, process_set)
         self.process_set = self._exchange.process_set
-        self._layout = None  # (number of gradients, positions of those not None)
+        self._layout = GradientLayout()
         self._has_average = None  # of the last swap: a bool, or a bool tensor in a graph
         self._averages = None
 
@@ -92,22 +79,23 @@ class DelayedGradients:
         the previous step's average (see the module's docstring); with
         ``compression`` the gradients travel in its wire dtype."""
         grads = list(grads)
-        at = present(grads)
-        if not at:
-            raise ValueError("staleness=1: no source has a gradient")
-        layout = (len(grads), at)
-        if self._layout is not None and layout != self._layout:
-            raise ValueError("staleness=1: the sources with a gradient changed between steps "
-                             f"(gradients at {at} of {len(grads)}, before "
-                             f"{self._layout[1]} of {self._layout[0]})")
-        self._layout = layout
+        at = self._layout.present(grads)
         have, averages = self._exchange.swap_op([tf.convert_to_tensor(grads[i]) for i in at],
                                                 compression)
         if tf.executing_eagerly():
             have = bool(have)
-        out = scatter(len(grads), at, averages if have is not False else [])
+        out = self._layout.scatter(averages if have is not False else [])
         self._has_average, self._averages = have, out
         return have, out
+
+    def finish(self):
+        """Eagerly: waits for the pending average: ``(True, averages)`` (None
+        where the step's gradient was None), or ``(False, None)``."""
+        if not tf.executing_eagerly():
+            raise RuntimeError("DelayedGradients.synchronize() runs eagerly (call it outside "
+                               "tf.function, after the training loop)")
+        have, averages = self._exchange.finish_tensors()
+        return (True, self._layout.scatter(averages)) if have else (False, None)
 
     def apply_gradients(self, optimizer, grads_and_vars):
         """``optimizer.apply_gradients(grads_and_vars)`` when the last
@@ -122,7 +110,7 @@ class DelayedGradients:
             if have:
                 optimizer.apply_gradients(pairs)
             return
-        _build(optimizer, [v for _, v in pairs])
+        build_outside_cond(optimizer, [v for _, v in pairs])
 
         def update():
             optimizer.apply_gradients(pairs)
@@ -134,18 +122,12 @@ class DelayedGradients:
         """Eagerly: waits for the pending average and returns it (a list
         with None where the step's gradient was None), or None when none is
         pending. The caller applies it (before evaluating or saving)."""
-        if not tf.executing_eagerly():
-            raise RuntimeError("DelayedGradients.synchronize() runs eagerly (call it outside "
-                               "tf.function, after the training loop)")
-        have, averages = self._exchange.finish_tensors()
-        if not have:
-            return None
-        return scatter(*self._layout, averages)
+        return self.finish()[1]
 
 
-def _build(optimizer, variables):
-    """Builds a Keras optimizer's slots outside the tf.cond branch (variables
-    cannot be created inside one)."""
+def build_outside_cond(optimizer, variables):
+    """Builds a Keras optimizer's slots, if it is not built, before a tf.cond
+    branch would (variables cannot be created inside one)."""
     if getattr(optimizer, "built", True) or not hasattr(optimizer, "build"):
         return
     import keras
@@ -158,16 +140,7 @@ def _build(optimizer, variables):
 def check_tape_staleness(staleness, delayed, groups):
     """ValueError for a staleness/delayed combination DistributedGradientTape
     does not take."""
-    check_staleness(staleness, (0, 1))
-    if staleness == 0:
-        if delayed is not None:
-            raise ValueError("delayed= is for staleness=1")
-        return
-    if not isinstance(delayed, DelayedGradients):
-        raise ValueError("staleness=1 needs delayed=hvd.DelayedGradients(), created once before "
-                         "the training loop (it holds the average between steps)")
-    if groups is not None:
-        raise ValueError("staleness=1 cannot be combined with groups")
+    check_tape_options(staleness, delayed, groups, DelayedGradients)
 
 
 class DelayedTapeMixin:

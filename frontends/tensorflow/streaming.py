@@ -2,68 +2,51 @@
 a snapshot of the model's weights whose averaging across ranks runs on the
 core's background thread during the next round (see keras/local_sgd.py).
 
-Two ordered commlib ops (eagerly, or numpy_functions inside tf.function):
-``finish_op(like)`` waits for the pending average and returns ``(have,
-average, snapshot)`` (zeros shaped like ``like`` and have False when none is
-pending), and ``start_op(values)`` copies ``values`` into a snapshot and
-starts averaging it. The snapshot and the average live in reused aligned
-buffers (buffers.py): a set is reused only once nothing refers to it.
+commlib.local_sgd's StreamingMeetings as two ordered commlib ops (eagerly, or
+numpy_functions inside tf.function): ``finish(like)`` waits for the pending
+average and returns ``(have, average, snapshot)`` (zeros shaped like
+``like`` and have False when none is pending), and ``start(values)`` copies
+``values`` into a snapshot and starts averaging it. The snapshot and the
+average live in reused aligned buffers (buffers.py): a set is reused only
+once nothing refers to it.
 """
 from __future__ import annotations
-
-import collections
-import itertools
 
 import numpy as np
 import tensorflow as tf
 
-from commlib.delayed import OneStepDelay, PendingAverage
-from commlib.process_sets import included, set_size
+from commlib import local_sgd
+from commlib.delayed import PendingAverage
+from commlib.process_sets import communicates, instance_name
 
 from .buffers import OutputPool
 from .execution import execute
 
-_instances = collections.defaultdict(itertools.count)
 
-
-class StreamingMeetings:
+class StreamingMeetings(local_sgd.StreamingMeetings):
     """Built on every rank (of ``process_set``) in the same order: the i-th
     one of a set names its allreduces ``LocalSGDStream<i>``."""
 
     def __init__(self, process_set):
+        super().__init__(self._begin)
         self.process_set = process_set
-        self.communicate = included(process_set) and set_size(process_set) > 1
-        self.name = f"LocalSGDStream{next(_instances[process_set.process_set_id])}"
-        self._delay = OneStepDelay()
+        self.communicate = communicates(process_set)
+        self.name = instance_name("LocalSGDStream", process_set)
         self._pool = OutputPool(layouts=1, per_layout=4)  # (pending and lent: two sets each)
 
-    @property
-    def pending(self) -> bool:
-        return self._delay.pending
-
-    def start(self, arrays) -> None:
+    def _begin(self, arrays):
         arrays = [np.asarray(a) for a in arrays]
         snapshot, average = self._pool.take(arrays), self._pool.take(arrays)
         for s, a in zip(snapshot, arrays):
             np.copyto(s, a)
-        self._delay.start(PendingAverage(snapshot, average, self.name, process_set=self.process_set,
-                                         communicate=self.communicate))
+        return PendingAverage(snapshot, average, self.name, process_set=self.process_set,
+                              communicate=self.communicate)
 
-    def finish(self):
-        """(True, average, snapshot), or (False, None, None) when none is pending."""
-        done = self._delay.finish()
-        return (False, None, None) if done is None else (True, done.out, done.inputs)
-
-    def drop(self) -> None:
-        """Forgets a pending meeting once it has ended (failed or not): the
-        weights it was for were replaced."""
-        self._delay.drop()
-
-    def finish_op(self, like):
+    def finish(self, like):
         like = [tf.convert_to_tensor(t) for t in like]
 
         def fn(_cname):
-            have, average, snapshot = self.finish()
+            have, average, snapshot = super(StreamingMeetings, self).finish()
             if not have:
                 average = snapshot = [np.zeros(t.shape, t.dtype.as_numpy_dtype) for t in like]
             return [np.array(have)] + list(average) + list(snapshot)
@@ -76,11 +59,11 @@ class StreamingMeetings:
         n = len(like)
         return outs[0], outs[1:1 + n], outs[1 + n:]
 
-    def start_op(self, values):
+    def start(self, values):
         values = [tf.convert_to_tensor(t) for t in values]
 
         def fn(_cname, *arrays):
-            self.start(list(arrays))
+            super(StreamingMeetings, self).start(list(arrays))
             return [np.array(True)]
 
         execute(fn, values, [tf.bool], "CommlibStreamStart", process_set=self.process_set)

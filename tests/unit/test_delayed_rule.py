@@ -146,3 +146,71 @@ def test_layout_helpers():
     assert present(grads) == [1, 3]
     assert scatter(4, [1, 3], ["x", "y"]) == [None, "x", None, "y"]
     assert scatter(2, [], []) == [None, None]
+
+
+@pytest.mark.parametrize("predict", [False, True])
+def test_delayed_rule_drives_the_formula(predict):
+    """DelayedRule over StartedExchanges (what the torch and Keras optimizers
+    run): the same weights as the formula above, replicas identical."""
+    from commlib.delayed import DelayedRule, StartedExchanges
+
+    ws = [np.zeros(3) for _ in range(RANKS)]
+    grads = [None]
+    rules = [DelayedRule(StartedExchanges(lambda r=r: MeanOfRanks(grads[0], r)),
+                         lambda avg, r=r: ws[r].__isub__(LR * avg),
+                         prediction=Prediction(ws[r]) if predict else None) for r in range(RANKS)]
+    for _ in range(STEPS):
+        grads[0] = [grad(ws[r], r) for r in range(RANKS)]
+        for r in range(RANKS):
+            rules[r].step()
+        assert all(rule.pending for rule in rules)
+    for rule in rules:
+        rule.synchronize()
+        assert not rule.pending and not (predict and rule.prediction.predicting)
+    w, w_prev, last, held = np.zeros(3), None, None, np.zeros(3)
+    for t in range(STEPS):
+        g = np.mean([held - TARGETS[r] for r in range(RANKS)], axis=0)
+        if last is not None:
+            w_prev, w = w, w - LR * last
+        held = w + (w - w_prev) if predict and w_prev is not None else w
+        last = g
+    w = w - LR * last
+    for r in range(RANKS):
+        np.testing.assert_allclose(ws[r], w, rtol=1e-13)
+        np.testing.assert_array_equal(ws[r], ws[0])
+
+
+def test_delayed_rule_forgets_a_failed_average_and_the_prediction():
+    from commlib.delayed import DelayedRule, StartedExchanges
+
+    class Droppable(Prediction):
+        def drop(self):
+            self.predicting = False
+
+    rule = DelayedRule(StartedExchanges(Failing), lambda avg: None,
+                       prediction=Droppable(np.ones(3)))
+    rule.step()  # nothing to wait for yet
+    with pytest.raises(CommlibError):
+        rule.step()  # the failed one stays pending: its error again
+    rule.prediction.predicting = True
+    rule.forget()
+    assert not rule.pending and not rule.prediction.predicting
+
+
+def test_gradient_layout_and_tape_options():
+    from commlib.delayed import GradientLayout, check_tape_options
+
+    layout = GradientLayout()
+    assert layout.present([None, "a", "b"]) == [1, 2]
+    assert layout.scatter(["x", "y"]) == [None, "x", "y"]
+    with pytest.raises(ValueError, match="changed between steps"):
+        layout.present(["a", None, "b"])
+    with pytest.raises(ValueError, match="no source has a gradient"):
+        GradientLayout().present([None])
+    check_tape_options(0, None, None, dict)
+    check_tape_options(1, {}, None, dict)
+    for args, match in [((0, {}, None), "delayed= is for staleness=1"),
+                        ((1, None, None), "needs delayed="), ((1, {}, 2), "groups"),
+                        ((2, {}, None), "staleness must be")]:
+        with pytest.raises(ValueError, match=match):
+            check_tape_options(*args, dict)

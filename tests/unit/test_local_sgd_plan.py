@@ -2,11 +2,17 @@
 numpy in one process: three simulated ranks train on their own quadratic
 losses with the plan's schedule and meeting steps (MeetingOps on numpy, an
 outer SGD with Nesterov momentum as torch.optim.SGD computes it), checked
-against a reference written out directly from the rule's formulas."""
+against a reference written out directly from the rule's formulas; and the
+whole control flow (LocalSGDRun, as the frontends drive it) on three ranks
+as threads that average through a barrier."""
+import threading
+import types
+
 import numpy as np
 import pytest
 
-from commlib.local_sgd import LocalSGDPlan, MeetingOps, meeting_step, streaming_step
+from commlib.local_sgd import (LocalSGDPlan, LocalSGDRun, MeetingOps, StreamingMeetings, by_name,
+                               meeting_step, streaming_step)
 
 RANKS, LR, OUTER_LR, MU, STEPS = 3, 0.1, 0.7, 0.9, 14
 SHAPES = [(3, 2), (4,)]  # two weights; one buffer of shape (2,) after them
@@ -174,3 +180,109 @@ def test_outer_must_be_separate_and_is_named():
         LocalSGDPlan(2, outer=inner, inner=inner)
     assert LocalSGDPlan(2, outer=NesterovSGD(0.7, 0.9), inner=inner).outer == "NesterovSGD"
     assert LocalSGDPlan(2).outer is None
+
+
+class Ranks:
+    """Three ranks as threads: ``average(r, values)`` is the mean over the ranks."""
+
+    def __init__(self):
+        self.barrier, self.slots = threading.Barrier(RANKS, timeout=20), [None] * RANKS
+
+    def average(self, r, values):
+        self.slots[r] = [np.array(v, copy=True) for v in values]
+        self.barrier.wait()
+        out = [np.mean(vs, axis=0) for vs in zip(*self.slots)]
+        self.barrier.wait()
+        return out
+
+    def run(self, fn):
+        errors = []
+
+        def target(r):
+            try:
+                fn(r)
+            except BaseException as e:  # (re-raised below)
+                errors.append(e)
+                self.barrier.abort()
+
+        threads = [threading.Thread(target=target, args=(r,)) for r in range(RANKS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+
+def run_ranks(plan, diloco, steps=STEPS, sync=False):
+    """LocalSGDRun on each rank (the whole control flow, as the frontends drive it)."""
+    ranks, runs = Ranks(), [None] * RANKS
+    models = [initial() for _ in range(RANKS)]
+    buffers = [[np.zeros(2)] for _ in range(RANKS)]
+
+    def rank(r):
+        def inner_step(in_warmup):
+            step = runs[r].step.read_value()
+            if in_warmup:
+                grads = ranks.average(r, [w - t for w, t in zip(models[r], TARGETS[r])])
+                for w, g in zip(models[r], grads):
+                    w -= LR * g
+            else:
+                inner_step_of(models[r], buffers[r], r, step)
+
+        ops = MeetingOps(np.copyto, lambda v, d: np.add(v, d, out=v),
+                         NesterovSGD(OUTER_LR, MU) if diloco else None, copy=np.copy,
+                         average=lambda values: ranks.average(r, values))
+        stream = StreamingMeetings(lambda values: types.SimpleNamespace(
+            inputs=[np.copy(v) for v in values],
+            wait=(lambda avg: lambda: avg)(ranks.average(r, values)))) if plan.streaming else None
+        runs[r] = LocalSGDRun(plan, ops, models[r], buffers[r], stream)
+        for _ in range(steps):
+            runs[r].run_step(inner_step)
+        if sync:
+            runs[r].synchronize()
+
+    ranks.run(rank)
+    return models, buffers, runs
+
+
+inner_step_of = inner_step
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("diloco", [False, True])
+@pytest.mark.parametrize("period,warmup", [(3, 0), (4, 2)])
+def test_run_matches_the_reference(period, warmup, streaming, diloco):
+    plan = LocalSGDPlan(period, warmup, streaming)
+    models, buffers, runs = run_ranks(plan, diloco)
+    want = reference(period, warmup, streaming, diloco)
+    for r in range(RANKS):
+        for got, exp in zip(models[r] + buffers[r], want[r]):
+            np.testing.assert_allclose(got, exp, rtol=1e-12, atol=1e-12)
+    last = max(t for t in range(STEPS) if plan.meets_after(t))
+    assert [int(runs[0].step), int(runs[0].local_steps)] == [STEPS, STEPS - 1 - last]
+    assert (runs[0].anchor is not None) == diloco
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_synchronize_leaves_identical_replicas_and_state_round_trips(streaming):
+    plan = LocalSGDPlan(3, 1, streaming)
+    models, buffers, runs = run_ranks(plan, diloco=True, steps=STEPS - 1, sync=True)
+    for r in range(1, RANKS):
+        for a, b in zip(models[0] + buffers[0], models[r] + buffers[r]):
+            np.testing.assert_array_equal(a, b)
+    state = runs[0].state()
+    assert (state["step"], state["local_steps"]) == (STEPS - 1, 0)
+    np.testing.assert_array_equal(state["anchor"][0], models[0][0])
+    fresh = LocalSGDRun(plan, runs[0].ops, models[0], buffers[0])
+    fresh.load_state(state)
+    assert (int(fresh.step), int(fresh.local_steps)) == (STEPS - 1, 0)
+    assert fresh.anchor[0] is not state["anchor"][0]
+    assert plan.describe(fresh.step).endswith(f"step={STEPS - 1}")
+
+
+def test_by_name_counts_each_variable_once():
+    a, b = np.zeros(1), np.ones(1)
+    names, values = by_name([("z", a), ("y", b), ("x", a), ("w", None)])
+    assert names == ["y", "z"] and values[0] is b and values[1] is a
+    assert by_name([("a", a), ("b", b)], keep=lambda v: v[0] > 0) == (["b"], [b])

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import functools
 
-import keras
-
-from commlib.delayed import apply_average, check_staleness
+from commlib.delayed import DelayedRule, check_staleness
 
 from ..compression import Compression
-from ..delayed_tape import DelayedGradients
+from ..delayed_tape import DelayedGradients, build_outside_cond
 from .optimizer_base import DistributedOptimizerMixin, run_if
 from .weight_prediction import WeightPrediction
 
@@ -34,74 +32,54 @@ from .weight_prediction import WeightPrediction
 class DelayedOptimizerMixin(DistributedOptimizerMixin):
     """Placed in front of the wrapped optimizer's class."""
 
-    commlib_prediction = None  # WeightPrediction, built with the optimizer
-
     def commlib_delayed_setup(self, op, gradient_predivide_factor, process_set,
                               weight_prediction=False, compression=Compression.none):
         """Called once by DistributedOptimizer on the new optimizer (staleness=1)."""
         s = functools.partial(object.__setattr__, self)
         s("_commlib_delayed", DelayedGradients(op, gradient_predivide_factor, process_set))
+        s("_commlib_rule", DelayedRule(self._commlib_delayed, self._commlib_update, run_if))
         s("_commlib_compression", compression)
         s("_commlib_pending_vars", None)  # the variables of the pending average
         s("staleness", 1)
         s("weight_prediction", weight_prediction)
 
+    @property
+    def commlib_prediction(self):
+        """The WeightPrediction, built with the optimizer (or None)."""
+        rule = getattr(self, "_commlib_rule", None)
+        return rule.prediction if rule is not None else None
+
     def build(self, variables):
         super().build(variables)
         if getattr(self, "weight_prediction", False) and self.commlib_prediction is None:
-            object.__setattr__(self, "commlib_prediction", WeightPrediction(variables))
+            self._commlib_rule.prediction = WeightPrediction(variables)
 
-    def _commlib_update(self, grads, variables, predict):
-        """The wrapped optimizer's rule (see commlib.delayed.apply_average)."""
-        apply_average(lambda: super(DistributedOptimizerMixin, self).apply(grads, variables),
-                      self.commlib_prediction, predict)
-
-    def apply(self, grads, trainable_variables=None):
-        grads = list(grads)
-        parent_apply = super(DistributedOptimizerMixin, self).apply
-        if not grads:
-            return parent_apply(grads, trainable_variables)
-        if trainable_variables is None:
-            if not self.built:
-                return parent_apply(grads, None)  # raises Keras' own error
-            variables = list(self._trainable_variables)
-        else:
-            variables = list(trainable_variables)
-        if not self.built:  # before tf.cond: no variables created in a branch
-            with keras.name_scope(self.name, caller=self):
-                self.build(variables)
-            self.built = True
-        if self._commlib_bpps > 1:  # (accumulates; every k-th step comes to the swap below)
-            return self._commlib_accumulate_apply(grads, variables)
-        self._commlib_apply_aggregate(grads, variables)
+    def _commlib_update(self, averages):
+        """The wrapped optimizer's rule, on the variables of the average."""
+        super(DistributedOptimizerMixin, self).apply(averages, self._commlib_pending_vars)
 
     def _commlib_apply_aggregate(self, grads, variables):
-        """Starts averaging ``grads`` and applies the previous average."""
-        have, full = self._commlib_delayed.swap(grads, self._commlib_compression)
+        """Starts averaging ``grads`` and applies the previous average (the
+        optimizer built first: before any tf.cond)."""
+        build_outside_cond(self, variables)
         object.__setattr__(self, "_commlib_pending_vars", variables)
-        run_if(have, lambda: self._commlib_update(full, variables, predict=True))
+        self._commlib_rule.step(grads, self._commlib_compression)
 
     def synchronize(self):
         """Waits for the pending average and applies it (eagerly: call it
         after fit(), before evaluating or saving); with weight prediction the
         model then holds the true weights."""
-        averages = self._commlib_delayed.synchronize()
-        if averages is not None:
-            self._commlib_update(averages, self._commlib_pending_vars, predict=False)
-        elif self.commlib_prediction is not None:
-            self.commlib_prediction.restore()
+        self._commlib_rule.synchronize()
 
     def commlib_forget(self) -> None:
         """Drops the pending average and a prediction: the weights were
         replaced (KerasState's restore)."""
-        self._commlib_delayed.drop()
-        if self.commlib_prediction is not None:
-            self.commlib_prediction.drop()
+        self._commlib_rule.forget()
 
     @property
     def pending(self) -> bool:
         """Whether an average is in flight (started, not applied yet)."""
-        return self._commlib_delayed.pending
+        return self._commlib_rule.pending
 
 
 def check_staleness_options(staleness, backward_passes_per_step, groups, local_layers,

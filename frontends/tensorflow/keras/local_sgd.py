@@ -1,20 +1,6 @@
-"""Local SGD and DiLoCo for Keras: an optimizer wrapper. The rule (schedule,
-DiLoCo's outer step, streaming meetings, buffers) is commlib.local_sgd's;
-this is its Keras adapter.
-
-    inner = keras.optimizers.AdamW(1e-3)
-    outer = keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
-    opt = hvd.LocalSGD(inner, model, period=8, outer_optimizer=outer)   # DiLoCo
-    model.compile(optimizer=opt, loss="mse")
-    model.fit(x, y, ...)
-    opt.synchronize()     # a last meeting if steps were taken since the previous one
-
-A meeting averages ``model.trainable_variables`` and, with
-``average_buffers``, the floating-point non-trainable variables of trainable
-layers (BatchNormalization's moving statistics). The wrapper is a copy of
-the inner optimizer (an instance of a subclass of its class); the schedule
-runs inside the compiled train step (tf.cond on a step counter).
-"""
+"""Local SGD and DiLoCo for Keras (``commlib.tensorflow.keras.LocalSGD``):
+commlib.local_sgd's rule as an optimizer wrapper whose schedule runs inside
+the compiled train step (tf.cond on a step counter)."""
 from __future__ import annotations
 
 import functools
@@ -23,11 +9,12 @@ import keras
 import tensorflow as tf
 
 from commlib.delayed import present, scatter
-from commlib.local_sgd import LocalSGDPlan, MeetingOps, meeting_step, streaming_step
+from commlib.local_sgd import LocalSGDPlan, LocalSGDRun, MeetingOps
 from commlib.ops import Average
-from commlib.process_sets import check_process_set, included, set_size
+from commlib.process_sets import check_process_set, communicates
 
 from .. import mpi_ops as _ops
+from ..delayed_tape import build_outside_cond
 from ..gradient_tape import make_allreduce_grads
 from ..streaming import StreamingMeetings
 from .optimizer_base import own_counter, own_zeros_like, run_if
@@ -40,43 +27,43 @@ class _LocalSGDMixin:
         s = functools.partial(object.__setattr__, self)
         for k in ("period", "warmup_steps", "streaming", "average_buffers"):
             s(k, getattr(plan, k))
+        s("outer_optimizer", outer)
+        s("process_set", process_set)
         s("_commlib_plan", plan)
         s("_commlib_model_vars", list(model_vars))
         s("_commlib_buffer_vars", list(buffer_vars))
-        s("outer_optimizer", outer)
-        s("_commlib_ops", MeetingOps(lambda v, a: v.assign(a), lambda v, d: v.assign_add(d),
-                                     getattr(outer, "apply", None),
-                                     lambda x, y: tf.convert_to_tensor(x) - y))
-        s("process_set", process_set)
         s("_commlib_stream", StreamingMeetings(process_set) if plan.streaming else None)
-        s("_commlib_communicate", included(process_set) and set_size(process_set) > 1)
+        s("_commlib_communicate", communicates(process_set))
         s("_commlib_allreduce", make_allreduce_grads(op=Average, process_set=process_set,
                                                      name="LocalSGDWarmup"))
-        s("_commlib_anchor", None)
-        s("_commlib_step", None)
-        s("_commlib_local", None)
+        s("_commlib_run", None)
 
     def build(self, variables):
         super().build(variables)
-        if getattr(self, "_commlib_step", 1) is not None:
+        if getattr(self, "_commlib_run", 1) is not None:
             return
         # The schedule's counters and DiLoCo's anchor are not the optimizer's
         # variables (own_zeros_like): KerasState checkpoints them, with the
         # outer optimizer's (commlib_state_variables).
-        s = functools.partial(object.__setattr__, self)
-        s("_commlib_step", own_counter("commlib_step"))
-        s("_commlib_local", own_counter("commlib_local_steps"))
-        if self.outer_optimizer is not None:
-            s("_commlib_anchor", own_zeros_like(self._commlib_model_vars, "commlib_anchor"))
-            self.outer_optimizer.build(self._commlib_model_vars)
+        outer, model_vars = self.outer_optimizer, self._commlib_model_vars
+        ops = MeetingOps(lambda v, a: v.assign(a), lambda v, d: v.assign_add(d),
+                         getattr(outer, "apply", None), lambda x, y: tf.convert_to_tensor(x) - y,
+                         run_if, average=self._commlib_average)
+        object.__setattr__(self, "_commlib_run", LocalSGDRun(
+            self._commlib_plan, ops, model_vars, self._commlib_buffer_vars, self._commlib_stream,
+            own_counter("commlib_step"), own_counter("commlib_local_steps"),
+            own_zeros_like(model_vars, "commlib_anchor") if outer is not None else None))
+        if outer is not None:
+            outer.build(model_vars)
 
     def commlib_state_variables(self) -> list:
         """Training state beyond ``variables`` (the inner optimizer's): the
         counters, the anchor and the outer optimizer's variables, for
         KerasState."""
-        if self._commlib_step is None:
+        run = self._commlib_run
+        if run is None:
             return []
-        extra = [self._commlib_step, self._commlib_local] + list(self._commlib_anchor or [])
+        extra = [run.step, run.local_steps] + list(run.anchor or [])
         if self.outer_optimizer is not None:
             extra += list(self.outer_optimizer.variables)
         return extra
@@ -85,22 +72,13 @@ class _LocalSGDMixin:
         grads = list(grads)
         variables = (list(trainable_variables) if trainable_variables is not None
                      else list(self._trainable_variables))
-        if not self.built:  # before any tf.cond: no variables created in a branch
-            with keras.name_scope(self.name, caller=self):
-                self.build(variables)
-            self.built = True
-        plan, step = self._commlib_plan, tf.convert_to_tensor(self._commlib_step)
-        if plan.warmup_steps:
-            grads = self._warmup_grads(grads, variables, plan.in_warmup(step))
-        if self._commlib_anchor is not None:
-            run_if(tf.equal(step, plan.warmup_steps), lambda: self._commlib_ops.assign(
-                self._commlib_anchor, self._commlib_model_vars))
-        super().apply(grads, variables)
-        self._commlib_step.assign_add(1)
-        self._commlib_local.assign_add(tf.cast(plan.is_local(step), tf.int64))
-        run_if(plan.meets_after(step), self._stream_meet if plan.streaming else self._meet)
+        build_outside_cond(self, variables)
+        self._commlib_run.run_step(lambda in_warmup: super(_LocalSGDMixin, self).apply(
+            self._warmup_grads(grads, variables, in_warmup), variables))
 
     def _warmup_grads(self, grads, variables, in_warmup):
+        if not self.warmup_steps:
+            return grads
         at = present(grads)
         dense = [tf.convert_to_tensor(grads[i]) for i in at]
 
@@ -113,47 +91,26 @@ class _LocalSGDMixin:
             dense = tf.cond(in_warmup, average, lambda: dense)
         return scatter(len(grads), at, dense)
 
-    def _meeting(self, step, *args):
-        step(self._commlib_ops, self._commlib_model_vars, self._commlib_buffer_vars, *args,
-             self._commlib_anchor)
-
-    def _meet(self):
-        """Averages the model's weights (and buffers) across ranks and takes
-        the meeting step with the average."""
-        values = [tf.convert_to_tensor(v) for v in self._averaged_vars()]
-        if self._commlib_communicate:
-            values = _ops.grouped_allreduce_raw(values, Average, name="LocalSGDMeet",
-                                                process_set=self.process_set)
-        self._meeting(meeting_step, values)
-        self._commlib_local.assign(0)
-
-    def _averaged_vars(self) -> list:
-        return self._commlib_model_vars + self._commlib_buffer_vars
-
-    def _finish_stream(self):
-        have, average, snapshot = self._commlib_stream.finish_op(self._averaged_vars())
-        run_if(have, lambda: self._meeting(streaming_step, average, snapshot))
-
-    def _stream_meet(self):
-        self._finish_stream()
-        self._commlib_stream.start_op(self._averaged_vars())
-        self._commlib_local.assign(0)
+    def _commlib_average(self, variables):
+        values = [tf.convert_to_tensor(v) for v in variables]
+        if not self._commlib_communicate:
+            return values
+        return _ops.grouped_allreduce_raw(values, Average, name="LocalSGDMeet",
+                                          process_set=self.process_set)
 
     def synchronize(self):
         """Applies a pending streaming average, then holds a meeting now if
         steps were taken since the last one (eager: call it after fit(),
         before evaluating or saving)."""
-        if self._commlib_stream is not None and self._commlib_stream.pending:
-            self._finish_stream()
-        if self._commlib_local is not None and int(self._commlib_local) > 0:
-            self._meet()
+        if self._commlib_run is not None:
+            self._commlib_run.synchronize()
 
     def commlib_forget(self) -> None:
         """Drops a pending streaming meeting: the weights were replaced
         (KerasState's restore; the round's counters are restored with the
         optimizer's variables)."""
-        if self._commlib_stream is not None:
-            self._commlib_stream.drop()
+        if self._commlib_run is not None:
+            self._commlib_run.forget()
 
 
 @functools.lru_cache(maxsize=None)
@@ -175,23 +132,29 @@ def _buffers(model) -> list:
 
 def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, process_set=None,
              streaming=False, average_buffers=True):
-    """A copy of the Keras ``optimizer`` that trains locally and meets every
-    ``period`` steps (see commlib.local_sgd); pass it to
-    ``model.compile`` or call its ``apply`` in a custom loop. ``model``'s
-    trainable variables are the ones averaged. Build it on every rank (of
-    ``process_set``) alike.
+    """A copy of the Keras ``optimizer`` (an instance of a subclass of its
+    class) that trains locally and meets every ``period`` steps (see
+    commlib.local_sgd); pass it to ``model.compile`` or call its ``apply``
+    in a custom loop. Build it on every rank (of ``process_set``) alike::
+
+        inner = keras.optimizers.AdamW(1e-3)
+        outer = keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
+        opt = hvd.LocalSGD(inner, model, period=8, outer_optimizer=outer)   # DiLoCo
+        model.compile(optimizer=opt, loss="mse")
+        model.fit(x, y, ...)
+        opt.synchronize()     # a last meeting if steps were taken since the previous one
 
     The rule is torch's ``commlib.torch.LocalSGD``: every step the wrapped
     optimizer steps on local gradients; after every ``period``-th step
-    (after ``warmup_steps`` synchronous steps) the ranks average their
-    variables, or with ``outer_optimizer`` (DiLoCo) every rank restarts from
-    the anchor with gradient ``anchor - average`` and steps the outer
-    optimizer. ``average_buffers=True`` also averages the non-trainable
-    float variables of layers that are not frozen (BatchNorm statistics).
-    ``streaming=True`` overlaps each meeting with the next round (one round
-    stale). ``synchronize()`` holds a meeting now. For elastic training,
-    ``KerasState`` also keeps its counters, DiLoCo's anchor and the outer
-    optimizer's variables."""
+    (after ``warmup_steps`` synchronous steps) the ranks average
+    ``model.trainable_variables``, or with ``outer_optimizer`` (DiLoCo) every
+    rank restarts from the anchor with gradient ``anchor - average`` and
+    steps the outer optimizer. ``average_buffers=True`` also averages the
+    non-trainable float variables of layers that are not frozen
+    (BatchNormalization's moving statistics). ``streaming=True`` overlaps
+    each meeting with the next round (one round stale). ``synchronize()``
+    holds a meeting now. For elastic training, ``KerasState`` also keeps its
+    counters, DiLoCo's anchor and the outer optimizer's variables."""
     from .optimizer_base import DistributedOptimizerMixin, check_backend
 
     check_backend()
@@ -208,16 +171,11 @@ def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, pro
     plan = LocalSGDPlan(period, warmup_steps, streaming, average_buffers, outer_optimizer,
                         optimizer)
     buffers = _buffers(model) if average_buffers else []
-    if outer_optimizer is not None:
-        if not isinstance(outer_optimizer, keras.optimizers.Optimizer):
-            raise ValueError(f"outer_optimizer must be a Keras optimizer, got "
-                             f"{type(outer_optimizer).__name__}")
-    if included(process_set) and set_size(process_set) > 1:
-        plan.check_same_everywhere(
-            [(f"variable {i}", tuple(v.shape), str(v.dtype))
-             for i, v in enumerate(model.trainable_variables)]
-            + [(f"buffer {i}", tuple(v.shape), str(v.dtype)) for i, v in enumerate(buffers)],
-            "LocalSGD:signature", process_set)
+    if outer_optimizer is not None and not isinstance(outer_optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"outer_optimizer must be a Keras optimizer, got "
+                         f"{type(outer_optimizer).__name__}")
+    named = [(f"variable {i}", v) for i, v in enumerate(model.trainable_variables)]
+    plan.check_same_everywhere(named, enumerate(buffers), "LocalSGD:signature", process_set)
     new = _local_sgd_class(type(optimizer)).from_config(optimizer.get_config())
     new._commlib_local_setup(plan, model.trainable_variables, buffers, outer_optimizer,
                              process_set)

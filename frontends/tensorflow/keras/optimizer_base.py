@@ -9,6 +9,7 @@ import functools
 import keras
 import tensorflow as tf
 
+from ..delayed_tape import build_outside_cond
 from ..gradient_tape import reduce_shared, var_key
 
 
@@ -112,10 +113,7 @@ class DistributedOptimizerMixin:
         return super().apply(self._commlib_reduce(grads, variables), variables)
 
     def _commlib_accumulate_apply(self, grads, variables):
-        if not self.built:
-            with keras.name_scope(self.name, caller=self):
-                self.build(variables)
-            self.built = True
+        build_outside_cond(self, variables)
         k = self._commlib_bpps
         acc = [self.commlib_accumulators[self._get_variable_index(v)] for v in variables]
         for g, a in zip(grads, acc):

@@ -22,30 +22,28 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from commlib.delayed import OneStepDelay, apply_average, check_op, check_staleness
+from commlib.delayed import DelayedRule, StartedExchanges, check_op, check_staleness
 
 from ._grad_exchange import PendingGradients, assign_grads
-from .optimizer import DistributedOptimizerBase
+from .optimizer import DistributedOptimizerBase, share_state
 from .weight_prediction import WeightPrediction
 
 
 class _DelayedOptimizer(DistributedOptimizerBase):
-    """Mixin placed before the wrapped optimizer's class (after set-up by
-    ``DistributedOptimizerBase._dist_init``, which checks the parameters and
-    options across ranks)."""
+    """Mixin placed before the wrapped optimizer's class (set up by
+    ``share_state``, which checks the parameters and options across ranks)."""
 
-    def _delayed_init(self, staleness, weight_prediction, *dist_args):
-        self.staleness = staleness
-        self.weight_prediction = weight_prediction
-        self._one_step = OneStepDelay()
-        self._dist_init(*dist_args)
+    def _delayed_init(self):
         check_op(self.op, "staleness=1")
-        self._prediction = WeightPrediction(self._params) if weight_prediction else None
+        self._rule = DelayedRule(StartedExchanges(self._start_pending), self._update,
+                                 prediction=WeightPrediction(self._params)
+                                 if self.weight_prediction else None)
 
     def true_weights(self) -> dict:
         """With weight_prediction, {id(parameter): its true (not predicted)
         weights} while the model holds predicted ones; else {}."""
-        return self._prediction.true_weights() if self._prediction is not None else {}
+        prediction = self._rule.prediction
+        return prediction.true_weights() if prediction is not None else {}
 
     def _register_hooks(self, params):
         pass  # nothing starts during backward: step() sends all gradients at once
@@ -62,15 +60,9 @@ class _DelayedOptimizer(DistributedOptimizerBase):
             compression=self._compression, process_set=self.process_set,
             communicate=self._reduces, take=True)
 
-    def _apply(self, previous, predict):
-        """Applies the averaged gradients of ``previous`` (a finished
-        exchange, or None: nothing; a prediction is put back)."""
-        if previous is None:
-            if self._prediction is not None:
-                self._prediction.restore()
-            return
-        assign_grads(previous.params, previous.wait())
-        apply_average(super(DistributedOptimizerBase, self).step, self._prediction, predict)
+    def _update(self, averages):
+        assign_grads(self._params, averages)
+        super(DistributedOptimizerBase, self).step()
 
     def step(self, closure=None):
         """Starts averaging this step's gradients and applies the previous
@@ -81,19 +73,19 @@ class _DelayedOptimizer(DistributedOptimizerBase):
 
             with torch.enable_grad():
                 loss = closure()
-        self._apply(self._one_step.swap(self._start_pending), predict=True)
+        self._rule.step()
         return loss
 
     def synchronize(self):
         """Waits for the pending average and applies it (before evaluating or
         saving the model); does nothing when none is pending."""
-        self._apply(self._one_step.finish(), predict=False)
+        self._rule.synchronize()
         self._synchronized = True
 
     @property
     def pending(self) -> bool:
         """Whether an average is in flight (started, not applied yet)."""
-        return self._one_step.pending
+        return self._rule.pending
 
     @contextmanager
     def skip_synchronize(self):
@@ -109,9 +101,7 @@ class _DelayedOptimizer(DistributedOptimizerBase):
         """Loads the state; a pending average (of the state before) is waited
         for and dropped, a failed one too (after a lost rank, as an elastic
         restore does)."""
-        self._one_step.drop()
-        if self._prediction is not None:
-            self._prediction.drop()
+        self._rule.forget()
         return super().load_state_dict(state_dict)
 
 
@@ -127,7 +117,7 @@ def delayed_optimizer(optimizer, staleness, dist_args, weight_prediction=False):
     base = optimizer.__class__
     cls = type(base.__name__, (_DelayedOptimizer, base),
                {"__module__": DistributedOptimizerBase.__module__, "__doc__": base.__doc__})
-    dist = cls.__new__(cls)
-    dist.__dict__.update(optimizer.__dict__)
-    dist._delayed_init(staleness, weight_prediction, *dist_args)
+    dist = share_state(cls, optimizer, dist_args, staleness=staleness,
+                       weight_prediction=weight_prediction)
+    dist._delayed_init()
     return dist

@@ -8,15 +8,15 @@ from .. import mpi_ops as _ops
 
 
 class PendingParameters:
-    """Copies ``params`` (the snapshot) and starts averaging the copies in
-    place across ``process_set`` (one grouped allreduce, progressed by the
-    background thread); ``wait()`` returns them averaged."""
+    """Copies ``params`` (the snapshot, ``inputs``) and starts averaging the
+    copies in place across ``process_set`` (one grouped allreduce, progressed
+    by the background thread); ``wait()`` returns them averaged."""
 
     def __init__(self, params, name, process_set=_ops.global_process_set, communicate=True):
         with torch.no_grad():
-            self.snapshot = [p.detach().clone(memory_format=torch.contiguous_format)
+            self.inputs = [p.detach().clone(memory_format=torch.contiguous_format)
                              for p in params]
-        self._sent = [s.clone() for s in self.snapshot]
+        self._sent = [s.clone() for s in self.inputs]
         self._handle = None
         if communicate and self._sent:
             self._handle = _ops.grouped_allreduce_async_(self._sent, name=name, op=_ops.Average,
