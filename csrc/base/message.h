@@ -72,16 +72,20 @@ struct Response {
 // Message kinds on the control channel.
 // kMsgArrived: the ranks of a host all arrived at these cache bits ((bit,
 // generation) words); kMsgExpire: a cached request waited too long there;
-// kMsgTune: settings a worker asks rank 0 to apply everywhere (Response::kTune's rows).
+// kMsgTune: settings a worker asks rank 0 to apply everywhere (Response::kTune's rows);
+// kMsgLeaving: rank 0 called shutdown() and goes on negotiating only for
+// process sets without it (without the order log; Coordinator::leave).
 enum MessageKind : int {
-  kMsgRequests = 1, kMsgResponses = 2, kMsgShutdown = 3, kMsgArrived = 4, kMsgExpire = 5, kMsgTune = 6
+  kMsgRequests = 1, kMsgResponses = 2, kMsgShutdown = 3, kMsgArrived = 4, kMsgExpire = 5, kMsgTune = 6,
+  kMsgLeaving = 7
 };
 
 // What a worker's collectives fail with once rank 0 has shut down
 // (negotiation goes through it; point-to-point does not and goes on).
 inline constexpr const char* kCoordinatorLeft =
-    "rank 0 (the coordinator) called shutdown(); no further collectives are possible, in any process set "
-    "(they are negotiated through rank 0; point-to-point between the other ranks still works)";
+    "rank 0 (the coordinator) called shutdown(); no further collectives of the whole job or of a process set "
+    "containing rank 0 are possible (point-to-point between the other ranks still works, and so do "
+    "collectives of process sets without rank 0 until one of their members shuts down)";
 
 class Writer {
  public:

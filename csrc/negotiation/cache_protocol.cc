@@ -23,6 +23,7 @@ void CacheProtocol::reset(const Setup& s) {
   marker_left_ = 0;
   cache_off_ = false;
   log_done_ = false;
+  read_on_ = false;
   leaving_ = false;
   paused_ = false;
   last_expiry_check_us_ = 0;
@@ -56,6 +57,7 @@ void CacheProtocol::abandon() {
   marker_left_ = 0;
   cache_off_ = true;
   log_done_ = true;
+  read_on_ = false;
 }
 
 void CacheProtocol::stats(int64_t out[4]) const {
@@ -180,7 +182,7 @@ bool CacheProtocol::run_log() {
       --marker_left_;
       worked = true;
     }
-    if (marker_left_ > 0 || log_done_) break;
+    if (marker_left_ > 0 || (log_done_ && !read_on_)) break;
     LogEntry e;
     if (!log_->next(&e)) break;
     worked = true;
@@ -288,14 +290,26 @@ void CacheProtocol::after_run(const Response& resp, bool ok, const std::vector<R
 
 // A rank called shutdown() (an order log entry): the cache is over for
 // everybody; requests that arrived at a bit will not complete.
+// Rank 0's: collectives through it are over, but the ranks of process sets
+// without it (and rank 0, which negotiates theirs) read on. A rank that
+// reads no more leaves the log to the others.
 void CacheProtocol::on_left(int rank) {
   stop_cache(rank);
-  if (rank == setup_.rank) {
-    log_done_ = true;
-  } else if (rank == 0) {
-    log_done_ = true;
-    host_.fail_collectives(COMMLIB_ERR_NOT_INIT, kCoordinatorLeft);
+  if (rank == setup_.rank) log_done_ = true;
+  if (rank == 0) {
+    const bool goes_on = host_.coordinator_left();
+    if (setup_.rank == 0) {
+      read_on_ = goes_on;
+    } else {
+      log_done_ = !goes_on;
+    }
   }
+  if (log_done_ && !read_on_) log_->detach();
+}
+
+void CacheProtocol::stop_reading() {
+  read_on_ = false;
+  if (log_) log_->detach();
 }
 
 void CacheProtocol::stop_cache(int rank) {

@@ -41,7 +41,10 @@ class CacheHost {
   // Finishes a pending request with an error and forgets it.
   virtual void drop(const std::string& key, int code, const std::string& message) = 0;
   virtual void fail_everything(int code, const std::string& message) = 0;
-  virtual void fail_collectives(int code, const std::string& message) = 0;
+  // Rank 0's departure was read from the log: true when this rank goes on
+  // (collectives of process sets without rank 0, which rank 0 still
+  // negotiates; on rank 0, that negotiation), reading the log.
+  virtual bool coordinator_left() = 0;
   // A control message to rank 0 (never called on rank 0).
   virtual void send_to_coordinator(std::string bytes) = 0;
 };
@@ -70,8 +73,12 @@ class CacheProtocol {
   // On one host: the order log orders every collective (coordinator
   // responses run where rank 0's markers put them).
   bool ordered_by_log() const { return log_ != nullptr; }
-  // This rank's departure (or rank 0's) has been read from the log.
+  // This rank's departure (or rank 0's, unless it goes on) has been read from the log.
   bool log_done() const { return log_done_; }
+  // Entries that found the ring full, still to be appended.
+  bool appends_pending() const { return !unappended_.empty(); }
+  // Rank 0, its departure read, stops reading the log (its negotiation is over).
+  void stop_reading();
   // hits, misses, invalidations, cached requests executed.
   void stats(int64_t out[4]) const;
 
@@ -145,6 +152,7 @@ class CacheProtocol {
   int64_t marker_left_ = 0;  // coordinator responses to run before the next entry
   bool cache_off_ = false;   // a rank has left: nothing more through the cache
   bool log_done_ = false;    // this rank's departure (or rank 0's) has been read
+  bool read_on_ = false;     // rank 0: reads on after its own departure (coordinator_left)
   bool leaving_ = false;     // rank 0: its departure is in the log
   bool paused_ = false;      // rank 0: a join is under way (pause())
   int64_t patience_us_ = 0;

@@ -55,7 +55,7 @@ bool first_dim_may_differ(int op_type) {
 }  // namespace
 
 Controller::Controller(int size, int64_t fusion_threshold_bytes)
-    : size_(size), fusion_threshold_(fusion_threshold_bytes), joined_(size_t(size), false) {
+    : size_(size), fusion_threshold_(fusion_threshold_bytes), left_(size_t(size), false), joined_(size_t(size), false) {
   for (int r = 0; r < size; ++r) sets_[0].push_back(r);
 }
 
@@ -178,8 +178,8 @@ void Controller::add(int rank, RequestDesc desc, int64_t now_us) {
   p.have[idx] = true;
   p.descs[idx] = std::move(desc);
   ++p.count;
-  if (first_left_ >= 0) {  // nothing can complete once a rank has left
-    fail(key, first_left_);
+  if (const int gone = left_member(p.ranks); gone >= 0) {  // it cannot complete
+    fail(key, gone);
     table_.erase(key);
     return;
   }
@@ -260,12 +260,19 @@ void Controller::fail(const std::string& key, int left_rank) {
 
 void Controller::rank_left(int rank) {
   // The leaving rank executes everything the coordinator sent it before its
-  // acknowledgement, and nothing after: every request still open (even one
-  // complete but not yet answered, or one it has submitted) fails.
-  if (first_left_ < 0) first_left_ = rank;
-  for (const auto& entry : table_) fail(entry.first, rank);
-  table_.clear();
-  complete_.clear();
+  // acknowledgement, and nothing after: every request of its sets still open
+  // (even one complete but not yet answered, or one it has submitted) fails.
+  left_[size_t(rank)] = true;
+  for (auto it = table_.begin(); it != table_.end();) {
+    const std::vector<int>& m = it->second.ranks;
+    if (std::find(m.begin(), m.end(), rank) == m.end()) {
+      ++it;
+      continue;
+    }
+    fail(it->first, rank);
+    complete_.erase(std::remove(complete_.begin(), complete_.end(), it->first), complete_.end());
+    it = table_.erase(it);
+  }
 }
 
 std::string Controller::add_set(const std::vector<int64_t>& ranks, int64_t* id) {

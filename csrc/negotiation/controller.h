@@ -23,7 +23,8 @@ class Controller {
 
   // A request of a rank (a job rank; a member of the request's process set).
   void add(int rank, RequestDesc desc, int64_t now_us);
-  // A rank called shutdown(): every open request fails, now and later.
+  // A rank called shutdown(): every request of a process set containing it
+  // fails, now and later; the other sets' requests go on.
   void rank_left(int rank);
   // Responses for every request now complete, in a fixed order. Each one's
   // `to` lists the ranks that must receive it (the members of its process
@@ -37,6 +38,8 @@ class Controller {
   // The ranks named missing by time_out() since the last call (repeats possible).
   std::vector<int> take_timed_out_missing() { return std::move(timed_out_missing_); }
   void set_fusion_threshold(int64_t bytes) { fusion_threshold_ = bytes; }
+  // The registered process sets' members by id (0: every rank).
+  const std::map<int, std::vector<int>>& sets() const { return sets_; }
   // Whether some rank has joined (join(), below) and not every rank yet.
   bool joining() const { return joined_count_ > 0; }
 
@@ -85,7 +88,12 @@ class Controller {
 
   int size_;
   int64_t fusion_threshold_;
-  int first_left_ = -1;  // a rank that called shutdown()
+  std::vector<bool> left_;  // ranks that called shutdown()
+  int left_member(const std::vector<int>& members) const {  // the first of them that left, or -1
+    for (int r : members)
+      if (left_[size_t(r)]) return r;
+    return -1;
+  }
   std::map<int, std::vector<int>> sets_;  // process sets by id (0: every rank)
   int next_set_id_ = 1;
   std::vector<bool> joined_;

@@ -21,6 +21,8 @@ Coordinator::Coordinator(int size, int64_t fusion_threshold, int64_t stall_warni
       cache_(cache),
       controller_(size, fusion_threshold),
       worker_left_(size_t(size), false),
+      awaited_(size_t(size), false),
+      notified_(size_t(size), false),
       silent_(size_t(size), false) {}
 
 void Coordinator::add(int rank, RequestDesc desc, int64_t now) {
@@ -65,7 +67,7 @@ void Coordinator::on_worker_left(int source) {
   cache_.on_rank_left(source);
   if (cache_.ordered_by_log()) {
     cache_.append_left(source);  // (the log is its acknowledgement)
-  } else {
+  } else if (!notified_[size_t(source)] || awaited_[size_t(source)]) {  // (else the notice was its acknowledgement)
     Writer w;
     w.put<int32_t>(kMsgShutdown);
     control_.send(source, w.take());
@@ -136,13 +138,38 @@ std::vector<int> Coordinator::silent_since_timeout() const {
   return out;
 }
 
+bool Coordinator::leave() {
+  controller_.rank_left(0);
+  for (const auto& [id, members] : controller_.sets()) {
+    if (std::find(members.begin(), members.end(), 0) != members.end()) continue;
+    for (int r : members) awaited_[size_t(r)] = awaited_[size_t(r)] || !worker_left_[size_t(r)];
+  }
+  const bool waits = !awaited_left();
+  if (!waits || cache_.ordered_by_log()) return waits;  // (its departure is in the order log)
+  Writer w;
+  w.put<int32_t>(kMsgLeaving);
+  const std::string bytes = w.take();
+  for (int r = 1; r < size_; ++r) {
+    if (worker_left_[size_t(r)]) continue;
+    control_.send(r, bytes);
+    notified_[size_t(r)] = true;
+  }
+  return true;
+}
+
+bool Coordinator::awaited_left() const {
+  for (int r = 1; r < size_; ++r)
+    if (awaited_[size_t(r)] && !worker_left_[size_t(r)]) return false;
+  return true;
+}
+
 void Coordinator::send_shutdown_notice() {
   if (cache_.ordered_by_log()) return;  // its departure is in the order log
   Writer w;
   w.put<int32_t>(kMsgShutdown);
   const std::string bytes = w.take();
   for (int r = 1; r < size_; ++r)
-    if (!worker_left_[size_t(r)]) control_.send(r, bytes);
+    if (!worker_left_[size_t(r)] && !notified_[size_t(r)]) control_.send(r, bytes);
   control_.progress();
 }
 

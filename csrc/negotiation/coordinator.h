@@ -35,9 +35,15 @@ class Coordinator {
   // timeout (at most once a second).
   void check_stalls(int64_t now);
   void set_timeout(int64_t us) { timeout_us_ = us; }  // 0: none
-  // Rank 0 leaves (with the order log): anything still open fails.
-  void leave() { controller_.rank_left(0); }
-  // Tells every worker still listening that no further collectives are possible.
+  // Rank 0 leaves: whatever involves it fails, now and later. While process
+  // sets without it are registered it goes on negotiating their collectives
+  // until each of their members has left (awaited_left), and returns true;
+  // without the order log, every worker still listening is then told now
+  // (kMsgLeaving).
+  bool leave();
+  bool awaited_left() const;
+  // Tells every worker still listening, and not told by leave(), that no
+  // further collectives are possible.
   void send_shutdown_notice();
   // Ranks named missing by a timed-out request that have sent rank 0 nothing
   // since (cut off by a partition, or frozen) and have not left.
@@ -54,6 +60,8 @@ class Coordinator {
   Controller controller_;
   std::vector<Response> posted_;
   std::vector<bool> worker_left_;
+  std::vector<bool> awaited_;   // (leave)
+  std::vector<bool> notified_;  // told of rank 0's departure by leave()
   std::vector<bool> silent_;  // (silent_since_timeout)
   int64_t last_stall_check_us_ = 0;
   int64_t timeout_us_ = 0;

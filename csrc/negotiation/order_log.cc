@@ -82,4 +82,6 @@ bool OrderLog::next(LogEntry* e) {
   return true;
 }
 
+void OrderLog::detach() { consumed_[rank_].value.store(UINT64_MAX, std::memory_order_release); }
+
 }  // namespace commlib

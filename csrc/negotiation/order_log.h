@@ -71,6 +71,8 @@ class OrderLog {
   bool append(const LogEntry& e);
   // The next entry in the log, if published; it is consumed.
   bool next(LogEntry* e);
+  // This rank reads no more (it left): writers no longer wait for it.
+  void detach();
 
  private:
   struct Slot {

@@ -23,6 +23,8 @@ bool Worker::on_message(int kind, Reader& r, std::deque<Response>& ready, bool b
       closing_ = stopping ? "commlib was shut down before this collective completed"
                           : kCoordinatorLeft;
     }
+  } else if (kind == kMsgLeaving) {
+    leaving_ = true;
   } else {
     return false;
   }
@@ -33,6 +35,12 @@ void Worker::send_leaving() {
   Writer w;
   w.put<int32_t>(kMsgShutdown);
   control_.send(0, w.take());
+}
+
+bool Worker::take_leaving() {
+  const bool out = leaving_;
+  leaving_ = false;
+  return out;
 }
 
 std::string Worker::take_closing() {

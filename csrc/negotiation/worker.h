@@ -28,10 +28,14 @@ class Worker {
   // Rank 0 said goodbye (or acknowledged ours): the message to fail what is
   // left with, once the responses before it ran; empty otherwise. Taken once.
   std::string take_closing();
+  // Rank 0 called shutdown() and negotiates on for process sets without it
+  // (kMsgLeaving), to act on once the responses before it ran. Taken once.
+  bool take_leaving();
 
  private:
   ControlChannel& control_;
   std::string closing_;
+  bool leaving_ = false;
 };
 
 }  // namespace commlib

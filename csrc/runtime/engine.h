@@ -8,9 +8,10 @@
 // (rank 0) or the Worker (every other rank) for negotiation, the
 // CacheProtocol for the response cache and order log, the Executor for the
 // data movement. Its methods are in runtime/engine_*.cc, one file per role:
-// lifecycle (init, start, shutdown), scheduling (the loop, drive and wait,
-// one cycle), requests (caller threads), execution (negotiated responses
-// run), endings (finish and fail), gpu (CUDA requests) and tune (autotune).
+// lifecycle (init, start, shutdown), leaving (the shutdown handshake),
+// scheduling (the loop, drive and wait, one cycle), requests (caller
+// threads), execution (negotiated responses run), endings (finish and fail),
+// gpu (CUDA requests) and tune (autotune).
 //
 // Negotiation is asynchronous and point-to-point: there is no per-cycle
 // collective, so an idle rank costs nothing to the others and a request is
@@ -148,7 +149,8 @@ class Engine : private CacheHost {
   void wake_yielding();
   void prepare_device_p2p(const commlib_request& q, P2PRequest& r);
   void start_p2p();  // one point-to-point step from a caller that does not wait
-  bool leave();  // shutdown handshake; true when the loop may end
+  bool leave();  // shutdown handshake; true when the loop may end (engine_leaving.cc)
+  bool coordinator_leaves(int64_t now);  // leave() on rank 0
   // cycle(), in steps; each true when it did work.
   bool take_requests();  // batching: hold new requests, submit them when due
   bool poll_messages();
@@ -173,7 +175,11 @@ class Engine : private CacheHost {
   // Rank 0 is gone (or acknowledged this rank's departure): collectives fail
   // and are refused from now on; point-to-point, which never goes through
   // rank 0, goes on.
-  void fail_collectives(int code, const std::string& message) override;
+  void fail_collectives(int code, const std::string& message);
+  // Rank 0 called shutdown() (its departure read from the order log, or its
+  // kMsgLeaving run): true when this rank goes on with collectives of process
+  // sets without rank 0 (on rank 0: negotiating them); else fail_collectives.
+  bool coordinator_left() override;
   void fail_pending(int code, const std::string& message);  // both: the collectives in hand
   void send_shutdown_notice();
   // Sends requests to the coordinator (rank 0's own go straight to it).
@@ -238,9 +244,10 @@ class Engine : private CacheHost {
   // A worker: a request open far past the timeout means rank 0 is not
   // answering (frozen or unreachable): everything fails.
   void check_coordinator_alive(int64_t now);
-  // Rank 0 leaving without the order log: false while ranks named missing by
-  // a timeout stay silent, for at most COMMLIB_TIMEOUT + 10 s; then they are lost.
+  // Rank 0 leaving: false while ranks named missing by a timeout stay silent,
+  // for at most COMMLIB_TIMEOUT + 10 s; then they are lost.
   bool coordinator_may_leave(int64_t now);
+  bool lingering_ = false;  // rank 0 left and negotiates on for process sets without it
   // Set when a peer proved unreachable (rank 0 never answered a worker, or a
   // rank named missing by a timeout never spoke again before rank 0 left):
   // MPICH's MPI_Finalize would wait for it forever, so broken() turns true
@@ -267,6 +274,7 @@ class Engine : private CacheHost {
   std::string dead_message_;
   int coll_code_ = 0;            // non-zero: no more collectives (fail_collectives)
   std::string coll_message_;
+  bool rank0_left_ = false;      // collectives of sets containing rank 0 are refused (coordinator_left)
   std::atomic<bool> bg_sleeping_{false};
   std::atomic<bool> bg_yields_{false};    // napping while a waiter drives
   std::atomic<int64_t> outstanding_{0};   // requests queued and not finished
@@ -297,6 +305,7 @@ class Engine : private CacheHost {
   std::vector<Entry> taken_;  // take_requests' empty buffer, swapped with the queue's
   int64_t held_since_us_ = 0, last_arrival_us_ = 0;
   int64_t leave_deadline_us_ = 0;
+  int64_t silent_deadline_us_ = 0;  // (coordinator_may_leave)
   std::deque<Response> ready_;
 
   // The response cache and its order log. With the log, coordinator

@@ -241,6 +241,7 @@ void Engine::start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mo
     timed_out_.store(false);
     dead_message_.clear();
     coll_message_.clear();
+    rank0_left_ = false;
     in_flight_.clear();
     sets_.clear();
     for (int r = 0; r < t.size; ++r) sets_[0].push_back(r);
@@ -254,6 +255,7 @@ void Engine::start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mo
     e.p2p_->progress_sends();
   };
   start_autotune();
+  lingering_ = false;
   stop_.store(false);
   running_.store(true);
   thread_ = std::thread(&Engine::loop, this);
@@ -298,57 +300,6 @@ void Engine::shutdown() {
   shm_.reset();
   cross_.reset();
   p2p_.reset();
-}
-
-// Called while stop_ is set: true when the loop may end. The coordinator ends
-// at once (it has executed everything it sent). A worker first tells the
-// coordinator and keeps executing responses until the coordinator's
-// acknowledgement: it must run every collective the others run.
-bool Engine::leave() {
-  if (broken()) return true;
-  const int64_t now = now_us();
-  if (coordinator_) {
-    if (!cache_.ordered_by_log()) return coordinator_may_leave(now);
-    // With the order log, rank 0 runs everything placed before its
-    // departure (cached collectives other ranks may already run with it).
-    if (cache_.start_leaving()) {
-      leave_deadline_us_ = now + 30000000;
-      coordinator_->leave();  // anything still open fails
-      cache_.append_left(0);
-    }
-    return cache_.log_done() || now > leave_deadline_us_;
-  }
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    if (dead_code_ != 0 || coll_code_ != 0) return true;  // acknowledged, or the coordinator left
-  }
-  if (cache_.log_done()) return true;  // the coordinator's record of it has been read
-  if (leave_deadline_us_ == 0) {
-    leave_deadline_us_ = now + 30000000;
-    worker_->send_leaving();
-  }
-  if (now <= leave_deadline_us_) return false;
-  lost_contact_.store(true);  // rank 0 never acknowledged: it is frozen or unreachable
-  std::fprintf(stderr, "commlib (rank %d): ERROR: rank 0 never acknowledged this rank's shutdown within 30 s: "
-               "it is frozen or unreachable; MPI is aborted at exit\n", topo_.rank);
-  return true;
-}
-
-bool Engine::coordinator_may_leave(int64_t now) {
-  const std::vector<int> silent = coordinator_->silent_since_timeout();
-  if (silent.empty()) return true;
-  // Longer than they wait for rank 0 before they give up (check_coordinator_alive:
-  // the timeout + 4-5 s), up to the timeout + 10 s: they get to raise their own errors before the abort ends the job.
-  if (leave_deadline_us_ == 0) leave_deadline_us_ = now + timeout_us_ + 10000000;
-  if (now <= leave_deadline_us_) return false;
-  std::string ranks;
-  for (int r : silent) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-  lost_contact_.store(true);
-  fail_everything(COMMLIB_ERR_PEER_LOST,
-                  "ranks [" + ranks + "] sent nothing since their collectives timed out, not even their " +
-                      "shutdown, within COMMLIB_TIMEOUT + 10 s: they are unreachable (a network partition?) or " +
-                      "frozen; MPI is aborted at exit");
-  return true;
 }
 
 void Engine::init_p2p(MPI_Comm base, MPI_Comm local, size_t eager_bytes, size_t split_bytes,

@@ -13,6 +13,15 @@
 #include "runtime/request_checks.h"
 
 namespace commlib {
+namespace {
+
+// Whether process set id contains rank 0 (its members are in ascending order).
+bool has_rank0(const std::map<int, std::vector<int>>& sets, int id) {
+  auto it = sets.find(id);
+  return it != sets.end() && !it->second.empty() && it->second[0] == 0;
+}
+
+}  // namespace
 
 const std::vector<int>& Engine::members_of(int id) const {
   auto it = sets_.find(id);
@@ -83,6 +92,9 @@ int64_t Engine::push(Entry* e) {
     } else if (coll_code_ != 0) {
       code = coll_code_;
       error = coll_message_;
+    } else if (e && rank0_left_ && has_rank0(sets_, e->desc.process_set)) {
+      code = COMMLIB_ERR_NOT_INIT;
+      error = kCoordinatorLeft;
     } else if (e && !in_flight_.insert(request_key(e->desc)).second) {
       code = COMMLIB_ERR_VALUE;
       error = "a collective named '" + e->desc.name +
@@ -136,7 +148,10 @@ void Engine::abort_others(const commlib_request& q, const std::string& why) {
       return;  // (not a set this rank is in: nobody waits for it here)
     }
     const std::string key = request_key(e.desc);
-    if (stop_.load() || dead_code_ != 0 || coll_code_ != 0 || !in_flight_.insert(key).second) return;
+    if (stop_.load() || dead_code_ != 0 || coll_code_ != 0 || (rank0_left_ && has_rank0(sets_, q.process_set)) ||
+        !in_flight_.insert(key).second) {
+      return;
+    }
     queue_.push_back(std::move(e));
     outstanding_.fetch_add(1);
   }

@@ -109,6 +109,7 @@ void Engine::wake_yielding() {
 void Engine::loop() {
   mark_background_thread();
   leave_deadline_us_ = 0;
+  silent_deadline_us_ = 0;
   int64_t idle_since = now_us();
   int64_t nap = 20;
   for (;;) {
@@ -142,7 +143,7 @@ void Engine::loop() {
     }
     std::unique_lock<std::mutex> lock(queue_mu_);
     bg_sleeping_.store(true);
-    if (queue_.empty() && p2p_queue_.empty() && !stop_.load())
+    if (queue_.empty() && p2p_queue_.empty() && (!stop_.load() || lingering_))  // (rank 0 leaving: it naps too)
       queue_cv_.wait_for(lock, std::chrono::microseconds(gpu_busy ? std::min(nap, kGpuPollNapUs) : nap));
     bg_sleeping_.store(false);
     if (nap < kMaxNapUs) nap *= 2;
@@ -230,6 +231,7 @@ bool Engine::run_ready() {
   if (cache_.ordered_by_log()) return cache_.run_log();
   bool worked = false;
   while (execute_next_ready()) worked = true;
+  if (worker_ && worker_->take_leaving()) coordinator_left();  // (kMsgLeaving)
   const std::string closing = worker_ ? worker_->take_closing() : std::string();
   if (!closing.empty()) fail_collectives(COMMLIB_ERR_NOT_INIT, closing);  // the coordinator's acknowledgement or departure
   return worked;

@@ -111,6 +111,41 @@ TEST_CASE("controller flow: after a rank left, open and later requests fail") {
   }
 }
 
+TEST_CASE("controller flow: after a rank left, process sets without it go on") {
+  Controller c(4, 1 << 20);
+  RequestDesc add = request(COMMLIB_OP_ADD_PROCESS_SET, "add", 0, {});
+  add.splits = {1, 2};
+  add_all(c, add, {0, 1, 2, 3});
+  add.name = "add2";
+  add.splits = {0, 3};
+  add_all(c, add, {0, 1, 2, 3});
+  CHECK_EQ(c.take_ready().size(), size_t(2));
+  const RequestDesc open = in_set(allreduce("open", COMMLIB_FLOAT32, {1}), 2);
+  c.add(3, open, 0);
+  c.add(1, in_set(allreduce("pair", COMMLIB_FLOAT32, {1}), 1), 0);
+  c.rank_left(0);
+  c.add(2, in_set(allreduce("pair", COMMLIB_FLOAT32, {1}), 1), 0);  // set {1, 2}: completes
+  add_all(c, allreduce("whole", COMMLIB_FLOAT32, {1}), {1, 2, 3});
+  c.add(3, in_set(allreduce("later", COMMLIB_FLOAT32, {1}), 2), 0);
+  const std::vector<Response> out = c.take_ready();
+  CHECK_EQ(out.size(), size_t(6));  // (each rank's 'whole' fails on its own)
+  std::vector<std::string> errors;
+  int executed = 0;
+  for (const Response& r : out) {
+    if (r.kind == Response::kError) {
+      CHECK_EQ(r.error_code, int(COMMLIB_ERR_NOT_INIT));
+      errors.push_back(r.error);
+    } else {
+      ++executed;
+      CHECK_EQ(r.process_set, 1);
+      CHECK_EQ(r.to, (std::vector<int>{1, 2}));
+    }
+  }
+  CHECK_EQ(executed, 1);
+  auto left = [](const char* name) { return "rank 0 called shutdown() before '" + std::string(name) + "' could complete"; };
+  CHECK_EQ(errors, (std::vector<std::string>{left("open"), left("whole"), left("whole"), left("whole"), left("later")}));
+}
+
 TEST_CASE("controller flow: process sets are registered, used, and removed") {
   Controller c(4, 1 << 20);
   RequestDesc add = request(COMMLIB_OP_ADD_PROCESS_SET, "add", 0, {});

@@ -145,6 +145,18 @@ TEST_CASE("order log: a full ring refuses appends until the slowest reader moves
   CHECK_EQ(e.words, std::vector<uint64_t>{999});
 }
 
+TEST_CASE("order log: a rank that detached (it left) no longer holds writers back") {
+  Host host(3, 1);
+  LogEntry e;
+  host[2].detach();
+  bool appended = true;
+  for (size_t i = 0; i < 3 * OrderLog::kSlots; ++i) {
+    appended &= host[0].append(entry(LogEntry::kMarker, {i}));
+    appended &= host[0].next(&e) && host[1].next(&e) && e.words[0] == i;
+  }
+  CHECK(appended);
+}
+
 TEST_CASE("order log: entries hold up to kMaxWords words, longer ones are refused") {
   Host host(1, 1);
   std::vector<uint64_t> words(OrderLog::kMaxWords);

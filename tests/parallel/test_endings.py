@@ -2,6 +2,7 @@
 with no process left; point-to-point needs no rank 0; every value of the
 configuration table works or is refused. Each run has a timeout."""
 import os
+import re
 import time
 
 import pytest
@@ -47,9 +48,38 @@ def test_frozen_rank_ends_the_job(ranks, tmp_path, n, victim, mode):
 def test_point_to_point_after_rank_0_shut_down(ranks):
     """Rank 0 shuts down while rank 2 is stopped and rank 1's send to it
     waits: the send completes; then every message size between ranks 1 and
-    2, and collectives (whole job, set {1, 2}) raise NotInitializedError
-    naming rank 0 (see workers/p2p_without_rank0.py)."""
+    2, every collective kind of the set {1, 2} checked against numpy, and
+    collectives of the whole job or of the set {0, 1} raise
+    NotInitializedError naming rank 0 (see workers/p2p_without_rank0.py)."""
     ranks(3, "p2p_without_rank0.py", timeout=60).assert_ok(3)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case,env", [("trio", {"COMMLIB_CACHE_CAPACITY": "0"}), ("pair", {})],
+                         ids=["trio-without-order-log", "pair-with-order-log"])
+def test_set_without_rank_0_after_rank_0_shut_down(ranks, case, env):
+    """4 ranks, rank 0 shuts down at once: collectives of the set {1, 2, 3}
+    (or {1, 2}, rank 3 idle in no such set while 300 collectives go round
+    the order log) work, checked against numpy; the whole job's fail at once
+    naming rank 0; rank 0's shutdown() returns once the set has shut down."""
+    run = ranks(4, "set_without_rank0.py", case, timeout=90, env=env)
+    run.assert_ok(4)
+    returned = float(re.search(r"rank 0: shutdown\(\) returned at ([\d.]+)", run.stdout).group(1))
+    called = [float(t) for t in re.findall(r"rank [123]: shutdown\(\) called at ([\d.]+)", run.stdout)]
+    assert len(called) == (3 if case == "trio" else 2) and returned > max(called), run.describe()
+
+
+@pytest.mark.timeout(120)
+def test_set_member_killed_after_rank_0_shut_down(ranks):
+    """Rank 2 of the set {1, 2} SIGKILLs itself after rank 0 shut down: rank
+    1 raises RankLostError naming it, rank 0's shutdown() returns, and the
+    job ends (the victim's 137) well within the timeout."""
+    start = time.monotonic()
+    run = ranks(3, "set_without_rank0.py", "kill", timeout=60)
+    assert time.monotonic() - start < 40, run.describe()
+    assert run.returncode == 137, run.describe()
+    assert "rank 1: RankLostError" in run.stdout, run.describe()
+    assert "rank 0: shutdown() returned" in run.stdout, run.describe()
 
 
 @pytest.mark.timeout(120)

@@ -5,8 +5,10 @@
    and receives it, rank 1's send completes without error.
 2. With rank 0 gone: messages of every size class (inside the header, one
    copy, split copy) both ways between ranks 1 and 2, blocking and not.
-3. Collectives, of the whole job or of the process set {1, 2}, raise
-   NotInitializedError naming rank 0 at once (they are negotiated through it).
+3. Collectives of the process set {1, 2} still work (rank 0 negotiates
+   them until both have shut down; its own shutdown() returns then): every
+   kind, several sizes, checked against numpy. Those of the whole job or of
+   the set {0, 1} raise NotInitializedError naming rank 0 at once.
 """
 import os
 import subprocess
@@ -17,12 +19,14 @@ import numpy as np
 
 import commlib
 from _common import check_equal, done, expect_raises, fail
+from _set_collectives import check_set_collectives
 
 commlib.init()
 r = commlib.rank()
 if commlib.size() != 3:
     fail("run me on 3 ranks")
 pair = commlib.add_process_set([1, 2])
+with0 = commlib.add_process_set([0, 1])
 pids = commlib.allgather(np.array([os.getpid()]), name="pids")
 commlib.barrier()
 
@@ -58,12 +62,17 @@ for count in (1, 300, 20000, 200000, 1 << 20):
         check_equal(commlib.recv(src=1, tag=2), mine - 1, f"recv of {count}")
         commlib.synchronize(commlib.isend(mine, dst=1, tag=3))
 
-# 3. Collectives need rank 0.
-for what, fn in (("a collective of the process set {1, 2}", lambda: commlib.allreduce(np.ones(2), process_set=pair)),
-                 ("a collective of the whole job", lambda: commlib.allreduce(np.ones(2)))):
+# 3. Collectives of {1, 2} need no rank 0; those involving it fail at once.
+check_set_collectives(pair, "pair")
+checks = [("a collective of the whole job", lambda: commlib.allreduce(np.ones(2), name="whole"))]
+if r == 1:
+    checks.append(("a collective of the set {0, 1}",
+                   lambda: commlib.allreduce(np.ones(2), name="with0", process_set=with0)))
+for what, fn in checks:
     start = time.monotonic()
     expect_raises(commlib.NotInitializedError, fn, what, match="rank 0")
     if time.monotonic() - start > 2:
         fail(f"{what} took {time.monotonic() - start:.1f} s to fail")
+check_set_collectives(pair, "again", sizes=(5,))
 check_equal(commlib.sendrecv(np.ones(3) * r, dst=3 - r, src=3 - r), np.ones(3) * (3 - r), "a sendrecv at the end")
 done()
