@@ -246,17 +246,19 @@ def measure(impls, op, nbytes, dtype, iters, warmup, rounds, comm):
     return result
 
 
-def interleaved_medians(cases, iters: int, comm) -> tuple:
-    """Each of cases (callables) warmed up once, then timed in three
-    interleaved rounds; the median time of each, the slowest rank's."""
+def interleaved_medians(cases, iters: int, comm, per_round: int = 5) -> tuple:
+    """Each of cases (callables) warmed up once, then timed in rounds of
+    per_round calls each, the cases alternating round by round (so that a
+    change of the machine's load meets every case alike); the median time
+    of each, the slowest rank's."""
     from mpi4py import MPI
 
     for fn in cases:
         fn()
     times = [[] for _ in cases]
-    for _ in range(3):
+    for _ in range(max(3, iters // per_round)):
         for fn, t in zip(cases, times):
-            t += time_calls(fn, iters // 3, comm)
+            t += time_calls(fn, per_round, comm)
     return tuple(comm.allreduce(statistics.median(x), op=MPI.MAX) for x in times)
 
 

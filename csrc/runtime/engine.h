@@ -275,11 +275,18 @@ class Engine : private CacheHost {
   int coll_code_ = 0;            // non-zero: no more collectives (fail_collectives)
   std::string coll_message_;
   bool rank0_left_ = false;      // collectives of sets containing rank 0 are refused (coordinator_left)
+  // Whether queue_ (p2p_queue_) may hold requests: set after each push and
+  // cleared when it is taken, both under queue_mu_, so that a cycle with
+  // nothing new takes no lock the submitting threads need.
+  std::atomic<bool> queued_{false};
+  std::atomic<bool> p2p_queued_{false};
+  std::atomic<bool> comm_over_{false};  // dead_code_ is PEER_LOST or INTERNAL (step() reads it unlocked)
   std::atomic<bool> bg_sleeping_{false};
   std::atomic<bool> bg_yields_{false};    // napping while a waiter drives
   std::atomic<int64_t> outstanding_{0};   // requests queued and not finished
   std::atomic<int64_t> p2p_outstanding_{0};  // of which point-to-point
   int64_t last_full_cycle_us_ = 0;  // a driving waiter's last whole cycle (cycle_mu_)
+  int64_t last_p2p_cycle_us_ = 0;   // cycle()'s last point-to-point part (cycle_mu_)
 
   // Held by whichever thread runs step(): the background thread, or a
   // caller thread that drives progress while it waits for a handle.

@@ -50,12 +50,14 @@ void Engine::fail_everything(int code, const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     p2p_queued.swap(p2p_queue_);
+    p2p_queued_.store(false);
     // With the order log, a rank that dropped its requests cannot stay in
     // step with the others: every failure ends its communication.
     if (dead_code_ == 0 && (cache_.ordered_by_log() || (code != COMMLIB_ERR_VALUE && code != COMMLIB_ERR_TYPE))) {
       dead_code_ = code;
       dead_message_ = message;
       if (code == COMMLIB_ERR_PEER_LOST || code == COMMLIB_ERR_INTERNAL) {
+        comm_over_.store(true);
         std::fprintf(stderr, "commlib (rank %d): ERROR: %s\n", topo_.rank, message.c_str());
       }
     }

@@ -235,6 +235,7 @@ void Engine::start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mo
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     dead_code_ = 0;
+    comm_over_.store(false);
     coll_code_ = 0;
     lost_contact_.store(false);
     coordinator_silent_.store(false);

@@ -107,6 +107,7 @@ int64_t Engine::push(Entry* e) {
     if (e) {
       e->queued_us = timeline().on() ? now_us() : 0;
       queue_.push_back(std::move(*e));
+      queued_.store(true);
     }
   }
   if (e) outstanding_.fetch_add(1);
@@ -153,6 +154,7 @@ void Engine::abort_others(const commlib_request& q, const std::string& why) {
       return;
     }
     queue_.push_back(std::move(e));
+    queued_.store(true);
     outstanding_.fetch_add(1);
   }
   wake_for(false);  // (outside queue_mu_, which it may take)
@@ -275,6 +277,7 @@ std::shared_ptr<HandleState> Engine::queue_p2p(const commlib_request& q, bool ca
     int code = stop_.load() ? COMMLIB_ERR_NOT_INIT : dead_code_;
     if (code) throw Error(code, stop_.load() ? std::string("commlib is shutting down") : dead_message_);
     p2p_queue_.push_back(std::move(r));
+    p2p_queued_.store(true);
     p2p_outstanding_.fetch_add(1);  // (before outstanding_: drive() compares the two)
   }
   outstanding_.fetch_add(1);

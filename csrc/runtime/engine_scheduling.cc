@@ -25,22 +25,23 @@ namespace {
 // at 200 us, one 1 MiB transfer in eight copied at half speed (2 ranks, 2
 // cores). What the drivers leave behind wakes it at once (wake_for, wait).
 constexpr int64_t kYieldNapUs = kMaxNapUs;
-// A request queued this soon after its thread's last wait ended most likely
-// belongs to a caller that waits, and drives, next: no wake-up for it.
+// A request queued this soon after its thread's last wait ended, or after
+// its last request that woke nobody, most likely belongs to a caller that
+// waits, and drives, next (a training step's requests, a loop of blocking
+// calls): no wake-up for it. One that does not wait after all is taken up
+// at the end of the background thread's nap (at most kMaxNapUs).
 constexpr int64_t kFollowUpUs = 50;
-thread_local int64_t t_wait_ended_us = -kFollowUpUs;  // this thread's last wait that drove
+thread_local int64_t t_follow_us = -kFollowUpUs;  // this thread's last driving wait or quiet request
+// How often a cycle runs the point-to-point part with none in flight (a
+// peer's unexpected message, a send's bytes the lane could not take yet).
+constexpr int64_t kIdleP2PUs = 200;
 // How often a waiter driving only point-to-point runs the whole cycle.
 constexpr int64_t kFullCycleUs = 50;
 
 }  // namespace
 
 bool Engine::step(bool full) {
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    if (dead_code_ == COMMLIB_ERR_PEER_LOST || dead_code_ == COMMLIB_ERR_INTERNAL) {
-      return false;  // nothing can be sent any more: just idle until shutdown
-    }
-  }
+  if (comm_over_.load()) return false;  // nothing can be sent any more: just idle until shutdown
   try {
     if (!full) {
       const bool worked = cycle_p2p();
@@ -79,24 +80,28 @@ bool Engine::wait(HandleState& h, double timeout_s, bool until_launched) {
   return handles_.wait(
       h, timeout_s, [this] { return drive(); },
       [this] {
-        t_wait_ended_us = now_us();
+        t_follow_us = now_us();
         if (handles_.driving() == 0 && bg_yields_.load() && outstanding_.load() > 0) wake_yielding();
       },
       until_launched);
 }
 
 void Engine::wake_for(bool caller_waits) {
-  // An idle background thread is woken for every request. One napping while
-  // waiters drove is woken when no one drives any more and the caller will
-  // not (an asynchronous request submitted after computing), so that the
-  // request starts now and not at the end of the nap. A caller that waits
-  // next, or one whose request follows the end of its own last wait closely
-  // (a loop of blocking calls), drives it itself: a wake-up there would cost
-  // it the futex call and the background thread's turn on a core.
+  // An idle background thread is woken for a request, and so is one napping
+  // while waiters drove once no one drives any more, so that an asynchronous
+  // request submitted after computing starts now and not at the end of the
+  // nap. A caller that waits next, or one whose request follows closely its
+  // own last wait or last request (kFollowUpUs), drives it itself: a wake-up
+  // there would cost it the futex call and, on a loaded machine, its core
+  // to a background thread that only holds the batch while it grows.
+  const int64_t now = now_us();
+  if (!caller_waits && now - t_follow_us < kFollowUpUs) {
+    t_follow_us = now;
+    return;
+  }
   if (bg_sleeping_.load()) {
     queue_cv_.notify_one();  // (it looks at the queues under queue_mu_ before it sleeps)
-  } else if (!caller_waits && bg_yields_.load() && handles_.driving() == 0 &&
-             now_us() - t_wait_ended_us >= kFollowUpUs) {
+  } else if (!caller_waits && bg_yields_.load() && handles_.driving() == 0) {
     wake_yielding();
   }
 }
@@ -125,16 +130,19 @@ void Engine::loop() {
       idle_since = now_us();
       continue;
     }
-    bool worked, gpu_busy;
+    bool worked, gpu_busy, holding;
     {
       std::lock_guard<std::mutex> lock(cycle_mu_);
       worked = step();
       gpu_busy = gpu_ && gpu_->busy();
+      holding = !held_.empty();
     }
     if (stop_.load() && leave()) break;
     if (worked) {
       idle_since = now_us();
       nap = 20;
+      // (a batch still growing: its submitter needs the core more than we do)
+      if (holding) sched_yield();
       continue;
     }
     if (now_us() - idle_since < spin_budget_us()) {
@@ -160,7 +168,12 @@ void Engine::loop() {
 bool Engine::cycle() {
   bool worked = take_requests();
   worked |= forward_tune_requests();
-  worked |= cycle_p2p();
+  // The point-to-point part only with some in flight, else now and then.
+  const int64_t start = now_us();
+  if (p2p_queued_.load() || p2p_outstanding_.load() > 0 || start - last_p2p_cycle_us_ >= kIdleP2PUs) {
+    last_p2p_cycle_us_ = start;
+    worked |= cycle_p2p();
+  }
   worked |= poll_messages();
   if (coordinator_) worked |= coordinate();
   worked |= run_ready();
@@ -177,9 +190,10 @@ bool Engine::cycle() {
 bool Engine::take_requests() {
   // The queue, held_ and taken_ trade buffers rather than entries: each keeps
   // its capacity, and a batch taken while nothing is held moves no entry.
-  {
+  if (queued_.load()) {
     std::lock_guard<std::mutex> lock(queue_mu_);
     taken_.swap(queue_);
+    queued_.store(false);
   }
   bool worked = !taken_.empty();
   if (held_.empty() && taken_.empty()) return worked;
@@ -276,9 +290,10 @@ void Engine::start_p2p() {
 
 bool Engine::cycle_p2p() {
   std::vector<P2PRequest>& batch = p2p_batch_;  // (swapped with the queue: both keep their capacity)
-  {
+  if (p2p_queued_.load()) {
     std::lock_guard<std::mutex> lock(queue_mu_);
     batch.swap(p2p_queue_);
+    p2p_queued_.store(false);
   }
   const bool waiting = handles_.driving() > 0;  // (a split copy needs a sender that answers)
   for (P2PRequest& r : batch) {

@@ -61,3 +61,10 @@ def test_stalled_cached_request_is_reported(ranks, n, env):
 def test_shuffled_submission_orders(ranks, n, env):
     run = ranks(n, "cache_shuffle.py", "300", timeout=150, env=env)
     run.assert_ok(n)
+
+
+@pytest.mark.timeout(120)
+def test_a_cached_step_of_128_runs_as_one_collective(ranks, tmp_path):
+    run = ranks(2, "cache_one_step.py", str(tmp_path / "trace.json"), timeout=90,
+                env={"COMMLIB_BATCH_GAP_US": "100000000", "COMMLIB_CYCLE_TIME": "100000"})
+    run.assert_ok(2)
