@@ -5,7 +5,8 @@ its shared-memory segments, found and removed.
 hydra's proxies and the ranks inherit it, so every process of the job on this
 host carries it in its environment (``/proc/<pid>/environ``), whatever
 session or process group it moved to and whoever became its parent. The
-core puts the token in its segments' names (``/dev/shm/commlib.<token>.*``);
+core's segments have no name, except the fallback's, which carry the token
+(``/dev/shm/commlib.<token>.*``);
 MPICH's own segments (``/dev/shm/mpich_shm_*``) are learnt from the job's
 processes' open files and mappings while they run. Only those names are ever
 removed: never another job's.

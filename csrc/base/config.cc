@@ -109,8 +109,8 @@ std::vector<ConfigEntry> make_table() {
                 "bytes of each rank's fusion region in the shared segment; 0: none (fused allreduces are "
                 "packed in private memory, allgather and broadcast go through MPI)"),
       token_entry("COMMLIB_RUN_JOB", 32, &C::run_job,
-                  "set by commlibrun: its job's token, part of the shared segments' names (commlibrun "
-                  "removes what a killed job left)"),
+                  "set by commlibrun: its job's token, part of the named (fallback) shared segments' names "
+                  "(commlibrun removes what a killed job left)"),
       bool_entry("COMMLIB_AUTOTUNE", "0", &C::autotune,
                  "1: during the first steps rank 0 tries fusion thresholds, cycle times and (where the ring "
                  "and the tree run: no shared memory, or several hosts) tree/ring cutoffs, scores each by "
@@ -175,6 +175,9 @@ std::vector<ConfigEntry> make_table() {
       int_entry("COMMLIB_TEST_SHM_PAUSE_MS", "0", 0, 600000, &C::test_shm_pause_ms,
                 "testing only: ms local rank 0 waits between creating a shared segment and handing it "
                 "to the other ranks"),
+      bool_entry("COMMLIB_TEST_SHM_NAMED", "0", &C::test_shm_named,
+                 "testing only: 1 on a rank makes the shared segments of its host named ones in /dev/shm (the "
+                 "fallback when the unnamed memfd_create way fails on a rank of the host)"),
   };
 }
 

@@ -39,7 +39,8 @@ struct Config {
   bool p2p_single_copy = false;
   int64_t test_ranks_per_host = 0;  // 0: ranks share a host as MPI says
   int64_t test_mpi_call_bytes = 0;  // most bytes one MPI call moves (larger: in pieces)
-  int64_t test_shm_pause_ms = 0;   // testing only (backends/shm/shm.h)
+  int64_t test_shm_pause_ms = 0;   // testing only (backends/shm/host_segment.h)
+  bool test_shm_named = false;     // testing only (backends/shm/host_segment.h)
   std::string run_job;             // commlibrun's job token ("": not under commlibrun)
   std::string timeline;            // path of the Chrome-trace timeline ("": off)
   bool timeline_mark_cycles = false;

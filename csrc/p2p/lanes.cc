@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "backends/mpi/mpi_transport.h"
-#include "backends/shm/shm.h"
+#include "backends/shm/host_segment.h"
 #include "base/common.h"
 
 namespace commlib {

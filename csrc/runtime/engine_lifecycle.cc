@@ -171,7 +171,7 @@ void Engine::read_config(MPI_Comm base) {
                      : cfg.shm_collectives == "never" ? kShmNever
                                                       : kShmAuto;
   set_spin_budget_us(cfg.spin_us);
-  set_segment_naming(cfg.run_job, int(cfg.test_shm_pause_ms));
+  set_segment_options(cfg.run_job, int(cfg.test_shm_pause_ms), cfg.test_shm_named);
   set_bg_spin_budget_us(cfg.bg_spin_us);
   result_pool_set_limit(size_t(cfg.result_cache_bytes));
 }

@@ -15,8 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from job_watch import job_env, marked, shm_in_use
 
 RANK_PROG = """
     import os, signal, sys, time
@@ -28,45 +27,6 @@ RANK_PROG = """
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(120)
 """
-
-
-def job_env(marker, **extra):
-    env = dict(os.environ, TEST_JOB_MARKER=marker, **extra)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
-
-
-def marked(marker):
-    """{pid: environ entries} of live processes carrying TEST_JOB_MARKER=marker."""
-    found = {}
-    needle = f"TEST_JOB_MARKER={marker}".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if needle in environ:
-            found[int(entry)] = environ
-    return found
-
-
-def shm_in_use(pid):
-    """/dev/shm names (not unlinked) that process pid has open or mapped."""
-    names = set()
-    try:
-        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-            path = line.split(None, 5)[5] if len(line.split(None, 5)) == 6 else ""
-            if path.startswith("/dev/shm/") and not path.endswith("(deleted)"):
-                names.add(path)
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if target.startswith("/dev/shm/") and not target.endswith("(deleted)"):
-                names.add(target)
-    except OSError:
-        pass
-    return names
 
 
 class Watch:
@@ -156,9 +116,10 @@ def test_timeout_around_commlibrun_leaves_nothing(tmp_path):
 @pytest.mark.timeout(150)
 def test_killed_during_init_leaves_no_segment(tmp_path):
     """A rank killed while local rank 0 holds a freshly created, still named
-    segment (held open 20 s by the testing-only COMMLIB_TEST_SHM_PAUSE_MS):
+    segment (the named fallback, forced by the testing-only
+    COMMLIB_TEST_SHM_NAMED; held open 20 s by COMMLIB_TEST_SHM_PAUSE_MS):
     the name is random, private (0600) and removed by commlibrun."""
-    proc, watch = start(tmp_path, 2, "sleep", COMMLIB_TEST_SHM_PAUSE_MS="20000")
+    proc, watch = start(tmp_path, 2, "sleep", COMMLIB_TEST_SHM_PAUSE_MS="20000", COMMLIB_TEST_SHM_NAMED="1")
     marker = watch.marker
     try:
         deadline = time.monotonic() + 60

@@ -1,115 +1,14 @@
 #include "backends/shm/shm.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <chrono>
 #include <cstring>
-#include <random>
-#include <string>
-#include <thread>
 
 #include "backends/mpi/mpi_transport.h"
-#include "base/common.h"
+#include "backends/shm/host_segment.h"
 
 namespace commlib {
-namespace {
-
-std::string g_job;   // COMMLIB_RUN_JOB: commlibrun's token for the job, or empty
-int g_pause_ms = 0;  // COMMLIB_TEST_SHM_PAUSE_MS
-
-// What local rank 0 tells the others: the name, or why it could not create it.
-struct Created {
-  int err = 0;  // errno of shm_open/ftruncate; 0: created
-  char name[124] = {0};
-};
-
-// "/commlib.[<job>.]<128 random bits in hex>.<n>": no other user can guess
-// it (and block it by creating it first), and commlibrun can find what its
-// job left ("/commlib.<job>.*").
-void new_segment_name(char* out, size_t size) {
-  static int counter = 0;
-  std::random_device rd;
-  char token[33];
-  for (int i = 0; i < 4; ++i) std::snprintf(token + 8 * i, 9, "%08x", unsigned(rd()));
-  const std::string job = g_job.empty() ? std::string() : g_job + ".";
-  std::snprintf(out, size, "/commlib.%s%s.%d", job.c_str(), token, counter++);
-}
-
-// Unlinks the name on the way out unless done already: a half-made segment
-// must not outlive a failed init().
-struct NameGuard {
-  const char* name = nullptr;
-  void unlink_now() {
-    if (name) shm_unlink(name);
-    name = nullptr;
-  }
-  ~NameGuard() { unlink_now(); }
-};
-
-struct FdGuard {
-  int fd = -1;
-  ~FdGuard() {
-    if (fd >= 0) close(fd);
-  }
-};
-
-}  // namespace
-
-void set_segment_naming(const std::string& job_token, int pause_ms) {
-  g_job = job_token;
-  g_pause_ms = pause_ms;
-}
-
-void* map_host_segment(MPI_Comm local_comm, int local_rank, size_t bytes) {
-  // Local rank 0 picks a fresh name and creates the segment (exclusively,
-  // mode 0600); every rank opens it, the name is unlinked at once, then each
-  // maps it: from then on nothing is left behind whoever dies.
-  Created made;
-  FdGuard fd;
-  NameGuard guard;
-  if (local_rank == 0) {
-    new_segment_name(made.name, sizeof(made.name));
-    fd.fd = shm_open(made.name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd.fd < 0) {
-      made.err = errno;
-    } else {
-      guard.name = made.name;
-      if (ftruncate(fd.fd, off_t(bytes)) != 0) made.err = errno;
-    }
-    if (g_pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(g_pause_ms));
-  }
-  check_mpi(MPI_Bcast(&made, sizeof(made), MPI_BYTE, 0, local_comm), "MPI_Bcast(shm name)");
-  if (made.err) {
-    throw Error(COMMLIB_ERR_INTERNAL, std::string("cannot create shared memory segment ") + made.name +
-                                          " of " + std::to_string(bytes) + " bytes: " + std::strerror(made.err));
-  }
-  int err = 0;
-  if (local_rank != 0) {
-    fd.fd = shm_open(made.name, O_RDWR, 0600);
-    if (fd.fd < 0) err = errno;
-  }
-  int opened = fd.fd >= 0 ? 1 : 0, all_opened = 0;
-  check_mpi(MPI_Allreduce(&opened, &all_opened, 1, MPI_INT, MPI_MIN, local_comm), "MPI_Allreduce(shm open)");
-  guard.unlink_now();  // every rank holds it open (or failed): the name has served
-  if (!all_opened) {
-    throw Error(COMMLIB_ERR_INTERNAL, std::string("cannot open shared memory segment ") + made.name +
-                                          (err ? std::string(": ") + std::strerror(err) : std::string()));
-  }
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.fd, 0);
-  if (base == MAP_FAILED) err = errno;
-  int mapped = base != MAP_FAILED ? 1 : 0, all_mapped = 0;
-  check_mpi(MPI_Allreduce(&mapped, &all_mapped, 1, MPI_INT, MPI_MIN, local_comm), "MPI_Allreduce(shm)");
-  if (!all_mapped) {
-    if (base != MAP_FAILED) munmap(base, bytes);
-    throw Error(COMMLIB_ERR_INTERNAL, std::string("cannot map shared memory segment of ") + std::to_string(bytes) +
-                                          " bytes" + (err ? std::string(": ") + std::strerror(err) : std::string()));
-  }
-  return base;
-}
 
 size_t ShmSegment::piece_for(size_t piece_bytes, int ranks) {
   const size_t block = 4 * ((piece_bytes + 63) & ~size_t(63));  // a rank's share of one slot

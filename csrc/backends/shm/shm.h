@@ -1,9 +1,7 @@
 // A persistent shared-memory segment for the ranks of one host.
 //
-// Created once at init (local rank 0 creates and sizes it under a name no one
-// can guess, the others open it, the name is unlinked, then every rank maps it,
-// so nothing is left in /dev/shm whoever dies from then on) and kept for the
-// life of the job: its pages are touched once up front, because a page fault
+// Created once at init (without a name in /dev/shm: backends/shm/host_segment.h)
+// and kept for the life of the job: its pages are touched once up front, because a page fault
 // costs ~2 us per 4 KiB here. Ranks synchronise through monotonically
 // increasing counters, each on its own cache line, never through barriers.
 //
@@ -20,20 +18,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <string>
+
+#include "backends/shm/host_segment.h"
 
 namespace commlib {
-
-// Creates (local rank 0), maps (every rank of local_comm) and unlinks a shared
-// segment of `bytes` bytes; collective over local_comm. Throws Error when any
-// rank fails. The caller munmaps it.
-void* map_host_segment(MPI_Comm local_comm, int local_rank, size_t bytes);
-
-// The names map_host_segment gives: "/commlib.<job_token>.<random>.<n>"
-// (COMMLIB_RUN_JOB, set by commlibrun so that it can remove what a killed
-// job left; "/commlib.<random>.<n>" when empty). pause_ms: testing only,
-// local rank 0 waits that long between creating a segment and handing it on.
-void set_segment_naming(const std::string& job_token, int pause_ms);
 
 struct alignas(64) ShmCounter {
   std::atomic<uint64_t> value;
