@@ -6,7 +6,8 @@ the replicas are bitwise identical after every step (float64 models, so that
 only the order of the sums differs); variants: cold start without error
 feedback, backward_passes_per_step=2, op=Sum. A float32 checkpoint at step 7
 restored into a fresh model and optimizer continues bitwise as the
-uninterrupted run; a bfloat16 model trains with identical replicas.
+uninterrupted run; a bfloat16 model trains with identical replicas; the error
+buffers are reused from step to step (no new allocations).
 Refused: staleness, zero_stage, groups, sparse gradients, PowerSGD on a
 single collective, different ranks across ranks."""
 import io
@@ -130,6 +131,16 @@ check_against_simulation("cold, no feedback, rank 1",
                          dict(rank=1, start_step=3, warm_start=False, error_feedback=False), {})
 check_against_simulation("2 passes per step", default, {}, passes=2)
 check_against_simulation("op=Sum", default, {"total": True}, op=hvd.Sum)
+
+# No per-step allocation of gradient-sized tensors: the error buffers are
+# written in place once compression runs.
+model, opt = make(hvd.Compression.powersgd(rank=2, start_step=1))
+train(model, opt, 2, "in place")
+buffers = {n: t.data_ptr() for n, t in opt._powersgd.errors.items()}
+train(model, opt, 4, "in place", first=2)
+moved = sorted(n for n, t in opt._powersgd.errors.items() if t.data_ptr() != buffers[n])
+if moved:
+    fail(f"PowerSGD allocated new error buffers after its first compressed step: {moved}")
 
 # The simulation is not plain averaging after start_step: the compression is visible.
 plain = simulate(2, STEPS, STEPS)[-1]
