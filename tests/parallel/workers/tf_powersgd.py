@@ -6,7 +6,9 @@ process from every rank's data, the rule, Keras' SGD) within 1e-9, and the repli
 bitwise identical after every step. Variants: the optimizer in
 train_on_batch (a traced step: the start is a tf.cond) and with
 backward_passes_per_step=2; the tape in a tf.function and eagerly with a
-cold start (the random Q seeded by the step) and no error feedback. A
+cold start (the random Q seeded by the step) and no error feedback; at 3
+ranks, the optimizer over the process sets {0, 2} and {1, 2} (members match
+the simulation on their data, the rank outside trains alone). A
 checkpoint after step 7 (save_weights with the optimizer; the tape's
 ``psgd.variables``) restored into a fresh model continues bitwise as the
 uninterrupted run. Refused: ZeRO, staleness, groups, Adasum, a tape given
@@ -71,16 +73,18 @@ def gradients(weights, x, y):
     return [x.T @ d1, d1.sum(0), h1.T @ d2, d2.sum(0), h2.T @ dz, dz.sum(0)]
 
 
-def simulate(rank, start, warm=True, feedback=True, passes=1, seed=0):
-    """The weights after every step of PowerSGD training on all ranks' data,
-    with Keras' SGD rule (it casts the learning rate and momentum from float32)."""
+def simulate(rank, start, warm=True, feedback=True, passes=1, seed=0, members=None):
+    """The weights after every step of PowerSGD training on all ranks' data
+    (or the data of the ranks ``members``), with Keras' SGD rule (it casts the
+    learning rate and momentum from float32)."""
+    members = list(range(n)) if members is None else members
     weights = [w.copy() for w in INIT]
     velocity = [np.zeros_like(w) for w in INIT]
     lr, momentum = float(np.float32(LR)), float(np.float32(MOMENTUM))
-    errors, qs, history = [{} for _ in range(n)], {}, []
+    errors, qs, history = [{} for _ in members], {}, []
     for step in range(STEPS):
         grads = []
-        for k in range(n):
+        for k in members:
             parts = [gradients(weights, part(x, k), part(y, k))
                      for x, y in (batch(step, micro) for micro in range(passes))]
             grads.append([np.sum(gs, 0) for gs in zip(*parts)])
@@ -104,10 +108,11 @@ def fit_step(model, step, passes=1):
         model.train_on_batch(part(x, r), part(y, r))
 
 
-def keras_run(psgd, passes=1):
+def keras_run(psgd, passes=1, process_set=None):
     model = mlp()
     model.compile(optimizer=hvd.DistributedOptimizer(sgd(), compression=psgd,
-                                                     backward_passes_per_step=passes),
+                                                     backward_passes_per_step=passes,
+                                                     process_set=process_set),
                   loss=LOSS, jit_compile=False)
     return model, lambda step: fit_step(model, step, passes)
 
@@ -163,6 +168,38 @@ check_against_simulation("tape eager, cold, no feedback, rank 1", tape_run,
 # The simulation is not plain averaging after start_step: the compression is visible.
 if np.abs(simulate(2, STEPS)[-1][0] - simulate(2, 4)[-1][0]).max() < 1e-4:
     fail("PowerSGD's simulation equals plain averaging: the check would not see compression")
+
+# ------------------------------------------------------------ process sets (3 ranks)
+
+
+def check_process_set(members):
+    """The Keras optimizer over a process set: its members match the
+    simulation on their data, bitwise identical; the rank outside trains alone."""
+    ps = hvd.add_process_set(members)
+    member = r in members
+    model, step = keras_run(hvd.Compression.powersgd(**default), process_set=ps)
+    history = simulate(2, 4, members=members) if member \
+        else simulate(2, STEPS, members=[r])  # (alone: plain local steps)
+    worst = 0.0
+    for s in range(STEPS):
+        step(s)
+        got = model.get_weights()
+        worst = max([worst] + [float(np.abs(g - w).max() / np.abs(w).max())
+                               for g, w in zip(got, history[s])])
+        if member:
+            mine = b"".join(a.tobytes() for a in got)
+            if any(x != mine for x in hvd.allgather_object(mine, process_set=ps)):
+                fail(f"process set {members}: members differ bitwise after step {s}")
+    print(f"rank {r}: process set {members}: max relative difference from its simulation "
+          f"{worst:.2e}", flush=True)
+    if worst > TOL:
+        fail(f"process set {members}: rank {r} differs from the simulation by {worst:.2e}")
+    hvd.remove_process_set(ps)
+
+
+if n == 3:
+    check_process_set([0, 2])
+    check_process_set([1, 2])
 
 # ------------------------------------------------------------ checkpoints
 
