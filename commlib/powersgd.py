@@ -33,6 +33,7 @@ restart, then converted by the frontend.
 """
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 from math import prod
 
@@ -88,6 +89,22 @@ class PowerSGD:
                 f"error_feedback={self.error_feedback}, warm_start={self.warm_start}, "
                 f"orthogonalization={self.orthogonalization!r}, epsilon={self.epsilon:g}, "
                 f"seed={self.seed})")
+
+    @classmethod
+    def from_repr(cls, text: str) -> "PowerSGD":
+        """The configuration ``repr(config)`` wrote (as checkpoints record
+        it); ValueError for any other text."""
+        try:
+            node = ast.parse(text, mode="eval").body
+            ok = (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id == "PowerSGD" and not node.args)
+            config = cls(**{k.arg: ast.literal_eval(k.value) for k in node.keywords}) if ok \
+                else None
+        except (SyntaxError, ValueError, TypeError):
+            config = None
+        if config is None or repr(config) != text:
+            raise ValueError(f"not a PowerSGD configuration: {text!r}")
+        return config
 
     # Not a per-tensor compressor: refuse the per-tensor compression interface.
     def compress(self, tensor):

@@ -9,9 +9,9 @@ backward_passes_per_step=2; the tape in a tf.function and eagerly with a
 cold start (the random Q seeded by the step) and no error feedback; at 3
 ranks, the optimizer over the process sets {0, 2} and {1, 2} (members match
 the simulation on their data, the rank outside trains alone). A
-checkpoint after step 7 (save_weights with the optimizer; the tape's
-``psgd.variables``) restored into a fresh model continues bitwise as the
-uninterrupted run. Refused: ZeRO, staleness, groups, Adasum, a tape given
+checkpoint after step 7 (save_weights with the optimizer, model.save read
+back by hvd.load_model; the tape's ``psgd.variables``) restored into a fresh
+model continues bitwise as the uninterrupted run. Refused: ZeRO, staleness, groups, Adasum, a tape given
 the class, sparse gradients, different ranks across ranks. Given a trace
 path, it also counts a step's bytes (tf_powersgd_bytes.py)."""
 import os
@@ -25,6 +25,7 @@ from powersgd_reference import exchange
 from tf_common import done, expect_raises, fail, hvd, same_on_all_ranks
 
 from commlib import CollectiveMismatchError
+from commlib.tensorflow.keras import load_model
 
 r, n = hvd.rank(), hvd.size()
 B, STEPS, LR, MOMENTUM, TOL = 8, 20, 0.1, 0.9, 1e-9
@@ -218,6 +219,7 @@ for s in range(7):
     step(s)
 path = os.path.join(tmp, "ckpt.weights.h5")
 model.save_weights(path)
+model.save(os.path.join(tmp, "model.keras"))
 model, step = keras_run(hvd.Compression.powersgd(**default))
 model.set_weights([w * 0 for w in INIT])
 model.optimizer.build(model.trainable_variables)
@@ -225,6 +227,15 @@ model.load_weights(path)
 for s in range(7, STEPS):
     step(s)
 same_as(model, whole_keras, "optimizer checkpoint")
+# hvd.load_model: the PowerSGD optimizer and its state come back from the saved configuration
+model = load_model(os.path.join(tmp, "model.keras"))
+model.compile(optimizer=model.optimizer, loss=LOSS, jit_compile=False)  # (the float64 loss)
+for s in range(7, STEPS):
+    fit_step(model, s)
+same_as(model, whole_keras, "load_model")
+expect_raises(ValueError, lambda: load_model(os.path.join(tmp, "model.keras"),
+                                             compression=hvd.Compression.powersgd(rank=1)),
+              "load_model with another configuration", match="cannot be loaded")
 other, _ = keras_run(hvd.Compression.powersgd(rank=1, start_step=4))
 other.optimizer.build(other.trainable_variables)
 expect_raises(ValueError, lambda: other.load_weights(path), "other configuration",
