@@ -1,6 +1,7 @@
 """The PyTorch examples run under the launcher: training converges (accuracy
 rises) on 2 ranks and on 1, and the synthetic benchmark runs with both
-backends (commlib, and torch DDP over gloo started by commlibrun)."""
+backends (commlib, and torch DDP over gloo started by commlibrun); powersgd_links.py
+measures its modes and counts their bytes."""
 import re
 import socket
 from pathlib import Path
@@ -51,6 +52,24 @@ def test_synthetic_benchmark_powersgd(ranks):
         pytest.fail(run.describe(), pytrace=False)
     assert "compression: powersgd:2" in run.stdout, run
     assert re.search(r"Total samples/s on 2 rank\(s\): \d", run.stdout), run
+
+
+@pytest.mark.timeout(150)
+def test_powersgd_links_measures_and_counts_bytes(ranks, tmp_path):
+    import json
+
+    out = tmp_path / "links.json"
+    run = ranks(2, str(EXAMPLES / "powersgd_links.py"), "--model", "small-mlp", "--modes",
+                "sync,powersgd2,diloco", "--period", "2", "--turns", "2", "--batch-size", "4",
+                "--out", str(out), timeout=120)
+    if run.returncode != 0:
+        pytest.fail(run.describe(), pytrace=False)
+    modes = json.loads(out.read_text())["modes"]
+    sent = {m: v["bytes_per_step"] for m, v in modes.items()}
+    # (the small MLP has 288 612 parameters)
+    assert sent["sync"] >= 4 * 288_612 and sent["sync"] >= 20 * sent["powersgd2"], sent
+    assert sent["diloco"] == pytest.approx(sent["sync"] / 2, rel=0.05), sent  # a meeting per 2
+    assert all(len(v["loss"]) == len(v["seconds"]) == 4 for v in modes.values()), modes
 
 
 @pytest.mark.parametrize("value", ["powersgd", "powersgd:0", "fp32"])

@@ -56,6 +56,17 @@ def test_bad_arguments(kwargs, match):
         PowerSGD(**kwargs)
 
 
+def test_configuration_round_trips_through_its_repr():
+    # (hvd.load_model rebuilds the saved configuration from the repr a checkpoint records)
+    config = PowerSGD(rank=3, start_step=0, min_compression_rate=2.5, error_feedback=False,
+                      warm_start=False, epsilon=1e-6, seed=4)
+    assert repr(PowerSGD.from_repr(repr(config))) == repr(config)
+    for text in ["PowerSGD(rank=2)", "PowerSGD(rank=0" + repr(config)[14:], "print(1)",
+                 repr(config).replace("seed=4", "seed=4, extra=1"), "PowerSGD("]:
+        with pytest.raises(ValueError, match="not a PowerSGD configuration"):
+            PowerSGD.from_repr(text)
+
+
 def test_not_a_per_tensor_compressor():
     with pytest.raises(TypeError, match="DistributedOptimizer"):
         PowerSGD().compress(np.zeros(3))

@@ -28,6 +28,7 @@ used (Keras enables it automatically only on GPUs).
 from __future__ import annotations
 
 import functools
+import warnings
 
 import keras
 import tensorflow as tf
@@ -272,12 +273,29 @@ def reducescatter(value, name=None, op=Average, process_set=global_process_set):
 def load_model(filepath, custom_optimizers=None, custom_objects=None,
                compression=Compression.none):
     """keras.models.load_model, with the model's optimizer (and its restored
-    state) wrapped in DistributedOptimizer."""
+    state) wrapped in DistributedOptimizer. A ``.keras`` file saved with
+    ``compression=Compression.powersgd(...)`` comes back with it, its
+    configuration and state (error buffers, Q, exchange step) restored:
+    ``compression`` left as none takes the saved configuration; another
+    PowerSGD configuration raises ValueError; another compressor keeps the
+    wrapped optimizer's state and drops PowerSGD's (a warning)."""
+    from .powersgd import load_saved_state, saved_config, saved_state
+
     objects = dict(custom_objects or {})
     for cls in custom_optimizers or []:
         objects.setdefault(cls.__name__, cls)
-    model = keras.models.load_model(filepath, custom_objects=objects or None)
+    state = saved_state(filepath)
+    with warnings.catch_warnings():
+        if state is not None:  # (the plain optimizer skips the state; loaded below)
+            warnings.filterwarnings("ignore", "Skipping variable loading for optimizer")
+        model = keras.models.load_model(filepath, custom_objects=objects or None)
     opt = getattr(model, "optimizer", None)
     if opt is not None and not isinstance(opt, _DistributedOptimizerMixin):
+        if state is not None and compression is Compression.none:
+            compression = saved_config(state)
         model.optimizer = DistributedOptimizer(opt, compression=compression)
+        if state is not None:
+            if not model.optimizer.built:
+                model.optimizer.build(model.trainable_variables)
+            load_saved_state(model.optimizer, state)
     return model

@@ -11,8 +11,12 @@ the optimizer is built. Keras checkpoints carry it: ``model.save`` /
 ``save_weights`` store it after the wrapped optimizer's variables (keys
 ``commlib_powersgd_<i>``) and ``load_weights`` into a built PowerSGD
 optimizer restores it, so a restart continues exactly; ``elastic.KerasState``
-commits it. A plain optimizer does not load such a checkpoint's optimizer
-state (Keras skips it: the variable counts differ).
+commits it. ``hvd.load_model`` of a ``.keras`` file saved so rebuilds the
+PowerSGD optimizer from the saved configuration and restores all of it
+(given another PowerSGD configuration it raises ValueError; given another
+compressor it keeps the wrapped optimizer's state only, with a warning). A
+plain optimizer does not load such a checkpoint's optimizer state (Keras
+skips it: the variable counts differ).
 """
 from __future__ import annotations
 
@@ -78,6 +82,46 @@ class PowerSGDOptimizerMixin(DistributedOptimizerMixin):
                              f"model (shapes {[tuple(v.shape) for v in state]})")
         for v, a in zip(state, saved):
             v.assign(a)
+
+
+def saved_state(filepath):
+    """The optimizer variables (key -> array) of a ``.keras`` file whose
+    optimizer was saved with PowerSGD's state, else None."""
+    import io
+    import zipfile
+
+    if not zipfile.is_zipfile(filepath):
+        return None
+    with zipfile.ZipFile(filepath) as archive:
+        if "model.weights.h5" not in archive.namelist():
+            return None
+        data = archive.read("model.weights.h5")
+    import h5py
+
+    with h5py.File(io.BytesIO(data), "r") as f:
+        group = f.get("optimizer/vars")
+        if group is None or CONFIG_KEY not in group:
+            return None
+        return {k: np.asarray(group[k]) for k in group.keys()}
+
+
+def saved_config(state):
+    """The PowerSGD configuration ``saved_state``'s result was saved with."""
+    from commlib.powersgd import PowerSGD
+
+    return PowerSGD.from_repr(bytes(np.asarray(state[CONFIG_KEY], np.uint8)).decode())
+
+
+def load_saved_state(optimizer, state) -> None:
+    """Loads ``saved_state``'s result into a built DistributedOptimizer: all
+    of it into a PowerSGD one (ValueError for another configuration); into
+    another, the wrapped optimizer's part (PowerSGD's state is dropped, with a
+    warning)."""
+    if not isinstance(optimizer, PowerSGDOptimizerMixin):
+        warnings.warn(f"optimizer {optimizer.name!r}: the model was saved with PowerSGD "
+                      f"({saved_config(state)!r}); its state is dropped", stacklevel=3)
+        state = {k: v for k, v in state.items() if not k.startswith(KEY_PREFIX)}
+    optimizer.load_own_variables(state)
 
 
 def powersgd_allreduce(compression, op, gradient_predivide_factor, process_set, sparse_as_dense,

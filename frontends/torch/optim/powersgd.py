@@ -65,6 +65,24 @@ class TorchOps:
     norm = staticmethod(torch.linalg.vector_norm)
     maximum = staticmethod(torch.clamp_min)
 
+    @staticmethod
+    def add_error(m, error):
+        # m is this step's gradient (a view of p.grad or a float32 copy):
+        # _wait_all overwrites p.grad with the result anyway
+        return m.add_(error)
+
+    @staticmethod
+    def residual(m, p, q, old_error, feedback):
+        # error = M - P Q^T into last step's error buffer, then P Q^T over M
+        # (no longer needed): no per-step allocation of gradient-sized tensors
+        qt = q.t()
+        error = None
+        if feedback:
+            reuse = old_error is not None and old_error.shape == m.shape \
+                and old_error.dtype == m.dtype and old_error.device == m.device
+            error = torch.addmm(m, p, qt, alpha=-1, out=old_error if reuse else None)
+        return torch.mm(p, qt, out=m), error
+
     def allreduce(self, tensors, name):
         bufs = [t.contiguous() for t in tensors]
         pre, post = self.scales
@@ -99,7 +117,7 @@ class PowerSGDOptimizer(DistributedOptimizerBase):
         names = [self._parameter_names[p] for p in params]
         out = self._powersgd.reduce({n: p.grad for n, p in zip(names, params)})
         for n, p in zip(names, params):
-            if out[n] is not p.grad:
+            if out[n].data_ptr() != p.grad.data_ptr():  # (not written in place)
                 p.grad.copy_(out[n])
 
     def state_dict(self):
@@ -115,7 +133,8 @@ class PowerSGDOptimizer(DistributedOptimizerBase):
             devices = {self._parameter_names[p]: p.device for p in self._params}
             powersgd = dict(powersgd)
             for key in ("errors", "qs"):
-                powersgd[key] = {n: t.to(devices[n]) for n, t in powersgd[key].items()}
+                # (copies: the error buffers are updated in place)
+                powersgd[key] = {n: t.to(devices[n], copy=True) for n, t in powersgd[key].items()}
         super().load_state_dict(state_dict)
         if powersgd is not None:
             self._powersgd.load_state_dict(powersgd)

@@ -6,10 +6,12 @@ process from every rank's data, the rule, Keras' SGD) within 1e-9, and the repli
 bitwise identical after every step. Variants: the optimizer in
 train_on_batch (a traced step: the start is a tf.cond) and with
 backward_passes_per_step=2; the tape in a tf.function and eagerly with a
-cold start (the random Q seeded by the step) and no error feedback. A
-checkpoint after step 7 (save_weights with the optimizer; the tape's
-``psgd.variables``) restored into a fresh model continues bitwise as the
-uninterrupted run. Refused: ZeRO, staleness, groups, Adasum, a tape given
+cold start (the random Q seeded by the step) and no error feedback; at 3
+ranks, the optimizer over the process sets {0, 2} and {1, 2} (members match
+the simulation on their data, the rank outside trains alone). A
+checkpoint after step 7 (save_weights with the optimizer, model.save read
+back by hvd.load_model; the tape's ``psgd.variables``) restored into a fresh
+model continues bitwise as the uninterrupted run. Refused: ZeRO, staleness, groups, Adasum, a tape given
 the class, sparse gradients, different ranks across ranks. Given a trace
 path, it also counts a step's bytes (tf_powersgd_bytes.py)."""
 import os
@@ -23,6 +25,7 @@ from powersgd_reference import exchange
 from tf_common import done, expect_raises, fail, hvd, same_on_all_ranks
 
 from commlib import CollectiveMismatchError
+from commlib.tensorflow.keras import load_model
 
 r, n = hvd.rank(), hvd.size()
 B, STEPS, LR, MOMENTUM, TOL = 8, 20, 0.1, 0.9, 1e-9
@@ -71,16 +74,18 @@ def gradients(weights, x, y):
     return [x.T @ d1, d1.sum(0), h1.T @ d2, d2.sum(0), h2.T @ dz, dz.sum(0)]
 
 
-def simulate(rank, start, warm=True, feedback=True, passes=1, seed=0):
-    """The weights after every step of PowerSGD training on all ranks' data,
-    with Keras' SGD rule (it casts the learning rate and momentum from float32)."""
+def simulate(rank, start, warm=True, feedback=True, passes=1, seed=0, members=None):
+    """The weights after every step of PowerSGD training on all ranks' data
+    (or the data of the ranks ``members``), with Keras' SGD rule (it casts the
+    learning rate and momentum from float32)."""
+    members = list(range(n)) if members is None else members
     weights = [w.copy() for w in INIT]
     velocity = [np.zeros_like(w) for w in INIT]
     lr, momentum = float(np.float32(LR)), float(np.float32(MOMENTUM))
-    errors, qs, history = [{} for _ in range(n)], {}, []
+    errors, qs, history = [{} for _ in members], {}, []
     for step in range(STEPS):
         grads = []
-        for k in range(n):
+        for k in members:
             parts = [gradients(weights, part(x, k), part(y, k))
                      for x, y in (batch(step, micro) for micro in range(passes))]
             grads.append([np.sum(gs, 0) for gs in zip(*parts)])
@@ -104,10 +109,11 @@ def fit_step(model, step, passes=1):
         model.train_on_batch(part(x, r), part(y, r))
 
 
-def keras_run(psgd, passes=1):
+def keras_run(psgd, passes=1, process_set=None):
     model = mlp()
     model.compile(optimizer=hvd.DistributedOptimizer(sgd(), compression=psgd,
-                                                     backward_passes_per_step=passes),
+                                                     backward_passes_per_step=passes,
+                                                     process_set=process_set),
                   loss=LOSS, jit_compile=False)
     return model, lambda step: fit_step(model, step, passes)
 
@@ -164,6 +170,38 @@ check_against_simulation("tape eager, cold, no feedback, rank 1", tape_run,
 if np.abs(simulate(2, STEPS)[-1][0] - simulate(2, 4)[-1][0]).max() < 1e-4:
     fail("PowerSGD's simulation equals plain averaging: the check would not see compression")
 
+# ------------------------------------------------------------ process sets (3 ranks)
+
+
+def check_process_set(members):
+    """The Keras optimizer over a process set: its members match the
+    simulation on their data, bitwise identical; the rank outside trains alone."""
+    ps = hvd.add_process_set(members)
+    member = r in members
+    model, step = keras_run(hvd.Compression.powersgd(**default), process_set=ps)
+    history = simulate(2, 4, members=members) if member \
+        else simulate(2, STEPS, members=[r])  # (alone: plain local steps)
+    worst = 0.0
+    for s in range(STEPS):
+        step(s)
+        got = model.get_weights()
+        worst = max([worst] + [float(np.abs(g - w).max() / np.abs(w).max())
+                               for g, w in zip(got, history[s])])
+        if member:
+            mine = b"".join(a.tobytes() for a in got)
+            if any(x != mine for x in hvd.allgather_object(mine, process_set=ps)):
+                fail(f"process set {members}: members differ bitwise after step {s}")
+    print(f"rank {r}: process set {members}: max relative difference from its simulation "
+          f"{worst:.2e}", flush=True)
+    if worst > TOL:
+        fail(f"process set {members}: rank {r} differs from the simulation by {worst:.2e}")
+    hvd.remove_process_set(ps)
+
+
+if n == 3:
+    check_process_set([0, 2])
+    check_process_set([1, 2])
+
 # ------------------------------------------------------------ checkpoints
 
 
@@ -181,6 +219,7 @@ for s in range(7):
     step(s)
 path = os.path.join(tmp, "ckpt.weights.h5")
 model.save_weights(path)
+model.save(os.path.join(tmp, "model.keras"))
 model, step = keras_run(hvd.Compression.powersgd(**default))
 model.set_weights([w * 0 for w in INIT])
 model.optimizer.build(model.trainable_variables)
@@ -188,6 +227,15 @@ model.load_weights(path)
 for s in range(7, STEPS):
     step(s)
 same_as(model, whole_keras, "optimizer checkpoint")
+# hvd.load_model: the PowerSGD optimizer and its state come back from the saved configuration
+model = load_model(os.path.join(tmp, "model.keras"))
+model.compile(optimizer=model.optimizer, loss=LOSS, jit_compile=False)  # (the float64 loss)
+for s in range(7, STEPS):
+    fit_step(model, s)
+same_as(model, whole_keras, "load_model")
+expect_raises(ValueError, lambda: load_model(os.path.join(tmp, "model.keras"),
+                                             compression=hvd.Compression.powersgd(rank=1)),
+              "load_model with another configuration", match="cannot be loaded")
 other, _ = keras_run(hvd.Compression.powersgd(rank=1, start_step=4))
 other.optimizer.build(other.trainable_variables)
 expect_raises(ValueError, lambda: other.load_weights(path), "other configuration",

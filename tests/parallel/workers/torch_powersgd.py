@@ -4,9 +4,12 @@ float64 simulation of PowerSGD written here independently (every rank's
 gradients computed in this process from every rank's data) within 1e-9, and
 the replicas are bitwise identical after every step (float64 models, so that
 only the order of the sums differs); variants: cold start without error
-feedback, backward_passes_per_step=2, op=Sum. A float32 checkpoint at step 7
+feedback, backward_passes_per_step=2, op=Sum; at 3 ranks, process sets {0, 2}
+and {1, 2} (members match the simulation on their data, the rank outside
+trains alone). A float32 checkpoint at step 7
 restored into a fresh model and optimizer continues bitwise as the
-uninterrupted run; a bfloat16 model trains with identical replicas.
+uninterrupted run; a bfloat16 model trains with identical replicas; the error
+buffers are reused from step to step (no new allocations).
 Refused: staleness, zero_stage, groups, sparse gradients, PowerSGD on a
 single collective, different ranks across ranks."""
 import io
@@ -50,18 +53,21 @@ def part(t, k):
 # ------------------------------------------------------------ the simulation
 
 
-def simulate(rank, start, steps, warm=True, feedback=True, passes=1, total=False, seed=0):
+def simulate(rank, start, steps, warm=True, feedback=True, passes=1, total=False, seed=0,
+             members=None):
     """Parameters (float64 numpy, by name) after every step of PowerSGD
-    training on all ranks' data, computed in this one process."""
+    training on the data of all ranks (or of the ranks ``members``), computed
+    in this one process."""
+    members = list(range(n)) if members is None else members
     model = mlp().double()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     names = sorted(name for name, _ in model.named_parameters())
-    errors = [{} for _ in range(n)]
+    errors = [{} for _ in members]
     qs = {}
     history = []
     for step in range(steps):
         grads = []
-        for k in range(n):
+        for k in members:
             model.zero_grad()
             for micro in range(passes):
                 x, y = batch(step, micro)
@@ -131,11 +137,57 @@ check_against_simulation("cold, no feedback, rank 1",
 check_against_simulation("2 passes per step", default, {}, passes=2)
 check_against_simulation("op=Sum", default, {"total": True}, op=hvd.Sum)
 
+# No per-step allocation of gradient-sized tensors: the error buffers are
+# written in place once compression runs.
+model, opt = make(hvd.Compression.powersgd(rank=2, start_step=1))
+train(model, opt, 2, "in place")
+buffers = {n: t.data_ptr() for n, t in opt._powersgd.errors.items()}
+train(model, opt, 4, "in place", first=2)
+moved = sorted(n for n, t in opt._powersgd.errors.items() if t.data_ptr() != buffers[n])
+if moved:
+    fail(f"PowerSGD allocated new error buffers after its first compressed step: {moved}")
+
 # The simulation is not plain averaging after start_step: the compression is visible.
 plain = simulate(2, STEPS, STEPS)[-1]
 compressed = simulate(2, 4, STEPS)[-1]
 if np.abs(plain["0.weight"] - compressed["0.weight"]).max() < 1e-4:
     fail("PowerSGD's simulation equals plain averaging: the check would not see compression")
+
+# ------------------------------------------------------------ process sets (3 ranks)
+
+
+def check_process_set(members):
+    """PowerSGD over a process set: its members match the simulation on
+    their data and stay bitwise identical; the rank outside trains alone."""
+    ps = hvd.add_process_set(members)
+    member = r in members
+    model, opt = make(hvd.Compression.powersgd(**default), dtype=torch.float64, process_set=ps)
+    history = simulate(2, 4, STEPS, members=members) if member \
+        else simulate(2, STEPS, STEPS, members=[r])  # (alone: plain local steps)
+    worst = 0.0
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, y = batch(step)
+        F.cross_entropy(model(part(x, r).double()), part(y, r)).backward()
+        opt.step()
+        for name, p in model.named_parameters():
+            want = history[step][name]
+            worst = max(worst, np.abs(p.detach().numpy() - want).max() / np.abs(want).max())
+        if member:
+            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            every = hvd.allgather(flat.unsqueeze(0), name=f"same.set.{step}", process_set=ps)
+            if not all(torch.equal(row, flat) for row in every):
+                fail(f"process set {members}: members differ bitwise after step {step}")
+    print(f"rank {r}: process set {members}: max relative difference from its simulation "
+          f"{worst:.2e}", flush=True)
+    if worst > 1e-9:
+        fail(f"process set {members}: rank {r} differs from the simulation by {worst:.2e}")
+    hvd.remove_process_set(ps)
+
+
+if n == 3:
+    check_process_set([0, 2])
+    check_process_set([1, 2])
 
 # ------------------------------------------------------------ checkpoint (float32)
 
