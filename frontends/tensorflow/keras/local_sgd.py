@@ -142,13 +142,14 @@ def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, pro
     step the wrapped optimizer steps on local gradients; after every
     ``period``-th step (after ``warmup_steps`` synchronous steps) the ranks
     average ``model.trainable_variables``, or with ``outer_optimizer``
-    (DiLoCo) every rank restarts from the anchor with gradient ``anchor -
-    average`` and steps the outer optimizer. ``average_buffers=True`` also
-    averages the non-trainable float variables of layers that are not frozen
-    (BatchNormalization's moving statistics). ``streaming=True`` overlaps
-    each meeting with the next round (one round stale). ``synchronize()``
-    holds a meeting now. For elastic training, ``KerasState`` also keeps its
-    counters, DiLoCo's anchor and the outer optimizer's variables."""
+    (DiLoCo) every rank restarts from the anchor with gradient
+    ``anchor - average`` and steps the outer optimizer.
+    ``average_buffers=True`` also averages the non-trainable float variables
+    of layers that are not frozen (BatchNormalization's moving statistics).
+    ``streaming=True`` overlaps each meeting with the next round (one round
+    stale). ``synchronize()`` holds a meeting now. For elastic training,
+    ``KerasState`` also keeps its counters, DiLoCo's anchor and the outer
+    optimizer's variables."""
     from .optimizer_base import DistributedOptimizerMixin, check_backend
 
     check_backend()
