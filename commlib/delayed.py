@@ -50,6 +50,14 @@ def check_staleness(staleness, allowed=(1,), refused=None) -> None:
         raise ValueError(f"staleness=1 cannot be combined with {', '.join(bad)}")
 
 
+def check_weight_prediction(weight_prediction, staleness) -> None:
+    """ValueError unless ``weight_prediction`` is True or False, True only with staleness=1."""
+    if not isinstance(weight_prediction, bool):
+        raise ValueError(f"weight_prediction must be True or False, got {weight_prediction!r}")
+    if weight_prediction and staleness == 0:
+        raise ValueError("weight_prediction=True needs staleness=1")
+
+
 def check_op(op, what: str) -> None:
     """ValueError unless ``op`` is Average or Sum (what a delay averages with)."""
     if op not in (Average, Sum):

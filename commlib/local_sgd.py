@@ -59,6 +59,18 @@ def _flag(value, what: str) -> bool:
     return value
 
 
+def check_wrapped(optimizer, model, outer, optimizer_type, model_type, error) -> None:
+    """``error`` (the frontend's kind: TypeError in torch, ValueError in
+    Keras) unless ``optimizer`` and ``outer`` (or None) are ``optimizer_type``s
+    and ``model`` a ``model_type`` (each a (class, name for the message) pair)."""
+    checks = [(optimizer, optimizer_type, "LocalSGD wraps"), (model, model_type, "model must be")]
+    if outer is not None:
+        checks.append((outer, optimizer_type, "outer_optimizer must be"))
+    for value, (kind, name), what in checks:
+        if not isinstance(value, kind):
+            raise error(f"{what} a {name}, got {type(value).__name__}")
+
+
 def _python_when(pred, fn) -> None:
     if pred:
         fn()

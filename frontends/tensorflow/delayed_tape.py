@@ -1,18 +1,28 @@
-"""One-step delayed averaging with ``DistributedGradientTape(...,
-staleness=1)``: a tape lives for one step, but the average started at step t
-is applied at step t+1, so the pending average lives in a
-``DelayedGradients`` (the rule is commlib.delayed's; see its docstring).
+"""One-step delayed averaging in TensorFlow (the rule is commlib.delayed's):
+``DelayedGradients``, the average in flight between the steps of a
+``DistributedGradientTape(..., staleness=1)`` (a tape lives for one step) and
+of the Keras ``DistributedOptimizer(..., staleness=1)``.
+
+Its swap is one ordered commlib op (eagerly, or a numpy_function inside
+tf.function): it waits for the pending average and starts averaging this
+step's gradients, read in place by the core's background thread while
+TensorFlow goes on. The averages live in reused aligned buffers (buffers.py),
+two sets in turn: a set is reused only once nothing holds it, so an average a
+caller keeps is never overwritten.
 """
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
-from commlib.delayed import GradientLayout, check_op, check_tape_options
+from commlib.delayed import DelayedArrays, GradientLayout, check_op
 from commlib.ops import Average
+from commlib.process_sets import check_process_set, communicates, instance_name
 from commlib.reduce_args import predivide_scales, resolve_op
 
+from .buffers import OutputPool
 from .compression import Compression
-from .delayed import DelayedExchange
+from .execution import check_dtype, execute
 
 
 class DelayedGradients:
@@ -58,35 +68,54 @@ class DelayedGradients:
     def __init__(self, op=Average, gradient_predivide_factor=1.0, process_set=None):
         op = resolve_op(op)
         check_op(op, "staleness=1")
-        pre, post = predivide_scales(op, gradient_predivide_factor)
-        self._exchange = DelayedExchange(op, pre, post, process_set)
-        self.process_set = self._exchange.process_set
+        self.process_set = check_process_set(process_set, member=False)
+        pool = OutputPool(layouts=1, per_layout=2)  # (pending, lent out: a set each)
+        self._arrays = DelayedArrays(
+            instance_name("delayed", self.process_set), pool.take, op,
+            predivide_scales(op, gradient_predivide_factor), self.process_set,
+            communicates(self.process_set))
         self._layout = GradientLayout()
         self._has_average = None  # of the last swap: a bool, or a bool tensor in a graph
-        self._averages = None
+        self._decompress = (Compression.none, [])  # (of the last swap: compression, ctxs)
 
     @property
     def pending(self) -> bool:
         """Whether an average is in flight (started, not applied yet)."""
-        return self._exchange.pending
+        return self._arrays.pending
 
     def drop(self) -> None:
         """Forgets a pending average once it has ended (the weights were replaced)."""
-        self._exchange.drop()
+        self._arrays.drop()
 
     def swap(self, grads, compression=Compression.none):
         """Starts averaging ``grads`` and returns ``(has_average, averages)``:
-        the previous step's average (see the module's docstring); with
-        ``compression`` the gradients travel in its wire dtype."""
+        the previous step's average; with ``compression`` (Compression.fp16)
+        the gradients travel and wait in its wire dtype."""
         grads = list(grads)
         at = self._layout.present(grads)
-        have, averages = self._exchange.swap_op([tf.convert_to_tensor(grads[i]) for i in at],
-                                                compression)
-        if tf.executing_eagerly():
-            have = bool(have)
-        out = self._layout.scatter(averages if have is not False else [])
-        self._has_average, self._averages = have, out
-        return have, out
+        packed = [compression.compress(tf.convert_to_tensor(grads[i])) for i in at]
+        tensors = [t for t, _ in packed]
+        for t in tensors:
+            check_dtype(t.dtype, "DistributedOptimizer(staleness=1) gradients")
+        self._decompress = (compression, [ctx for _, ctx in packed])
+
+        def fn(_cname, *arrays):
+            have, prev = self._arrays.swap(list(arrays))
+            return [np.array(have)] + (prev if have else [np.zeros_like(a) for a in arrays])
+
+        outs = execute(fn, tensors, [tf.bool] + [t.dtype for t in tensors],
+                       "CommlibDelayedSwap", process_set=self.process_set)
+        for o, t in zip(outs, [()] + [t.shape for t in tensors]):
+            o.set_shape(t)
+        have = bool(outs[0]) if tf.executing_eagerly() else outs[0]
+        self._has_average = have
+        return have, self._averages(outs[1:] if have is not False else [])
+
+    def _averages(self, values) -> list:
+        """``values`` back in their dtypes, where the last swap's gradients were."""
+        compression, ctxs = self._decompress
+        return self._layout.scatter([compression.decompress(tf.convert_to_tensor(v), c)
+                                     for v, c in zip(values, ctxs)])
 
     def finish(self):
         """Eagerly: waits for the pending average: ``(True, averages)`` (None
@@ -94,8 +123,8 @@ class DelayedGradients:
         if not tf.executing_eagerly():
             raise RuntimeError("DelayedGradients.synchronize() runs eagerly (call it outside "
                                "tf.function, after the training loop)")
-        have, averages = self._exchange.finish_tensors()
-        return (True, self._layout.scatter(averages)) if have else (False, None)
+        have, arrays = self._arrays.finish()
+        return (True, self._averages(arrays)) if have else (False, None)
 
     def apply_gradients(self, optimizer, grads_and_vars):
         """``optimizer.apply_gradients(grads_and_vars)`` when the last
@@ -135,12 +164,6 @@ def build_outside_cond(optimizer, variables):
     with keras.name_scope(optimizer.name, caller=optimizer):
         optimizer.build(variables)
     optimizer.built = True
-
-
-def check_tape_staleness(staleness, delayed, groups):
-    """ValueError for a staleness/delayed combination DistributedGradientTape
-    does not take."""
-    check_tape_options(staleness, delayed, groups, DelayedGradients)
 
 
 class DelayedTapeMixin:

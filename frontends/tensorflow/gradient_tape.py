@@ -23,6 +23,7 @@ import functools
 import tensorflow as tf
 
 import commlib
+from commlib.delayed import check_tape_options
 from commlib.grouping import group_indices, resolve_groups
 from commlib.ops import Average
 from commlib.process_sets import check_process_set, included, set_size
@@ -31,7 +32,7 @@ from commlib.reduce_args import predivide_scales, resolve_op
 from . import mpi_ops
 from .compression import Compression
 from .variables import var_key  # noqa: F401 (commlib.tensorflow uses it from here)
-from .delayed_tape import DelayedTapeMixin, check_tape_staleness
+from .delayed_tape import DelayedGradients, DelayedTapeMixin
 from .execution import check_dtype
 from .powersgd import as_config as as_powersgd
 from .powersgd_exchange import tape_reducer
@@ -153,10 +154,10 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     staleness=1 with ``delayed=DelayedGradients(...)`` (created once, before
     the training loop; it takes op, predivide factor and process set):
     gradient() starts averaging this step's gradients and returns the
-    previous step's average (see delayed_tape.py).
+    previous step's average (see DelayedGradients).
     """
     groups = resolve_groups(num_groups, groups)
-    check_tape_staleness(staleness, delayed, groups)
+    check_tape_options(staleness, delayed, groups, DelayedGradients)
     mixin = DelayedTapeMixin if staleness else _DistributedGradientTapeMixin
     cls = _tape_class(type(gradtape), mixin)
     tape = cls.__new__(cls)

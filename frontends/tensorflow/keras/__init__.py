@@ -36,6 +36,8 @@ import tensorflow as tf
 from commlib.basics import (cross_rank, cross_size, init, is_homogeneous,  # noqa: F401
                             is_initialized, local_rank, local_size, mpi_threads_supported, rank,
                             shutdown, size)
+from commlib.delayed import check_staleness as _check_staleness
+from commlib.delayed import check_weight_prediction as _check_weight_prediction
 from commlib.errors import (CollectiveMismatchError, CommlibError,  # noqa: F401
                             NotInitializedError, RankLostError)
 from commlib.grouping import resolve_groups
@@ -105,7 +107,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     (slots, iterations) is copied.
     staleness: 0 (synchronous) or 1: one-step delayed averaging, each step
     applies the previous step's average while this one's travels (see
-    commlib.tensorflow.keras.delayed; ``synchronize()`` applies the last one).
+    "Details and limits" below; ``synchronize()`` applies the last one).
     weight_prediction: with staleness=1, compute the gradients at the
     predicted weights w + (w - w_prev) that they will be applied to (opt-in;
     see commlib.tensorflow.keras.weight_prediction).
@@ -123,12 +125,16 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
       restores it.
     - staleness=1: step t starts averaging its gradients and applies step
       t-1's average (step 0 applies nothing); ``opt.synchronize()`` applies
-      the pending one; compression applies; with backward_passes_per_step=k
-      every k-th step swaps the aggregate for the previous one's average.
-      Not with groups or local_layers, nor weight_prediction with
-      backward_passes_per_step > 1. A rank lost while an average is in
-      flight makes the next step raise RankLostError (also a
-      tf.errors.AbortedError).
+      the pending one (eagerly: after fit(), before evaluating or saving).
+      Compression.fp16 gradients travel and wait as float16. With
+      backward_passes_per_step=k every k-th step swaps the aggregate for the
+      previous one's average (the other steps only count in ``iterations``;
+      the first k-th step applies nothing). IndexedSlices are averaged
+      dense; the variables with a gradient must be the same at every step
+      and on every rank. Not with groups or local_layers, nor
+      weight_prediction with backward_passes_per_step > 1. A rank lost while
+      an average is in flight makes the next step raise RankLostError (also
+      a tf.errors.AbortedError).
     - zero_stage=1|2: element-wise optimizers only (Lamb, Adafactor, Muon
       are refused); not with clipnorm/global_clipnorm, EMA,
       gradient_accumulation_steps, backward_passes_per_step, staleness,
@@ -167,14 +173,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         device_dense, device_sparse, compression, sparse_as_dense, op, gradient_predivide_factor,
         groups, process_set, name=name_)
     if staleness != 0:
-        from .delayed import check_staleness_options
-
-        check_staleness_options(staleness, backward_passes_per_step, groups, local_layers,
-                                weight_prediction)
-    if not isinstance(weight_prediction, bool):
-        raise ValueError(f"weight_prediction must be True or False, got {weight_prediction!r}")
-    if weight_prediction and staleness == 0:
-        raise ValueError("weight_prediction=True needs staleness=1")
+        _check_staleness(staleness, refused={
+            "groups": groups is not None, "local_layers": bool(local_layers),
+            "weight_prediction with backward_passes_per_step > 1":
+                weight_prediction is True and int(backward_passes_per_step) > 1})
+    _check_weight_prediction(weight_prediction, staleness)
     if zero_stage != 0:
         from .zero import check_zero_options
 

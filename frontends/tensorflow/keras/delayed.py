@@ -1,27 +1,10 @@
-"""The Keras ``DistributedOptimizer(..., staleness=1)``: one-step delayed
-gradient averaging.
-
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), staleness=1)
-    model.compile(optimizer=opt, loss="mse")
-    model.fit(x, y, ...)
-    opt.synchronize()      # applies the last pending average
-
-The rule is commlib.delayed's. ``weight_prediction=True``: see
-commlib.tensorflow.keras.weight_prediction. ``compression=Compression.fp16``:
-the gradients travel (and wait for the next step) as float16.
-``backward_passes_per_step=k``: the gradients of k steps are summed locally
-(averaged with average_aggregated_gradients) and every k-th step swaps that
-aggregate for the previous one's average; the other steps only count in
-``iterations``, and the first k-th step applies nothing. IndexedSlices
-gradients are averaged as dense tensors. The variables with a gradient must
-be the same at every step (and on every rank). Not combined with groups or
-local_layers, nor weight_prediction with backward_passes_per_step > 1.
-"""
+"""The Keras ``DistributedOptimizer(..., staleness=1)`` (documented there):
+commlib.delayed's rule as an optimizer mixin."""
 from __future__ import annotations
 
 import functools
 
-from commlib.delayed import DelayedRule, check_staleness
+from commlib.delayed import DelayedRule
 
 from ..compression import Compression
 from ..delayed_tape import DelayedGradients, build_outside_cond
@@ -80,12 +63,3 @@ class DelayedOptimizerMixin(DistributedOptimizerMixin):
     def pending(self) -> bool:
         """Whether an average is in flight (started, not applied yet)."""
         return self._commlib_rule.pending
-
-
-def check_staleness_options(staleness, backward_passes_per_step, groups, local_layers,
-                            weight_prediction):
-    """ValueError for options DistributedOptimizer(staleness=1) does not take."""
-    check_staleness(staleness, refused={
-        "groups": groups is not None, "local_layers": bool(local_layers),
-        "weight_prediction with backward_passes_per_step > 1":
-            weight_prediction is True and int(backward_passes_per_step) > 1})

@@ -9,7 +9,7 @@ import keras
 import tensorflow as tf
 
 from commlib.delayed import present, scatter
-from commlib.local_sgd import LocalSGDPlan, LocalSGDRun, MeetingOps
+from commlib.local_sgd import LocalSGDPlan, LocalSGDRun, MeetingOps, check_wrapped
 from commlib.ops import Average
 from commlib.process_sets import check_process_set, communicates
 
@@ -81,14 +81,8 @@ class _LocalSGDMixin:
             return grads
         at = present(grads)
         dense = [tf.convert_to_tensor(grads[i]) for i in at]
-
-        def average():
-            return self._commlib_allreduce(dense, [variables[i] for i in at])
-
-        if tf.executing_eagerly():
-            dense = average() if bool(in_warmup) else dense
-        else:
-            dense = tf.cond(in_warmup, average, lambda: dense)
+        dense = tf.cond(in_warmup, lambda: self._commlib_allreduce(
+            dense, [variables[i] for i in at]), lambda: dense)
         return scatter(len(grads), at, dense)
 
     def _commlib_average(self, variables):
@@ -133,9 +127,9 @@ def _buffers(model) -> list:
 def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, process_set=None,
              streaming=False, average_buffers=True):
     """A copy of the Keras ``optimizer`` (an instance of a subclass of its
-    class) that trains locally and meets every ``period`` steps (see
-    commlib.local_sgd); pass it to ``model.compile`` or call its ``apply``
-    in a custom loop. Build it on every rank (of ``process_set``) alike::
+    class) that trains locally and meets every ``period`` steps; pass it to
+    ``model.compile`` or call its ``apply`` in a custom loop. Build it on
+    every rank (of ``process_set``) alike::
 
         inner = keras.optimizers.AdamW(1e-3)
         outer = keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
@@ -144,36 +138,33 @@ def LocalSGD(optimizer, model, period, outer_optimizer=None, warmup_steps=0, pro
         model.fit(x, y, ...)
         opt.synchronize()     # a last meeting if steps were taken since the previous one
 
-    The rule is torch's ``commlib.torch.LocalSGD``: every step the wrapped
-    optimizer steps on local gradients; after every ``period``-th step
-    (after ``warmup_steps`` synchronous steps) the ranks average
-    ``model.trainable_variables``, or with ``outer_optimizer`` (DiLoCo) every
-    rank restarts from the anchor with gradient ``anchor - average`` and
-    steps the outer optimizer. ``average_buffers=True`` also averages the
-    non-trainable float variables of layers that are not frozen
-    (BatchNormalization's moving statistics). ``streaming=True`` overlaps
-    each meeting with the next round (one round stale). ``synchronize()``
-    holds a meeting now. For elastic training, ``KerasState`` also keeps its
-    counters, DiLoCo's anchor and the outer optimizer's variables."""
+    The rule (commlib.local_sgd's, as for ``commlib.torch.LocalSGD``): every
+    step the wrapped optimizer steps on local gradients; after every
+    ``period``-th step (after ``warmup_steps`` synchronous steps) the ranks
+    average ``model.trainable_variables``, or with ``outer_optimizer``
+    (DiLoCo) every rank restarts from the anchor with gradient
+    ``anchor - average`` and steps the outer optimizer.
+    ``average_buffers=True`` also averages the non-trainable float variables
+    of layers that are not frozen (BatchNormalization's moving statistics).
+    ``streaming=True`` overlaps each meeting with the next round (one round
+    stale). ``synchronize()`` holds a meeting now. For elastic training,
+    ``KerasState`` also keeps its counters, DiLoCo's anchor and the outer
+    optimizer's variables."""
     from .optimizer_base import DistributedOptimizerMixin, check_backend
 
     check_backend()
     process_set = check_process_set(process_set, member=False)
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ValueError(f"expected a Keras optimizer, got {type(optimizer).__name__}")
+    check_wrapped(optimizer, model, outer_optimizer,
+                  (keras.optimizers.Optimizer, "Keras optimizer"), (keras.Model, "keras.Model"),
+                  ValueError)
     if isinstance(optimizer, (DistributedOptimizerMixin, _LocalSGDMixin)):
         raise ValueError("LocalSGD wraps a plain Keras optimizer: a DistributedOptimizer would "
                          "average every step's gradients")
-    if not isinstance(model, keras.Model):
-        raise ValueError(f"model must be a keras.Model, got {type(model).__name__}")
     if not model.trainable_variables:
         raise ValueError("the model has no trainable variables (build it first)")
     plan = LocalSGDPlan(period, warmup_steps, streaming, average_buffers, outer_optimizer,
                         optimizer)
     buffers = _buffers(model) if average_buffers else []
-    if outer_optimizer is not None and not isinstance(outer_optimizer, keras.optimizers.Optimizer):
-        raise ValueError(f"outer_optimizer must be a Keras optimizer, got "
-                         f"{type(outer_optimizer).__name__}")
     named = [(f"variable {i}", v) for i, v in enumerate(model.trainable_variables)]
     plan.check_same_everywhere(named, enumerate(buffers), "LocalSGD:signature", process_set)
     new = _local_sgd_class(type(optimizer)).from_config(optimizer.get_config())

@@ -76,3 +76,12 @@ def assign_grads(params, grads) -> None:
     """Sets ``p.grad`` of every parameter (None included)."""
     for p, g in zip(params, grads):
         p.grad = g
+
+
+def closure_loss(closure):
+    """``closure()`` (the loss) with gradients enabled, or None without one:
+    what ``step(closure)`` of a wrapper that steps by itself returns."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()

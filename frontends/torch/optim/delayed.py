@@ -1,30 +1,12 @@
-"""Delayed gradient averaging: ``DistributedOptimizer(..., staleness=1)``.
-The rule is commlib.delayed's; this is its torch adapter.
-
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters(),
-                                   staleness=1)
-    for x, y in loader:
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        opt.step()        # starts averaging g_t, applies avg(g_{t-1})
-    opt.synchronize()     # applies the last pending average (before eval/saving)
-
-The gradient tensors are handed to the allreduce without a copy: after
-``step()``, ``p.grad`` holds the averaged gradient that was applied (None
-after a step that applied nothing), not this step's local gradient. Not
-available with staleness: ``groups`` and ``skip_synchronize`` (clip the
-local gradients before ``step()`` instead). ``weight_prediction=True``: see
-commlib.torch.optim.weight_prediction (``synchronize()`` puts the true weights
-back: call it before evaluating, saving or loading the model).
-"""
+"""Delayed gradient averaging, ``DistributedOptimizer(..., staleness=1)``
+(documented there): commlib.delayed's rule with torch's tensors."""
 from __future__ import annotations
 
 from contextlib import contextmanager
 
 from commlib.delayed import DelayedRule, StartedExchanges, check_op, check_staleness
 
-from ._grad_exchange import PendingGradients, assign_grads
+from ._grad_exchange import PendingGradients, assign_grads, closure_loss
 from .optimizer import DistributedOptimizerBase, share_state
 from .weight_prediction import WeightPrediction
 
@@ -67,12 +49,7 @@ class _DelayedOptimizer(DistributedOptimizerBase):
     def step(self, closure=None):
         """Starts averaging this step's gradients and applies the previous
         step's average (nothing at the first step or after synchronize())."""
-        loss = None
-        if closure is not None:
-            import torch
-
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         self._rule.step()
         return loss
 
@@ -109,11 +86,9 @@ _DelayedOptimizer.step.hooked = True
 
 
 def delayed_optimizer(optimizer, staleness, dist_args, weight_prediction=False):
-    """The ``staleness=1`` form of DistributedOptimizer (see the module's
-    docstring); ``dist_args`` are DistributedOptimizerBase._dist_init's."""
+    """The ``staleness=1`` form of DistributedOptimizer; ``dist_args`` are
+    DistributedOptimizerBase._dist_init's."""
     check_staleness(staleness)
-    if not isinstance(weight_prediction, bool):
-        raise ValueError(f"weight_prediction must be True or False, got {weight_prediction!r}")
     base = optimizer.__class__
     cls = type(base.__name__, (_DelayedOptimizer, base),
                {"__module__": DistributedOptimizerBase.__module__, "__doc__": base.__doc__})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from commlib.delayed import check_weight_prediction
 from commlib.grouping import resolve_groups
 from commlib.process_sets import check_process_set, included
 
@@ -55,7 +56,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             outside the set it does not communicate (local gradients).
         staleness: 0 (default) synchronous; 1 one-step delayed averaging,
             where ``step()`` applies the previous step's averaged gradients
-            while this step's travel (see commlib.torch.optim.delayed).
+            while this step's travel (see below).
         weight_prediction: with staleness=1, compute the gradients at the
             predicted weights p + (p - p_prev) that they will be applied to
             (opt-in; see commlib.torch.optim.weight_prediction).
@@ -111,14 +112,16 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         optimizer's rule; step 0 applies nothing. ``synchronize()`` applies
         the pending average (call it before evaluating, saving or loading).
         No gradient copy: after ``step()`` ``p.grad`` holds the applied
-        average. ``compression=Compression.fp16`` makes the gradients travel
-        and wait as float16. Replicas stay identical. With
-        ``weight_prediction=True`` the model holds the predicted weights
-        p + (p - p_prev) between steps and the true ones are kept aside
-        (``synchronize()`` puts them back; two parameter-sized buffers). Op
-        Average or Sum only; not with groups or ``skip_synchronize``. A rank lost while an average is
-        in flight makes the next ``step()`` and ``synchronize()`` raise
-        RankLostError; a partial average is never applied.
+        average (None after a step that applied nothing).
+        ``compression=Compression.fp16`` makes the gradients travel and wait
+        as float16. Replicas stay identical. With ``weight_prediction=True``
+        the model holds the predicted weights p + (p - p_prev) between steps
+        and the true ones are kept aside (``synchronize()`` puts them back;
+        two parameter-sized buffers). Op Average or Sum only; not with groups
+        or ``skip_synchronize`` (clip the local gradients before ``step()``
+        instead). A rank lost while an average is in flight makes the next
+        ``step()`` and ``synchronize()`` raise RankLostError; a partial
+        average is never applied.
 
     ``zero_stage=1|2`` (ZeRO): parameters move into flat buckets (one dtype
         and param group each, at most ``bucket_elements``) split into equal
@@ -170,13 +173,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         return share_state(cls, optimizer, dist_args)
     if staleness != 0 and zero_stage != 0:
         raise ValueError("staleness=1 and zero_stage cannot be combined")
+    check_weight_prediction(weight_prediction, staleness)
     if staleness != 0:
         if groups is not None:
             raise ValueError("groups cannot be combined with staleness=1 (its step() sends all "
                              "gradients in one group)")
         return delayed_optimizer(optimizer, staleness, dist_args, weight_prediction)
-    if weight_prediction is not False:
-        raise ValueError("weight_prediction=True needs staleness=1")
     if powersgd_config is not None:
         cls = _wrapper_class(base, powersgd.PowerSGDOptimizer, module=powersgd)
         return powersgd.make_powersgd(cls, optimizer, powersgd_config, dist_args)

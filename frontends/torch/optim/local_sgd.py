@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from commlib.local_sgd import (LocalSGDPlan, LocalSGDRun, MeetingOps, StreamingMeetings,
-                               by_name)
+                               by_name, check_wrapped)
 from commlib.process_sets import check_process_set, communicates, instance_name
 
 from .. import mpi_ops as _ops
-from ._grad_exchange import PendingGradients, assign_grads
+from ._grad_exchange import PendingGradients, assign_grads, closure_loss
 from .streaming import PendingParameters
 from ..mpi_ops import Average, global_process_set
 
@@ -53,16 +53,14 @@ class LocalSGD:
     def __init__(self, optimizer, model, period, outer_optimizer=None, warmup_steps=0,
                  process_set=global_process_set, streaming=False, average_buffers=True):
         self.process_set = check_process_set(process_set, member=False)
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"LocalSGD wraps a torch.optim.Optimizer, got "
-                            f"{type(optimizer).__name__}")
+        check_wrapped(optimizer, model, outer_optimizer,
+                      (torch.optim.Optimizer, "torch.optim.Optimizer"),
+                      (torch.nn.Module, "torch.nn.Module"), TypeError)
         from .optimizer import DistributedOptimizerBase
 
         if isinstance(optimizer, DistributedOptimizerBase):
             raise ValueError("LocalSGD wraps a plain optimizer: a DistributedOptimizer would "
                              "average every step's gradients")
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.plan = LocalSGDPlan(period, warmup_steps, streaming, average_buffers,
                                  outer_optimizer, optimizer)
         for k in ("period", "warmup_steps", "streaming", "average_buffers"):
@@ -94,9 +92,6 @@ class LocalSGD:
             f"{self._prefix}:signature", self.process_set)
 
     def _check_outer(self, outer):
-        if not isinstance(outer, torch.optim.Optimizer):
-            raise TypeError(f"outer_optimizer must be a torch.optim.Optimizer, got "
-                            f"{type(outer).__name__}")
         outer_ids = {id(p) for g in outer.param_groups for p in g["params"]}
         if outer_ids != {id(p) for p in self._params}:
             raise ValueError("outer_optimizer must be built on exactly the model's parameters, "
@@ -126,10 +121,7 @@ class LocalSGD:
         """One step of the schedule: synchronous during warm-up, else a local
         step of the inner optimizer followed by a meeting after every
         ``period``-th local step."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         with torch.no_grad():
             self._run.run_step(self._inner_step)
         return loss

@@ -1,6 +1,6 @@
 """The reused result buffers of commlib.tensorflow (frontends/tensorflow/
 buffers.py) on every rank: the allreduce and grouped allreduce ops' results
-and delayed averaging's (DelayedExchange). A result the caller keeps (eagerly,
+and delayed averaging's (DelayedGradients). A result the caller keeps (eagerly,
 or a tf.function's outputs) is never overwritten by later steps, whose
 results are right too (checked against numpy); and when the results are let
 go, the same buffers carry every later step (no allocation per step)."""
@@ -10,7 +10,6 @@ from tf_common import done, fail
 
 import commlib.tensorflow as htf
 import commlib.tensorflow.buffers as buffers
-import commlib.tensorflow.delayed as delayed
 
 r, n = htf.rank(), htf.size()
 SHAPES = [(300, 70), (7,)]
@@ -47,11 +46,11 @@ def run(swap, what, steps=8):
         check(avg, step, f"{what}, kept for later steps")
 
 
-ex = delayed.DelayedExchange()
-run(ex.swap_op, "eager")
+ex = htf.DelayedGradients()
+run(ex.swap, "eager")
 ex.finish()
-graph_ex = delayed.DelayedExchange()
-run(tf.function(graph_ex.swap_op), "tf.function")
+graph_ex = htf.DelayedGradients()
+run(tf.function(graph_ex.swap), "tf.function")
 graph_ex.finish()
 
 
@@ -91,8 +90,8 @@ def released(step_fn, what):
              f"go (expected at most {2 * len(SHAPES)}: two sets in turn)")
 
 
-released(delayed.DelayedExchange().swap_op, "delayed")
-released(tf.function(delayed.DelayedExchange().swap_op), "delayed, tf.function")
+released(htf.DelayedGradients().swap, "delayed")
+released(tf.function(htf.DelayedGradients().swap), "delayed, tf.function")
 released(tf.function(grouped), "grouped_allreduce, tf.function")
 released(tf.function(single), "allreduce, tf.function")
 done()
