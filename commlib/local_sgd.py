@@ -281,9 +281,11 @@ class LocalSGDRun:
 
     def meet(self) -> None:
         """Averages the weights (and buffers) across the ranks and takes the
-        meeting step with the average."""
-        self.local_steps.assign(0)
+        meeting step with the average. The local steps are counted as met
+        only once the average has arrived: after a failed meeting
+        ``synchronize()`` meets again (and raises again)."""
         average = self.ops.average(self.model + self.buffers)
+        self.local_steps.assign(0)
         meeting_step(self.ops, self.model, self.buffers, average, self.anchor)
 
     def _finish_stream(self) -> None:
@@ -293,8 +295,8 @@ class LocalSGDRun:
 
     def _stream_meet(self) -> None:
         self._finish_stream()
-        self.local_steps.assign(0)
         self.stream.start(self.model + self.buffers)
+        self.local_steps.assign(0)  # (after the start: one that failed leaves them to synchronize())
 
     def synchronize(self) -> None:
         """Applies a pending streaming average, then holds a meeting now if
