@@ -1,6 +1,7 @@
 """Shared test helpers: running a worker script on N ranks under a timeout."""
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -37,18 +38,14 @@ class RankRun:
             pytest.fail(f"ranks {missing} did not print their OK line\n" + self.describe(), pytrace=False)
 
 
-_MPIEXEC: list = []
-
-
+@functools.cache
 def session_mpiexec() -> str:
     """The launcher commlibrun finds for this interpreter, found once per
     session: the search runs a probe interpreter and each candidate's
     ``--version`` (about 0.5 s a job; tests/unit/test_launcher*.py test it)."""
-    if not _MPIEXEC:
-        from commlib.launch.mpi_discovery import find_mpiexec
+    from commlib.launch.mpi_discovery import find_mpiexec
 
-        _MPIEXEC.append(find_mpiexec(python=sys.executable))
-    return _MPIEXEC[0]
+    return find_mpiexec(python=sys.executable)
 
 
 def run_ranks(np_: int, script: str, *args: str, timeout: float = 120, env: dict | None = None,

@@ -72,9 +72,15 @@ def test_delayed_sgd_matches_the_formula(predict):
         done = delays[r].finish()
         apply_average(lambda: ws[r].__isub__(LR * done.wait()), preds[r], predict=False)
 
-    # reference: w_{t+1} = w_t - lr * avg(g_{t-1}); g at w (or at 2 w_t - w_{t-1})
+    check_against_reference(ws, predict)
+
+
+def check_against_reference(ws, predict):
+    """Every replica's weights ``ws`` equal the rule's numpy reference after
+    STEPS steps and one final synchronize, and each other bitwise:
+    w_{t+1} = w_t - lr * avg(g_{t-1}); g at w (or, ``predict``, at 2 w_t - w_{t-1})."""
     w, w_prev, last, held = np.zeros(3), None, None, np.zeros(3)
-    for t in range(STEPS):
+    for _ in range(STEPS):
         g = np.mean([held - TARGETS[r] for r in range(RANKS)], axis=0)
         if last is not None:
             w_prev, w = w, w - LR * last
@@ -167,17 +173,7 @@ def test_delayed_rule_drives_the_formula(predict):
     for rule in rules:
         rule.synchronize()
         assert not rule.pending and not (predict and rule.prediction.predicting)
-    w, w_prev, last, held = np.zeros(3), None, None, np.zeros(3)
-    for t in range(STEPS):
-        g = np.mean([held - TARGETS[r] for r in range(RANKS)], axis=0)
-        if last is not None:
-            w_prev, w = w, w - LR * last
-        held = w + (w - w_prev) if predict and w_prev is not None else w
-        last = g
-    w = w - LR * last
-    for r in range(RANKS):
-        np.testing.assert_allclose(ws[r], w, rtol=1e-13)
-        np.testing.assert_array_equal(ws[r], ws[0])
+    check_against_reference(ws, predict)
 
 
 def test_delayed_rule_forgets_a_failed_average_and_the_prediction():
