@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from cffi import FFI
+from concurrent.futures import ThreadPoolExecutor
 
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = ROOT / "csrc"
@@ -169,6 +170,53 @@ def cxx_compiler(flags: dict | None = None) -> str:
     return ""
 
 
+def build_jobs() -> int:
+    """How many sources are compiled at once: COMMLIB_BUILD_JOBS, else the
+    cores this process may run on."""
+    value = os.environ.get("COMMLIB_BUILD_JOBS", "")
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"COMMLIB_BUILD_JOBS must be a positive integer, not {value!r}")
+        return int(value)
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def compile_sources_in_parallel() -> None:
+    """Make setuptools compile an extension's sources on build_jobs() threads.
+
+    distutils compiles one source after another; the core has ~70 of them, so
+    on a 16-core machine the build waits on one core. This replaces
+    ``CCompiler.compile`` by the same steps (its private ``_setup_compile``,
+    ``_get_cc_args`` and ``_compile``, unchanged for decades) run on a thread
+    pool; each ``_compile`` is one compiler process. Where those methods are
+    missing the serial compile stays."""
+    try:
+        import setuptools  # noqa: F401  (puts setuptools' distutils in place)
+        from distutils import ccompiler
+    except ImportError:
+        return
+    base = ccompiler.CCompiler
+    if getattr(base.compile, "_commlib_parallel", False):
+        return
+    if not all(hasattr(base, name) for name in ("_setup_compile", "_get_cc_args", "_compile")):
+        return
+
+    def compile(self, sources, output_dir=None, macros=None, include_dirs=None, debug=False,
+                extra_preargs=None, extra_postargs=None, depends=None):
+        macros, objects, extra_postargs, pp_opts, build = self._setup_compile(
+            output_dir, macros, include_dirs, sources, depends, extra_postargs)
+        cc_args = self._get_cc_args(pp_opts, debug, extra_preargs)
+        todo = [(obj, *build[obj]) for obj in objects if obj in build]
+        with ThreadPoolExecutor(max_workers=build_jobs()) as pool:
+            for done in [pool.submit(self._compile, obj, src, ext, cc_args, extra_postargs, pp_opts)
+                         for obj, src, ext in todo]:
+                done.result()  # (raises the first CompileError)
+        return objects
+
+    compile._commlib_parallel = True
+    base.compile = compile
+
+
 def make_ffi() -> FFI:
     flags = mpi_flags()
     library_paths, library_names = split_libraries(flags["libraries"] or ["mpi"], flags["library_dirs"])
@@ -190,6 +238,7 @@ def make_ffi() -> FFI:
     return ffi
 
 
+compile_sources_in_parallel()
 ffibuilder = make_ffi()
 
 if __name__ == "__main__":
