@@ -135,7 +135,7 @@ if [ "$CPU_ONLY" = 0 ]; then
   MODEL=resnet50
   "$PY" -c "import torchvision" 2>/dev/null || MODEL=transformer
   TRACE="$OUT.timeline.json"  # (commlib's collectives: where its first step's time goes)
-  step "$MODEL: commlib against DDP, 2 ranks" 60 env COMMLIB_TIMELINE="$TRACE" "${RUN[@]}" -np 2 --timeout 60 \
+  step "$MODEL: commlib against DDP, 2 ranks" 100 env COMMLIB_TIMELINE="$TRACE" "${RUN[@]}" -np 2 --timeout 100 \
     "$ROOT/tests/gpu/rank_env.sh" "$PY" "$ROOT/examples/pytorch_synthetic_benchmark.py" --compare --device cuda \
     --model "$MODEL" --num-warmup-batches 2 --num-batches-per-iter 5 --num-iters 4
   step "$MODEL: commlib's timeline by phase" 5 "$PY" -m commlib.timeline phases "$TRACE"
