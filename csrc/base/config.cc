@@ -89,6 +89,9 @@ std::vector<ConfigEntry> make_table() {
                    "(never while a thread waits in synchronize)"),
       int_entry("COMMLIB_BATCH_GAP_US", "20", 0, kBillion, &C::batch_gap_us,
                 "us: requests are held while new ones keep arriving within this gap"),
+      int_entry("COMMLIB_GPU_BUCKET_BYTES", "26214400", 0, kNoMax, &C::gpu_bucket_bytes,
+                "CUDA requests are held until this many bytes of them wait (or none arrived for "
+                "COMMLIB_CYCLE_TIME, or a thread waits): few, large NCCL launches per step; 0: as CPU requests"),
       choice_entry("COMMLIB_ALLREDUCE_ALGO", "auto", "auto|shm|ring|tree|mpi", &C::allreduce_algo,
                    "allreduce algorithm: auto (shared memory within a host, hierarchical across hosts; "
                    "tree below 16 KiB and ring above without shared memory), or always shm, ring, tree, "

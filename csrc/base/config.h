@@ -19,6 +19,7 @@ struct Config {
   int64_t fusion_threshold = 0;    // bytes
   double cycle_time_ms = 0;
   int64_t batch_gap_us = 0;
+  int64_t gpu_bucket_bytes = 0;
   std::string allreduce_algo;      // auto|shm|ring|tree|mpi
   std::string shm_collectives;     // auto|always|never
   bool shm = false;

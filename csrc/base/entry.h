@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "base/common.h"
 #include "base/handles.h"
 #include "base/message.h"
 #include "base/pieces.h"
@@ -52,5 +53,13 @@ struct Entry {
   // collective (an allgather's out of the wrong size): COMMLIB_ERR_VALUE.
   std::string error;
 };
+
+// The bytes of a request's tensor (of all its members, grouped).
+inline int64_t entry_bytes(const Entry& e) {
+  if (e.desc.group_size < 0) return num_elements(e.desc.shape) * int64_t(dtype_size(e.desc.dtype));
+  int64_t n = 0;
+  for (const Member& m : e.members) n += int64_t(m.count * dtype_size(m.dtype));
+  return n;
+}
 
 }  // namespace commlib

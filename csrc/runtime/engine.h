@@ -259,6 +259,15 @@ class Engine : private CacheHost {
   // than batch_gap_us_), at most cycle_us_, and never while a thread waits.
   int64_t cycle_us_ = 1000;
   int64_t batch_gap_us_ = 20;
+  // CUDA requests are held as DDP's buckets are filled: until
+  // gpu_bucket_bytes_ of them wait, none arrived for the cycle time (or the
+  // batch gap, if longer), a thread waits, or at most kGpuHoldCapUs (or the
+  // cycle time, if longer). Their device work queues behind the compute that
+  // produced them anyway; each NCCL launch costs a round across the ranks.
+  int64_t gpu_bucket_bytes_ = 25 << 20;
+  int64_t held_gpu_bytes_ = 0;
+  bool held_cpu_ = false;  // some held request is a CPU one (the CPU rule applies)
+  bool release_held(int64_t now) const;
   int shm_collectives_ = kShmAuto;
 
   // Shared with caller threads (guarded by queue_mu_).

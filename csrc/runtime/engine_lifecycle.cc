@@ -167,6 +167,7 @@ void Engine::read_config(MPI_Comm base) {
   last_timeout_check_us_ = 0;
   cycle_us_ = int64_t(cfg.cycle_time_ms * 1000);
   batch_gap_us_ = cfg.batch_gap_us;
+  gpu_bucket_bytes_ = cfg.gpu_bucket_bytes;
   shm_collectives_ = cfg.shm_collectives == "always" ? kShmAlways
                      : cfg.shm_collectives == "never" ? kShmNever
                                                       : kShmAuto;

@@ -201,6 +201,17 @@ bool Engine::take_requests() {
   if (!taken_.empty()) {
     if (held_.empty()) {
       held_since_us_ = now;
+      held_gpu_bytes_ = 0;
+      held_cpu_ = false;
+    }
+    for (const Entry& e : taken_) {
+      if (e.desc.device_type == COMMLIB_DEVICE_CUDA) {
+        held_gpu_bytes_ += entry_bytes(e);
+      } else {
+        held_cpu_ = true;
+      }
+    }
+    if (held_.empty()) {
       held_.swap(taken_);
     } else {
       for (Entry& e : taken_) held_.push_back(std::move(e));
@@ -213,13 +224,20 @@ bool Engine::take_requests() {
   if (stop_.load()) {
     for (Entry& e : held_) finish(e, COMMLIB_ERR_NOT_INIT, "commlib was shut down before this collective started");
     held_.clear();
-  } else if (handles_.waiting() > 0 || now - last_arrival_us_ >= batch_gap_us_ ||
-             now - held_since_us_ >= cycle_us_) {
+  } else if (release_held(now)) {
     submit(held_);
     held_.clear();
     worked = true;
   }
   return worked;
+}
+
+bool Engine::release_held(int64_t now) const {
+  if (handles_.waiting() > 0) return true;
+  if (held_cpu_ || gpu_bucket_bytes_ == 0) return now - last_arrival_us_ >= batch_gap_us_ || now - held_since_us_ >= cycle_us_;
+  constexpr int64_t kGpuHoldCapUs = 50000;
+  return held_gpu_bytes_ >= gpu_bucket_bytes_ || now - last_arrival_us_ >= std::max(cycle_us_, batch_gap_us_) ||
+         now - held_since_us_ >= std::max(cycle_us_, kGpuHoldCapUs);
 }
 
 bool Engine::poll_messages() {

@@ -9,13 +9,6 @@ namespace {
 // Fused names listed in an execution's args (the count is always given).
 constexpr size_t kMaxFusedNames = 16;
 
-int64_t entry_bytes(const Entry& e) {
-  if (e.desc.group_size < 0) return num_elements(e.desc.shape) * int64_t(dtype_size(e.desc.dtype));
-  int64_t n = 0;
-  for (const Member& m : e.members) n += int64_t(m.count * dtype_size(m.dtype));
-  return n;
-}
-
 }  // namespace
 
 void trace_execution(const Response& resp, const std::vector<Entry*>& entries, int64_t started_us,

@@ -11,6 +11,9 @@ core's NCCL executor runs them (tests/parallel/workers/gpu_emulated_costs.py):
   few fused NCCL broadcasts, not one per tensor (at 3 ranks also on a process
   set without rank 0, mixed dtypes, from its last rank); a lone broadcast repeated
   costs one NCCL call each and nothing else;
+- gradients that arrive one by one during a backward pass go out in
+  buckets of COMMLIB_GPU_BUCKET_BYTES, the full ones before anyone waits
+  (few NCCL launches per step, as DDP's buckets), not one launch per gradient;
 - the timeline shows the first step's phases (communicator creation,
   negotiation, execution on the device)."""
 import json
@@ -79,6 +82,24 @@ def test_parameters_broadcast_in_few_fused_calls(ranks, gpu_emulator, n):
     lone = c["broadcast10"]
     assert lone["broadcast"] == lone["nccl_call"] == 10, lone
     assert lone["malloc"] == lone["event_create"] == lone["sync"] == lone["comm_init"] == 0, lone
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+def test_gradients_go_out_in_buckets(ranks, gpu_emulator, n):
+    # 160 gradients (1.1 MB) 200 us apart, buckets of 256 KiB: 4 close during
+    # the "backward pass", the rest goes when the step waits. (A gap of 50 ms
+    # ends a bucket early only where the load stops this Python for that long.)
+    env = dict(gpu_emulator, COMMLIB_GPU_BUCKET_BYTES=str(256 << 10), COMMLIB_CYCLE_TIME="50")
+    run = ranks(n, "gpu_emulated_costs.py", "backward", str(LARGE), timeout=120, env=env)
+    run.assert_ok(n)
+    lines = [line[line.index("BUCKETS "):].split()[1:] for line in run.stdout.splitlines() if "BUCKETS " in line]
+    assert len(lines) == 2, run.stdout
+    for step, full, before_wait, launches in (map(int, line) for line in lines):
+        assert full == 4, (step, full)
+        # (buckets that close while the background thread is slow can go
+        # together: fewer launches, never more than one per bucket)
+        assert 1 <= before_wait and launches <= full + 1, (step, full, before_wait, launches)
 
 
 def check_timeline(path):

@@ -9,6 +9,10 @@ argv[1]:
   submits them on CUDA (one in-place Average allreduce per gradient, named
   "grad.<parameter>", every one submitted before the first is waited for,
   then each synchronized on the stream);
+- backward N: two steps whose N gradients arrive one by one, 200 us apart,
+  as a backward pass's hooks submit them on the GPU, and are waited for only
+  once all are submitted (run with a small COMMLIB_GPU_BUCKET_BYTES): prints
+  ``BUCKETS <step> <full buckets> <launches before the wait> <launches>``;
 - broadcast N: N broadcasts from rank 0 submitted together and then waited
   for, as broadcast_parameters submits a model's parameters, twice; then one
   broadcast alone, repeated.
@@ -20,6 +24,7 @@ import ctypes
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -103,6 +108,35 @@ def case_step(count):
     report("later", c)
 
 
+def case_backward(count):
+    bucket = int(os.environ["COMMLIB_GPU_BUCKET_BYTES"])
+    for salt in (1, 2):  # (the first step negotiated, the second from the response cache)
+        c = counts()
+        grads = [np.full(s, float(r + 1 + salt + i % 5), np.float32) for i, s in enumerate(sizes(count))]
+        handles = []
+        for i, g in enumerate(grads):
+            handles.append(submit(lib.COMMLIB_OP_ALLREDUCE, f"grad.layer{i:03d}.weight", g, g,
+                                  reduce_op=commlib.Average))
+            start = time.perf_counter()
+            while time.perf_counter() - start < 200e-6:
+                pass
+        full, held = 0, 0  # the buckets the rule closes before anyone waits
+        for g in grads:
+            held += g.nbytes
+            if held >= bucket:
+                full, held = full + 1, 0
+        deadline = time.monotonic() + 3
+        while counts()["allreduce"] - c["allreduce"] < full and time.monotonic() < deadline:
+            time.sleep(0.001)
+        before_wait = counts()["allreduce"] - c["allreduce"]
+        for h in handles:
+            synchronize_on_stream(h, 0)
+        launches = counts()["allreduce"] - c["allreduce"]
+        check_step(grads, count, salt)
+        if r == 0:
+            print(f"BUCKETS {salt} {full} {before_wait} {launches}", flush=True)
+
+
 def case_broadcast(count):
     c = counts()
     for rnd in (1, 2):
@@ -144,5 +178,5 @@ def set_broadcast(count):
 
 
 case, count = sys.argv[1], int(sys.argv[2])
-{"step": case_step, "broadcast": case_broadcast}.get(case, lambda _: fail(f"unknown case {case}"))(count)
+{"step": case_step, "backward": case_backward, "broadcast": case_broadcast}.get(case, lambda _: fail(f"unknown case {case}"))(count)
 done()
