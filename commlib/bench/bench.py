@@ -25,6 +25,7 @@ broadcast), so that it is comparable across rank counts.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -217,10 +218,16 @@ def init_gloo(comm, backend="gloo"):
     return torch
 
 
-def time_calls(fn, iters: int, comm) -> list[float]:
+def time_calls(fn, iters: int, comm, aligned: bool = False) -> list[float]:
+    """Seconds of each of iters calls of fn. aligned: the ranks line up (an
+    MPI barrier, not timed) before every call, so that each time is one
+    call's latency (as OSU's benchmarks time a broadcast) rather than the
+    pace of back-to-back calls, which a root that need not wait runs ahead of."""
     comm.Barrier()
     out = []
     for _ in range(iters):
+        if aligned:
+            comm.Barrier()
         t0 = time.perf_counter()
         fn()
         out.append(time.perf_counter() - t0)
@@ -393,6 +400,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("--iters", type=int, default=300, help="timed calls at small sizes (fewer for large)")
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--aligned", action="store_true",
+                   help="--device cuda: ranks line up (untimed barrier) before every call: latency per call")
     p.add_argument("--algo", default=None, help="COMMLIB_ALLREDUCE_ALGO for this run (auto, shm, mpi, ...)")
     p.add_argument("--no-gloo", action="store_true", help="skip torch gloo even if torch is installed")
     p.add_argument("--no-fusion", action="store_true", help="skip the 128 x 4 KiB fusion cases")
@@ -417,7 +426,8 @@ def main(argv=None) -> int:
             return 2
         return bench_cuda.main(args, ops, sizes(parse_size(args.min_bytes), parse_size(args.max_bytes),
                                                 args.factor), args.dtype,
-                               (time_calls, bus_factor, human, init_gloo))
+                               (functools.partial(time_calls, aligned=args.aligned), bus_factor, human,
+                                init_gloo))
     if args.plot:
         try:
             import matplotlib  # noqa: F401

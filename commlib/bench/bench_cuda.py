@@ -203,7 +203,8 @@ def main(args, ops, byte_sizes, dtype_name, tools) -> int:
     impls = [CommlibCuda(commlib, torch, n), TorchNccl(torch, n)]
     say = (lambda *a: print(*a, flush=True)) if me == 0 else (lambda *a: None)
     say(f"# commlib.bench --device cuda: {n} ranks on {torch.cuda.get_device_name(dev)}, dtype {dtype_name}; "
-        "times are medians in us (slowest rank); ratio = torch-nccl time / commlib time (> 1: commlib faster)")
+        "times are medians in us (slowest rank)" + ("; ranks aligned before every call" if args.aligned else "")
+        + "; ratio = torch-nccl time / commlib time (> 1: commlib faster)")
     for op in [o for o in ops if o in CUDA_OPS and (o != "sendrecv" or n > 1)]:
         say(f"\n{'op':<14}{'size':>10} {'commlib us':>11} {'busbw':>7} {'torch us':>11} {'busbw':>7} {'ratio':>6}")
         for nbytes in byte_sizes:
