@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import atexit
 
-from . import failure_notes, runtime
+from . import failure_notes, runtime, stack_dumps
 from ._lib import MPI, check, ffi, lib
 from .process_sets import ProcessSet, add_process_set, reset_process_sets
 from .runtime import is_initialized, rank, require_init, size  # noqa: F401 - commlib.rank, ...
@@ -23,6 +23,7 @@ def init(comm=None, process_sets=None) -> None:
     if process_sets is not None and process_sets != "dynamic":
         if not all(isinstance(p, ProcessSet) for p in process_sets):
             raise TypeError("process_sets must be a list of commlib ProcessSet objects or 'dynamic'")
+    stack_dumps.install()  # (before the core starts: a hang in init() shows too)
     if not runtime.is_initialized():
         runtime.reset_names()  # a new job: names count from 0 on every rank
     if comm is None:

@@ -102,6 +102,20 @@ class JobReaper:
         for pid in job_processes(self.token):
             self.segments |= shm_paths(pid)
 
+    def request_stacks(self, status_dir, signum):
+        """Sends ``signum`` to the job's processes on this host that asked for
+        it (a ``stacks.<pid>`` file in ``status_dir``, commlib.stack_dumps:
+        their Python stacks to stderr); their pids."""
+        try:
+            asked = {int(n.split(".", 1)[1]) for n in os.listdir(status_dir)
+                     if n.startswith("stacks.") and n.split(".", 1)[1].isdigit()}
+        except OSError:
+            return []
+        sent = sorted(asked & set(job_processes(self.token)))
+        for pid in sent:
+            _signal(pid, signum)
+        return sent
+
     def kill_all(self):
         """SIGKILL every process of the job; returns their pids. They are
         stopped first (a proxy then forks no more ranks) and their segments

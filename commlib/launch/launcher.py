@@ -53,6 +53,8 @@ OUTPUT_SOCKET_ENV = _rankwrap.OUTPUT_SOCKET_ENV
 OUTPUT_DRAIN_SECONDS = 5.0
 # Exit code for --timeout, as used by coreutils' timeout(1).
 TIMEOUT_EXIT_CODE = 124
+# Seconds the ranks get to write their Python stacks when the --timeout expires.
+STACK_DUMP_SECONDS = 2.0
 # Seconds between forwarding SIGTERM/SIGINT to the job and SIGKILLing it.
 KILL_GRACE_SECONDS = 5.0
 # Seconds after a failed rank's grace period before commlibrun ends a job that
@@ -263,6 +265,7 @@ class _Job:
         self.torn_down = False
         self._proc = None
         self._kill_at = None
+        self._stop_at = None  # (the timeout's stop, once the ranks' stacks are out)
         self._status_dir = status_dir
         self._grace = grace
 
@@ -315,8 +318,16 @@ class _Job:
             self.reaper.note_segments(now)
             if deadline is not None and now >= deadline and not self.timed_out:
                 self.timed_out = True
-                print(f"commlibrun: timeout: job still running after {self.timeout:g} s, killing it",
+                # Where is it stuck? The ranks' Python stacks first (commlib.stack_dumps).
+                dumped = (self.reaper.request_stacks(self._status_dir, signal.SIGUSR2)
+                          if self._status_dir else [])
+                first = (f" after the Python stacks of its {len(dumped)} rank process(es) on this host, "
+                         "which follow" if dumped else "")
+                print(f"commlibrun: timeout: job still running after {self.timeout:g} s, killing it{first}",
                       file=sys.stderr, flush=True)
+                self._stop_at = now + (STACK_DUMP_SECONDS if dumped else 0)
+            if self._stop_at is not None and now >= self._stop_at:
+                self._stop_at = None
                 self._stop(signal.SIGTERM)
             if self._kill_at is None and self._failure_outlived():
                 self.torn_down = True
@@ -531,7 +542,8 @@ def make_parser():
                         "option as --mpi-args=-OPTION")
     p.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="kill the whole job after this many seconds and exit with code "
-                        f"{TIMEOUT_EXIT_CODE}")
+                        f"{TIMEOUT_EXIT_CODE}; first, the ranks on this host that called commlib.init() "
+                        f"print every thread's Python stack (where the job hangs)")
     p.add_argument("--restarts", type=int, default=0, metavar="N",
                    help="start the whole job again, up to N times, when a rank fails; scripts "
                         "resume from their last commit (commlib.torch.elastic, "

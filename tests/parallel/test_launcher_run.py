@@ -204,6 +204,40 @@ def test_timeout_kills_job(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_timeout_shows_where_each_rank_is_stuck(tmp_path):
+    # A job stuck after commlib.init(): before stopping it, commlibrun has
+    # every rank write its threads' Python stacks (commlib.stack_dumps), so
+    # the output names the function each rank hangs in. Rank 1 handles
+    # SIGUSR2 itself: its handler stays and it is not asked.
+    marker = uuid.uuid4().hex
+    prog = write_script(tmp_path, """
+        import signal, sys, time
+        import commlib
+        if commlib.__name__ and int(__import__("os").environ.get("OMPI_COMM_WORLD_RANK",
+                                    __import__("os").environ.get("PMI_RANK", "0"))) == 1:
+            signal.signal(signal.SIGUSR2, lambda *a: print("OWN HANDLER RAN", flush=True))
+        commlib.init()
+
+        def stuck_in_here_on(rank):
+            print(f"stuck {rank}", flush=True)
+            while True:
+                time.sleep(0.1)
+
+        stuck_in_here_on(commlib.rank())
+    """)
+    out, elapsed = commlibrun(["-np", "2", "--timeout", "8", sys.executable, prog, marker])
+    assert elapsed < 40
+    assert out.returncode != 0
+    assert ("commlibrun: timeout: job still running after 8 s, killing it after the Python stacks of its "
+            "1 rank process(es) on this host, which follow") in out.stderr, out.stderr
+    # (faulthandler's frames read 'line N in f'; rank 1's KeyboardInterrupt at the stop reads 'line N, in f')
+    stacks = [line for line in out.stderr.splitlines() if re.search(r"line \d+ in stuck_in_here_on", line)]
+    assert stacks and all(line.startswith("[0]: ") for line in stacks), out.stderr
+    assert "OWN HANDLER RAN" not in out.stdout
+    assert_no_leftovers(marker)
+
+
+@pytest.mark.timeout(120)
 def test_sigint_to_launcher_stops_job(tmp_path):
     marker = uuid.uuid4().hex
     prog = write_script(tmp_path, """
