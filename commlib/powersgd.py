@@ -193,9 +193,10 @@ class TensorOps:
     seeded_random(shape, seq, like) (optional): ``random`` from the generator
         seeded with ``seq``, which may hold the exchange step as a tensor
         (a frontend whose step runs in a graph).
-    add_error(m, error) and residual(m, p, q, old_error, feedback) (optional):
-        see ``add_error`` and ``residual``; a frontend with in-place tensors
-        gives them to reuse the gradient's and the error's memory.
+    add_error(m, error) and residual(m, p, q, old_error, feedback, grad)
+        (optional): see ``add_error`` and ``residual``; a frontend with
+        in-place tensors gives them to reuse the gradient's and the error's
+        memory.
     """
 
 
@@ -239,14 +240,15 @@ def add_error(ops, m, error):
     return add(m, error) if add is not None else m + error
 
 
-def residual(ops, m, p, q, old_error, feedback: bool):
+def residual(ops, m, p, q, old_error, feedback: bool, grad):
     """``(M_hat, error)``: P Q^T and, with error feedback, M - P Q^T (else
     None), through ``ops.residual`` where the frontend has it (which may
-    write them over m and over the previous step's error, ``old_error``, a
-    tensor or None)."""
+    write them over m, over the previous step's error ``old_error`` (a
+    tensor or None; m itself where ``ops.add_error`` put M there) and over
+    ``grad``, the gradient m came from)."""
     fused = getattr(ops, "residual", None)
     if fused is not None:
-        return fused(m, p, q, old_error, feedback)
+        return fused(m, p, q, old_error, feedback, grad)
     m_hat = ops.matmul(p, ops.transpose(q))
     return m_hat, (m - m_hat if feedback else None)
 
@@ -328,7 +330,8 @@ class PowerSGDState:
             new_qs = ops.allreduce([ops.transpose(ops.matmul(ops.transpose(p), m))
                                     for m, p in zip(ms, ps)], f"{self.name}.q")
             for e, m, p, q in zip(packed, ms, ps, new_qs):
-                m_hat, error = residual(ops, m, p, q, errors.get(e.name), cfg.error_feedback)
+                m_hat, error = residual(ops, m, p, q, errors.get(e.name), cfg.error_feedback,
+                                        grads[e.name])
                 if cfg.error_feedback:
                     errors[e.name] = error
                 if cfg.warm_start:

@@ -67,17 +67,23 @@ class TorchOps:
 
     @staticmethod
     def add_error(m, error):
-        # m is this step's gradient (a view of p.grad or a float32 copy):
-        # _wait_all overwrites p.grad with the result anyway
-        return m.add_(error)
+        # M = G + E into the error buffer (E is not needed after this): the
+        # gradient's own memory stays free to take the result P Q^T directly
+        return error.add_(m) if error.dtype == m.dtype and error.device == m.device else m + error
 
     @staticmethod
-    def residual(m, p, q, old_error, feedback):
-        # error = M - P Q^T into last step's error buffer, then P Q^T over M
-        # (no longer needed): no per-step allocation of gradient-sized tensors
+    def residual(m, p, q, old_error, feedback, grad):
+        # P Q^T straight into the gradient when m is not its memory (M is in
+        # the error buffer), then error = M - P Q^T in place there: no
+        # gradient-sized tensor is allocated or copied per step
         qt = q.t()
+        target = grad.view(m.shape) if grad.is_contiguous() and grad.dtype == m.dtype \
+            and grad.device == m.device else None
+        if feedback and old_error is m:
+            m_hat = torch.mm(p, qt, out=target) if target is not None else torch.mm(p, qt)
+            return m_hat, m.addmm_(p, qt, alpha=-1)
         error = None
-        if feedback:
+        if feedback:  # (the first compressed step: m is the gradient, or its float32 copy)
             reuse = old_error is not None and old_error.shape == m.shape \
                 and old_error.dtype == m.dtype and old_error.device == m.device
             error = torch.addmm(m, p, qt, alpha=-1, out=old_error if reuse else None)
