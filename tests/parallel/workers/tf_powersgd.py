@@ -11,7 +11,8 @@ ranks, the optimizer over the process sets {0, 2} and {1, 2} (members match
 the simulation on their data, the rank outside trains alone). A
 checkpoint after step 7 (save_weights with the optimizer, model.save read
 back by hvd.load_model; the tape's ``psgd.variables``) restored into a fresh
-model continues bitwise as the uninterrupted run. Refused: ZeRO, staleness, groups, Adasum, a tape given
+model continues bitwise as the uninterrupted run. Keras mixed precision (mixed_bfloat16, mixed_float16 with a
+LossScaleOptimizer) trains with identical replicas. Refused: ZeRO, staleness, groups, Adasum, a tape given
 the class, sparse gradients, different ranks across ranks. Given a trace
 path, it also counts a step's bytes (tf_powersgd_bytes.py)."""
 import os
@@ -256,6 +257,36 @@ model.set_weights(saved[-len(INIT):])
 for s in range(7, STEPS):
     step(s)
 same_as(model, whole_tape, "tape checkpoint")
+
+# ------------------------------------------------------------ mixed precision
+
+def mixed_precision_run(policy):
+    """Keras mixed precision (float32 variables, half compute; mixed_float16
+    with a LossScaleOptimizer): PowerSGD compresses the float32 gradients,
+    the replicas stay identical and the loss falls."""
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(32, "tanh"),
+                                  keras.layers.Dense(16, "tanh"), keras.layers.Dense(4, dtype="float32")])
+        opt = keras.optimizers.SGD(0.1)
+        if policy == "mixed_float16":
+            opt = keras.mixed_precision.LossScaleOptimizer(opt)
+        model.compile(hvd.DistributedOptimizer(opt, compression=hvd.Compression.powersgd(rank=2, start_step=1)),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        g = np.random.default_rng(r)
+        x, y = g.standard_normal((64, 10)).astype("float32"), g.integers(0, 4, 64)
+        same_on_all_ranks(model.get_weights(), f"{policy} initial weights (one seed)")
+        losses = model.fit(x, y, batch_size=8, epochs=3, verbose=0).history["loss"]
+        if not (np.all(np.isfinite(losses)) and losses[-1] < losses[0]):
+            fail(f"{policy}: the loss did not fall: {losses}")
+        same_on_all_ranks([w.astype(np.float64) for w in model.get_weights()], f"{policy} replicas")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+for policy in ("mixed_bfloat16", "mixed_float16"):
+    mixed_precision_run(policy)
 
 # ------------------------------------------------------------ refused combinations
 
