@@ -42,8 +42,9 @@ __all__ = ["KerasState", "ObjectState", "State", "run", "CommitStateCallback",
 class KerasState(State):
     """A Keras model's variables (trainable or not), its optimizer's variables
     (``optimizer`` or else ``model.optimizer``; momenta, iteration count;
-    for LocalSGD also its counters, anchor and outer optimizer) and any user
-    values given as keywords (``state.epoch``...)."""
+    for LocalSGD also its counters, anchor and outer optimizer; for PowerSGD
+    its step, Q and error buffers) and any user values given as keywords
+    (``state.epoch``...). ``sync()`` leaves each rank's own error buffers."""
 
     def __init__(self, model, optimizer=None, **user_state):
         self.model = model
@@ -59,7 +60,7 @@ class KerasState(State):
         if self.optimizer is None:
             return []
         v = self.optimizer.variables
-        extra = getattr(self.optimizer, "commlib_state_variables", None)  # (LocalSGD's)
+        extra = getattr(self.optimizer, "commlib_state_variables", None)  # (LocalSGD's, PowerSGD's)
         return list(v() if callable(v) else v) + (extra() if extra is not None else [])
 
     def _snapshot(self) -> dict:
@@ -85,7 +86,10 @@ class KerasState(State):
             _assign(self._optimizer_variables(), saved, "optimizer")
 
     def _sync_objects(self, root_rank: int) -> None:
-        broadcast_variables(list(self.model.variables) + self._optimizer_variables(),
+        own = getattr(self.optimizer, "commlib_own_variables", None)  # (PowerSGD's error buffers)
+        own = {id(v) for v in own()} if own is not None else set()
+        broadcast_variables(list(self.model.variables)
+                            + [v for v in self._optimizer_variables() if id(v) not in own],
                             root_rank=root_rank, name="elastic.keras_state")
 
 

@@ -41,7 +41,7 @@ def memory_report(model, optimizer=None) -> dict:
     state = 0
     if optimizer is not None and getattr(optimizer, "built", False):
         state = _nbytes(optimizer.variables)  # (commlib's own state is not in it)
-        extra = getattr(optimizer, "commlib_state_variables", None)  # (LocalSGD's)
+        extra = getattr(optimizer, "commlib_state_variables", None)  # (LocalSGD's, PowerSGD's)
         if extra is not None:
             state += _nbytes(extra())
         grads_extra = _nbytes(_accumulators(optimizer))

@@ -44,9 +44,15 @@ class PowerSGDOptimizerMixin(DistributedOptimizerMixin):
         self._commlib_allreduce.build(
             [v for v in variables if var_key(v) not in self._commlib_local])
 
-    def _commlib_state_variables(self) -> list:
+    def commlib_state_variables(self) -> list:
         """The rule's state (for elastic.KerasState and memory_report)."""
         return self._commlib_allreduce.variables
+
+    def commlib_own_variables(self) -> list:
+        """The part of it that is each rank's own (the error buffers: each
+        rank compresses its own gradients); elastic's sync leaves it alone."""
+        state = self._commlib_allreduce.state
+        return [] if state is None else list(state.errors.values())
 
     def save_own_variables(self, store):
         super().save_own_variables(store)

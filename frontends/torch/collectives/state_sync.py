@@ -113,7 +113,8 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="broadcast_optimizer_
     (``init_state``), so every rank ends with root's initialised state and
     parameters that require a gradient have a zero ``grad`` where they had
     none; unlike Horovod's, that step leaves the parameters unchanged (weight
-    decay would move them). With ``process_set``, only its members call it."""
+    decay would move them). State that is each rank's own stays: PowerSGD's
+    error buffers. With ``process_set``, only its members call it."""
     init_state(optimizer)
     broadcast_state(optimizer, root_rank, prefix, process_set)
 
@@ -125,7 +126,11 @@ def broadcast_state(optimizer, root_rank, prefix="broadcast_optimizer_state",
     on exactly as an uninterrupted one)."""
     process_set = check_process_set(process_set)
     check_root(root_rank, process_set)
+    # State that is each rank's own (PowerSGD's error buffers) stays where it is.
+    split = getattr(optimizer, "split_own_state", None)
     state_dict = optimizer.state_dict() if rank() == root_rank else None
+    if split is not None and state_dict is not None:
+        state_dict, _ = split(state_dict)
     tensors: list = []
     skeleton = _strip_tensors(state_dict, tensors) if rank() == root_rank else None
     skeleton = broadcast_object(skeleton, root_rank, name=f"{prefix}.skeleton",
@@ -140,7 +145,10 @@ def broadcast_state(optimizer, root_rank, prefix="broadcast_optimizer_state",
     for h in handles:
         synchronize(h)
     if rank() != root_rank:
-        optimizer.load_state_dict(_fill_tensors(skeleton, tensors))
+        received = _fill_tensors(skeleton, tensors)
+        if split is not None:
+            received = optimizer.join_own_state(received, split(optimizer.state_dict())[1])
+        optimizer.load_state_dict(received)
 
 
 def init_state(optimizer) -> None:

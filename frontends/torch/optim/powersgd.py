@@ -131,6 +131,26 @@ class PowerSGDOptimizer(DistributedOptimizerBase):
         state["powersgd"] = self._powersgd.state_dict()
         return state
 
+    @staticmethod
+    def split_own_state(state_dict):
+        """``(shared, own)``: the state_dict without this rank's own part (its
+        error buffers: each rank compresses its own gradients), and that
+        part. Broadcasts of the optimizer's state send only ``shared``."""
+        state_dict = dict(state_dict)
+        powersgd = dict(state_dict.get("powersgd") or {})
+        own = powersgd.pop("errors", {})
+        if "powersgd" in state_dict:
+            state_dict["powersgd"] = dict(powersgd, errors={})
+        return state_dict, own
+
+    @staticmethod
+    def join_own_state(shared, own):
+        """``split_own_state``'s inverse: ``shared`` with this rank's ``own``."""
+        shared = dict(shared)
+        if "powersgd" in shared:
+            shared["powersgd"] = dict(shared["powersgd"], errors=own)
+        return shared
+
     def load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
         powersgd = state_dict.pop("powersgd", None)

@@ -11,7 +11,8 @@ ranks, the optimizer over the process sets {0, 2} and {1, 2} (members match
 the simulation on their data, the rank outside trains alone). A
 checkpoint after step 7 (save_weights with the optimizer, model.save read
 back by hvd.load_model; the tape's ``psgd.variables``) restored into a fresh
-model continues bitwise as the uninterrupted run. Keras mixed precision (mixed_bfloat16, mixed_float16 with a
+model continues bitwise as the uninterrupted run, and so does an elastic
+KerasState restored and synced from rank 0 (each rank keeps its own errors). Keras mixed precision (mixed_bfloat16, mixed_float16 with a
 LossScaleOptimizer) trains with identical replicas. Refused: ZeRO, staleness, groups, Adasum, a tape given
 the class, sparse gradients, different ranks across ranks. Given a trace
 path, it also counts a step's bytes (tf_powersgd_bytes.py)."""
@@ -241,6 +242,24 @@ other, _ = keras_run(hvd.Compression.powersgd(rank=1, start_step=4))
 other.optimizer.build(other.trainable_variables)
 expect_raises(ValueError, lambda: other.load_weights(path), "other configuration",
               match="cannot be loaded")
+
+# elastic: a commit at step 7, then what a restart does (restore the commit,
+# then sync() from rank 0, as elastic.run): PowerSGD's state is committed and
+# the error buffers stay each rank's own, so the run continues exactly
+from commlib.tensorflow.keras.elastic import KerasState
+
+model, step = keras_run(hvd.Compression.powersgd(**default))
+state = KerasState(model)
+for s in range(7):
+    step(s)
+state.commit()
+for s in range(7, 10):
+    step(s)
+state.restore()
+state.sync()
+for s in range(7, STEPS):
+    step(s)
+same_as(model, whole_keras, "elastic restore and sync")
 
 psgd = hvd.Compression.powersgd(**default)
 model, step = tape_run(psgd)

@@ -8,7 +8,8 @@ feedback, backward_passes_per_step=2, op=Sum; at 3 ranks, process sets {0, 2}
 and {1, 2} (members match the simulation on their data, the rank outside
 trains alone). A float32 checkpoint at step 7
 restored into a fresh model and optimizer continues bitwise as the
-uninterrupted run; a bfloat16 model trains with identical replicas; the error
+uninterrupted run, and so does an elastic TorchState restored and synced
+from rank 0 (each rank keeps its own error buffers); a bfloat16 model trains with identical replicas; the error
 buffers are reused from step to step (no new allocations).
 Refused: staleness, zero_stage, groups, sparse gradients, PowerSGD on a
 single collective, different ranks across ranks."""
@@ -213,6 +214,22 @@ for (name, p), q in zip(model.named_parameters(), whole_model.parameters()):
     if not torch.equal(p, q):
         fail(f"checkpoint: {name} after the restart differs from the uninterrupted run by "
              f"{float((p - q).abs().max()):.2e}")
+# elastic: a commit at step 7, then what a restart does (restore the commit,
+# then sync() from rank 0, as elastic.run): the error buffers are each rank's
+# own, so the run continues exactly as the uninterrupted one
+model, opt = make(hvd.Compression.powersgd(**default))
+state = hvd.elastic.TorchState(model=model, optimizer=opt)
+train(model, opt, 7, "elastic, before the commit")
+state.commit()
+train(model, opt, 10, "elastic, lost steps", first=7)
+state.restore()
+state.sync()
+train(model, opt, STEPS, "elastic, after the restart", first=7)
+for (name, p), q in zip(model.named_parameters(), whole_model.parameters()):
+    if not torch.equal(p, q):
+        fail(f"elastic: {name} after the restore and sync differs from the uninterrupted run by "
+             f"{float((p - q).abs().max()):.2e}")
+
 model, opt = make(hvd.Compression.powersgd(rank=1, start_step=4))
 expect_raises(ValueError, lambda: opt.load_state_dict(saved["opt"]), "other configuration",
               match="cannot be loaded")
