@@ -88,9 +88,10 @@ def test_parameters_broadcast_in_few_fused_calls(ranks, gpu_emulator, n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_gradients_go_out_in_buckets(ranks, gpu_emulator, n):
     # 160 gradients (1.1 MB) 200 us apart, buckets of 256 KiB: 4 close during
-    # the "backward pass", the rest goes when the step waits. (A gap of 50 ms
-    # ends a bucket early only where the load stops this Python for that long.)
-    env = dict(gpu_emulator, COMMLIB_GPU_BUCKET_BYTES=str(256 << 10), COMMLIB_CYCLE_TIME="50")
+    # the "backward pass", the rest goes when the step waits. (The hold's gap
+    # and cap are the cycle time, 200 ms here: a bucket ends early only where
+    # the load stops this Python for that long.)
+    env = dict(gpu_emulator, COMMLIB_GPU_BUCKET_BYTES=str(256 << 10), COMMLIB_CYCLE_TIME="200")
     run = ranks(n, "gpu_emulated_costs.py", "backward", str(LARGE), timeout=120, env=env)
     run.assert_ok(n)
     lines = [line[line.index("BUCKETS "):].split()[1:] for line in run.stdout.splitlines() if "BUCKETS " in line]
@@ -98,8 +99,10 @@ def test_gradients_go_out_in_buckets(ranks, gpu_emulator, n):
     for step, full, before_wait, launches in (map(int, line) for line in lines):
         assert full == 4, (step, full)
         # (buckets that close while the background thread is slow can go
-        # together: fewer launches, never more than one per bucket)
-        assert 1 <= before_wait and launches <= full + 1, (step, full, before_wait, launches)
+        # together: fewer launches; on a loaded machine a step from the
+        # response cache may split some: 7 seen with two CPU hogs. The CPU
+        # rule: one launch per few gradients, 11 or more.)
+        assert 1 <= before_wait and launches <= 2 * full, (step, full, before_wait, launches)
 
 
 def check_timeline(path):
