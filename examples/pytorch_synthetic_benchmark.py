@@ -48,7 +48,8 @@ state that ZeRO shards (SGD without momentum has none):
 With ``--backend ddp`` alone the rank and world size come from torchrun's RANK /
 WORLD_SIZE, or from MPI's launcher environment (PMI_RANK/PMI_SIZE for MPICH,
 OMPI_COMM_WORLD_RANK/SIZE for Open MPI) when started by commlibrun;
-MASTER_ADDR/MASTER_PORT default to 127.0.0.1:29500.
+MASTER_ADDR defaults to 127.0.0.1 and MASTER_PORT to a free port that rank 0
+picks and shares over MPI (a fixed port can still be held by a job before).
 """
 import argparse
 import copy
@@ -145,13 +146,28 @@ def make_optimizer(args, params, scale):
     return torch.optim.SGD(params, lr=0.01 * scale, momentum=0.9 if args.device == "cuda" else 0)
 
 
+def free_port_of_rank_0():
+    """A TCP port free on rank 0's host, the same on every rank (MPI)."""
+    import socket
+
+    from mpi4py import MPI
+
+    port = None
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+    return MPI.COMM_WORLD.bcast(port, root=0)
+
+
 def setup_ddp(model, args, device, rank, world):
     """DDP over NCCL (CUDA) or gloo (CPU): the model and its optimizer."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(free_port_of_rank_0())
     if device.type == "cuda":
         dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
         ddp = DistributedDataParallel(model, device_ids=[device.index])
@@ -196,6 +212,42 @@ def setup_commlib(model, args, mode):
 
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     return model, commlib_optimizer(model, args, mode)
+
+
+def broadcast_times(model, device, align, rounds=3):
+    """Median seconds to broadcast ``model``'s state_dict from rank 0 (after
+    a warm-up round): commlib's broadcast_parameters (fused into few
+    collectives) and a loop of torch.distributed.broadcast, one call per
+    tensor; each timed call follows an untimed barrier."""
+    import torch.distributed as dist
+
+    import commlib.torch as hvd
+
+    state = model.state_dict()
+
+    def wait():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def ours():
+        hvd.broadcast_parameters(state, root_rank=0)
+        wait()
+
+    def theirs():
+        for t in state.values():
+            dist.broadcast(t, src=0)
+        wait()
+
+    times = ([], [])
+    for i in range(rounds + 1):
+        for fn, out in zip((ours, theirs), times):
+            align()
+            start = time.perf_counter()
+            fn()
+            if i:
+                out.append(time.perf_counter() - start)
+    return float(np.median(times[0])), float(np.median(times[1])), len(state), \
+        sum(t.numel() * t.element_size() for t in state.values())
 
 
 def step_of(model, optimizer, data, target, args, device):
@@ -325,6 +377,12 @@ def main():
         first[name] = average(timed(step, 1, device))
         log(f"First step [{name}]: {first[name]:.3f} s (setup before it "
             f"{average(setup_s[name]):.3f} s)")
+    if args.compare:  # (DDP's rendezvous is up: torch.distributed's broadcast to compare with)
+        ours, theirs, count, nbytes = broadcast_times(models[names[0]], device, align)
+        log(f"Broadcast of the model's {count} tensors ({nbytes / 1e6:.1f} MB) from rank 0: "
+            f"commlib broadcast_parameters {1e3 * average(ours):.1f} ms, a loop of "
+            f"torch.distributed.broadcast {1e3 * average(theirs):.1f} ms "
+            f"({average(theirs) / average(ours):.2f}x)")
     rates, cpu_ms = measure(steps, args, device, log,
                             align=align if len(steps) > 1 else (lambda: None))
     means = {}

@@ -4,7 +4,9 @@
 # in a folder), builds the core, runs tests/gpu, the CUDA benchmark at 2 and
 # 4 ranks, ResNet-50 (or the transformer, without torchvision) against DDP at
 # 2 ranks with commlib's timeline by phase, and the CPU scale benchmark at 4,
-# 8 and 16 ranks, and writes ONE report (markdown) with every table. Every
+# 8 and 16 ranks, then with what is left of the budget the same model at 4
+# ranks and the transformer in bf16 at 2, and writes ONE report (markdown)
+# with every table. Every
 # step runs under its own time limit, cut to what is left of the whole
 # budget (480 s), so the check ends within 8 minutes whatever hangs.
 #
@@ -147,6 +149,15 @@ for n in $CPU_RANKS; do
   step "CPU scale: allreduce and alltoall against MPI, $n ranks" "$limit" env CUDA_VISIBLE_DEVICES= \
     "${RUN[@]}" -np "$n" --timeout "$limit" "$PY" -m commlib.bench --no-gloo --no-fusion $CPU_BENCH_ARGS
 done
+
+if [ "$CPU_ONLY" = 0 ]; then  # (last: what the budget has left; a hang prints each rank's stacks)
+  step "$MODEL: commlib against DDP, 4 ranks" 60 "${RUN[@]}" -np 4 --timeout 60 \
+    "$ROOT/tests/gpu/rank_env.sh" "$PY" "$ROOT/examples/pytorch_synthetic_benchmark.py" --compare --device cuda \
+    --model "$MODEL" --num-warmup-batches 2 --num-batches-per-iter 3 --num-iters 3
+  step "transformer bf16: commlib against DDP, 2 ranks" 60 "${RUN[@]}" -np 2 --timeout 60 \
+    "$ROOT/tests/gpu/rank_env.sh" "$PY" "$ROOT/examples/pytorch_synthetic_benchmark.py" --compare --device cuda \
+    --model transformer --amp bf16 --num-warmup-batches 2 --num-batches-per-iter 5 --num-iters 3
+fi
 
 if [ "$DRY" = 0 ]; then
   say "" "## Summary ($(( $(date +%s) - START )) s)" "" "| step | status | seconds |" "|---|---|---|"
