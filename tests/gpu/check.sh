@@ -2,12 +2,12 @@
 # The one-call GPU check: on a fresh GPU machine without network (PyTorch,
 # the NCCL wheel and an MPI installed; wheels for cffi and pycparser carried
 # in a folder), builds the core, runs tests/gpu, the CUDA benchmark at 2 and
-# 4 ranks, ResNet-50 (or the transformer, without torchvision) against DDP at
-# 2 ranks with commlib's timeline by phase, and the CPU scale benchmark at 4,
-# 8 and 16 ranks, then with what is left of the budget the same model at 4
-# ranks and the transformer in bf16 at 2, and writes ONE report (markdown)
-# with every table. Every
-# step runs under its own time limit, cut to what is left of the whole
+# 4 ranks (and broadcast --aligned at 4), ResNet-50 (or the transformer,
+# without torchvision) against DDP at 2 ranks with commlib's timeline by
+# phase, the CPU scale benchmark at 4, 8 and 16 ranks, then with what is
+# left the model at 4 ranks and the transformer in bf16 at 2, and writes ONE
+# report (markdown) with every table. Every step runs under its own time
+# limit, cut to what is left of the whole
 # budget (480 s), so the check ends within 8 minutes whatever hangs.
 #
 #   tests/gpu/check.sh --wheels DIR [--report FILE]      # the whole check
@@ -39,7 +39,7 @@ while [ $# -gt 0 ]; do
     --ranks) CPU_RANKS="$2"; shift ;;
     --cpu-bench-args) CPU_BENCH_ARGS="$2"; shift ;;
     --budget) BUDGET="$2"; shift ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -135,6 +135,9 @@ if [ "$CPU_ONLY" = 0 ]; then
   step "CUDA bench, 2 ranks" 25 "${RUN[@]}" -np 2 --timeout 25 "$PY" -m commlib.bench $CUDA_BENCH_ARGS
   # shellcheck disable=SC2086
   step "CUDA bench, 4 ranks" 35 "${RUN[@]}" -np 4 --timeout 35 "$PY" -m commlib.bench $CUDA_BENCH_ARGS
+  # shellcheck disable=SC2086
+  step "CUDA broadcast, 4 ranks, aligned (one call's latency)" 25 "${RUN[@]}" -np 4 --timeout 25 "$PY" -m commlib.bench \
+    $CUDA_BENCH_ARGS --ops broadcast --aligned
   MODEL=resnet50
   "$PY" -c "import torchvision" 2>/dev/null || MODEL=transformer
   TRACE="$OUT.timeline.json"  # (commlib's collectives: where its first step's time goes)
