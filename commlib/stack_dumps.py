@@ -16,9 +16,8 @@ import os
 import signal
 import sys
 
-from .launch._rankwrap import STATUS_DIR_ENV
+from .launch._rankwrap import STACKS_FILE_PREFIX, STACKS_SIGNAL, STATUS_DIR_ENV
 
-SIGNAL = signal.SIGUSR2
 _installed = False
 
 
@@ -32,15 +31,15 @@ def install() -> bool:
     if not status_dir or not os.path.isdir(status_dir):
         return False
     try:
-        if signal.getsignal(SIGNAL) not in (signal.SIG_DFL, None):
+        if signal.getsignal(STACKS_SIGNAL) not in (signal.SIG_DFL, None):
             return False  # (the program's own handler stays)
-        faulthandler.register(SIGNAL, file=sys.stderr, all_threads=True, chain=False)
+        faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
     except (AttributeError, OSError, ValueError, RuntimeError):  # no usable stderr file descriptor
         return False
     try:
-        open(os.path.join(status_dir, f"stacks.{os.getpid()}"), "w").close()
+        open(os.path.join(status_dir, f"{STACKS_FILE_PREFIX}{os.getpid()}"), "w").close()
     except OSError:
-        faulthandler.unregister(SIGNAL)
+        faulthandler.unregister(STACKS_SIGNAL)
         return False
     _installed = True
     return True

@@ -44,6 +44,10 @@ import time
 RANK_ENV_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 STATUS_DIR_ENV = "COMMLIB_RUN_STATUS_DIR"
 OUTPUT_SOCKET_ENV = "COMMLIB_RUN_OUTPUT_SOCKET"
+# commlib.stack_dumps: a rank that writes its Python stacks on STACKS_SIGNAL
+# says so with a file STACKS_FILE_PREFIX<pid> in the status folder.
+STACKS_SIGNAL = signal.SIGUSR2
+STACKS_FILE_PREFIX = "stacks."
 # First byte a wrapper sends on an output connection: which stream it carries.
 STDOUT_TAG = b"1"
 STDERR_TAG = b"2"

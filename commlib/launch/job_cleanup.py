@@ -19,6 +19,8 @@ import os
 import signal
 import time
 
+from ._rankwrap import STACKS_FILE_PREFIX, STACKS_SIGNAL
+
 JOB_ENV = "COMMLIB_RUN_JOB"
 SHM_DIR = "/dev/shm"
 # Seconds between two looks at the job's processes' segments.
@@ -102,18 +104,18 @@ class JobReaper:
         for pid in job_processes(self.token):
             self.segments |= shm_paths(pid)
 
-    def request_stacks(self, status_dir, signum):
-        """Sends ``signum`` to the job's processes on this host that asked for
-        it (a ``stacks.<pid>`` file in ``status_dir``, commlib.stack_dumps:
+    def request_stacks(self, status_dir):
+        """Sends STACKS_SIGNAL to the job's processes on this host that asked
+        for it (a ``stacks.<pid>`` file in ``status_dir``, commlib.stack_dumps:
         their Python stacks to stderr); their pids."""
         try:
-            asked = {int(n.split(".", 1)[1]) for n in os.listdir(status_dir)
-                     if n.startswith("stacks.") and n.split(".", 1)[1].isdigit()}
+            pids = [n[len(STACKS_FILE_PREFIX):] for n in os.listdir(status_dir)
+                    if n.startswith(STACKS_FILE_PREFIX)]
         except OSError:
             return []
-        sent = sorted(asked & set(job_processes(self.token)))
+        sent = sorted({int(p) for p in pids if p.isdigit()} & set(job_processes(self.token)))
         for pid in sent:
-            _signal(pid, signum)
+            _signal(pid, STACKS_SIGNAL)
         return sent
 
     def kill_all(self):

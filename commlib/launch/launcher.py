@@ -319,8 +319,7 @@ class _Job:
             if deadline is not None and now >= deadline and not self.timed_out:
                 self.timed_out = True
                 # Where is it stuck? The ranks' Python stacks first (commlib.stack_dumps).
-                dumped = (self.reaper.request_stacks(self._status_dir, signal.SIGUSR2)
-                          if self._status_dir else [])
+                dumped = self.reaper.request_stacks(self._status_dir) if self._status_dir else []
                 first = (f" after the Python stacks of its {len(dumped)} rank process(es) on this host, "
                          "which follow" if dumped else "")
                 print(f"commlibrun: timeout: job still running after {self.timeout:g} s, killing it{first}",
