@@ -127,10 +127,10 @@ def broadcast_state(optimizer, root_rank, prefix="broadcast_optimizer_state",
     process_set = check_process_set(process_set)
     check_root(root_rank, process_set)
     # State that is each rank's own (PowerSGD's error buffers) stays where it is.
-    split = getattr(optimizer, "split_own_state", None)
+    own_state = hasattr(optimizer, "without_own_state")
     state_dict = optimizer.state_dict() if rank() == root_rank else None
-    if split is not None and state_dict is not None:
-        state_dict, _ = split(state_dict)
+    if own_state and state_dict is not None:
+        state_dict = optimizer.without_own_state(state_dict)
     tensors: list = []
     skeleton = _strip_tensors(state_dict, tensors) if rank() == root_rank else None
     skeleton = broadcast_object(skeleton, root_rank, name=f"{prefix}.skeleton",
@@ -146,9 +146,7 @@ def broadcast_state(optimizer, root_rank, prefix="broadcast_optimizer_state",
         synchronize(h)
     if rank() != root_rank:
         received = _fill_tensors(skeleton, tensors)
-        if split is not None:
-            received = optimizer.join_own_state(received, split(optimizer.state_dict())[1])
-        optimizer.load_state_dict(received)
+        optimizer.load_state_dict(optimizer.with_own_state(received) if own_state else received)
 
 
 def init_state(optimizer) -> None:

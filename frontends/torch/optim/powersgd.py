@@ -132,24 +132,19 @@ class PowerSGDOptimizer(DistributedOptimizerBase):
         return state
 
     @staticmethod
-    def split_own_state(state_dict):
-        """``(shared, own)``: the state_dict without this rank's own part (its
-        error buffers: each rank compresses its own gradients), and that
-        part. Broadcasts of the optimizer's state send only ``shared``."""
-        state_dict = dict(state_dict)
-        powersgd = dict(state_dict.get("powersgd") or {})
-        own = powersgd.pop("errors", {})
-        if "powersgd" in state_dict:
-            state_dict["powersgd"] = dict(powersgd, errors={})
-        return state_dict, own
+    def without_own_state(state_dict):
+        """The state_dict without what is each rank's own (the error buffers:
+        each rank compresses its own gradients): what a broadcast of the
+        optimizer's state sends."""
+        if "powersgd" not in state_dict:
+            return state_dict
+        return dict(state_dict, powersgd=dict(state_dict["powersgd"], errors={}))
 
-    @staticmethod
-    def join_own_state(shared, own):
-        """``split_own_state``'s inverse: ``shared`` with this rank's ``own``."""
-        shared = dict(shared)
-        if "powersgd" in shared:
-            shared["powersgd"] = dict(shared["powersgd"], errors=own)
-        return shared
+    def with_own_state(self, shared):
+        """A received ``without_own_state`` result, with this rank's own part."""
+        if "powersgd" not in shared:
+            return shared
+        return dict(shared, powersgd=dict(shared["powersgd"], errors=dict(self._powersgd.errors)))
 
     def load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
