@@ -77,10 +77,9 @@ class TorchOps:
         # the error buffer), then error = M - P Q^T in place there: no
         # gradient-sized tensor is allocated or copied per step
         qt = q.t()
-        target = grad.view(m.shape) if grad.is_contiguous() and grad.dtype == m.dtype \
-            and grad.device == m.device else None
         if feedback and old_error is m:
-            m_hat = torch.mm(p, qt, out=target) if target is not None else torch.mm(p, qt)
+            fits = grad.is_contiguous() and grad.dtype == m.dtype and grad.device == m.device
+            m_hat = torch.mm(p, qt, out=grad.view(m.shape)) if fits else torch.mm(p, qt)
             return m_hat, m.addmm_(p, qt, alpha=-1)
         error = None
         if feedback:  # (the first compressed step: m is the gradient, or its float32 copy)
