@@ -379,10 +379,10 @@ def main():
             f"{average(setup_s[name]):.3f} s)")
     if args.compare:  # (DDP's rendezvous is up: torch.distributed's broadcast to compare with)
         ours, theirs, count, nbytes = broadcast_times(models[names[0]], device, align)
+        ours, theirs = average(ours), average(theirs)
         log(f"Broadcast of the model's {count} tensors ({nbytes / 1e6:.1f} MB) from rank 0: "
-            f"commlib broadcast_parameters {1e3 * average(ours):.1f} ms, a loop of "
-            f"torch.distributed.broadcast {1e3 * average(theirs):.1f} ms "
-            f"({average(theirs) / average(ours):.2f}x)")
+            f"commlib broadcast_parameters {1e3 * ours:.1f} ms, a loop of "
+            f"torch.distributed.broadcast {1e3 * theirs:.1f} ms ({theirs / ours:.2f}x)")
     rates, cpu_ms = measure(steps, args, device, log,
                             align=align if len(steps) > 1 else (lambda: None))
     means = {}

@@ -101,6 +101,8 @@ step() {
 
 # commlibrun, with the interpreter by absolute path (../shared/GPU.md)
 RUN=("$PY" -m commlib.launch)
+# the synthetic benchmark against DDP, each rank its own NCCL host (rank_env.sh)
+COMPARE=("$ROOT/tests/gpu/rank_env.sh" "$PY" "$ROOT/examples/pytorch_synthetic_benchmark.py" --compare --device cuda)
 
 if [ "$DRY" = 0 ]; then
   : > "$REPORT" || exit 2
@@ -142,7 +144,7 @@ if [ "$CPU_ONLY" = 0 ]; then
   "$PY" -c "import torchvision" 2>/dev/null || MODEL=transformer
   TRACE="$OUT.timeline.json"  # (commlib's collectives: where its first step's time goes)
   step "$MODEL: commlib against DDP, 2 ranks" 100 env COMMLIB_TIMELINE="$TRACE" "${RUN[@]}" -np 2 --timeout 100 \
-    "$ROOT/tests/gpu/rank_env.sh" "$PY" "$ROOT/examples/pytorch_synthetic_benchmark.py" --compare --device cuda \
+    "${COMPARE[@]}" \
     --model "$MODEL" --num-warmup-batches 2 --num-batches-per-iter 5 --num-iters 4
   step "$MODEL: commlib's timeline by phase" 5 "$PY" -m commlib.timeline phases "$TRACE"
 fi
@@ -155,10 +157,10 @@ done
 
 if [ "$CPU_ONLY" = 0 ]; then  # (last: what the budget has left; a hang prints each rank's stacks)
   step "$MODEL: commlib against DDP, 4 ranks" 60 "${RUN[@]}" -np 4 --timeout 60 \
-    "$ROOT/tests/gpu/rank_env.sh" "$PY" "$ROOT/examples/pytorch_synthetic_benchmark.py" --compare --device cuda \
+    "${COMPARE[@]}" \
     --model "$MODEL" --num-warmup-batches 2 --num-batches-per-iter 3 --num-iters 3
   step "transformer bf16: commlib against DDP, 2 ranks" 60 "${RUN[@]}" -np 2 --timeout 60 \
-    "$ROOT/tests/gpu/rank_env.sh" "$PY" "$ROOT/examples/pytorch_synthetic_benchmark.py" --compare --device cuda \
+    "${COMPARE[@]}" \
     --model transformer --amp bf16 --num-warmup-batches 2 --num-batches-per-iter 5 --num-iters 3
 fi
 
