@@ -26,7 +26,7 @@ if _os.path.isdir(_frontends):
 _EXPORTS = {
     "basics": ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
                "cross_rank", "cross_size", "mpi_threads_supported", "mpi_library_version",
-               "response_cache_stats", "autotune_history"],
+               "response_cache_stats", "autotune_history", "engine_state"],
     "dispatch": ["DistributedOptimizer"],
     "errors": ["CommlibError", "CollectiveMismatchError", "NotInitializedError", "RankLostError",
                "ScalarTensorError", "CollectiveTimeoutError", "HorovodInternalError",

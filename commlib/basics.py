@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 
 from . import failure_notes, runtime, stack_dumps
 from ._lib import MPI, check, ffi, lib
@@ -23,7 +24,7 @@ def init(comm=None, process_sets=None) -> None:
     if process_sets is not None and process_sets != "dynamic":
         if not all(isinstance(p, ProcessSet) for p in process_sets):
             raise TypeError("process_sets must be a list of commlib ProcessSet objects or 'dynamic'")
-    stack_dumps.install()  # (before the core starts: a hang in init() shows too)
+    stack_dumps.install(_engine_line)  # (before the core starts: a hang in init() shows too)
     if not runtime.is_initialized():
         runtime.reset_names()  # a new job: names count from 0 on every rank
     if comm is None:
@@ -109,6 +110,20 @@ def response_cache_stats() -> dict:
     out = ffi.new("int64_t[4]")
     lib.commlib_cache_stats(out)
     return {"hits": out[0], "misses": out[1], "invalidations": out[2], "cached_runs": out[3]}
+
+
+def engine_state() -> str:
+    """One line on where this rank's engine is: its open, held and launched
+    requests, and, when one pass of it has run for long, the steps it is in
+    (``creating an NCCL communicator``, ``ncclCommInitRank``, a collective's
+    name). It answers while the engine is stuck; ``commlibrun --timeout``
+    prints it for every rank before it stops a job that hangs."""
+    return ffi.string(lib.commlib_engine_state()).decode("utf-8", "replace")
+
+
+def _engine_line() -> str:
+    who = f"rank {lib.commlib_rank()}" if lib.commlib_is_initialized() else f"pid {os.getpid()}"
+    return f"commlib ({who}): engine: {engine_state()}"
 
 
 def autotune_history() -> list:

@@ -251,6 +251,12 @@ int64_t commlib_tune_history(int64_t* out, int64_t max_rows) { return Engine::ge
 
 void commlib_cache_stats(int64_t* out) { Engine::get().cache_stats(out); }
 
+const char* commlib_engine_state(void) {
+  static thread_local std::string state;
+  state = Engine::get().describe_state();
+  return state.c_str();
+}
+
 int commlib_start_timeline(const char* path, int mark_cycles) {
   return guarded([&] {
     Engine& engine = Engine::get();

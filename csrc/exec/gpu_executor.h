@@ -56,6 +56,7 @@ class GpuExecutor {
   // Aborts the communicators of everything in flight and hands it back failed.
   std::vector<Done> abandon(int status, const std::string& message);
   bool busy() const { return !inflight_.empty(); }
+  size_t in_flight() const { return inflight_.size(); }
 
  private:
   struct Launch {

@@ -101,6 +101,11 @@ class Engine : private CacheHost {
   // Response cache counters (negotiation/cache_protocol.h): hits, misses,
   // invalidations, cached requests executed; all zero when the cache is off.
   void cache_stats(int64_t out[4]) const { cache_.stats(out); }
+  // One line on where this rank's engine is (c_api.h commlib_engine_state):
+  // its open, held and launched requests, and a cycle that has run for long
+  // with the steps it is in (base/activity.h). Reads only atomics and the
+  // activity board: it answers while a cycle is stuck.
+  std::string describe_state() const;
 
   // rank 0 of the process set makes an NCCL unique id and every member gets
   // its bytes over MPI (runtime/engine_gpu.cc). Collective over the set's
@@ -294,6 +299,11 @@ class Engine : private CacheHost {
   std::atomic<bool> bg_yields_{false};    // napping while a waiter drives
   std::atomic<int64_t> outstanding_{0};   // requests queued and not finished
   std::atomic<int64_t> p2p_outstanding_{0};  // of which point-to-point
+  // For describe_state: when the running cycle started (0: none runs), the
+  // requests held for batching, the CUDA launches not yet complete.
+  std::atomic<int64_t> cycle_since_us_{0};
+  std::atomic<int64_t> held_count_{0};
+  std::atomic<int64_t> gpu_launches_{0};
   int64_t last_full_cycle_us_ = 0;  // a driving waiter's last whole cycle (cycle_mu_)
   int64_t last_p2p_cycle_us_ = 0;   // cycle()'s last point-to-point part (cycle_mu_)
 

@@ -91,6 +91,7 @@ void Engine::fail_pending(int code, const std::string& message) {
   for (Entry& e : queued) finish(e, code, message);
   for (Entry& e : held_) finish(e, code, message);
   held_.clear();
+  held_count_.store(0, std::memory_order_relaxed);
   for (auto& [name, e] : pending_) finish(e, code, message);
   pending_.clear();
   if (code == COMMLIB_ERR_NOT_INIT) drain_gpu();  // (a shutdown: what every rank launched may finish)

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "base/activity.h"
 #include "base/common.h"
 #include "base/progress.h"
 #include "base/timeline.h"
@@ -96,6 +97,7 @@ void Engine::execute(const Response& resp) {
     const std::vector<int>& m = sets_.at(resp.process_set);
     for (Entry* e : entries) e->desc.root = int(std::find(m.begin(), m.end(), e->desc.root) - m.begin());
   }
+  const Activity running(op_type_name(resp.op_type), &resp.names.at(0));  // (a hung job's report)
   if (!entries.empty() && entries[0]->desc.device_type != COMMLIB_DEVICE_CPU) {
     launch_gpu(resp, entries);  // completes later, by event (poll_gpu)
     return;

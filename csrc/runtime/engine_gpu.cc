@@ -87,6 +87,7 @@ void Engine::launch_gpu(const Response& resp, const std::vector<Entry*>& entries
       std::lock_guard<std::mutex> lock(queue_mu_);
       for (const std::string& key : own_keys) in_flight_.erase(key);
     }
+    gpu_launches_.store(int64_t(gpu_->in_flight()), std::memory_order_relaxed);
     for (auto& h : launched) handles_.mark_launched(*h, done);
   } catch (const Error& e) {
     // (the other ranks' launches, if any, end by the timeout or NCCL's own error)
@@ -135,6 +136,7 @@ void Engine::trace_gpu_execution(GpuExecutor::Done& d) {
 bool Engine::poll_gpu() {
   if (!gpu_ || !gpu_->busy()) return false;
   std::vector<GpuExecutor::Done> done = gpu_->poll(now_us(), timeout_us_);
+  gpu_launches_.store(int64_t(gpu_->in_flight()), std::memory_order_relaxed);
   for (GpuExecutor::Done& d : done) {
     if (d.status == COMMLIB_OK && timeline().on()) trace_gpu_execution(d);
     for (Entry& e : d.entries) finish(e, d.status, d.message);

@@ -42,6 +42,11 @@ constexpr int64_t kFullCycleUs = 50;
 
 bool Engine::step(bool full) {
   if (comm_over_.load()) return false;  // nothing can be sent any more: just idle until shutdown
+  struct CycleMark {  // (describe_state: how long the running cycle has run)
+    std::atomic<int64_t>& since;
+    explicit CycleMark(std::atomic<int64_t>& s) : since(s) { since.store(now_us(), std::memory_order_relaxed); }
+    ~CycleMark() { since.store(0, std::memory_order_relaxed); }
+  } mark(cycle_since_us_);
   try {
     if (!full) {
       const bool worked = cycle_p2p();
@@ -219,6 +224,7 @@ bool Engine::take_requests() {
     }
     last_arrival_us_ = now;
   }
+  held_count_.store(int64_t(held_.size()), std::memory_order_relaxed);
   // Report now unless more requests are still streaming in (then they are
   // negotiated, and fused, together).
   if (stop_.load()) {
@@ -229,6 +235,7 @@ bool Engine::take_requests() {
     held_.clear();
     worked = true;
   }
+  if (held_.empty()) held_count_.store(0, std::memory_order_relaxed);
   return worked;
 }
 

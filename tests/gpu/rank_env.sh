@@ -6,4 +6,5 @@
 rank="${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${PMIX_RANK:-0}}}"
 export NCCL_HOSTID="${NCCL_HOSTID_PREFIX:-commlibcheck}${rank}"
 export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"  # (what NCCL itself says when a communicator stalls or fails)
 exec "$@"

@@ -207,8 +207,10 @@ def test_timeout_kills_job(tmp_path):
 def test_timeout_shows_where_each_rank_is_stuck(tmp_path):
     # A job stuck after commlib.init(): before stopping it, commlibrun has
     # every rank write its threads' Python stacks (commlib.stack_dumps), so
-    # the output names the function each rank hangs in. Rank 1 handles
-    # SIGUSR2 itself: its handler stays and it is not asked.
+    # the output names the function each rank hangs in, and its engine's
+    # state (commlib.engine_state(): rank 0 waits for an allreduce rank 1
+    # never submits). Rank 1 handles SIGUSR2 itself: its handler stays and
+    # it is not asked.
     marker = uuid.uuid4().hex
     prog = write_script(tmp_path, """
         import signal, sys, time
@@ -220,6 +222,9 @@ def test_timeout_shows_where_each_rank_is_stuck(tmp_path):
 
         def stuck_in_here_on(rank):
             print(f"stuck {rank}", flush=True)
+            if rank == 0:
+                import numpy as np
+                commlib.allreduce(np.ones(4, np.float32), name="never.submitted.by.rank.1")
             while True:
                 time.sleep(0.1)
 
@@ -233,6 +238,9 @@ def test_timeout_shows_where_each_rank_is_stuck(tmp_path):
     # (faulthandler's frames read 'line N in f'; rank 1's KeyboardInterrupt at the stop reads 'line N, in f')
     stacks = [line for line in out.stderr.splitlines() if re.search(r"line \d+ in stuck_in_here_on", line)]
     assert stacks and all(line.startswith("[0]: ") for line in stacks), out.stderr
+    assert ("[0]: commlib (rank 0): engine: 1 requests open (0 point-to-point), 0 held for batching, "
+            "0 CUDA launches in flight") in out.stderr, out.stderr
+    assert "engine:" not in out.stderr.replace("[0]: commlib (rank 0): engine:", ""), out.stderr
     assert "OWN HANDLER RAN" not in out.stdout
     assert_no_leftovers(marker)
 

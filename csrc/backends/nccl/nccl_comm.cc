@@ -6,6 +6,7 @@
 #include <cstring>
 #include <thread>
 
+#include "base/activity.h"
 #include "base/common.h"
 
 namespace commlib {
@@ -104,9 +105,15 @@ ncclComm NcclComm::init_bounded(const GpuLibs& libs, const NcclUniqueId& id, int
 }
 
 std::unique_ptr<NcclComm> NcclComm::create(const GpuLibs& libs, Transport& t, int device, int64_t timeout_us) {
-  const NcclUniqueId id = shared_unique_id(libs.nccl, t);
+  const Activity creating("creating an NCCL communicator");
+  NcclUniqueId id;
+  {
+    const Activity sharing("sharing its unique id (rank 0's, over MPI)");
+    id = shared_unique_id(libs.nccl, t);
+  }
   std::unique_ptr<NcclComm> c(new NcclComm(libs, device, t.rank(), t.size()));
   c->stream_ = priority_stream(libs.cuda, device);
+  const Activity init("ncclCommInitRank");
   c->comm_ = init_bounded(libs, id, t.rank(), t.size(), device, timeout_us);
   return c;
 }

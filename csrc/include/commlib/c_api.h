@@ -263,6 +263,11 @@ int64_t commlib_tune_history(int64_t* out, int64_t max_rows);
 /* Response cache counters of this rank since init: out[0] hits, out[1]
  * misses, out[2] invalidations, out[3] cached requests executed. */
 void commlib_cache_stats(int64_t* out);
+/* One line on where this rank's engine is (open, held and launched
+ * requests; a cycle that has run for long, with the steps it is in, such as
+ * "ncclCommInitRank"), readable while the engine is stuck; valid until this
+ * thread's next call. commlibrun --timeout prints it for each rank. */
+const char* commlib_engine_state(void);
 
 /* The timeline (a Chrome-trace JSON file per rank; README "Timeline"): starts
  * writing to path (rank 0; rank r writes <stem>.rank<r><ext>), with a marker
