@@ -50,7 +50,8 @@ from .process_sets import global_process_set
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
 from .process_sets import set_rank, set_size
-from .submit import array_fields, cached_facts, request, submit, submit_in_place
+from .submit import (again, array_fields, c_name, cached_facts, describe, repeat, request, submit,
+                     submit_in_place, submit_remembered)
 
 # Reduction operators (Horovod's names).
 Sum = lib.COMMLIB_SUM
@@ -164,6 +165,19 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     every rank); the result is a new array, or with ``out`` (C-contiguous,
     writable, the input's dtype and shape) is written there and ``out`` is
     returned."""
+    if out is None and type(name) is str:  # (a repeated call: checked and built before)
+        f = cached_facts(tensor, writable=False)
+        key = ("allreduce", name, _set_key(process_set), op, average, prescale_factor, postscale_factor)
+        last = repeat(f, key) if f is not None else None
+        if last is not None:
+            out = np.empty_like(tensor)
+            return Handle(again(last, out), None, (tensor, out), "allreduce", out)
+        inp = as_input(tensor)
+        out = np.empty_like(inp)
+        rop, psid = resolve_op(op, average), _psid(process_set)
+        r = request(_OP_ALLREDUCE, c_name("allreduce", name, psid), **array_fields(inp, out), reduce_op=rop,
+                    prescale=prescale_factor, postscale=postscale_factor, process_set=psid)
+        return Handle(submit_remembered(describe(inp), key, r), None, (inp, out), "allreduce", out)
     inp = as_input(tensor)
     out = np.empty_like(inp) if out is None else check_result_like(out, inp, "allreduce")
     return _allreduce(inp, out, average, name, op, prescale_factor, postscale_factor, process_set)
@@ -224,9 +238,21 @@ def allgather_async(tensor, name=None, process_set=None, out=None) -> Handle:
     ``out`` is returned; its rows must equal the sum of every rank's rows
     (else ValueError on that rank). ``tensor`` may be this rank's own part of
     ``out`` (in place: ``allgather(out[lo:hi], out=out)``)."""
+    key = None
+    if out is None and type(name) is str:  # (a repeated call: checked and built before)
+        f = cached_facts(tensor, writable=False)
+        key = ("allgather", name, _set_key(process_set))
+        last = repeat(f, key) if f is not None else None
+        if last is not None:
+            return Handle(again(last), last[2], tensor, "allgather")
     inp = as_input(tensor)
     check_has_rows(inp.ndim, "allgather")
     psid = _psid(process_set)
+    if key is not None:
+        r = request(lib.COMMLIB_OP_ALLGATHER, c_name("allgather", name, psid), **array_fields(inp, None),
+                    process_set=psid)
+        finish = _rows_result(inp)
+        return Handle(submit_remembered(describe(inp), key, r, finish), finish, inp, "allgather")
     name = runtime.auto_name("allgather", name, psid)
     if out is not None:
         out = check_output(out, f"allgather '{name}' (out=)")
@@ -239,12 +265,24 @@ def allgather_async(tensor, name=None, process_set=None, out=None) -> Handle:
                       output_rows=out.shape[0])
         return Handle(hid, None, (inp, out), "allgather", value=out)
     hid = _submit(lib.COMMLIB_OP_ALLGATHER, name, inp, None, process_set=psid)
+    return Handle(hid, _rows_result(inp), inp, "allgather")
+
+
+def _rows_result(inp):
+    """A handle's finish: the core's result rows, as an array of inp's dtype
+    and trailing dimensions."""
+    dtype, trailing = inp.dtype, inp.shape[1:]
 
     def finish(h):
         data, rows = core_result(h)
-        return np.frombuffer(data, dtype=inp.dtype).reshape((rows,) + inp.shape[1:])
+        return np.frombuffer(data, dtype=dtype).reshape((rows,) + trailing)
 
-    return Handle(hid, finish, inp, "allgather")
+    return finish
+
+
+def _set_key(process_set):
+    """process_set as part of a repeated call's key (the global set: 0)."""
+    return 0 if process_set is None or process_set is global_process_set else process_set
 
 
 def allgather(tensor, name=None, process_set=None, out=None) -> np.ndarray:
@@ -272,18 +310,34 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:
     """Starts copying ``tensor`` of rank ``root_rank`` to every rank (of
     ``process_set``; root_rank is a job rank in it); the result is a new
     array."""
+    if type(name) is str:  # (a repeated call: checked and built before)
+        f = cached_facts(tensor, writable=False)
+        last = repeat(f, ("broadcast", name, _set_key(process_set), root_rank)) if f is not None else None
+        if last is not None:
+            out = np.empty_like(tensor)
+            return Handle(again(last, out), None, (tensor, out), "broadcast", out)
     inp = as_input(tensor)
-    return _broadcast(inp, np.empty_like(inp), root_rank, name, process_set)
+    return _broadcast(inp, np.empty_like(inp), root_rank, name, process_set, "broadcast")
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
+    if type(name) is str:  # (a repeated call: checked and built before)
+        f = cached_facts(tensor, writable=True)
+        last = repeat(f, ("broadcast_", name, _set_key(process_set), root_rank)) if f is not None else None
+        if last is not None:
+            return Handle(again(last), None, (tensor, tensor), "broadcast", tensor)
     out = check_output(tensor, "broadcast_")
-    return _broadcast(out, out, root_rank, name, process_set)
+    return _broadcast(out, out, root_rank, name, process_set, "broadcast_")
 
 
-def _broadcast(inp, out, root_rank, name, process_set) -> Handle:
+def _broadcast(inp, out, root_rank, name, process_set, kind) -> Handle:
     psid = _psid(process_set)
     root = check_root(root_rank, process_set)
+    if type(name) is str:
+        r = request(lib.COMMLIB_OP_BROADCAST, c_name("broadcast", name, psid), **array_fields(inp, out),
+                    root=root, process_set=psid)
+        hid = submit_remembered(describe(inp), (kind, name, _set_key(process_set), root_rank), r)
+        return Handle(hid, None, (inp, out), "broadcast", out)
     hid = _submit(lib.COMMLIB_OP_BROADCAST, runtime.auto_name("broadcast", name, psid), inp, out,
                   root=root, process_set=psid)
     return Handle(hid, None, (inp, out), "broadcast", out)
@@ -303,6 +357,13 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     """Starts an all-to-all: rows ``splits[i]`` of dimension 0 go to rank i
     (of ``process_set``: its i-th member) (equal parts when splits is None). The result is the received rows in rank
     order, and, when splits is given, the rows received from each rank."""
+    key = None
+    if type(name) is str and (splits is None or type(splits) in (list, tuple)):
+        f = cached_facts(tensor, writable=False)  # (a repeated call: checked and built before)
+        key = ("alltoall", name, _set_key(process_set), None if splits is None else tuple(splits))
+        last = repeat(f, key) if f is not None else None
+        if last is not None:
+            return Handle(again(last), last[2], tensor, "alltoall")
     inp = as_input(tensor)
     check_has_rows(inp.ndim, "alltoall")
     split_list = None
@@ -315,16 +376,17 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     n = len(_members(process_set))
     if split_list is not None and len(split_list) != n:
         raise ValueError(f"alltoall splits must have one entry per rank ({n}), got {len(split_list)}")
-    hid = _submit(lib.COMMLIB_OP_ALLTOALL, runtime.auto_name("alltoall", name, psid), inp, None,
-                  splits=split_list, process_set=psid)
+    rows = _rows_result(inp)
 
     def finish(h):
-        data, rows = core_result(h)
-        out = np.frombuffer(data, dtype=inp.dtype).reshape((rows,) + inp.shape[1:])
+        out = rows(h)
         if split_list is None:
             return out
         return out, np.asarray(core_splits(h, n), dtype=np.int64)
 
+    r = request(lib.COMMLIB_OP_ALLTOALL, c_name("alltoall", name, psid), **array_fields(inp, None),
+                splits=split_list, process_set=psid)
+    hid = submit(r) if key is None else submit_remembered(describe(inp), key, r, finish)
     return Handle(hid, finish, inp, "alltoall")
 
 
@@ -360,6 +422,15 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
     every rank, summing to dimension 0). ``out``: a C-contiguous writable
     array of that part's shape and the input's dtype to write the result
     into (no allocation); it is the result."""
+    key = None
+    if out is None and type(name) is str and (splits is None or type(splits) in (list, tuple)):
+        f = cached_facts(tensor, writable=False)  # (a repeated call: checked and built before)
+        key = ("reducescatter", name, _set_key(process_set), op, prescale_factor, postscale_factor,
+               None if splits is None else tuple(splits))
+        last = repeat(f, key) if f is not None else None
+        if last is not None:
+            out = np.empty(last[2], dtype=tensor.dtype)
+            return Handle(again(last, out), None, (tensor, out), "reducescatter", out)
     inp = as_input(tensor)
     check_has_rows(inp.ndim, "reducescatter")
     psid = _psid(process_set)
@@ -379,9 +450,10 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
         check_out_part(out, shape, inp.dtype, "reducescatter")
         if np.may_share_memory(out, inp):
             raise ValueError("reducescatter: out must not overlap the input")
-    hid = _submit(lib.COMMLIB_OP_REDUCESCATTER, runtime.auto_name("reducescatter", name, psid),
-                  inp, out, reduce_op=resolve_op(op), prescale=float(prescale_factor),
-                  postscale=float(postscale_factor), splits=splits, process_set=psid)
+    r = request(lib.COMMLIB_OP_REDUCESCATTER, c_name("reducescatter", name, psid), **array_fields(inp, out),
+                reduce_op=resolve_op(op), prescale=float(prescale_factor), postscale=float(postscale_factor),
+                splits=splits, process_set=psid)
+    hid = submit(r) if key is None else submit_remembered(describe(inp), key, r, shape)
     return Handle(hid, None, (inp, out), "reducescatter", out)
 
 

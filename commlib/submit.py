@@ -91,7 +91,7 @@ def request(op_type: int, name=None, *, shape=None, splits=None, output_rows: in
     if name is not None:
         if type(name) is str:
             name = ffi.new("char[]", name.encode())
-            keep.append(name)
+        keep.append(name)  # (a C string made for this call lives as long as the request)
         req.name = name
     if type(shape) is tuple:
         req.ndim = len(shape)
@@ -156,6 +156,34 @@ def submit_in_place(f: Facts, op_type: int, kind: str, name, reduce_op: int, pre
                 postscale=postscale, process_set=psid)
     if type(name) is str:  # (a generated name differs on every call)
         f.last = (args, r)
+    return submit(r)
+
+
+def repeat(f: Facts, key: tuple):
+    """The last request submitted on f's buffer, as ``(key, Request,
+    extra)``, when ``key`` (an operation, a given name and every other
+    argument that shapes it) is that call's; else None. A collective that
+    finds it submits the Request again (the core copies what it keeps), with
+    a new output pointer where the output is new (``again``), and skips
+    checking and building what an identical call already had."""
+    last = f.last
+    if last is not None and len(last) == 3 and last[0] == key:
+        return last
+    return None
+
+
+def again(last, out=None) -> int:
+    """Submits ``repeat``'s Request again, writing into ``out`` (a numpy
+    array) when given."""
+    r = last[1]
+    if out is not None:
+        r.c.output = ffi.from_buffer(out, require_writable=True)
+    return submit(r)
+
+
+def submit_remembered(f: Facts, key: tuple, r: Request, extra=None) -> int:
+    """Submits r, remembered on f under key (for ``repeat``)."""
+    f.last = (key, r, extra)
     return submit(r)
 
 

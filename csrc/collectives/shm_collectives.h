@@ -25,6 +25,12 @@ void allgather_shm(ShmSegment& shm, const void* in, void* out, const std::vector
 void alltoall_shm(ShmSegment& shm, const void* in, const std::vector<size_t>& send, void* out,
                   const std::vector<size_t>& recv, size_t largest);
 
+// The same with one copy (alltoall_direct.cc): each rank reads its blocks
+// straight from the others' inputs (process_vm_readv), given
+// matrix[s * size + d], the bytes rank s sends to rank d. Needs regions and
+// shm.direct_read_pids(); throws Error if the kernel refuses a read.
+void alltoall_direct(ShmSegment& shm, const void* in, void* out, const std::vector<size_t>& matrix);
+
 // Reduces count elements (sum of counts) across ranks; rank r receives
 // counts[r] elements of the result at its offset into out. dtype is not a half
 // type and op not Average (the caller scales and widens).

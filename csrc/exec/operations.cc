@@ -314,6 +314,11 @@ void run_alltoall(OpContext& ctx, Entry& e, const std::vector<int64_t>& matrix) 
   if (use_shm_pieces(ctx, largest * size_t(size) <= kShmAlltoallMaxBytes)) {
     note_algorithm("shm");
     alltoall_shm(*ctx.shm, e.input, send, out, recv, largest);
+  } else if (use_shm_collective(ctx, true) && shm_regions(ctx) && !ctx.shm->direct_read_pids().empty()) {
+    note_algorithm("shm-direct");
+    std::vector<size_t> bytes(matrix.size());
+    for (size_t i = 0; i < matrix.size(); ++i) bytes[i] = size_t(matrix[i]) * rb;
+    alltoall_direct(*ctx.shm, e.input, out, bytes);
   } else {
     note_algorithm(ctx.transport.in_one_call(widest) ? "mpi" : "mpi-pieces");
     if (uniform) {

@@ -9,7 +9,7 @@
 #include "base/message.h"
 #include "base/progress.h"
 #include "base/timeline.h"
-#include "p2p/cma.h"
+#include "backends/shm/cma.h"
 #include "p2p/wire.h"
 
 namespace commlib {

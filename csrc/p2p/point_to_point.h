@@ -13,7 +13,7 @@
 // - When a header meets a posted receive: a wrong `out` fails both sides (an
 //   error reply names the receiver's buffer); an eager message is copied out
 //   and acknowledged; a large one is read straight from the sender's memory
-//   with one copy (process_vm_readv, cma.h) on the same host and
+//   with one copy (process_vm_readv, backends/shm/cma.h) on the same host and
 //   acknowledged, or else the receiver posts an MPI receive under a fresh
 //   data tag and sends "clear to send" with that tag. Once a direct read
 //   from a peer has worked, messages of split_bytes and more whose sender

@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "base/common.h"
-#include "p2p/cma.h"
+#include "backends/shm/cma.h"
 #include "p2p/point_to_point.h"
 #include "p2p/wire.h"
 

@@ -12,6 +12,7 @@
 
 #include "backends/mpi/session_stamp.h"
 #include "backends/nccl/nccl_comm.h"
+#include "backends/shm/cma.h"
 #include "base/common.h"
 #include "base/liveness.h"
 #include "base/progress.h"
@@ -131,6 +132,8 @@ void Engine::init(MPI_Comm base) {
   }
   topo_ = t;
   init_p2p(base, local, size_t(cfg.p2p_eager_bytes), size_t(cfg.p2p_split_bytes), cfg.p2p_single_copy, cfg.shm);
+  // (after init_p2p: every local rank allows direct reads before the probe)
+  if (shm_ && cfg.p2p_single_copy) shm_->set_direct_read_pids(probe_direct_reads(local));
   MPI_Comm_free(&local);
   if (shm_ && t.cross_size > 1) {
     cross_ = std::make_unique<MpiTransport>(cross);  // reduce within hosts, all-reduce across

@@ -13,11 +13,14 @@
 #pragma once
 
 #include <mpi.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "backends/shm/host_segment.h"
 
@@ -57,6 +60,11 @@ class ShmSegment {
   // Rank r's fusion region, slot 0 or 1.
   char* region(int r, int slot) { return region_ + (size_t(r) * 2 + slot) * region_bytes_; }
   size_t region_bytes() const { return region_bytes_; }
+  // The pids of the host's ranks by local rank when each may read the
+  // others' memory directly (cma.h probe_direct_reads; the same on every
+  // rank), else empty.
+  const std::vector<pid_t>& direct_read_pids() const { return direct_read_pids_; }
+  void set_direct_read_pids(std::vector<pid_t> pids) { direct_read_pids_ = std::move(pids); }
   // extra_bytes zeroed bytes for other shared structures (the order log).
   char* extra() { return extra_; }
 
@@ -74,6 +82,7 @@ class ShmSegment {
   char* result_ = nullptr;
   char* region_ = nullptr;
   char* extra_ = nullptr;
+  std::vector<pid_t> direct_read_pids_;
 };
 
 }  // namespace commlib

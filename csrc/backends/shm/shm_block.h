@@ -43,6 +43,8 @@ class ShmBlock {
     set(&ShmSegment::reduced);
     set(&ShmSegment::consumed);
   }
+  // Every rank has finished this block (after finish()).
+  void wait_all_finished() { wait_all(&ShmSegment::consumed, block_ + 1); }
 
  private:
   using Counter = ShmCounter& (ShmSegment::*)(int);

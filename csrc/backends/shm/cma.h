@@ -3,10 +3,12 @@
 // from the sender's buffer, with no staging copy in between.
 #pragma once
 
+#include <mpi.h>
 #include <sys/types.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace commlib {
 
@@ -19,5 +21,12 @@ void allow_direct_reads();
 bool read_from_process(pid_t pid, uint64_t remote, void* dst, size_t bytes);
 // The other way: copies `bytes` bytes from `src` to address `remote` of `pid`.
 bool write_to_process(pid_t pid, uint64_t remote, const void* src, size_t bytes);
+
+// Collective over local_comm (this host's ranks, each having called
+// allow_direct_reads): every rank reads a word from the next one. The pids
+// by local rank when every read worked, else none (empty): what a
+// collective that reads its peers' buffers directly may rely on alike on
+// every rank.
+std::vector<pid_t> probe_direct_reads(MPI_Comm local_comm);
 
 }  // namespace commlib

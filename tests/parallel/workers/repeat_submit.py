@@ -1,0 +1,90 @@
+"""Repeated named calls on one array (commlib.submit.repeat: the request of
+an identical call submitted again, with a new output where the result is a
+new array) must give what a first call gives: out-of-place allreduce,
+allgather, both broadcasts, alltoall (even and uneven splits),
+reducescatter, with the data changed in place between calls and the
+arguments changed under the same name (op, root, splits, scale factors, the
+process set). Then a large alltoall with uneven splits and a zero block,
+whose route the timeline shows (argv[1]: the route expected, "shm-direct"
+or "mpi"). Every result is checked against numpy on every rank."""
+import os
+import sys
+
+import numpy as np
+
+import commlib
+from _common import check_equal, done, fail
+from commlib.timeline import load_events
+
+route, path = sys.argv[1], sys.argv[2]
+commlib.init()
+r, n = commlib.rank(), commlib.size()
+commlib.start_timeline(path)
+x = np.zeros((2 * n, 3), np.float64)
+
+
+def contribution(q, k):
+    return np.arange(x.size, dtype=np.float64).reshape(x.shape) * (q + 1) + 10 * k
+
+
+def ops_of(k):
+    x[:] = contribution(r, k)  # (in place: the same array every time)
+    every = [contribution(q, k) for q in range(n)]
+    op = (commlib.Sum, commlib.Max)[k % 2]
+    want = np.sum(every, axis=0) if op == commlib.Sum else np.max(every, axis=0)
+    check_equal(commlib.allreduce(x, op=op, name="ar"), want, f"allreduce {k}")
+    check_equal(commlib.allreduce(x, op=commlib.Sum, prescale_factor=k + 1.0, name="ar.scaled"),
+                np.sum(every, axis=0) * (k + 1), f"scaled allreduce {k}")
+    check_equal(commlib.allgather(x, name="ag"), np.concatenate(every), f"allgather {k}")
+    root = k % n
+    check_equal(commlib.broadcast(x, root, name="bc"), every[root], f"broadcast {k}")
+    y = x.copy()
+    check_equal(commlib.broadcast_(y, root, name="bc_"), every[root], f"broadcast_ {k}")
+    check_equal(commlib.alltoall(x, name="a2a"), np.concatenate([e[2 * r:2 * r + 2] for e in every]),
+                f"alltoall {k}")
+    splits = [(q + k) % 3 for q in range(n)]  # the same on every rank here; changes with k
+    splits[-1] = 2 * n - sum(splits[:-1])
+    got, received = commlib.alltoall(x, splits=splits, name="a2a.uneven")
+    lo = sum(splits[:r])
+    check_equal(got, np.concatenate([e[lo:lo + splits[r]] for e in every]), f"uneven alltoall {k}")
+    check_equal(received, np.array([splits[r]] * n), f"uneven alltoall splits {k}")
+    check_equal(commlib.reducescatter(x, op=commlib.Sum, name="rs"), np.sum(every, axis=0)[2 * r:2 * r + 2],
+                f"reducescatter {k}")
+    rs_splits = splits
+    check_equal(commlib.reducescatter(x, op=commlib.Sum, splits=rs_splits, name="rs.splits"),
+                np.sum(every, axis=0)[lo:lo + rs_splits[r]], f"reducescatter with splits {k}")
+
+
+for k in range(4):
+    ops_of(k)
+if n >= 3:  # the same names on a process set: its own requests
+    ps = commlib.add_process_set([0, 1])
+    if r in (0, 1):
+        x[:] = contribution(r, 7)
+        check_equal(commlib.allgather(x, name="ag", process_set=ps),
+                    np.concatenate([contribution(q, 7) for q in (0, 1)]), "allgather on a set")
+        check_equal(commlib.broadcast(x, 1, name="bc", process_set=ps), contribution(1, 7), "broadcast on a set")
+    commlib.remove_process_set(ps)
+ops_of(4)
+
+
+def big(q):  # rows rank q sends to each rank: uneven; rank 1 keeps none, the last sends rank 0 none at 3
+    return [0 if (q, d) in ((1, 1), (n - 1, 0) if n > 2 else (1, 1)) else 30000 + 7000 * q + 3000 * d
+            for d in range(n)]
+
+
+ins = [np.arange(sum(big(q)) * 8, dtype=np.float32).reshape(-1, 8) + 1e5 * q for q in range(n)]
+for _ in range(2):
+    got, received = commlib.alltoall(ins[r], splits=big(r), name="a2a.big")
+    want = [ins[q][sum(big(q)[:r]):sum(big(q)[:r + 1])] for q in range(n)]
+    check_equal(got, np.concatenate(want), "large uneven alltoall")
+    check_equal(received, np.array([big(q)[r] for q in range(n)]), "large alltoall splits")
+commlib.barrier()
+commlib.stop_timeline()
+events = load_events(path if r == 0 else f"{os.path.splitext(path)[0]}.rank{r}.json")
+seen = {e["args"]["algorithm"] for e in events
+        if e["name"] == "alltoall" and "a2a.big" in e.get("args", {}).get("fused_with", ())}
+if seen != {route}:
+    fail(f"the large alltoall went {sorted(seen)}, not {route}")
+done()
+commlib.shutdown()
