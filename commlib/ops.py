@@ -423,12 +423,16 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
     array of that part's shape and the input's dtype to write the result
     into (no allocation); it is the result."""
     key = None
-    if out is None and type(name) is str and (splits is None or type(splits) in (list, tuple)):
-        f = cached_facts(tensor, writable=False)  # (a repeated call: checked and built before)
+    if type(name) is str and (splits is None or type(splits) in (list, tuple)):
+        # (a repeated call: checked and built before; a given out is the same array as then)
+        f = cached_facts(tensor, writable=False)
+        fo = None if out is None else cached_facts(out, writable=True)
         key = ("reducescatter", name, _set_key(process_set), op, prescale_factor, postscale_factor,
-               None if splits is None else tuple(splits))
-        last = repeat(f, key) if f is not None else None
+               None if splits is None else tuple(splits), fo)
+        last = repeat(f, key) if f is not None and (out is None or fo is not None) else None
         if last is not None:
+            if out is not None:
+                return Handle(again(last), None, (tensor, out), "reducescatter", out)
             out = np.empty(last[2], dtype=tensor.dtype)
             return Handle(again(last, out), None, (tensor, out), "reducescatter", out)
     inp = as_input(tensor)
@@ -450,6 +454,8 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
         check_out_part(out, shape, inp.dtype, "reducescatter")
         if np.may_share_memory(out, inp):
             raise ValueError("reducescatter: out must not overlap the input")
+        if key is not None:  # (its facts, for the next identical call's key)
+            key = key[:-1] + (describe(out),)
     r = request(lib.COMMLIB_OP_REDUCESCATTER, c_name("reducescatter", name, psid), **array_fields(inp, out),
                 reduce_op=resolve_op(op), prescale=float(prescale_factor), postscale=float(postscale_factor),
                 splits=splits, process_set=psid)

@@ -99,7 +99,9 @@ step() {
   echo "check.sh: $name: $status ($((t1 - t0)) s)" >&2
 }
 
-# commlibrun, with the interpreter by absolute path (../shared/GPU.md)
+# commlibrun, with the interpreter by absolute path (../shared/GPU.md); a
+# model step's commlibrun --timeout is below its limit, so that a hang prints
+# each rank's stacks and engine state before the step is stopped
 RUN=("$PY" -m commlib.launch)
 # the synthetic benchmark against DDP, each rank its own NCCL host (rank_env.sh)
 COMPARE=("$ROOT/tests/gpu/rank_env.sh" "$PY" "$ROOT/examples/pytorch_synthetic_benchmark.py" --compare --device cuda)
@@ -143,7 +145,7 @@ if [ "$CPU_ONLY" = 0 ]; then
   MODEL=resnet50
   "$PY" -c "import torchvision" 2>/dev/null || MODEL=transformer
   TRACE="$OUT.timeline.json"  # (commlib's collectives: where its first step's time goes)
-  step "$MODEL: commlib against DDP, 2 ranks" 100 env COMMLIB_TIMELINE="$TRACE" "${RUN[@]}" -np 2 --timeout 100 \
+  step "$MODEL: commlib against DDP, 2 ranks" 100 env COMMLIB_TIMELINE="$TRACE" "${RUN[@]}" -np 2 --timeout 92 \
     "${COMPARE[@]}" \
     --model "$MODEL" --num-warmup-batches 2 --num-batches-per-iter 5 --num-iters 4
   step "$MODEL: commlib's timeline by phase" 5 "$PY" -m commlib.timeline phases "$TRACE"
@@ -156,10 +158,10 @@ for n in $CPU_RANKS; do
 done
 
 if [ "$CPU_ONLY" = 0 ]; then  # (last: what the budget has left; a hang prints each rank's stacks)
-  step "$MODEL: commlib against DDP, 4 ranks" 60 "${RUN[@]}" -np 4 --timeout 60 \
+  step "$MODEL: commlib against DDP, 4 ranks" 60 "${RUN[@]}" -np 4 --timeout 52 \
     "${COMPARE[@]}" \
     --model "$MODEL" --num-warmup-batches 2 --num-batches-per-iter 3 --num-iters 3
-  step "transformer bf16: commlib against DDP, 2 ranks" 60 "${RUN[@]}" -np 2 --timeout 60 \
+  step "transformer bf16: commlib against DDP, 2 ranks" 60 "${RUN[@]}" -np 2 --timeout 52 \
     "${COMPARE[@]}" \
     --model transformer --amp bf16 --num-warmup-batches 2 --num-batches-per-iter 5 --num-iters 3
 fi

@@ -2,7 +2,7 @@
 an identical call submitted again, with a new output where the result is a
 new array) must give what a first call gives: out-of-place allreduce,
 allgather, both broadcasts, alltoall (even and uneven splits),
-reducescatter, with the data changed in place between calls and the
+reducescatter (also into a given out), with the data changed in place between calls and the
 arguments changed under the same name (op, root, splits, scale factors, the
 process set). Then a large alltoall with uneven splits and a zero block,
 whose route the timeline shows (argv[1]: the route expected, "shm-direct"
@@ -21,6 +21,7 @@ commlib.init()
 r, n = commlib.rank(), commlib.size()
 commlib.start_timeline(path)
 x = np.zeros((2 * n, 3), np.float64)
+rs_out = np.empty((2, 3), np.float64)
 
 
 def contribution(q, k):
@@ -50,6 +51,10 @@ def ops_of(k):
     check_equal(received, np.array([splits[r]] * n), f"uneven alltoall splits {k}")
     check_equal(commlib.reducescatter(x, op=commlib.Sum, name="rs"), np.sum(every, axis=0)[2 * r:2 * r + 2],
                 f"reducescatter {k}")
+    got = commlib.reducescatter(x, op=commlib.Sum, name="rs.out", out=rs_out)  # (the same out every time)
+    if got is not rs_out:
+        fail("reducescatter with out= must return out")
+    check_equal(rs_out, np.sum(every, axis=0)[2 * r:2 * r + 2], f"reducescatter into out {k}")
     rs_splits = splits
     check_equal(commlib.reducescatter(x, op=commlib.Sum, splits=rs_splits, name="rs.splits"),
                 np.sum(every, axis=0)[lo:lo + rs_splits[r]], f"reducescatter with splits {k}")
