@@ -132,7 +132,7 @@ std::vector<ConfigEntry> make_table() {
       int_entry("COMMLIB_STALL_CHECK_TIME", "60", 0, kBillion, &C::stall_check_time_s,
                 "seconds before rank 0 warns about a tensor some ranks never submitted (a cached "
                 "request that waits half as long goes to rank 0, so that the warning names the "
-                "missing ranks)"),
+                "missing ranks), and a rank about an NCCL communicator not created yet"),
       int_entry("COMMLIB_TIMEOUT", "300", 0, kBillion, &C::timeout_s,
                 "seconds after which a collective some ranks never submitted fails on the ranks that did, "
                 "and a receive with no matching send fails (CollectiveTimeoutError naming the missing "

@@ -22,7 +22,7 @@ gpu::NcclComm& GpuExecutor::comm_for(int process_set, int device, Transport& t) 
   auto it = comms_.find(key);
   if (it == comms_.end()) {
     const int64_t start = timeline().on() ? now_us() : 0;
-    it = comms_.emplace(key, gpu::NcclComm::create(libs_, t, device, init_timeout_us_)).first;
+    it = comms_.emplace(key, gpu::NcclComm::create(libs_, t, device, init_timeout_us_, init_warn_us_)).first;
     if (start > 0) {
       timeline().span("nccl_communicator.set" + std::to_string(process_set), "NCCL_INIT", start, now_us(),
                       "\"device\": " + std::to_string(device));

@@ -31,8 +31,11 @@ class GpuExecutor {
   // init_timeout_us: how long a communicator's creation may take (COMMLIB_TIMEOUT; 0: no limit);
   // fusion_threshold: the engine's COMMLIB_FUSION_THRESHOLD, the size of a
   // communicator's fusion buffer (allocated once, at the first fused launch).
-  GpuExecutor(const gpu::GpuLibs& libs, int64_t init_timeout_us, const std::atomic<int64_t>& fusion_threshold)
-      : libs_(libs), init_timeout_us_(init_timeout_us), fusion_threshold_(fusion_threshold) {}
+  // init_warn_us: a creation waiting that long warns (COMMLIB_STALL_CHECK_TIME; 0: never).
+  GpuExecutor(const gpu::GpuLibs& libs, int64_t init_timeout_us, const std::atomic<int64_t>& fusion_threshold,
+              int64_t init_warn_us = 0)
+      : libs_(libs), init_timeout_us_(init_timeout_us), init_warn_us_(init_warn_us),
+        fusion_threshold_(fusion_threshold) {}
   ~GpuExecutor();  // destroys the communicators (abandon() first if any op is in flight)
 
   // Enqueues resp (every entry on one device) over the communicator of its
@@ -80,6 +83,7 @@ class GpuExecutor {
 
   const gpu::GpuLibs& libs_;
   int64_t init_timeout_us_ = 0;
+  int64_t init_warn_us_ = 0;
   const std::atomic<int64_t>& fusion_threshold_;
   std::map<std::pair<int, int>, std::unique_ptr<gpu::NcclComm>> comms_;  // (set, device)
   std::deque<Launch> inflight_;

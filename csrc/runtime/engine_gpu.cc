@@ -75,7 +75,8 @@ void Engine::launch_gpu(const Response& resp, const std::vector<Entry*>& entries
   int code = COMMLIB_ERR_INTERNAL;
   try {
     prepare_stand_ins(taken);
-    if (!gpu_) gpu_ = std::make_unique<GpuExecutor>(*gpu::loaded_gpu_libs(), timeout_us_, fusion_threshold_);
+    if (!gpu_) gpu_ = std::make_unique<GpuExecutor>(*gpu::loaded_gpu_libs(), timeout_us_, fusion_threshold_,
+                                                      stall_warning_us_);
     std::shared_ptr<void> done = gpu_->launch(resp, taken, executor_.transport_for(resp.process_set), members,
                                               now_us());
     // Launched: the names are free for the next requests of those names (the

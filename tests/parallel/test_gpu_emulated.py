@@ -62,4 +62,12 @@ def test_joined_rank_stands_in_for_cuda_collectives(ranks, gpu_emulator, n):
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("n", [2, 3])
 def test_communicator_creation_that_hangs_ends_by_the_timeout(ranks, gpu_emulator, n):
-    run_bounded_by_the_timeout(ranks, gpu_emulator, n, "init-hang", COMMLIB_GPU_EMULATOR_INIT_HANG_RANK=str(n - 1))
+    # (and says so once COMMLIB_STALL_CHECK_TIME has passed, on every rank)
+    start = time.monotonic()
+    run = ranks(n, "gpu_emulated.py", "init-hang", timeout=150,
+                env=dict(gpu_emulator, COMMLIB_TIMEOUT=str(T), COMMLIB_STALL_CHECK_TIME="1",
+                         COMMLIB_GPU_EMULATOR_INIT_HANG_RANK=str(n - 1)))
+    run.assert_ok(n)
+    assert time.monotonic() - start < 60
+    warned = [line for line in run.stderr.splitlines() if "WARNING: ncclCommInitRank (rank" in line]
+    assert {line[:4] for line in warned} == {f"[{q}]:" for q in range(n)}, run.stderr

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -83,11 +84,21 @@ std::shared_ptr<InitCall> start_comm_init(const GpuLibs& libs, const NcclUniqueI
 // ncclCommInitRank waiting forever: it is waited for at most timeout_us (0:
 // no limit); past that the call fails with COMMLIB_ERR_TIMED_OUT.
 ncclComm NcclComm::init_bounded(const GpuLibs& libs, const NcclUniqueId& id, int rank, int size, int device,
-                                int64_t timeout_us) {
+                                int64_t timeout_us, int64_t warn_after_us) {
   std::shared_ptr<InitCall> call = start_comm_init(libs, id, rank, size, device);
   const auto start = std::chrono::steady_clock::now();
+  bool warned = false;
   while (!call->done.load(std::memory_order_acquire)) {
     const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start);
+    if (!warned && warn_after_us > 0 && waited.count() >= warn_after_us) {
+      warned = true;
+      std::fprintf(stderr,
+                   "commlib: WARNING: ncclCommInitRank (rank %d of %d, device %d) has waited %lld s for the other "
+                   "members (COMMLIB_STALL_CHECK_TIME); COMMLIB_TIMEOUT (%lld s, 0: none) ends it. NCCL_DEBUG=INFO "
+                   "shows where its bootstrap stops.\n",
+                   rank, size, device, static_cast<long long>(waited.count() / 1000000),
+                   static_cast<long long>(timeout_us / 1000000));
+    }
     if (timeout_us > 0 && waited.count() >= timeout_us) {
       throw Error(COMMLIB_ERR_TIMED_OUT,
                   "ncclCommInitRank (rank " + std::to_string(rank) + " of " + std::to_string(size) + ", device " +
@@ -104,7 +115,8 @@ ncclComm NcclComm::init_bounded(const GpuLibs& libs, const NcclUniqueId& id, int
   return call->comm;
 }
 
-std::unique_ptr<NcclComm> NcclComm::create(const GpuLibs& libs, Transport& t, int device, int64_t timeout_us) {
+std::unique_ptr<NcclComm> NcclComm::create(const GpuLibs& libs, Transport& t, int device, int64_t timeout_us,
+                                           int64_t warn_after_us) {
   const Activity creating("creating an NCCL communicator");
   NcclUniqueId id;
   {
@@ -114,7 +126,7 @@ std::unique_ptr<NcclComm> NcclComm::create(const GpuLibs& libs, Transport& t, in
   std::unique_ptr<NcclComm> c(new NcclComm(libs, device, t.rank(), t.size()));
   c->stream_ = priority_stream(libs.cuda, device);
   const Activity init("ncclCommInitRank");
-  c->comm_ = init_bounded(libs, id, t.rank(), t.size(), device, timeout_us);
+  c->comm_ = init_bounded(libs, id, t.rank(), t.size(), device, timeout_us, warn_after_us);
   return c;
 }
 

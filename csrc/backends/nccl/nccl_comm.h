@@ -68,7 +68,10 @@ class DeviceGuard {
 
 class NcclComm {
  public:
-  static std::unique_ptr<NcclComm> create(const GpuLibs& libs, Transport& t, int device, int64_t timeout_us);
+  // warn_after_us (0: never): a creation still waiting that long says so on
+  // stderr, once (what it waits for, and that COMMLIB_TIMEOUT ends it).
+  static std::unique_ptr<NcclComm> create(const GpuLibs& libs, Transport& t, int device, int64_t timeout_us,
+                                          int64_t warn_after_us = 0);
   ~NcclComm();  // ncclCommDestroy (nothing left to destroy after abort())
 
   // ncclCommAbort: ends every operation in flight on the communicator; it
@@ -105,7 +108,7 @@ class NcclComm {
  private:
   NcclComm(const GpuLibs& libs, int device, int rank, int size);
   static ncclComm init_bounded(const GpuLibs& libs, const NcclUniqueId& id, int rank, int size, int device,
-                               int64_t timeout_us);
+                               int64_t timeout_us, int64_t warn_after_us);
   const GpuLibs& libs_;
   ncclComm comm_ = nullptr;
   cudaStream stream_ = nullptr;

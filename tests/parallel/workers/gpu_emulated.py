@@ -467,10 +467,16 @@ def test_init_hangs():
     COMMLIB_GPU_EMULATOR_INIT_HANG_RANK): every rank's first CUDA collective,
     which creates the communicator, fails with CollectiveTimeoutError naming
     ncclCommInitRank within the timeout + 10 s, instead of waiting forever;
-    CPU collectives go on."""
+    CPU collectives go on. Meanwhile commlib.engine_state(), read from
+    another thread, names the step the engine is stuck in."""
+    import threading
+
     timeout = float(os.environ["COMMLIB_TIMEOUT"])
     x = np.ones(64, np.float32)
     commlib.barrier()
+    states = []
+    watcher = threading.Timer(timeout / 2, lambda: states.append(commlib.engine_state()))
+    watcher.start()
     start = time.monotonic()
     e = expect_raises(commlib.CollectiveTimeoutError,
                       lambda: synchronize(device(lib.COMMLIB_OP_ALLREDUCE, "first", x, x, reduce_op=commlib.Sum)),
@@ -481,6 +487,10 @@ def test_init_hangs():
     for part in ("ncclCommInitRank", "'first'", "COMMLIB_TIMEOUT"):
         if part not in str(e):
             fail(f"the error does not name {part}: {e}")
+    watcher.join()
+    want = ("one engine cycle has run for", "allreduce 'first'", "creating an NCCL communicator", "ncclCommInitRank")
+    if not states or not all(part in states[0] for part in want):
+        fail(f"the engine state during the hang does not name {want}: {states}")
     print(f"rank {r}: init-hang after {took:.1f} s: {e}", flush=True)
     got = commlib.allreduce(np.full(3, float(r)), op=commlib.Sum, name="cpu.after")
     check_equal(got, np.full(3, float(sum(range(n)))), "a CPU allreduce after the failed creation")
