@@ -54,7 +54,13 @@ void Executor::dispatch(OpContext& ctx, const Response& resp, const std::vector<
         run_allgather(ctx, *entries[0], resp.rows);
       }
       break;
-    case COMMLIB_OP_BROADCAST: run_broadcast(ctx, *entries[0]); break;
+    case COMMLIB_OP_BROADCAST:
+      if (entries.size() > 1) {
+        run_broadcast_fused(ctx, entries);
+      } else {
+        run_broadcast(ctx, *entries[0]);
+      }
+      break;
     case COMMLIB_OP_ALLTOALL: run_alltoall(ctx, *entries[0], resp.rows); break;
     case COMMLIB_OP_REDUCESCATTER:
       if (entries.size() > 1) {

@@ -281,6 +281,41 @@ void run_broadcast(OpContext& ctx, Entry& e) {
   }
 }
 
+void run_broadcast_fused(OpContext& ctx, const std::vector<Entry*>& entries) {
+  const int root = entries[0]->desc.root;
+  const bool is_root = ctx.transport.rank() == root;
+  auto bytes_of = [](const Entry* e) { return size_t(num_elements(e->desc.shape)) * dtype_size(e->desc.dtype); };
+  size_t total = 0;
+  for (const Entry* e : entries) total += bytes_of(e);
+  char* buf = ctx.fusion.get(total);
+  size_t off = 0;
+  if (is_root) {
+    for (const Entry* e : entries) {
+      if (bytes_of(e)) std::memcpy(buf + off, e->input, bytes_of(e));
+      off += bytes_of(e);
+    }
+  }
+  if (ctx.transport.size() > 1 && total > 0) {
+    if (use_shm_collective(ctx, true) && shm_regions(ctx)) {
+      note_algorithm("shm");
+      broadcast_shm(*ctx.shm, buf, total, root);
+    } else {
+      note_algorithm("mpi");
+      ctx.transport.broadcast(buf, total, root);
+    }
+  }
+  off = 0;
+  for (Entry* e : entries) {
+    const size_t n = bytes_of(e);
+    if (n && !is_root) {
+      std::memcpy(e->output, buf + off, n);
+    } else if (n && e->input != e->output) {
+      std::memcpy(e->output, e->input, n);
+    }
+    off += n;
+  }
+}
+
 void run_alltoall(OpContext& ctx, Entry& e, const std::vector<int64_t>& matrix) {
   const size_t rb = row_bytes(e.desc);
   const int size = ctx.transport.size();

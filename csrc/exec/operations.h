@@ -63,6 +63,10 @@ void reduce_window_adasum(OpContext& ctx, const Member* first, const Member* las
                           double pre, double post);
 void run_allgather(OpContext& ctx, Entry& e, const std::vector<int64_t>& rows);
 void run_broadcast(OpContext& ctx, Entry& e);
+// Broadcasts of one root fused (negotiation/fusion.h: small ones on the host):
+// the root packs its inputs into the fusion buffer, one broadcast moves it,
+// every rank unpacks its outputs.
+void run_broadcast_fused(OpContext& ctx, const std::vector<Entry*>& entries);
 void run_alltoall(OpContext& ctx, Entry& e, const std::vector<int64_t>& matrix);
 void run_reducescatter(OpContext& ctx, Entry& e);
 

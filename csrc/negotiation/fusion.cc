@@ -14,7 +14,9 @@ bool fusable(const RequestDesc& d) {
     case COMMLIB_OP_ALLREDUCE: return d.group_size < 0;
     case COMMLIB_OP_ALLGATHER:
     case COMMLIB_OP_REDUCESCATTER: return d.device_type == COMMLIB_DEVICE_CPU;
-    case COMMLIB_OP_BROADCAST: return d.device_type == COMMLIB_DEVICE_CUDA;  // (through a device buffer)
+    case COMMLIB_OP_BROADCAST:  // (through a device buffer; on the host through the fusion buffer)
+      return d.device_type == COMMLIB_DEVICE_CUDA ||
+             num_elements(d.shape) * int64_t(dtype_size(d.dtype)) <= kHostBroadcastFusionBytes;
     default: return false;
   }
 }

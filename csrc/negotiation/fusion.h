@@ -12,8 +12,16 @@ namespace commlib {
 // A request that may join a fused group: a single-tensor allreduce (a
 // grouped allreduce is already one fused unit) on any device; an allgather
 // or a reducescatter on the host (csrc/exec/fused_gathers.cc runs those); a
-// broadcast of CUDA buffers (one root per group: exec/gpu_ops.h).
+// broadcast of CUDA buffers (one root per group: exec/gpu_ops.h), or of at
+// most kHostBroadcastFusionBytes on the host (exec/operations.h
+// run_broadcast_fused).
 bool fusable(const RequestDesc& d);
+
+// A fused broadcast on the host packs and unpacks each byte once more than a
+// broadcast of its own (into the outputs directly); that pays for small
+// tensors only, whose own negotiation and execution cost more: 128 of 4 KiB
+// took 14-18 us each, alone.
+constexpr int64_t kHostBroadcastFusionBytes = int64_t(64) << 10;
 
 // The bytes a request adds to its fused group: the reduced bytes of an
 // allreduce (half types count as float32 on the host, where they are reduced

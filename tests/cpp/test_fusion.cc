@@ -58,7 +58,15 @@ TEST_CASE("fusion: single allreduces on any device, host allgathers and reducesc
   RequestDesc cuda = f32("c", 4);
   cuda.device_type = COMMLIB_DEVICE_CUDA;
   CHECK(commlib::fusable(cuda));
-  CHECK(!commlib::fusable(commlib_test::request(COMMLIB_OP_BROADCAST, "b", COMMLIB_FLOAT32, {4})));
+  // host broadcasts fuse up to kHostBroadcastFusionBytes (packed and unpacked once more), CUDA ones always
+  CHECK(commlib::fusable(commlib_test::request(COMMLIB_OP_BROADCAST, "b", COMMLIB_FLOAT32, {4})));
+  CHECK(commlib::fusable(commlib_test::request(COMMLIB_OP_BROADCAST, "b", COMMLIB_UINT8,
+                                               {commlib::kHostBroadcastFusionBytes})));
+  RequestDesc big = commlib_test::request(COMMLIB_OP_BROADCAST, "b", COMMLIB_UINT8,
+                                          {commlib::kHostBroadcastFusionBytes + 1});
+  CHECK(!commlib::fusable(big));
+  big.device_type = COMMLIB_DEVICE_CUDA;
+  CHECK(commlib::fusable(big));
   CHECK(!commlib::fusable(commlib_test::request(COMMLIB_OP_ALLTOALL, "t", COMMLIB_FLOAT32, {4})));
 }
 

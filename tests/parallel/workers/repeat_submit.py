@@ -4,7 +4,8 @@ new array) must give what a first call gives: out-of-place allreduce,
 allgather, both broadcasts, alltoall (even and uneven splits),
 reducescatter (also into a given out), with the data changed in place between calls and the
 arguments changed under the same name (op, root, splits, scale factors, the
-process set). Then a large alltoall with uneven splits and a zero block,
+process set). Small broadcasts of two roots in flight together (fused per
+root; a large one alone). Then a large alltoall with uneven splits and a zero block,
 whose route the timeline shows (argv[1]: the route expected, "shm-direct"
 or "mpi"). Every result is checked against numpy on every rank."""
 import os
@@ -73,6 +74,22 @@ if n >= 3:  # the same names on a process set: its own requests
 ops_of(4)
 
 
+# Small broadcasts in flight together, two roots, mixed dtypes (fused per
+# root on the host), one too large to fuse, an empty one; twice.
+kinds = [(np.float32, (5, 3)), (np.int64, (7,)), (np.uint8, (33,)), (np.float64, (2, 2)), (np.int32, (0,)),
+         (np.float32, (40000,))]
+for rnd in range(2):
+    bufs, want = [], []
+    for i, (dt, shape) in enumerate(kinds + kinds):
+        root = 0 if i < len(kinds) else n - 1
+        value = lambda q: (np.arange(int(np.prod(shape))).reshape(shape) % 100 + 7 * q + i + rnd).astype(dt)
+        bufs.append((value(r), root))
+        want.append(value(root))
+    hs = [commlib.broadcast_async_(b, root, name=f"small.bc.{i}") for i, (b, root) in enumerate(bufs)]
+    for i, h in enumerate(hs):
+        check_equal(commlib.synchronize(h), want[i], f"small broadcast {i} (round {rnd})")
+
+
 def big(q):  # rows rank q sends to each rank: uneven; rank 1 keeps none, the last sends rank 0 none at 3
     return [0 if (q, d) in ((1, 1), (n - 1, 0) if n > 2 else (1, 1)) else 30000 + 7000 * q + 3000 * d
             for d in range(n)]
@@ -91,5 +108,13 @@ seen = {e["args"]["algorithm"] for e in events
         if e["name"] == "alltoall" and "a2a.big" in e.get("args", {}).get("fused_with", ())}
 if seen != {route}:
     fail(f"the large alltoall went {sorted(seen)}, not {route}")
+fused = max((e["args"].get("fused_count", 1) for e in events
+             if e["name"] == "broadcast" and "small.bc.0" in e.get("args", {}).get("fused_with", ())), default=0)
+if fused < 2:
+    fail(f"the small broadcasts in flight together were not fused (fused_count {fused})")
+big_bc = [e["args"].get("fused_count") for e in events
+          if e["name"] == "broadcast" and "small.bc.5" in e.get("args", {}).get("fused_with", ())]
+if big_bc and max(big_bc) != 1:
+    fail(f"a broadcast of 160 KB was fused ({big_bc})")
 done()
 commlib.shutdown()
