@@ -47,27 +47,15 @@ int Executor::run(const Response& resp, const std::vector<Entry*>& entries, size
 void Executor::dispatch(OpContext& ctx, const Response& resp, const std::vector<Entry*>& entries) {
   switch (resp.op_type) {
     case COMMLIB_OP_ALLREDUCE: run_allreduce(ctx, entries); break;
-    case COMMLIB_OP_ALLGATHER:
-      if (entries.size() > 1) {
-        run_allgather_fused(ctx, entries, resp.rows);
-      } else {
-        run_allgather(ctx, *entries[0], resp.rows);
-      }
+    case COMMLIB_OP_ALLGATHER:  // (several: fused, csrc/exec/fused_gathers.cc)
+      entries.size() > 1 ? run_allgather_fused(ctx, entries, resp.rows) : run_allgather(ctx, *entries[0], resp.rows);
       break;
     case COMMLIB_OP_BROADCAST:
-      if (entries.size() > 1) {
-        run_broadcast_fused(ctx, entries);
-      } else {
-        run_broadcast(ctx, *entries[0]);
-      }
+      entries.size() > 1 ? run_broadcast_fused(ctx, entries) : run_broadcast(ctx, *entries[0]);
       break;
     case COMMLIB_OP_ALLTOALL: run_alltoall(ctx, *entries[0], resp.rows); break;
     case COMMLIB_OP_REDUCESCATTER:
-      if (entries.size() > 1) {
-        run_reducescatter_fused(ctx, entries);
-      } else {
-        run_reducescatter(ctx, *entries[0]);
-      }
+      entries.size() > 1 ? run_reducescatter_fused(ctx, entries) : run_reducescatter(ctx, *entries[0]);
       break;
     case COMMLIB_OP_BARRIER: break;  // negotiation itself synchronised every rank
   }
