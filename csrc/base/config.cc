@@ -83,7 +83,8 @@ std::vector<ConfigEntry> make_table() {
   using C = Config;
   return {
       int_entry("COMMLIB_FUSION_THRESHOLD", "67108864", 0, kNoMax, &C::fusion_threshold,
-                "bytes of small allreduces (and of allgathers, reducescatters on the host) fused into one collective"),
+                "bytes of small allreduces (and of allgathers, reducescatters, broadcasts of one root on the host) fused "
+                "into one collective"),
       double_entry("COMMLIB_CYCLE_TIME", "1", 0, 1e9, &C::cycle_time_ms,
                    "ms: longest time new requests are held back to be batched "
                    "(never while a thread waits in synchronize)"),
