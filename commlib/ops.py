@@ -9,8 +9,9 @@ bytes per batch (allgathers and reducescatters up to 4 MiB): allreduces of one
 dtype, op and scale factors are reduced in one buffer; on the host allgathers
 (any dtypes and shapes) run as one allgather, reducescatters of one dtype, op
 and scale factors as one reduce-scatter, broadcasts of one root of at most
-64 KiB each as one broadcast. Each request keeps its own result and errors. Sizes are bounded by memory only: through MPI a collective beyond
-1 GiB goes in pieces.
+64 KiB each as one broadcast. Each request keeps its own result and errors.
+Sizes are bounded by memory only: through MPI a collective beyond 1 GiB goes
+in pieces.
 
 Dtypes (commlib.dtypes): integer sums and products wrap around as in numpy;
 for integers, Average and the scale factors are applied in double precision

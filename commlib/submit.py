@@ -15,6 +15,7 @@ contiguity, writability), frontends cache their tensors' facts the same way
 buffer, submitted again as it is while its arguments repeat."""
 from __future__ import annotations
 
+import threading
 import weakref
 
 import numpy as np
@@ -174,11 +175,17 @@ def repeat(f: Facts, key: tuple):
 
 def again(last, out=None) -> int:
     """Submits ``repeat``'s Request again, writing into ``out`` (a numpy
-    array) when given."""
+    array) when given (under a lock: another thread's identical call must
+    not submit this one's output; the core copies what it keeps)."""
     r = last[1]
-    if out is not None:
+    if out is None:
+        return submit(r)
+    with _again_lock:
         r.c.output = ffi.from_buffer(out, require_writable=True)
-    return submit(r)
+        return submit(r)
+
+
+_again_lock = threading.Lock()
 
 
 def submit_remembered(f: Facts, key: tuple, r: Request, extra=None) -> int:
