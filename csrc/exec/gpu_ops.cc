@@ -120,7 +120,7 @@ void nccl_allreduce(gpu::NcclComm& c, const std::vector<Entry*>& entries) {
 void nccl_broadcast(gpu::NcclComm& c, const std::vector<Entry*>& entries) {
   const RequestDesc& d = entries[0]->desc;
   const gpu::NcclLib& n = c.libs().nccl;
-  auto bytes_of = [](const Entry* e) { return size_t(num_elements(e->desc.shape)) * dtype_size(e->desc.dtype); };
+  auto bytes_of = [](const Entry* e) { return size_t(entry_bytes(*e)); };  // (a broadcast is never grouped)
   if (entries.size() == 1) {
     const Entry& e = *entries[0];
     check_nccl(n, n.broadcast(e.input, e.output, bytes_of(&e), gpu::kNcclUint8, d.root, c.comm(), c.stream()),

@@ -266,47 +266,49 @@ void run_allgather(OpContext& ctx, Entry& e, const std::vector<int64_t>& rows) {
   h.splits = rows;
 }
 
+namespace {
+
+// Root's bytes at buf into buf on every rank: through the host's shared
+// memory when the whole job is on it, else MPI.
+void broadcast_bytes(OpContext& ctx, void* buf, size_t bytes, int root) {
+  if (ctx.transport.size() == 1 || bytes == 0) return;
+  if (use_shm_collective(ctx, true) && shm_regions(ctx)) {
+    note_algorithm("shm");
+    broadcast_shm(*ctx.shm, buf, bytes, root);
+  } else {
+    note_algorithm("mpi");
+    ctx.transport.broadcast(buf, bytes, root);
+  }
+}
+
+}  // namespace
+
 void run_broadcast(OpContext& ctx, Entry& e) {
   const size_t bytes = size_t(num_elements(e.desc.shape)) * dtype_size(e.desc.dtype);
   if (ctx.transport.rank() == e.desc.root && e.input != e.output) {
     std::memcpy(e.output, e.input, bytes);
   }
-  if (ctx.transport.size() == 1 || bytes == 0) return;
-  if (use_shm_collective(ctx, true) && shm_regions(ctx)) {
-    note_algorithm("shm");
-    broadcast_shm(*ctx.shm, e.output, bytes, e.desc.root);
-  } else {
-    note_algorithm("mpi");
-    ctx.transport.broadcast(e.output, bytes, e.desc.root);
-  }
+  broadcast_bytes(ctx, e.output, bytes, e.desc.root);
 }
 
 void run_broadcast_fused(OpContext& ctx, const std::vector<Entry*>& entries) {
   const int root = entries[0]->desc.root;
   const bool is_root = ctx.transport.rank() == root;
-  auto bytes_of = [](const Entry* e) { return size_t(num_elements(e->desc.shape)) * dtype_size(e->desc.dtype); };
   size_t total = 0;
-  for (const Entry* e : entries) total += bytes_of(e);
+  for (const Entry* e : entries) total += size_t(entry_bytes(*e));
   char* buf = ctx.fusion.get(total);
   size_t off = 0;
   if (is_root) {
     for (const Entry* e : entries) {
-      if (bytes_of(e)) std::memcpy(buf + off, e->input, bytes_of(e));
-      off += bytes_of(e);
+      const size_t n = size_t(entry_bytes(*e));
+      if (n) std::memcpy(buf + off, e->input, n);
+      off += n;
     }
   }
-  if (ctx.transport.size() > 1 && total > 0) {
-    if (use_shm_collective(ctx, true) && shm_regions(ctx)) {
-      note_algorithm("shm");
-      broadcast_shm(*ctx.shm, buf, total, root);
-    } else {
-      note_algorithm("mpi");
-      ctx.transport.broadcast(buf, total, root);
-    }
-  }
+  broadcast_bytes(ctx, buf, total, root);
   off = 0;
   for (Entry* e : entries) {
-    const size_t n = bytes_of(e);
+    const size_t n = size_t(entry_bytes(*e));
     if (n && !is_root) {
       std::memcpy(e->output, buf + off, n);
     } else if (n && e->input != e->output) {
