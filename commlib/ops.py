@@ -169,7 +169,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     if out is None and type(name) is str:  # (a repeated call: checked and built before)
         f = cached_facts(tensor, writable=False)
         key = ("allreduce", name, _set_key(process_set), op, average, prescale_factor, postscale_factor)
-        last = repeat(f, key) if f is not None else None
+        last = repeat(f, key)
         if last is not None:
             out = np.empty_like(tensor)
             return Handle(again(last, out), None, (tensor, out), "allreduce", out)
@@ -243,7 +243,7 @@ def allgather_async(tensor, name=None, process_set=None, out=None) -> Handle:
     if out is None and type(name) is str:  # (a repeated call: checked and built before)
         f = cached_facts(tensor, writable=False)
         key = ("allgather", name, _set_key(process_set))
-        last = repeat(f, key) if f is not None else None
+        last = repeat(f, key)
         if last is not None:
             return Handle(again(last), last[2], tensor, "allgather")
     inp = as_input(tensor)
@@ -313,7 +313,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:
     array."""
     if type(name) is str:  # (a repeated call: checked and built before)
         f = cached_facts(tensor, writable=False)
-        last = repeat(f, ("broadcast", name, _set_key(process_set), root_rank)) if f is not None else None
+        last = repeat(f, ("broadcast", name, _set_key(process_set), root_rank))
         if last is not None:
             out = np.empty_like(tensor)
             return Handle(again(last, out), None, (tensor, out), "broadcast", out)
@@ -324,7 +324,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:
 def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
     if type(name) is str:  # (a repeated call: checked and built before)
         f = cached_facts(tensor, writable=True)
-        last = repeat(f, ("broadcast_", name, _set_key(process_set), root_rank)) if f is not None else None
+        last = repeat(f, ("broadcast_", name, _set_key(process_set), root_rank))
         if last is not None:
             return Handle(again(last), None, (tensor, tensor), "broadcast", tensor)
     out = check_output(tensor, "broadcast_")
@@ -362,7 +362,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     if type(name) is str and (splits is None or type(splits) in (list, tuple)):
         f = cached_facts(tensor, writable=False)  # (a repeated call: checked and built before)
         key = ("alltoall", name, _set_key(process_set), None if splits is None else tuple(splits))
-        last = repeat(f, key) if f is not None else None
+        last = repeat(f, key)
         if last is not None:
             return Handle(again(last), last[2], tensor, "alltoall")
     inp = as_input(tensor)
@@ -430,7 +430,7 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
         fo = None if out is None else cached_facts(out, writable=True)
         key = ("reducescatter", name, _set_key(process_set), op, prescale_factor, postscale_factor,
                None if splits is None else tuple(splits), fo)
-        last = repeat(f, key) if f is not None and (out is None or fo is not None) else None
+        last = repeat(f, key) if out is None or fo is not None else None
         if last is not None:
             if out is not None:
                 return Handle(again(last), None, (tensor, out), "reducescatter", out)

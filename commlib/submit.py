@@ -160,14 +160,15 @@ def submit_in_place(f: Facts, op_type: int, kind: str, name, reduce_op: int, pre
     return submit(r)
 
 
-def repeat(f: Facts, key: tuple):
+def repeat(f: Facts | None, key: tuple):
     """The last request submitted on f's buffer, as ``(key, Request,
     extra)``, when ``key`` (an operation, a given name and every other
-    argument that shapes it) is that call's; else None. A collective that
+    argument that shapes it) is that call's; else None (also for no f: an
+    array whose facts are not cached). A collective that
     finds it submits the Request again (the core copies what it keeps), with
     a new output pointer where the output is new (``again``), and skips
     checking and building what an identical call already had."""
-    last = f.last
+    last = None if f is None else f.last
     if last is not None and len(last) == 3 and last[0] == key:
         return last
     return None
