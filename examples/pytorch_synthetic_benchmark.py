@@ -413,20 +413,15 @@ def main():
 
         dist.barrier()
         dist.destroy_process_group()
-        # torch 2.13's gloo sometimes aborts in a static destructor at exit
-        # ("terminate called without an active exception", no Python frame
-        # left), about one run in ten here. Everything is done and printed:
-        # leave without running those destructors, but after MPI_Finalize
-        # (MPICH's launcher kills the other ranks of a job when one leaves
-        # without it).
         if use_commlib:
+            # Both jobs' ends in order, MPI's last: then the interpreter
+            # exits as usual. (An os._exit right after MPI_Finalize loses a
+            # race with MPICH's launcher on a loaded machine: it takes the
+            # rank for a crash and kills the others.)
             from mpi4py import MPI
 
             hvd.shutdown()
             MPI.Finalize()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
 
 
 if __name__ == "__main__":
