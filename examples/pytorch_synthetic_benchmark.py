@@ -54,7 +54,6 @@ picks and shares over MPI (a fixed port can still be held by a job before).
 import argparse
 import copy
 import os
-import sys
 import time
 
 import numpy as np
