@@ -96,20 +96,3 @@ def gpu_emulator(tmp_path_factory) -> dict:
     emulator = _load("commlib_gpu_emulator_build", ROOT / "tests" / "gpu_emulator" / "build.py")
     return emulator.build(tmp_path_factory.mktemp("gpu_emulator"), cxx)
 
-
-# The test files that take longest, run first: pytest-xdist's workers take a
-# file at a time in collection order, and a long file started last would
-# leave the other worker idle at the end. Every rank of these starts
-# TensorFlow (4-6 s a process here) or restarts its job, or the file builds
-# the C++ unit tests.
-_LONG_FILES = ("tensorflow", "keras", "elastic", "cpp_units", "torch_zero", "errors")
-
-
-def pytest_collection_modifyitems(config, items):
-    def rank(item) -> int:
-        name = item.path.name
-        if any(word in name for word in _LONG_FILES):
-            return 0
-        return 1 if item.path.parent.name == "parallel" else 2
-
-    items.sort(key=rank)  # (stable: a file's tests keep their order)
