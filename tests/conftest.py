@@ -95,4 +95,3 @@ def gpu_emulator(tmp_path_factory) -> dict:
         pytest.skip("no C++ compiler")
     emulator = _load("commlib_gpu_emulator_build", ROOT / "tests" / "gpu_emulator" / "build.py")
     return emulator.build(tmp_path_factory.mktemp("gpu_emulator"), cxx)
-
