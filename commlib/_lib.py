@@ -44,6 +44,10 @@ def last_error() -> str:
 
 def error_for(code: int, message: str | None = None) -> Exception:
     cls = _EXCEPTIONS.get(code, errors.CommlibError)
+    if cls is errors.RankLostError:
+        from . import failure_notes
+
+        failure_notes.note_rank_lost()
     return cls(message if message is not None else last_error())
 
 

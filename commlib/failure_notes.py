@@ -7,7 +7,8 @@ elsewhere), or it dies (``RankLostError``), or it never answers
 that failed first may take longer to exit. So each rank started by
 ``commlibrun`` notes, at the moment an exception escapes its script (before
 the exit's ``shutdown()`` tells the others), whether that exception was a
-consequence of another rank's failure; ``commlibrun`` names a failed rank
+consequence of another rank's failure, and, as soon as it meets one, that
+it met a RankLostError (caught or not); ``commlibrun`` names a failed rank
 without such a note first.
 """
 from __future__ import annotations
@@ -58,6 +59,17 @@ def note_abort() -> None:
         _write(status_dir, f"rank{_rank}.abort", "1\n")
 
 
+def note_rank_lost() -> None:
+    """Under ``commlibrun``: this rank met a RankLostError (another rank
+    died). Noted when the error is made, not only when it escapes: a script
+    that catches it and exits with a code of its own has failed because of
+    the dead rank too, and the dead rank's own exit may be recorded later on
+    a loaded machine."""
+    status_dir = os.environ.get(STATUS_DIR_ENV)
+    if status_dir and _rank is not None:
+        _write(status_dir, f"rank{_rank}.lost", "1\n")
+
+
 def install(rank: int) -> None:
     """Under ``commlibrun``: note an uncaught exception's kind before the
     previous ``sys.excepthook`` runs. Once per process."""
@@ -95,8 +107,10 @@ def rank_files(status_dir: str, suffix: str = ""):
 
 
 def consequences(status_dir: str) -> set[int]:
-    """The ranks whose noted failure followed another rank's."""
-    return {rank for rank, text in rank_files(status_dir, ".failure") if text.split()[:1] == ["1"]}
+    """The ranks whose noted failure followed another rank's, and those that
+    met a RankLostError (note_rank_lost)."""
+    noted = {rank for rank, text in rank_files(status_dir, ".failure") if text.split()[:1] == ["1"]}
+    return noted | {rank for rank, _ in rank_files(status_dir, ".lost")}
 
 
 def aborted(status_dir: str) -> list[int]:

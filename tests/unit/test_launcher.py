@@ -217,6 +217,25 @@ def test_first_failure_is_earliest():
     assert launcher.first_failure({0: (1, 5.0), 1: (1, 3.0)}, consequences={0, 1}) == (1, 1)
 
 
+def test_a_rank_that_met_a_lost_rank_is_a_consequence(tmp_path, monkeypatch):
+    # Rank 1 caught the RankLostError and exited with code 3 before rank 0's
+    # SIGKILL was reaped (loaded machine): the dead rank is still named first.
+    from commlib import _lib, errors, failure_notes
+
+    monkeypatch.setenv(_rankwrap.STATUS_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(failure_notes, "_rank", 1)
+    assert isinstance(_lib.error_for(_lib.lib.COMMLIB_ERR_PEER_LOST, "rank 0 died"), errors.RankLostError)
+    _lib.error_for(_lib.lib.COMMLIB_ERR_TIMED_OUT, "waited")  # (not a lost rank: no note)
+    monkeypatch.setattr(failure_notes, "_rank", 2)
+    _lib.error_for(_lib.lib.COMMLIB_ERR_MISMATCH, "shapes")
+    assert failure_notes.consequences(str(tmp_path)) == {1}
+    _rankwrap.write_status(str(tmp_path), "1", 3, when=100.0)
+    _rankwrap.write_status(str(tmp_path), "0", 137, when=100.5)
+    code, cause = launcher.failure_cause(137, launcher.read_statuses(str(tmp_path)),
+                                         failure_notes.consequences(str(tmp_path)))
+    assert (code, cause) == (137, "rank 0 was killed by signal SIGKILL (first failure)")
+
+
 def test_failure_cause_names_ranks_that_aborted():
     # An MPI abort ends the job before the wrappers record statuses: the ranks' notes name them.
     code, cause = launcher.failure_cause(1, {}, aborted=[0, 2])
