@@ -76,20 +76,26 @@ def _python_when(pred, fn) -> None:
         fn()
 
 
+def _python_after(deps, fn) -> None:
+    fn()
+
+
 class MeetingOps:
     """What a LocalSGD needs from a frontend, built from its element-wise
     operations: ``assign(variable, value)`` and ``add(variable, delta)`` (in
     place), ``outer_step(grads, variables)`` (one step of the outer
     optimizer, DiLoCo only), ``sub(x, y)`` (a new value, x - y),
     ``when(pred, fn)`` (fn() when pred holds: a Python bool, or a bool tensor
-    in a graph), ``copy(values)`` (new tensors) and ``average(values)``
-    (the values averaged across the ranks, in place or new; None: no one to
-    average with)."""
+    in a graph), ``after(deps, fn)`` (fn() once the tensors ``deps`` have
+    been computed: a graph does not order a variable's update after an
+    unrelated op by itself), ``copy(values)`` (new tensors) and
+    ``average(values)`` (the values averaged across the ranks, in place or
+    new; None: no one to average with)."""
 
     def __init__(self, assign, add, outer_step=None, sub=operator.sub, when=_python_when,
-                 copy=None, average=None):
+                 copy=None, average=None, after=_python_after):
         self._assign, self._add, self.outer_step, self._sub = assign, add, outer_step, sub
-        self.when, self._copy, self._average = when, copy, average
+        self.when, self._copy, self._average, self.after = when, copy, average, after
 
     def sub(self, xs, ys) -> list:
         return [self._sub(x, y) for x, y in zip(xs, ys)]
@@ -232,8 +238,11 @@ class StreamingMeetings:
     def pending(self) -> bool:
         return self._delay.pending
 
-    def start(self, values) -> None:
+    def start(self, values):
+        """Starts averaging ``values``; returns True (a frontend's graph: a
+        tensor computed once the average has started)."""
         self._delay.start(self._begin(values))
+        return True
 
     def finish(self, like=None):
         """(True, average, snapshot), or (False, None, None) when none is pending."""
@@ -285,7 +294,7 @@ class LocalSGDRun:
         only once the average has arrived: after a failed meeting
         ``synchronize()`` meets again (and raises again)."""
         average = self.ops.average(self.model + self.buffers)
-        self.local_steps.assign(0)
+        self.ops.after(average, lambda: self.local_steps.assign(0))
         meeting_step(self.ops, self.model, self.buffers, average, self.anchor)
 
     def _finish_stream(self) -> None:
@@ -295,8 +304,9 @@ class LocalSGDRun:
 
     def _stream_meet(self) -> None:
         self._finish_stream()
-        self.stream.start(self.model + self.buffers)
-        self.local_steps.assign(0)  # (after the start: one that failed leaves them to synchronize())
+        started = self.stream.start(self.model + self.buffers)
+        # (after the start: one that failed leaves them to synchronize())
+        self.ops.after([started], lambda: self.local_steps.assign(0))
 
     def synchronize(self) -> None:
         """Applies a pending streaming average, then holds a meeting now if

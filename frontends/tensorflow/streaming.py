@@ -66,4 +66,6 @@ class StreamingMeetings(local_sgd.StreamingMeetings):
             super(StreamingMeetings, self).start(list(arrays))
             return [np.array(True)]
 
-        execute(fn, values, [tf.bool], "CommlibStreamStart", process_set=self.process_set)
+        started = execute(fn, values, [tf.bool], "CommlibStreamStart", process_set=self.process_set)[0]
+        started.set_shape(())
+        return started

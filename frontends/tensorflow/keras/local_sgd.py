@@ -17,7 +17,7 @@ from .. import mpi_ops as _ops
 from ..delayed_tape import build_outside_cond
 from ..gradient_tape import make_allreduce_grads
 from ..streaming import StreamingMeetings
-from .optimizer_base import own_counter, own_zeros_like, run_if
+from .optimizer_base import own_counter, own_zeros_like, run_after, run_if
 
 
 class _LocalSGDMixin:
@@ -48,7 +48,7 @@ class _LocalSGDMixin:
         outer, model_vars = self.outer_optimizer, self._commlib_model_vars
         ops = MeetingOps(lambda v, a: v.assign(a), lambda v, d: v.assign_add(d),
                          getattr(outer, "apply", None), lambda x, y: tf.convert_to_tensor(x) - y,
-                         run_if, average=self._commlib_average)
+                         run_if, average=self._commlib_average, after=run_after)
         object.__setattr__(self, "_commlib_run", LocalSGDRun(
             self._commlib_plan, ops, model_vars, self._commlib_buffer_vars, self._commlib_stream,
             own_counter("commlib_step"), own_counter("commlib_local_steps"),

@@ -40,6 +40,17 @@ def run_if(pred, fn, otherwise=None) -> None:
     tf.cond(pred, branch(fn, True), branch(otherwise, False))
 
 
+def run_after(deps, fn) -> None:
+    """``fn()``, in a graph once the tensors ``deps`` are computed (a
+    variable's update is not ordered after an unrelated op otherwise)."""
+    deps = [d for d in deps if tf.is_tensor(d)]
+    if tf.executing_eagerly() or not deps:
+        fn()
+        return
+    with tf.control_dependencies(deps):
+        fn()
+
+
 def own_zeros_like(references, name: str) -> list:
     """Zero variables shaped like ``references`` for commlib's state beside
     an optimizer (accumulators, weight prediction's copies, LocalSGD's
