@@ -125,11 +125,11 @@ if [ "$CPU_ONLY" = 0 ]; then
   fi
   if "$PY" -c "import xdist" 2>/dev/null; then
     # (19 tests in 129 s with -n 6 on one H100; each test's time listed, a hung one fails at 120 s)
-    step "tests/gpu" 150 "$PY" -m pytest -v -n 6 --timeout 120 --durations=0 "$ROOT/tests/gpu"
+    step "tests/gpu" 150 "$PY" -m pytest -o addopts=-rs -v -n 6 --dist load --timeout 120 --durations=0 "$ROOT/tests/gpu"
   else  # (one pytest per test file, all at once, their outputs one after the other)
     step "tests/gpu (one pytest per file at once: no pytest-xdist)" 150 bash -c '
       py="$0" logs="$(mktemp -d)" rc=0 pids=()
-      for f in "$@"; do "$py" -m pytest -q "$f" > "$logs/$(basename "$f").log" 2>&1 & pids+=($!); done
+      for f in "$@"; do "$py" -m pytest -o addopts=-rs -q "$f" > "$logs/$(basename "$f").log" 2>&1 & pids+=($!); done
       for p in "${pids[@]}"; do wait "$p" || rc=1; done
       cat "$logs"/*.log
       rm -rf "$logs"
