@@ -286,3 +286,72 @@ def test_by_name_counts_each_variable_once():
     names, values = by_name([("z", a), ("y", b), ("x", a), ("w", None)])
     assert names == ["y", "z"] and values[0] is b and values[1] is a
     assert by_name([("a", a), ("b", b)], keep=lambda v: v[0] > 0) == (["b"], [b])
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_failed_meeting_leaves_its_steps_to_synchronize(streaming):
+    """The local steps are counted as met only after the meeting's average
+    (or the streaming start) ran: the reset goes through ``ops.after`` with
+    those results (a graph orders it by them), and a meeting whose average
+    failed is held again by synchronize()."""
+    calls, fail = [], [True]
+
+    def average(values):
+        calls.append("average")
+        if fail[0]:
+            raise RuntimeError("rank 1 was lost")
+        return [np.copy(v) for v in values]
+
+    def after(deps, fn):
+        calls.append(("after", [type(d).__name__ for d in deps]))
+        fn()
+
+    def begin(values):
+        return types.SimpleNamespace(inputs=[np.copy(v) for v in values],
+                                     wait=lambda: average(values))
+
+    ops = MeetingOps(np.copyto, lambda v, d: np.add(v, d, out=v), average=average, after=after)
+    stream = StreamingMeetings(begin) if streaming else None
+    if streaming:  # (a start that fails, as a submission to a lost rank does)
+        stream._begin = lambda values: average(values) and begin(values)
+    run = LocalSGDRun(LocalSGDPlan(2, streaming=streaming), ops, initial(), [np.zeros(2)], stream)
+    run.run_step(lambda in_warmup: None)
+    with pytest.raises(RuntimeError, match="rank 1 was lost"):
+        run.run_step(lambda in_warmup: None)
+    assert int(run.local_steps) == 2 and not any(c[0] == "after" for c in calls), calls
+    with pytest.raises(RuntimeError, match="rank 1 was lost"):
+        run.synchronize()
+    assert int(run.local_steps) == 2
+    fail[0] = False
+    run.synchronize()
+    assert int(run.local_steps) == 0
+    assert calls[-1] == ("after", ["ndarray"] * 3), calls
+
+
+def test_keras_run_after_orders_the_update_after_its_dependencies():
+    tf = pytest.importorskip("tensorflow")
+    from commlib.tensorflow.keras.optimizer_base import run_after
+
+    counter = tf.Variable(2)
+    seen = {}
+
+    @tf.function
+    def step(x):
+        started = tf.numpy_function(lambda a: a, [x], tf.float32)
+        run_after([started, None], lambda: counter.assign(0))
+        seen["graph"] = tf.compat.v1.get_default_graph()
+        return started
+
+    step(tf.constant(1.0))
+    ops = seen["graph"].get_operations()
+    assign = next(o for o in ops if o.type == "AssignVariableOp")
+
+    def ancestors(op, seen=()):
+        above = [i.op for i in op.inputs] + list(op.control_inputs)
+        return {a for a in above if a not in seen} | {b for a in above if a not in seen
+                                                      for b in ancestors(a, seen + (a,))}
+
+    assert any(a.type == "PyFunc" for a in ancestors(assign)), ops
+    assert int(counter.numpy()) == 0
+    run_after([tf.constant(1.0)], lambda: counter.assign(5))  # (eagerly: at once)
+    assert int(counter.numpy()) == 5
