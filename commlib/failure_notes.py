@@ -49,14 +49,19 @@ def _note(status_dir: str, rank: int, exc: BaseException) -> None:
     _write(status_dir, f"rank{rank}.failure", f"{int(_is_consequence(exc))} {type(exc).__name__}\n")
 
 
+def _flag(suffix: str) -> None:
+    """Under ``commlibrun``, once this rank is known: writes ``rank<R><suffix>``."""
+    status_dir = os.environ.get(STATUS_DIR_ENV)
+    if status_dir and _rank is not None:
+        _write(status_dir, f"rank{_rank}{suffix}", "1\n")
+
+
 def note_abort() -> None:
     """Under ``commlibrun``: this rank is about to abort MPI at exit (it lost
     contact with peers). The abort tears the job down, the ranks' wrappers
     with it, before they record how their rank ended; this note lets
     ``commlibrun`` name the rank anyway."""
-    status_dir = os.environ.get(STATUS_DIR_ENV)
-    if status_dir and _rank is not None:
-        _write(status_dir, f"rank{_rank}.abort", "1\n")
+    _flag(".abort")
 
 
 def note_rank_lost() -> None:
@@ -65,9 +70,7 @@ def note_rank_lost() -> None:
     that catches it and exits with a code of its own has failed because of
     the dead rank too, and the dead rank's own exit may be recorded later on
     a loaded machine."""
-    status_dir = os.environ.get(STATUS_DIR_ENV)
-    if status_dir and _rank is not None:
-        _write(status_dir, f"rank{_rank}.lost", "1\n")
+    _flag(".lost")
 
 
 def install(rank: int) -> None:
