@@ -85,4 +85,42 @@ for rep in range(2):
     out = commlib.synchronize(commlib.allreduce_async_(e, name="empty", op=commlib.Sum))
     check_equal(out, np.empty(0, np.float32), f"an empty array (repeat {rep})")
 check_equal(run("after", op=commlib.Sum), refs[commlib.Sum], "a collective after the errors")
+
+# A call repeating the last one on an array word for word submits its request
+# again (commlib.submit.quick_repeat); anything else about the call or the
+# array changed must still be seen.
+for rep in range(3):
+    check_equal(run("q", op=commlib.Sum), refs[commlib.Sum], f"a repeated call (repeat {rep})")
+check_equal(run("q", op=commlib.Max), refs[commlib.Max], "the same name, another op")
+check_equal(run("q", op=commlib.Max, postscale_factor=2.0), refs[commlib.Max] * 2, "another scale")
+check_equal(run("q", op=commlib.Max), refs[commlib.Max], "back to the earlier arguments")
+check_equal(run("q", op=commlib.Sum), refs[commlib.Sum], "op Sum again")
+expect_raises(ValueError, lambda: commlib.allreduce_async_(a, name="q", op=False),
+              "False after op Sum (0) under one name", match="unsupported reduction op")
+check_equal(run("q", op=commlib.Sum, process_set=commlib.global_process_set), refs[commlib.Sum],
+            "the same call with the global set given")
+b = np.empty(6, np.float64)
+for rep in range(2):
+    b[:] = per_rank[r]
+    commlib.synchronize(commlib.allreduce_async_(b, name="qb", op=commlib.Sum))
+b.shape = (2, 3)  # (the same array object, reshaped in place)
+b[:] = per_rank[r].reshape(2, 3)
+out = commlib.synchronize(commlib.allreduce_async_(b, name="qb", op=commlib.Sum))
+check_equal(out, refs[commlib.Sum].reshape(2, 3), "a repeated call on an array reshaped in place")
+commlib.synchronize(commlib.allreduce_async_(b, name="qb", op=commlib.Sum))
+if r == 0:
+    b.shape = (3, 2)  # (rank 0's request now differs from the others')
+expect_raises(commlib.CollectiveMismatchError,
+              lambda: commlib.synchronize(commlib.allreduce_async_(b, name="qb", op=commlib.Sum)),
+              "a repeated call after rank 0 alone reshaped its array", match="shape")
+b.shape = (2, 3)
+b.dtype = np.int64  # (the same bytes seen as another dtype)
+for rep in range(2):
+    b[:] = np.arange(6).reshape(2, 3) + r
+    out = commlib.synchronize(commlib.allreduce_async_(b, name="qb", op=commlib.Sum))
+    check_equal(out, np.sum([np.arange(6).reshape(2, 3) + q for q in range(n)], axis=0),
+                f"a repeated call on an array whose dtype changed in place (repeat {rep})")
+b.flags.writeable = False
+expect_raises(ValueError, lambda: commlib.allreduce_async_(b, name="qb", op=commlib.Sum),
+              "a repeated call on an array made read-only", match="read-only")
 done()
