@@ -134,8 +134,10 @@ class GroupLayout:
         return outs, (*self.out_addresses(address + base), buf)
 
     def still_valid(self, arrays) -> bool:
-        """The same arrays (alive: their ids were not reused), same shapes."""
-        return all(r() is a and a.shape == s for r, a, s in zip(self.refs, arrays, self.shapes))
+        """The same arrays (alive: their ids were not reused), with the same
+        shapes and dtypes (either can be changed in place)."""
+        return all(r() is a and a.shape == s and a.dtype is d
+                   for r, a, (s, d, _) in zip(self.refs, arrays, self.out_specs))
 
 
 # Layouts of groups by the identities of their arrays: training loops reduce

@@ -1,5 +1,5 @@
-"""The in-place allreduce's short path and its arguments at 2 and 3 ranks
-(workers/fast_submit_args.py)."""
+"""The in-place allreduce's short paths and their arguments, and a cached
+group layout's checks, at 2 and 3 ranks (workers/fast_submit_args.py)."""
 import pytest
 
 

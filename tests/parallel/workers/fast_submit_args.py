@@ -2,12 +2,15 @@
 global set: commlib.submit.submit_in_place and its cached name bytes) must
 treat every argument as the long path does: each op with its scale factors,
 names checked (also once cached) and generated alike on every rank, the
-errors of bad ops, names and scales, a name in flight, an empty array. Each
-result is checked against numpy on every rank."""
+errors of bad ops, names and scales, a name in flight, an empty array; a
+call repeated word for word (commlib.submit.quick_repeat) still sees every
+change of its arguments and of the array (op, scale, reshape, dtype,
+read-only); a group's cached layout sees its members' dtypes and shapes
+changed in place. Each result is checked against numpy on every rank."""
 import numpy as np
 
 import commlib
-from _common import check_equal, done, expect_raises
+from _common import check_equal, done, expect_raises, fail
 
 commlib.init()
 r, n = commlib.rank(), commlib.size()
@@ -123,4 +126,27 @@ for rep in range(2):
 b.flags.writeable = False
 expect_raises(ValueError, lambda: commlib.allreduce_async_(b, name="qb", op=commlib.Sum),
               "a repeated call on an array made read-only", match="read-only")
+
+# A group's layout is cached by its arrays' identities; what changes in place
+# must still be seen.
+g = [np.full(4, r + 1.0, np.float32) for _ in range(3)]
+for rep in range(2):
+    for x in g:
+        x[:] = r + 1
+    outs = commlib.grouped_allreduce(g, op=commlib.Sum, name="grp.oop")
+    check_equal(outs[1], np.full(4, n * (n + 1) / 2, np.float32), f"a grouped allreduce (repeat {rep})")
+    commlib.grouped_allreduce_(g, op=commlib.Sum, name="grp")
+    check_equal(g[1], np.full(4, n * (n + 1) / 2, np.float32), f"a grouped allreduce_ (repeat {rep})")
+g[1].dtype = np.int32  # (the same bytes seen as another dtype; values far from float32's)
+big = 500_000_000
+want = np.full(4, n * big + n * (n - 1) // 2, np.int32)
+g[1][:] = big + r
+check_equal(commlib.grouped_allreduce(g, op=commlib.Sum, name="grp.oop")[1], want,
+            "grouped, a member's dtype changed in place")
+commlib.grouped_allreduce_(g, op=commlib.Sum, name="grp")
+check_equal(g[1], want, "grouped in place, a member's dtype changed")
+g[2].shape = (2, 2)
+outs = commlib.grouped_allreduce(g, op=commlib.Sum, name="grp.oop")
+if outs[2].shape != (2, 2):
+    fail(f"grouped, a member reshaped in place: a result of shape {outs[2].shape}")
 done()
