@@ -30,7 +30,8 @@ Horovod: ``hvd.init(process_sets=[hvd.ProcessSet([0, 2]), ...])`` or
 collectives, broadcast_variables, the object helpers,
 DistributedGradientTape and DistributedOptimizer take ``process_set=`` and
 then communicate among its members only. Elastic training is restart from
-the last commit (commlib.tensorflow.keras.elastic); timelines:
+the last commit (``hvd.elastic``: commlib.tensorflow.elastic for loops of
+one's own, commlib.tensorflow.keras.elastic for model.fit); timelines:
 start_timeline/stop_timeline (commlib.timeline). ``op=Adasum`` (adaptive
 summation, floating-point tensors) in the allreduces and DistributedOptimizer
 reduces the gradients adaptively. Not available (yet): XLA-compiled functions.
@@ -73,10 +74,10 @@ def __getattr__(name):
         from .sync_batch_norm import SyncBatchNormalization
 
         return SyncBatchNormalization
-    if name == "keras":
+    if name in ("keras", "elastic"):
         import importlib
 
-        return importlib.import_module(f"{__name__}.keras")
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

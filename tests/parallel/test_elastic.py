@@ -8,10 +8,11 @@ state of an uninterrupted run (trained after the elastic one, in the same
 processes) within 1e-6, having lost at most the steps since the last commit
 at each kill. commlibrun must name each restart and its cause. The time from
 each kill to the first step after the restart is measured (target: 15 s).
-A job that fails more often than --restarts allows ends non-zero naming the
-failing rank, with no process left behind. The framework-free ObjectState
-runs the same protocol at 3 ranks; a commit directory written by a job of
-another size is refused on every rank.
+A TensorFlow loop of one's own (commlib.tensorflow.elastic) killed once
+resumes and matches too. A job that fails more often than --restarts allows
+ends non-zero naming the failing rank, with no process left behind. The
+framework-free ObjectState runs the same protocol at 3 ranks; a commit
+directory written by a job of another size is refused on every rank.
 """
 import importlib.util
 import os
@@ -116,6 +117,24 @@ def test_keras_job_killed_three_times_matches_uninterrupted_run(ranks, tmp_path)
     run.assert_ok(2)
     latencies = check_restarts(run, kills, markers, what, 24, max_lost=3)
     assert max((first for _, first in latencies), default=0) < 60, latencies
+
+
+@needs("tensorflow")
+@pytest.mark.timeout(200)
+def test_tensorflow_custom_loop_killed_once_matches_uninterrupted_run(ranks, tmp_path):
+    # commlib.tensorflow.elastic: rank 1 dies before step 5 (commits after
+    # steps 3, 6, 9, 12), so the second attempt resumes at step 3.
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    env = {"ELASTIC_KILLS": "1:5:step", "ELASTIC_MARKERS": str(markers),
+           "COMMLIB_ELASTIC_DIR": str(tmp_path / "commits")}
+    run = ranks(2, "elastic_tf_loop.py", timeout=160, env=env, launcher_args=("--restarts", "1"))
+    run.assert_ok(2)
+    assert "commlibrun: restart 1 of 1 after rank 1 was killed by signal SIGKILL" in run.stderr, run
+    assert "attempt 1 resumed at step 3" in run.stdout, run
+    diffs = [float(d) for d in re.findall(r"max difference from an uninterrupted run: (\S+)",
+                                          run.stdout)]
+    assert len(diffs) == 2 and max(diffs) <= 1e-6, run
 
 
 @pytest.mark.timeout(120)
