@@ -31,18 +31,24 @@ import torch
 
 from commlib.elastic import ELASTIC_DIR_ENV, ElasticStateError, ObjectState, State, run  # noqa: F401
 
-from .collectives.state_sync import broadcast_parameters, broadcast_state
+from .collectives.state_sync import (allgather_object, broadcast_object, broadcast_parameters,
+                                     broadcast_state)
+from .elastic_sampler import ElasticSampler
 from .sharding.fully_shard import groups_of
 
 # The state_dict key suffix of fully_shard's flat parameter shards.
 SHARD_KEY = "_commlib_flat_shard"
 
-__all__ = ["TorchState", "ObjectState", "State", "run", "ElasticStateError", "ELASTIC_DIR_ENV"]
+__all__ = ["TorchState", "ElasticSampler", "ObjectState", "State", "run", "ElasticStateError",
+           "ELASTIC_DIR_ENV"]
 
 
 class TorchState(State):
     """A model's ``state_dict``, an optimizer's ``state_dict`` and any user
     values given as keywords (``state.epoch``...). Either object may be None.
+    An ElasticSampler given as a keyword (``sampler=...``) is committed as
+    its epoch and processed indices; ``sync()`` merges every rank's
+    processed indices.
 
     ``commit()`` (a collective: every rank at the same points) keeps a copy
     and writes each rank's part to ``$COMMLIB_ELASTIC_DIR``; ``restore()``
@@ -58,7 +64,12 @@ class TorchState(State):
     def __init__(self, model=None, optimizer=None, **user_state):
         self.model = model
         self.optimizer = optimizer
-        super().__init__(**user_state)
+        # ElasticSamplers given as keywords (state.sampler...) keep their
+        # epoch and processed indices in the commits, not the whole sampler.
+        self.samplers = {k: v for k, v in user_state.items() if isinstance(v, ElasticSampler)}
+        for key, sampler in self.samplers.items():
+            setattr(self, key, sampler)
+        super().__init__(**{k: v for k, v in user_state.items() if k not in self.samplers})
 
     def _snapshot(self) -> dict:
         snap = {}
@@ -74,6 +85,7 @@ class TorchState(State):
                     snap["model"][name] = true[id(p)].detach().clone()
         if self.optimizer is not None:
             snap["optimizer"] = copy.deepcopy(self.optimizer.state_dict())
+        snap["samplers"] = {k: s.state_dict() for k, s in self.samplers.items()}
         return snap
 
     def _apply(self, snapshot: dict) -> None:
@@ -81,6 +93,9 @@ class TorchState(State):
             self.model.load_state_dict(snapshot["model"])
         if self.optimizer is not None:
             self.optimizer.load_state_dict(copy.deepcopy(snapshot["optimizer"]))
+        for key, saved in snapshot.get("samplers", {}).items():
+            if key in self.samplers:
+                self.samplers[key].load_state_dict(saved)
 
     def _sync_objects(self, root_rank: int) -> None:
         # Sharded state (fully_shard's flat shards, a ZeRO optimizer's or a
@@ -92,6 +107,14 @@ class TorchState(State):
             broadcast_parameters(replicated, root_rank=root_rank, prefix="elastic.model")
         if self.optimizer is not None and not self._sharded_optimizer_state():
             broadcast_state(self.optimizer, root_rank=root_rank, prefix="elastic.optimizer")
+        for key in sorted(self.samplers):  # (every rank in the same order)
+            # What any rank processed is processed: each rank's share after
+            # this excludes it.
+            sampler = self.samplers[key]
+            name = f"elastic.sampler.{key}"
+            done = set().union(*allgather_object(sampler.processed_indices, name=name))
+            merged = dict(sampler.state_dict(), processed_indices=done)
+            sampler.load_state_dict(broadcast_object(merged, root_rank, name=name + ".state"))
 
     def _sharded_optimizer_state(self) -> bool:
         """Whether the optimizer holds state that is sharded across ranks."""

@@ -9,7 +9,8 @@ processes) within 1e-6, having lost at most the steps since the last commit
 at each kill. commlibrun must name each restart and its cause. The time from
 each kill to the first step after the restart is measured (target: 15 s).
 A TensorFlow loop of one's own (commlib.tensorflow.elastic) killed once
-resumes and matches too. A job that fails more often than --restarts allows
+resumes and matches too; torch's ElasticSampler resumes an epoch with the
+indices no rank had committed. A job that fails more often than --restarts allows
 ends non-zero naming the failing rank, with no process left behind. The
 framework-free ObjectState runs the same protocol at 3 ranks; a commit
 directory written by a job of another size is refused on every rank.
@@ -119,22 +120,40 @@ def test_keras_job_killed_three_times_matches_uninterrupted_run(ranks, tmp_path)
     assert max((first for _, first in latencies), default=0) < 60, latencies
 
 
+def run_killed_once(ranks, tmp_path, worker, step, resumed, timeout):
+    """``worker`` on 2 ranks with ``--restarts 1``, rank 1 killing itself
+    before step ``step``: the job succeeds, naming the restart, and its
+    second attempt resumes at step ``resumed``."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    env = {"ELASTIC_KILLS": f"1:{step}:step", "ELASTIC_MARKERS": str(markers),
+           "COMMLIB_ELASTIC_DIR": str(tmp_path / "commits")}
+    run = ranks(2, worker, timeout=timeout, env=env, launcher_args=("--restarts", "1"))
+    run.assert_ok(2)
+    assert "commlibrun: restart 1 of 1 after rank 1 was killed by signal SIGKILL" in run.stderr, run
+    assert f"attempt 1 resumed at step {resumed}" in run.stdout, run
+    return run
+
+
 @needs("tensorflow")
 @pytest.mark.timeout(200)
 def test_tensorflow_custom_loop_killed_once_matches_uninterrupted_run(ranks, tmp_path):
-    # commlib.tensorflow.elastic: rank 1 dies before step 5 (commits after
-    # steps 3, 6, 9, 12), so the second attempt resumes at step 3.
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    env = {"ELASTIC_KILLS": "1:5:step", "ELASTIC_MARKERS": str(markers),
-           "COMMLIB_ELASTIC_DIR": str(tmp_path / "commits")}
-    run = ranks(2, "elastic_tf_loop.py", timeout=160, env=env, launcher_args=("--restarts", "1"))
-    run.assert_ok(2)
-    assert "commlibrun: restart 1 of 1 after rank 1 was killed by signal SIGKILL" in run.stderr, run
-    assert "attempt 1 resumed at step 3" in run.stdout, run
+    # commlib.tensorflow.elastic: commits after steps 3, 6, 9, 12.
+    run = run_killed_once(ranks, tmp_path, "elastic_tf_loop.py", 5, 3, timeout=160)
     diffs = [float(d) for d in re.findall(r"max difference from an uninterrupted run: (\S+)",
                                           run.stdout)]
     assert len(diffs) == 2 and max(diffs) <= 1e-6, run
+
+
+@needs("torch")
+@pytest.mark.timeout(120)
+def test_elastic_sampler_resumes_the_epoch_with_what_is_left(ranks, tmp_path):
+    # 40 indices, batches of 4, 2 ranks: 5 batches per epoch; commits after
+    # every 2nd step and at each epoch's end. Rank 1 dies before step 7 (the
+    # 2nd batch of epoch 1): the restart resumes at step 6 and splits the 32
+    # indices left of epoch 1 anew.
+    run = run_killed_once(ranks, tmp_path, "elastic_sampler.py", 7, 6, timeout=100)
+    assert "every epoch trained on each index once, in 10 steps" in run.stdout, run
 
 
 @pytest.mark.timeout(120)

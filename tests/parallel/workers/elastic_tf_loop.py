@@ -57,8 +57,8 @@ if attempt == 0:
     if state.step != 5:
         fail(f"restore: user state step {state.step}, committed 5")
     fewer = hvd.elastic.TensorFlowState([v1])
-    expect_raises(hvd.elastic.ElasticStateError, fewer.load_last_commit, "a commit of 2 variables, 1 held",
-                  match="holds 1 variables, the commit 2")
+    expect_raises(hvd.elastic.ElasticStateError, fewer.load_last_commit,
+                  "a commit of 2 variables, 1 held", match="holds 1 variables, the commit 2")
     other = hvd.elastic.TensorFlowState([tf.Variable(np.zeros((3, 2), np.float32)), v2])
     expect_raises(hvd.elastic.ElasticStateError, other.load_last_commit, "a commit of another shape",
                   match="has shape (3, 2), the commit holds (2, 3)")
