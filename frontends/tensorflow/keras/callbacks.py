@@ -1,7 +1,7 @@
 """Keras callbacks for data-parallel training (Horovod's
 horovod.tensorflow.keras.callbacks): BroadcastGlobalVariablesCallback,
 MetricAverageCallback, LearningRateScheduleCallback,
-LearningRateWarmupCallback."""
+LearningRateWarmupCallback, BestModelCheckpoint."""
 from __future__ import annotations
 
 import numbers
@@ -203,3 +203,27 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if epoch == self.end_epoch - 1 and self.verbose > 0 and commlib.rank() == 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                   f"{_get_lr(self.model.optimizer):g}.")
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Saves the model to ``filepath`` (a ``.keras`` file; ``{epoch}`` and
+    the logs' keys may appear in it, as in ModelCheckpoint) whenever the
+    monitored metric improves, on rank 0 only (the ranks hold the same
+    model: one writer is enough, and no rank needs ``if hvd.rank() == 0``).
+    Put MetricAverageCallback before it to compare the metric averaged over
+    ranks rather than rank 0's own."""
+
+    def __init__(self, filepath=None, monitor="val_loss", verbose=0, mode="auto",
+                 save_freq="epoch"):
+        if filepath is None:
+            raise ValueError("BestModelCheckpoint needs a filepath (a .keras file)")
+        super().__init__(filepath=filepath, monitor=monitor, verbose=verbose, save_best_only=True,
+                         save_weights_only=False, mode=mode, save_freq=save_freq)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if commlib.rank() == 0:
+            super().on_train_batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if commlib.rank() == 0:
+            super().on_epoch_end(epoch, logs)

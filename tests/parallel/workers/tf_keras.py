@@ -2,10 +2,12 @@
 on N ranks x batch B ends where one process fitting the N*B batches ends
 (SGD, Adam, sparse embedding gradients, steps_per_execution, run_eagerly),
 weights bitwise equal across ranks; backward_passes_per_step; callbacks
-(broadcast, metric averaging, learning-rate warmup); load_model;
+(broadcast, metric averaging, learning-rate warmup, the best model saved by
+rank 0 alone); load_model;
 mixed_float16; local_layers with BroadcastGlobalVariablesCallback(local_variables=),
 imported as commlib.keras (Horovod users write horovod.keras)."""
 import os
+import shutil
 import tempfile
 
 import keras
@@ -165,6 +167,9 @@ raw, averaged = Recorder(), Recorder()
 x = X[:STEPS * B] + r  # different data per rank: different local losses
 y = Y[:STEPS * B] * (r + 1)
 warmup_epochs = 2
+best_dir = hvd.broadcast_object(tempfile.mkdtemp(prefix="commlib-best-") if r == 0 else None, 0)
+best = hvd.callbacks.BestModelCheckpoint(os.path.join(best_dir, f"rank{r}.epoch{{epoch}}.keras"),
+                                         monitor="val_loss")
 with __import__("warnings").catch_warnings():
     __import__("warnings").simplefilter("ignore")
     hist = model.fit(x, y, batch_size=B, epochs=3, shuffle=False, verbose=0,
@@ -172,7 +177,7 @@ with __import__("warnings").catch_warnings():
                      callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                                 hvd.callbacks.LearningRateWarmupCallback(
                                     initial_lr=0.1, warmup_epochs=warmup_epochs),
-                                raw, hvd.callbacks.MetricAverageCallback(), averaged])
+                                raw, hvd.callbacks.MetricAverageCallback(), averaged, best])
 for a, b in zip(raw.first_weights, initial_root):
     check(a, b, "weights after BroadcastGlobalVariablesCallback")
 same_on_all_ranks(model.get_weights(), "callbacks: weights after fit")
@@ -195,6 +200,21 @@ for e in range(3):
         else:
             want_lrs.append(want_lrs[-1])
 check(np.array(averaged.lrs), np.array(want_lrs), "LearningRateWarmupCallback", rtol=1e-6)
+# BestModelCheckpoint: rank 0 alone saves, at each epoch whose averaged val_loss is a new best.
+val = [logs["val_loss"] for logs in averaged.epoch_logs]
+improved = [e + 1 for e in range(len(val)) if val[e] < min(val[:e], default=np.inf)]
+hvd.allgather_object(r)  # (a barrier: rank 0 has saved)
+saved = sorted(os.listdir(best_dir))
+want_files = sorted(f"rank0.epoch{e}.keras" for e in improved)
+if saved != want_files:
+    fail(f"BestModelCheckpoint saved {saved}, want {want_files} (val_loss {val})")
+if r == 0:
+    reloaded = hvd.load_model(os.path.join(best_dir, want_files[-1]))
+    if len(reloaded.get_weights()) != len(model.get_weights()):
+        fail("BestModelCheckpoint: the saved model does not load back")
+hvd.allgather_object(r)
+if r == 0:
+    shutil.rmtree(best_dir)
 check(np.float64(hist.history["lr"][-1]), np.float64(0.1), "logged lr", rtol=1e-6)
 
 # ---------------------------------------------------------------- load_model
