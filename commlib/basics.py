@@ -4,7 +4,7 @@ from __future__ import annotations
 import atexit
 import os
 
-from . import failure_notes, runtime, stack_dumps
+from . import failure_notes, horovod_env, runtime, stack_dumps
 from ._lib import MPI, check, ffi, lib
 from .process_sets import ProcessSet, add_process_set, reset_process_sets
 from .runtime import is_initialized, rank, require_init, size  # noqa: F401 - commlib.rank, ...
@@ -25,6 +25,7 @@ def init(comm=None, process_sets=None) -> None:
         if not all(isinstance(p, ProcessSet) for p in process_sets):
             raise TypeError("process_sets must be a list of commlib ProcessSet objects or 'dynamic'")
     stack_dumps.install(_engine_line)  # (before the core starts: a hang in init() shows too)
+    horovod_env.apply()  # (HOROVOD_FUSION_THRESHOLD... read as COMMLIB_*)
     if not runtime.is_initialized():
         runtime.reset_names()  # a new job: names count from 0 on every rank
     if comm is None:

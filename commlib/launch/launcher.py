@@ -37,7 +37,7 @@ import threading
 import time
 
 from .. import failure_notes
-from . import _rankwrap
+from . import _rankwrap, horovod_flags
 from .job_cleanup import JOB_ENV, JobReaper
 from .launch_checks import MAX_RANKS, MAX_SLOTS, check_hostfile, check_hosts, check_np  # noqa: F401
 from .restarts import ELASTIC_DIR_ENV, RESTART_ENV, Attempt, run_with_restarts
@@ -83,8 +83,9 @@ def parse_env_assignments(items, environ=os.environ):
 
 
 def forwarded_env(environ, extra=None):
-    """Variables to forward to every rank: all ``COMMLIB_*`` plus ``extra``."""
-    env = {k: v for k, v in environ.items() if k.startswith(ENV_PREFIX)}
+    """Variables to forward to every rank: all ``COMMLIB_*`` and
+    ``HOROVOD_*`` (read as COMMLIB_*: commlib.horovod_env) plus ``extra``."""
+    env = {k: v for k, v in environ.items() if k.startswith((ENV_PREFIX, "HOROVOD_"))}
     env.update(extra or {})
     return dict(sorted(env.items()))
 
@@ -512,7 +513,8 @@ def make_parser():
         description="Launch a commlib job with mpiexec (MPICH hydra or Open MPI). "
                     "Each output line is prefixed with its rank; the exit code is that "
                     "of the rank that failed first.",
-        epilog="All COMMLIB_* environment variables are forwarded to every rank. "
+        epilog="All COMMLIB_* and HOROVOD_* environment variables are forwarded to every rank "
+               "(Horovod's tuning variables are read as commlib's). "
                f"Set {MPIEXEC_ENV} to choose the mpiexec/mpirun binary. After a rank fails, "
                f"the other ranks get ${_rankwrap.FAILURE_GRACE_ENV} seconds (default "
                f"{_rankwrap.DEFAULT_FAILURE_GRACE:g}) to notice and report it before the "
@@ -554,6 +556,7 @@ def make_parser():
     p.add_argument("--autotune-log-file", metavar="FILE",
                    help="rank 0 writes a CSV of the settings autotune tried and their scores "
                         "(sets COMMLIB_AUTOTUNE_LOG)")
+    horovod_flags.add_arguments(p)
     p.add_argument("--dry-run", action="store_true",
                    help="print the mpiexec command instead of running it")
     p.add_argument("--verbose", action="store_true",
@@ -590,6 +593,7 @@ def main(argv=None):
         extra.update(flavour_env(flavour, environ))
         extra.update(parse_env_assignments(args.env, environ))
         extra.update(autotune_env(args))
+        extra.update(horovod_flags.env_from(args))
         env = forwarded_env(environ, extra)
         build = dict(flavour=flavour, np=args.np, command=command, hosts=args.hosts,
                      hostfile=args.hostfile, mpi_args=shlex.split(args.mpi_args), mpiexec=mpiexec)

@@ -46,3 +46,23 @@ def test_uncaught_error_on_one_rank_ends_the_job(ranks):
               if "ValueError: COMMLIB_CYCLE_TIME='1ms': not a number" in line]
     assert len(errors) == 2, run
     assert any("(in the environment of rank 1)" in line for line in errors), run
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("fusion, mode", [("0", "unfused"), (None, "fused")])
+def test_horovod_variables_read_as_commlib_ones(ranks, tmp_path, fusion, mode):
+    """A Horovod job's HOROVOD_TIMELINE and HOROVOD_FUSION_THRESHOLD take
+    effect (commlibrun forwards them; init reads them as COMMLIB_*)."""
+    env = {"HOROVOD_TIMELINE": str(tmp_path / "horovod.json"), "COMMLIB_TIMELINE": ""}
+    if fusion is not None:
+        env["HOROVOD_FUSION_THRESHOLD"] = fusion
+    assert_all_ok(ranks(2, "horovod_env.py", env["HOROVOD_TIMELINE"], mode, timeout=LIMIT, env=env), 2)
+
+
+@pytest.mark.timeout(150)
+def test_a_commlib_variable_wins_over_horovods(ranks, tmp_path):
+    env = {"HOROVOD_TIMELINE": str(tmp_path / "horovod.json"),
+           "COMMLIB_TIMELINE": str(tmp_path / "commlib.json"), "HOROVOD_FUSION_THRESHOLD": "0",
+           "COMMLIB_FUSION_THRESHOLD": "67108864"}
+    assert_all_ok(ranks(2, "horovod_env.py", env["COMMLIB_TIMELINE"], "fused", timeout=LIMIT, env=env), 2)
+    assert not (tmp_path / "horovod.json").exists()

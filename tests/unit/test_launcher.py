@@ -308,6 +308,54 @@ def test_dry_run_autotune_flags_set_their_variables(capsys, fake_mpiexec, tmp_pa
     assert "COMMLIB_AUTOTUNE" not in cmd and "COMMLIB_AUTOTUNE_LOG" not in cmd
 
 
+def genv(cmd, name):
+    """The value commlibrun's mpiexec command gives ``name`` (-genv), or None."""
+    at = [i for i in range(len(cmd) - 2) if cmd[i] == "-genv" and cmd[i + 1] == name]
+    return cmd[at[0] + 2] if at else None
+
+
+def test_dry_run_horovodrun_tuning_flags_set_their_variables(capsys, fake_mpiexec, tmp_path,
+                                                             monkeypatch):
+    fake_mpiexec(MPICH_VERSION_TEXT)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COMMLIB_TIMEOUT", "30")  # (a flag wins over the environment)
+    cmd = dry_run(capsys, ["-np", "2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5",
+                           "--cache-capacity", "7", "--timeline-filename", "t.json",
+                           "--timeline-mark-cycles", "--stall-check-warning-time-seconds", "9",
+                           "--stall-check-shutdown-time-seconds", "120", "python", "t.py"])
+    want = {"COMMLIB_FUSION_THRESHOLD": str(32 << 20), "COMMLIB_CYCLE_TIME": "2.5",
+            "COMMLIB_CACHE_CAPACITY": "7", "COMMLIB_TIMELINE": str(tmp_path / "t.json"),
+            "COMMLIB_TIMELINE_MARK_CYCLES": "1", "COMMLIB_STALL_CHECK_TIME": "9",
+            "COMMLIB_TIMEOUT": "120"}
+    assert {name: genv(cmd, name) for name in want} == want
+    cmd = dry_run(capsys, ["-np", "2", "--disable-cache", "--no-stall-check", "python", "t.py"])
+    assert genv(cmd, "COMMLIB_CACHE_CAPACITY") == "0"
+    assert genv(cmd, "COMMLIB_STALL_CHECK_TIME") == "1000000000"
+    cmd = dry_run(capsys, ["-np", "2", "python", "t.py"])
+    assert genv(cmd, "COMMLIB_FUSION_THRESHOLD") is None and genv(cmd, "COMMLIB_TIMEOUT") == "30"
+
+
+def test_horovodrun_flags_refuse_conflicts_and_bad_values(capsys, fake_mpiexec, tmp_path,
+                                                          monkeypatch):
+    fake_mpiexec(MPICH_VERSION_TEXT)
+    monkeypatch.chdir(tmp_path)
+    for flags in (["--disable-cache", "--cache-capacity", "3"],
+                  ["--no-stall-check", "--stall-check-warning-time-seconds", "3"]):
+        with pytest.raises(SystemExit) as e:
+            launcher.main(["-np", "2", *flags, "--dry-run", "python", "t.py"])
+        assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    assert launcher.main(["-np", "2", "--fusion-threshold-mb", "-1", "--dry-run", "python", "t.py"]) == 2
+    assert "--fusion-threshold-mb must be 0 or more" in capsys.readouterr().err
+
+
+def test_dry_run_forwards_horovod_variables(capsys, fake_mpiexec, tmp_path, monkeypatch):
+    fake_mpiexec(MPICH_VERSION_TEXT)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "1048576")
+    cmd = dry_run(capsys, ["-np", "2", "python", "t.py"])
+    assert genv(cmd, "HOROVOD_FUSION_THRESHOLD") == "1048576"
+
+
 @pytest.mark.parametrize("text, oversubscribe", [(OMPI4_VERSION_TEXT, ["--oversubscribe"]),
                                                  (OMPI5_VERSION_TEXT, ["--map-by", ":OVERSUBSCRIBE"])])
 def test_dry_run_openmpi(capsys, fake_mpiexec, monkeypatch, tmp_path, text, oversubscribe):
