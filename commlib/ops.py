@@ -201,7 +201,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     h = allreduce_in_place(f, tensor, name, resolve_op(op, average), prescale_factor,
                            postscale_factor, process_set)
     if quick:
-        remember_quick(tensor, given)
+        remember_quick(f, given)
     return h
 
 

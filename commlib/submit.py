@@ -253,11 +253,11 @@ def quick_repeat(arr, given: tuple):
     return quick[1] if flags.c_contiguous and flags.writeable else None
 
 
-def remember_quick(arr, given: tuple) -> None:
-    """Records the request just submitted in place on ``arr``'s cached facts
-    (its ``last``) as the one ``quick_repeat(arr, given)`` returns."""
-    f = _facts.get(id(arr))
-    if f is not None and f.last is not None and f.ref() is arr:
+def remember_quick(f: Facts, given: tuple) -> None:
+    """Records the request just submitted in place on the buffer ``f``
+    describes (its ``last``) as the one ``quick_repeat(arr, given)``
+    returns."""
+    if f.last is not None:
         f.quick = (given, f.last[1])
 
 
