@@ -1,4 +1,4 @@
-"""horovodrun's tuning options, accepted by commlibrun: each stands for the
+"""commlibrun's tuning options, horovodrun's names: each stands for the
 COMMLIB_* variable it sets in every rank (a Horovod launch line keeps
 working after ``horovodrun`` becomes ``commlibrun``)."""
 from __future__ import annotations
@@ -10,7 +10,13 @@ from ..horovod_env import NO_STALL_CHECK
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("horovodrun's tuning options (each sets a COMMLIB_* variable)")
+    g = parser.add_argument_group("tuning options, as horovodrun's (each sets a COMMLIB_* variable)")
+    g.add_argument("--autotune", action="store_true",
+                   help="tune the fusion threshold, cycle time and tree/ring cutoff during the "
+                        "first steps (sets COMMLIB_AUTOTUNE=1)")
+    g.add_argument("--autotune-log-file", metavar="FILE",
+                   help="rank 0 writes a CSV of the settings autotune tried and their scores "
+                        "(sets COMMLIB_AUTOTUNE_LOG)")
     g.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
                    help="fusion buffer size in MiB (COMMLIB_FUSION_THRESHOLD, in bytes)")
     g.add_argument("--cycle-time-ms", type=float, metavar="MS",
@@ -38,6 +44,10 @@ def env_from(args: argparse.Namespace) -> dict:
     """The COMMLIB_* variables the options given stand for; ValueError for a
     value out of range."""
     env = {}
+    if args.autotune:
+        env["COMMLIB_AUTOTUNE"] = "1"
+    if args.autotune_log_file:
+        env["COMMLIB_AUTOTUNE_LOG"] = os.path.abspath(args.autotune_log_file)
     if args.fusion_threshold_mb is not None:
         if args.fusion_threshold_mb < 0:
             raise ValueError("--fusion-threshold-mb must be 0 or more")

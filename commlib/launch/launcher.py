@@ -496,16 +496,6 @@ def failure_cause(returncode, statuses, consequences=frozenset(), aborted=()):
     return 0, None
 
 
-def autotune_env(args):
-    """The variables --autotune and --autotune-log-file stand for."""
-    env = {}
-    if args.autotune:
-        env["COMMLIB_AUTOTUNE"] = "1"
-    if args.autotune_log_file:
-        env["COMMLIB_AUTOTUNE_LOG"] = os.path.abspath(args.autotune_log_file)
-    return env
-
-
 def make_parser():
     p = argparse.ArgumentParser(
         prog="commlibrun",
@@ -550,12 +540,6 @@ def make_parser():
                         "resume from their last commit (commlib.torch.elastic, "
                         f"commlib.tensorflow.keras.elastic) in ${ELASTIC_DIR_ENV} (a temporary "
                         "directory of the job's own when unset)")
-    p.add_argument("--autotune", action="store_true",
-                   help="tune the fusion threshold, cycle time and tree/ring cutoff during the "
-                        "first steps (sets COMMLIB_AUTOTUNE=1)")
-    p.add_argument("--autotune-log-file", metavar="FILE",
-                   help="rank 0 writes a CSV of the settings autotune tried and their scores "
-                        "(sets COMMLIB_AUTOTUNE_LOG)")
     horovod_flags.add_arguments(p)
     p.add_argument("--dry-run", action="store_true",
                    help="print the mpiexec command instead of running it")
@@ -592,7 +576,6 @@ def main(argv=None):
         extra = default_thread_env(environ, args.np, args.hosts, args.hostfile)
         extra.update(flavour_env(flavour, environ))
         extra.update(parse_env_assignments(args.env, environ))
-        extra.update(autotune_env(args))
         extra.update(horovod_flags.env_from(args))
         env = forwarded_env(environ, extra)
         build = dict(flavour=flavour, np=args.np, command=command, hosts=args.hosts,
