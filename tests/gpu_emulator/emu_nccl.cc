@@ -107,8 +107,12 @@ bool barrier(Comm* c) {
   for (int spins = 0;; ++spins) {
     bool all = true;
     for (int r = 0; r < c->size && all; ++r) all = c->seg->slot[r].epoch.load(std::memory_order_acquire) >= target;
-    if (all) return true;
+    // (aborted looked at after the others' epochs: a peer stopped inside this
+    // round may be resumed once this rank aborted, and reach the barrier
+    // while this thread had not yet seen the abort; an aborted
+    // communicator, as NCCL's, goes no further)
     if (c->aborted.load()) return false;
+    if (all) return true;
     if (spins < 200) {
       sched_yield();
       continue;
