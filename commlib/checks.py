@@ -13,3 +13,14 @@ def check_has_rows(ndim, what: str, several: bool = False) -> None:
     if ndim == 0:
         raise ScalarTensorError(f"{what} needs {'tensors' if several else 'a tensor'} with at least "
                                 "one dimension, got a 0-d tensor")
+
+
+def check_tensor_group(tensors, what: str) -> None:
+    """TypeError unless ``tensors``, the argument of a grouped collective, is
+    a list (a tuple, any iterable) of tensors: a single tensor or array
+    (anything with a shape), a string or something not iterable is refused
+    before anything is sent (a tensor would otherwise be taken as the list
+    of its rows)."""
+    if hasattr(tensors, "shape") or isinstance(tensors, (str, bytes)) or not hasattr(tensors, "__iter__"):
+        raise TypeError(f"{what} takes a list of tensors, got {type(tensors).__name__}; "
+                        "for one tensor, pass [tensor]")

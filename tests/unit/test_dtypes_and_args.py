@@ -205,6 +205,23 @@ def test_python_sequences_are_accepted_out_of_place():
     _same(commlib.broadcast((True, False), 0), np.array([True, False]))
 
 
+@pytest.mark.parametrize("call", [commlib.grouped_allreduce, commlib.grouped_allreduce_async,
+                                  commlib.grouped_allreduce_, commlib.grouped_allreduce_async_])
+@pytest.mark.parametrize("bad", [np.ones(3, np.float32), np.float32(1.0), "ab", None, 3])
+def test_grouped_allreduce_takes_a_list(call, bad):
+    # (an array would otherwise be taken as the list of its rows)
+    with pytest.raises(TypeError, match="takes a list of tensors"):
+        call(bad)
+
+
+def test_grouped_allreduce_takes_any_iterable():
+    xs = (np.ones(2, np.float32), np.arange(3.0))
+    for group in (xs, iter(xs), (x for x in xs)):
+        got = commlib.grouped_allreduce(group, op=commlib.Sum)
+        _same(got[0], xs[0])
+        _same(got[1], xs[1])
+
+
 # --------------------------------------------------------------- roots, ops, names
 
 @pytest.mark.parametrize("root", [1, 2, -1, 100, np.int64(1)])

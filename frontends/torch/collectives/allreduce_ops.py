@@ -14,7 +14,7 @@ from commlib.reduce_args import resolve_op
 from .compression import Compression
 from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
-from .tensor_io import as_tensor, cached_facts, describe, group_layout, group_outputs, input_array
+from .tensor_io import as_tensor, cached_facts, describe, group_layout, group_outputs, input_array, tensor_list
 
 # ---------------------------------------------------------------- allreduce
 
@@ -204,8 +204,8 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     """Reduces a list of tensors as one fused unit; returns a list of new
     tensors. Differentiable for Sum, Average and Adasum."""
     process_set = check_process_set(process_set)
+    tensors = tensor_list(tensors, "grouped_allreduce")
     if compression is Compression.none:  # (nothing to cast: no per-tensor calls)
-        tensors = list(tensors)
         if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
             # (no graph to record: the autograd function's per-tensor work is saved)
             return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,

@@ -14,7 +14,7 @@ from commlib.process_sets import check_process_set, global_process_set, set_rank
 from .allreduce_ops import allreduce, grouped_allreduce_async
 from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
-from .tensor_io import check_tensor, as_array, as_tensor, input_array, split_list
+from .tensor_io import check_tensor, as_array, as_tensor, input_array, split_list, tensor_list
 
 # ---------------------------------------------------------------- allgather
 
@@ -55,6 +55,7 @@ def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor
     """Every rank's ``tensor`` (of ``process_set``) concatenated along
     dimension 0, in rank order; differentiable."""
     process_set = check_process_set(process_set)
+    check_has_rows(check_tensor(tensor, "allgather").dim(), "allgather")  # (before forward reads its rows)
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
@@ -94,6 +95,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """allgather of each tensor of a list, negotiated as one group;
     differentiable (Horovod's gradients, as for allgather)."""
     process_set = check_process_set(process_set)
+    tensors = tensor_list(tensors, "grouped_allgather")
     return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
@@ -155,7 +157,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> t
 
 def check_group(tensors, what: str) -> list:
     """The list of a grouped collective, checked whole before any is sent."""
-    tensors = list(tensors)
+    tensors = tensor_list(tensors, what)
     for t in tensors:
         check_has_rows(check_tensor(t, what).dim(), what, several=True)
     return tensors

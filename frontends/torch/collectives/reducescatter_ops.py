@@ -14,7 +14,7 @@ from .compression import Compression
 from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
 from .gather_ops import allgather, check_group, grouped_allgather_async
-from .tensor_io import check_tensor, as_tensor, input_array
+from .tensor_io import check_tensor, as_tensor, input_array, tensor_list
 
 # ---------------------------------------------------------------- reducescatter
 
@@ -107,7 +107,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
     """reducescatter of each tensor of a list, negotiated as one group;
     differentiable as reducescatter (Horovod's gradient)."""
     process_set = check_process_set(process_set)
-    pairs = [compression.compress(t) for t in tensors]
+    pairs = [compression.compress(t) for t in tensor_list(tensors, "grouped_reducescatter")]
     outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
                                              postscale_factor, *[p[0] for p in pairs])
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from commlib import dtypes as _dtypes
+from commlib.checks import check_tensor_group
 from commlib.ops import even_splits
 from commlib.process_sets import set_size
 from commlib.grouped_ops import GroupLayout
@@ -70,6 +71,18 @@ def check_tensor(tensor, what: str, inplace: bool = False) -> torch.Tensor:
         raise ValueError(f"{what} writes its result into the tensor, which must be "
                          "contiguous; call tensor.contiguous() first")
     return tensor
+
+
+def tensor_list(tensors, what: str) -> list:
+    """The list of torch.Tensors a grouped collective was given (a list, a
+    tuple or any iterable of them); TypeError for anything else, a single
+    tensor included."""
+    check_tensor_group(tensors, what)
+    tensors = list(tensors)
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what} expects a list of torch.Tensors, got {type(t).__name__} at index {i}")
+    return tensors
 
 
 def check_receive_target(out, device, what: str):

@@ -22,7 +22,7 @@ from commlib.process_sets import check_process_set
 
 from . import cuda_nccl
 from .cuda_staging import staged_call
-from ..collectives.tensor_io import check_tensor, split_list
+from ..collectives.tensor_io import check_tensor, split_list, tensor_list
 
 _noted: set = set()
 
@@ -107,10 +107,15 @@ def on_cuda(kind: str, inplace: bool = False):
     tensor (or list of tensors): device tensors are routed here."""
     def wrap(fn):
         sig = inspect.signature(fn)
+        first = next(iter(sig.parameters))
+        group = kind.startswith("grouped_")
 
         @functools.wraps(fn)
         def run(*args, **kwargs):
-            x = args[0] if args else kwargs.get(next(iter(sig.parameters)))
+            x = args[0] if args else kwargs.get(first)
+            if group and not isinstance(x, list):  # (a tuple, any iterable: as a list; a tensor refused)
+                x = tensor_list(x, kind)
+                args, kwargs = ((x,) + args[1:], kwargs) if args else (args, {**kwargs, first: x})
             if not _is_device_tensor(x):
                 return fn(*args, **kwargs)
             return _route(kind, inplace, fn, sig, args, kwargs)

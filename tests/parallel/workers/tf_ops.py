@@ -288,6 +288,19 @@ expect_raises(TypeError, lambda: hvd.allreduce(tf.ones(2), process_set=object())
 expect_raises(ValueError, lambda: hvd.allreduce(tf.ones(2), process_set=hvd.ProcessSet([0])),
               "unregistered process set", match="not registered")
 expect_raises(ValueError, lambda: hvd.broadcast(tf.ones(2), n), "root outside the job")
+# a grouped collective takes a list: one tensor (it would be taken as the list
+# of its rows) or array is refused before anything is sent; None and [] come back
+for fn in (hvd.grouped_allreduce, hvd.grouped_allgather, hvd.grouped_reducescatter):
+    for one in (tf.ones([n, 2]), tf.constant(1.0), np.ones(n, np.float32)):
+        expect_raises(TypeError, lambda: fn(one), f"{fn.__name__} of one {type(one).__name__}",
+                      match="takes a list of tensors")
+    expect_raises(TypeError, lambda: tf.function(lambda t: fn(t))(tf.ones([n])),
+                  f"{fn.__name__} of one tensor in tf.function", match="takes a list of tensors")
+for fn in (hvd.grouped_allreduce, hvd.grouped_allgather):
+    if fn(None) is not None or fn([]) != []:
+        fail(f"{fn.__name__}: None and [] must come back as given (Horovod's behaviour)")
+check(hvd.grouped_allreduce((tf.ones(2), tf.ones(3)), op=hvd.Sum)[1], np.full(3, float(n), np.float32),
+      "grouped_allreduce of a tuple")
 expect_raises(RuntimeError, lambda: tf.function(lambda: hvd.allreduce(tf.ones(2)),
                                                 jit_compile=True)(), "XLA refused",
               match="XLA")

@@ -274,6 +274,22 @@ for fn in (lambda: hvd.reducescatter(torch.tensor(1.0)),
     e = expect_raises(ValueError, fn, "0-d tensor", match="0-d")
     if not isinstance(e, (hvd.HorovodInternalError, RuntimeError, hvd.ScalarTensorError)):
         fail(f"0-d error is not a HorovodInternalError: {type(e)}")
+# allgather reads dimension 0 in its autograd function: a 0-d tensor or a
+# non-tensor is refused as by allgather_async, not with IndexError/AttributeError
+expect_raises(hvd.ScalarTensorError, lambda: hvd.allgather(torch.tensor(1.0)), "allgather of a 0-d tensor")
+expect_raises(TypeError, lambda: hvd.allgather([1.0, 2.0]), "allgather of a list", match="torch.Tensor")
+# a grouped collective takes a list: one tensor (it would be taken as the list
+# of its rows), an array or None is refused, as is a non-tensor in the list
+for fn in (hvd.grouped_allreduce, hvd.grouped_allreduce_async, hvd.grouped_allreduce_,
+           hvd.grouped_allgather, hvd.grouped_allgather_async, hvd.grouped_reducescatter,
+           hvd.grouped_reducescatter_async):
+    for bad in (torch.ones(2 * n), torch.tensor(1.0), np.ones(2 * n, np.float32), None):
+        expect_raises(TypeError, lambda: fn(bad), f"{fn.__name__} of {type(bad).__name__}",
+                      match="takes a list of tensors")
+    expect_raises(TypeError, lambda: fn([torch.ones(2 * n), 1.0]), f"{fn.__name__} with a float in the list",
+                  match="torch.Tensor")
+got = hvd.grouped_allreduce((t for t in (torch.ones(2), torch.ones(3))), op=hvd.Sum)
+check_equal(got[1].numpy(), np.full(3, float(n), np.float32), "grouped_allreduce of a generator")
 if not issubclass(hvd.RankLostError, hvd.HorovodInternalError):
     fail("RankLostError must be caught by except hvd.HorovodInternalError")
 if not issubclass(hvd.HostsUpdatedInterrupt, RuntimeError):
