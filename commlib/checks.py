@@ -3,7 +3,11 @@ once: the same exception type and message whichever path a call takes.
 Nothing here imports a framework."""
 from __future__ import annotations
 
+import numpy as np
+
 from .errors import ScalarTensorError
+
+SPLITS_NOT_INTEGERS = "splits must be a 1-D sequence of integers, one per rank"
 
 
 def check_has_rows(ndim, what: str, several: bool = False) -> None:
@@ -24,3 +28,13 @@ def check_tensor_group(tensors, what: str) -> None:
     if hasattr(tensors, "shape") or isinstance(tensors, (str, bytes)) or not hasattr(tensors, "__iter__"):
         raise TypeError(f"{what} takes a list of tensors, got {type(tensors).__name__}; "
                         "for one tensor, pass [tensor]")
+
+
+def integer_splits(splits) -> list[int]:
+    """alltoall's splits (a 1-D sequence or array of integers) as ints;
+    ValueError for anything else, floats included (4.5 rows is not a count,
+    and 4.0 is refused alike rather than truncated)."""
+    s = np.asarray(splits)
+    if s.ndim != 1 or not np.issubdtype(s.dtype, np.integer):
+        raise ValueError(SPLITS_NOT_INTEGERS)
+    return [int(x) for x in s]

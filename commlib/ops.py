@@ -44,7 +44,7 @@ import numpy as np
 
 from . import runtime
 from ._lib import lib
-from .checks import check_has_rows
+from .checks import check_has_rows, integer_splits
 from .dtypes import dtype_code
 from .handle import Handle, core_result, core_splits, synchronize
 from .process_sets import global_process_set
@@ -379,10 +379,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     check_has_rows(inp.ndim, "alltoall")
     split_list = None
     if splits is not None:
-        s = np.asarray(splits)
-        if s.ndim != 1 or not np.issubdtype(s.dtype, np.integer):
-            raise ValueError("splits must be a 1-D sequence of integers, one per rank")
-        split_list = [int(x) for x in s]
+        split_list = integer_splits(splits)
     psid = _psid(process_set)
     n = len(_members(process_set))
     if split_list is not None and len(split_list) != n:

@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 import commlib
-from commlib.checks import check_has_rows
+from commlib.checks import SPLITS_NOT_INTEGERS, check_has_rows
 from commlib.ops import Sum, even_splits, reducescatter_rows
 from commlib.process_sets import set_size
 
@@ -112,7 +112,10 @@ def alltoall_raw(t, splits, name=None, ignore_name_scope=False, process_set=None
     check_has_rows(t.shape.rank, "alltoall")
     inputs = [t]
     if splits is not None:
-        inputs.append(tf.cast(tf.convert_to_tensor(splits), tf.int64))
+        given = tf.convert_to_tensor(splits)
+        if not given.dtype.is_integer or given.shape.rank not in (None, 1):
+            raise ValueError(SPLITS_NOT_INTEGERS)  # (floats are refused, not truncated)
+        inputs.append(tf.cast(given, tf.int64))
 
     def fn(cname, x, *maybe_splits):
         raw = to_bytes(x) if needs_bytes(x) else x

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from commlib import dtypes as _dtypes
-from commlib.checks import check_tensor_group
+from commlib.checks import check_tensor_group, integer_splits
 from commlib.ops import even_splits
 from commlib.process_sets import set_size
 from commlib.grouped_ops import GroupLayout
@@ -240,7 +240,7 @@ def split_list(splits, dim0: int, process_set) -> list[int]:
         if splits.is_floating_point() or splits.dim() != 1:
             raise ValueError("splits must be a 1-D integer tensor, one entry per rank")
         splits = splits.tolist()
-    out = [int(s) for s in splits]
+    out = integer_splits(splits)
     if len(out) != n:
         raise ValueError(f"splits has {len(out)} entries; it needs one per rank ({n})")
     if any(s < 0 for s in out) or sum(out) != dim0:

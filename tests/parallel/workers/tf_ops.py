@@ -296,6 +296,12 @@ for fn in (hvd.grouped_allreduce, hvd.grouped_allgather, hvd.grouped_reducescatt
                       match="takes a list of tensors")
     expect_raises(TypeError, lambda: tf.function(lambda t: fn(t))(tf.ones([n])),
                   f"{fn.__name__} of one tensor in tf.function", match="takes a list of tensors")
+# alltoall splits are counts: floats are refused, not truncated (as by the numpy API)
+for bad in ([1.5] * n, np.full(n, 1.0), [True] * n):
+    expect_raises(ValueError, lambda: hvd.alltoall(tf.ones([n]), splits=bad), f"alltoall splits {bad!r}",
+                  match="sequence of integers")
+expect_raises(ValueError, lambda: tf.function(lambda s: hvd.alltoall(tf.ones([n]), splits=s))(tf.ones([n])),
+              "alltoall float splits in tf.function", match="sequence of integers")
 for fn in (hvd.grouped_allreduce, hvd.grouped_allgather):
     if fn(None) is not None or fn([]) != []:
         fail(f"{fn.__name__}: None and [] must come back as given (Horovod's behaviour)")

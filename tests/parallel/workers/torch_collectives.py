@@ -288,6 +288,10 @@ for fn in (hvd.grouped_allreduce, hvd.grouped_allreduce_async, hvd.grouped_allre
                       match="takes a list of tensors")
     expect_raises(TypeError, lambda: fn([torch.ones(2 * n), 1.0]), f"{fn.__name__} with a float in the list",
                   match="torch.Tensor")
+# alltoall splits are counts: floats are refused, not truncated (as by the numpy API)
+for bad in ([1.5] * n, [1.0] * n, np.full(n, 1.0), [True] * n, torch.ones(n, dtype=torch.bool)):
+    expect_raises(ValueError, lambda: hvd.alltoall(torch.ones(n), splits=bad), f"alltoall splits {bad!r}",
+                  match="integer")
 got = hvd.grouped_allreduce((t for t in (torch.ones(2), torch.ones(3))), op=hvd.Sum)
 check_equal(got[1].numpy(), np.full(3, float(n), np.float32), "grouped_allreduce of a generator")
 if not issubclass(hvd.RankLostError, hvd.HorovodInternalError):
