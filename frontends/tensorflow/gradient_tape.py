@@ -156,6 +156,8 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     gradient() starts averaging this step's gradients and returns the
     previous step's average (see DelayedGradients).
     """
+    if not isinstance(gradtape, tf.GradientTape):
+        raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape, got {type(gradtape).__name__}")
     groups = resolve_groups(num_groups, groups)
     check_tape_options(staleness, delayed, groups, DelayedGradients)
     mixin = DelayedTapeMixin if staleness else _DistributedGradientTapeMixin

@@ -21,6 +21,10 @@ GRAD_GATHER_OP = Sum
 
 
 def as_tensor(value):
+    if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
+        raise TypeError(f"commlib.tensorflow's collectives move dense tensors (and allreduce "
+                        f"IndexedSlices), got a {type(value).__name__}; make it dense first "
+                        "(.to_tensor(), tf.sparse.to_dense)")
     return tf.convert_to_tensor(value)
 
 

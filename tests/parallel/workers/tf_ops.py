@@ -296,6 +296,18 @@ for fn in (hvd.grouped_allreduce, hvd.grouped_allgather, hvd.grouped_reducescatt
                       match="takes a list of tensors")
     expect_raises(TypeError, lambda: tf.function(lambda t: fn(t))(tf.ones([n])),
                   f"{fn.__name__} of one tensor in tf.function", match="takes a list of tensors")
+# ragged and sparse tensors, a lone variable or plain tensors to broadcast_variables,
+# a tape that is no tf.GradientTape: TypeError naming the problem, before anything is sent
+for odd in (tf.ragged.constant([[1.0], [2.0, 3.0]]), tf.sparse.from_dense(tf.ones([n, 2]))):
+    for fn in (hvd.allreduce, hvd.allgather, hvd.alltoall, hvd.reducescatter, lambda t: hvd.broadcast(t, 0)):
+        expect_raises(TypeError, lambda: fn(odd), f"a {type(odd).__name__} to {fn.__name__}", match="dense")
+lone = tf.Variable([1.0, 2.0])
+expect_raises(TypeError, lambda: hvd.broadcast_variables(lone, 0), "broadcast_variables of one variable",
+              match="list")
+expect_raises(TypeError, lambda: hvd.broadcast_variables([lone, tf.ones(2)], 0),
+              "broadcast_variables of a tensor", match="at index 1")
+expect_raises(TypeError, lambda: hvd.DistributedGradientTape(object()), "a tape that is not one",
+              match="tf.GradientTape")
 # alltoall splits are counts: floats are refused, not truncated (as by the numpy API)
 for bad in ([1.5] * n, np.full(n, 1.0), [True] * n):
     expect_raises(ValueError, lambda: hvd.alltoall(tf.ones([n]), splits=bad), f"alltoall splits {bad!r}",
