@@ -101,6 +101,16 @@ class PendingAverage:
         return self.out
 
 
+class FailedStart:
+    """An exchange that failed to start: waiting for it raises its error."""
+
+    def __init__(self, error: CommlibError):
+        self.error = error
+
+    def wait(self):
+        raise self.error
+
+
 class OneStepDelay:
     """The exchange in flight between two steps: at most one."""
 
@@ -127,10 +137,23 @@ class OneStepDelay:
             self._pending = None
         return pending
 
+    def begin(self, make) -> None:
+        """Holds ``make()``'s new exchange. One that fails to start (a lost
+        rank, a timeout: a CommlibError) is held as its error, raised again
+        by ``finish()``: the next step and ``synchronize()`` must not go on as
+        if this step's exchange had been made."""
+        try:
+            pending = make()
+        except CommlibError as e:
+            self.start(FailedStart(e))
+            raise
+        self.start(pending)
+
     def swap(self, start):
-        """finish(), then holds ``start()``'s new exchange; returns the finished one."""
+        """finish(), then holds ``start()``'s new exchange (``begin``);
+        returns the finished one."""
         previous = self.finish()
-        self.start(start())
+        self.begin(start)
         return previous
 
     def drop(self) -> None:
@@ -157,8 +180,8 @@ class DelayedArrays:
     def start(self, arrays) -> None:
         """Starts averaging ``arrays`` (numpy) into buffers of its own."""
         arrays = [np.asarray(a) for a in arrays]
-        self._delay.start(PendingAverage(arrays, self._take(arrays), self.name, self.op,
-                                         self.scales, self.process_set, self.communicate))
+        self._delay.begin(lambda: PendingAverage(arrays, self._take(arrays), self.name, self.op,
+                                                 self.scales, self.process_set, self.communicate))
 
     def finish(self):
         """Waits for the pending average: (True, arrays), or (False, None)."""

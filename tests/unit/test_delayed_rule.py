@@ -115,6 +115,34 @@ def test_a_failed_exchange_stays_pending_and_drop_settles_it():
     settle(None)
 
 
+class Done:
+    def wait(self):
+        return "averages"
+
+
+def test_an_exchange_that_fails_to_start_stays_pending_as_its_error():
+    # The previous step's exchange completed, then this step's could not even
+    # start (the engine already knew a rank was lost): finish(), i.e. the next
+    # step and synchronize(), must raise that error, not find nothing pending.
+    delay = OneStepDelay()
+    delay.start(Done())
+
+    def fails_to_start():
+        raise CommlibError("rank 1 was lost")
+
+    with pytest.raises(CommlibError, match="rank 1"):
+        delay.swap(fails_to_start)
+    assert delay.pending
+    for _ in range(2):
+        with pytest.raises(CommlibError, match="rank 1"):
+            delay.finish()
+    delay.drop()  # (restored weights: the failed start is settled, silently)
+    assert not delay.pending
+    with pytest.raises(ValueError):  # another error (a bad argument) is not held
+        delay.begin(lambda: np.asarray([1, 2]).reshape(3))
+    assert not delay.pending
+
+
 def test_delayed_arrays_on_one_rank_return_the_previous_step():
     taken = []
 
