@@ -12,7 +12,8 @@ after ``synchronize()``, which waits for the pending average and applies it
 (call it before evaluating or saving). Every rank applies the same average,
 so replicas stay identical. At most one average of an optimizer is in
 flight: the previous one is waited for before the next one starts, and a
-failed one stays pending (its error again at every step). On ranks outside
+failed one, or one that failed to start, stays pending (its error again at
+every step and at ``synchronize()``). On ranks outside
 the process set (and on a set of one rank) the same one-step delay applies
 to the local gradients. The state a checkpoint saves does not include the
 pending average (``synchronize()`` first); restoring drops it.
