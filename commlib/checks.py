@@ -19,15 +19,16 @@ def check_has_rows(ndim, what: str, several: bool = False) -> None:
                                 "one dimension, got a 0-d tensor")
 
 
-def check_tensor_group(tensors, what: str) -> None:
-    """TypeError unless ``tensors``, the argument of a grouped collective, is
-    a list (a tuple, any iterable) of tensors: a single tensor or array
-    (anything with a shape), a string or something not iterable is refused
-    before anything is sent (a tensor would otherwise be taken as the list
-    of its rows)."""
+def tensor_group(tensors, what: str) -> list:
+    """The argument of a grouped collective, a list (a tuple, any iterable)
+    of tensors, as a list (a generator is read once); TypeError for a single
+    tensor or array (anything with a shape), a string or something not
+    iterable, before anything is sent (a tensor would otherwise be taken as
+    the list of its rows)."""
     if hasattr(tensors, "shape") or isinstance(tensors, (str, bytes)) or not hasattr(tensors, "__iter__"):
         raise TypeError(f"{what} takes a list of tensors, got {type(tensors).__name__}; "
                         "for one tensor, pass [tensor]")
+    return list(tensors)
 
 
 def integer_splits(splits) -> list[int]:

@@ -10,7 +10,7 @@ import weakref
 import numpy as np
 
 from . import runtime
-from .checks import check_tensor_group
+from .checks import tensor_group
 from ._lib import ffi, lib
 from .dtypes import dtype_code
 from .handle import Handle, synchronize
@@ -26,7 +26,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     (views of one new buffer), or with ``out`` (a list of arrays, each
     C-contiguous, writable and like its input) writes them there and returns
     ``out``."""
-    ins = tensors if isinstance(tensors, list) else group_list(tensors, "grouped_allreduce")
+    ins = tensors if isinstance(tensors, list) else tensor_group(tensors, "grouped_allreduce")
     layout = _cached_layout(ins, inplace=False)  # (its arrays were checked)
     if layout is None:
         ins = [as_input(t) for t in ins]
@@ -44,14 +44,9 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None) -> Handle:
     """In-place grouped allreduce: results are written into the tensors."""
-    outs = tensors if isinstance(tensors, list) else group_list(tensors, "grouped_allreduce_")
+    outs = tensors if isinstance(tensors, list) else tensor_group(tensors, "grouped_allreduce_")
     return _grouped(outs, True, _layout_for(outs, inplace=True), average, name, op, prescale_factor,
                     postscale_factor, process_set)
-
-
-def group_list(tensors, what: str) -> list:
-    check_tensor_group(tensors, what)
-    return list(tensors)
 
 
 def _pointers(arrays):

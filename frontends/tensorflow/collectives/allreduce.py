@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from commlib.checks import check_tensor_group
+from commlib.checks import tensor_group
 from commlib.ops import Adasum, Average, Max, Min, Sum
 from commlib.process_sets import check_process_set, set_size
 from commlib.reduce_args import resolve_op
@@ -113,7 +113,7 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
     """Reduces a list of tensors as one unit (negotiated together and fused);
     IndexedSlices in the list are allgathered. Returns the list of results."""
     if tensors is not None:  # (None and [] come back as they are, as in Horovod)
-        check_tensor_group(tensors, "grouped_allreduce")
+        tensors = tensor_group(tensors, "grouped_allreduce")  # (a generator read once)
     sparse = any(isinstance(t, tf.IndexedSlices) for t in tensors or ())
     with collective_call("allgather" if sparse else "allreduce", name, process_set):
         return _grouped_allreduce(tensors, op, average, compression, prescale_factor,

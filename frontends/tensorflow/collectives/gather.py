@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from commlib.checks import check_has_rows, check_tensor_group
+from commlib.checks import check_has_rows, tensor_group
 from commlib.process_sets import check_process_set, set_rank
 
 from ..execution import check_dtype, collective_call
@@ -96,7 +96,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=N
     with collective_call("grouped_allgather", name, process_set):
         process_set = check_process_set(process_set)
         if tensors is not None:  # (None and [] come back as they are, as in Horovod)
-            check_tensor_group(tensors, "grouped_allgather")
+            tensors = tensor_group(tensors, "grouped_allgather")
         if not tensors:
             return tensors
         ts = [_as_tensor(t) for t in tensors]

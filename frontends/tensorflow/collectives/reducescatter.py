@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from commlib.checks import check_has_rows, check_tensor_group
+from commlib.checks import check_has_rows, tensor_group
 from commlib.ops import Average
 from commlib.process_sets import check_process_set, set_size
 from commlib.reduce_args import reducescatter_grad_scale, resolve_op
@@ -57,8 +57,7 @@ def grouped_reducescatter(tensors, device_dense='', compression=Compression.none
     """reducescatter of each tensor of a list; a 0-d tensor anywhere in the
     list raises ScalarTensorError before any of them is sent."""
     with collective_call("reducescatter", None, process_set):
-        check_tensor_group(tensors, "grouped_reducescatter")
-        tensors = [_as_tensor(t) for t in tensors]
+        tensors = [_as_tensor(t) for t in tensor_group(tensors, "grouped_reducescatter")]
         for t in tensors:
             check_has_rows(t.shape.rank, "reducescatter", several=True)
         return [reducescatter(t, device_dense, compression, op, process_set=process_set,

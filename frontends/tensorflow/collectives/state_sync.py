@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import commlib
 from commlib import objects as _objects
-from commlib.checks import check_tensor_group
+from commlib.checks import tensor_group
 from commlib.ops import check_root
 from commlib.process_sets import check_process_set
 
@@ -45,8 +45,7 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=False, n
 def _broadcast_variables(variables, root_rank, process_set, name):
     process_set = check_process_set(process_set)
     check_root(root_rank, process_set)
-    check_tensor_group(variables, "broadcast_variables")  # (one variable would be taken as its rows)
-    variables = list(variables)
+    variables = tensor_group(variables, "broadcast_variables")  # (one variable: taken as its rows)
     for i, v in enumerate(variables):
         if not hasattr(v, "assign"):
             raise TypeError("broadcast_variables assigns root's values to variables (tf.Variable, "

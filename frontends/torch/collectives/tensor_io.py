@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from commlib import dtypes as _dtypes
-from commlib.checks import check_tensor_group, integer_splits
+from commlib.checks import integer_splits, tensor_group
 from commlib.ops import even_splits
 from commlib.process_sets import set_size
 from commlib.grouped_ops import GroupLayout
@@ -77,8 +77,7 @@ def tensor_list(tensors, what: str) -> list:
     """The list of torch.Tensors a grouped collective was given (a list, a
     tuple or any iterable of them); TypeError for anything else, a single
     tensor included."""
-    check_tensor_group(tensors, what)
-    tensors = list(tensors)
+    tensors = tensor_group(tensors, what)
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{what} expects a list of torch.Tensors, got {type(t).__name__} at index {i}")

@@ -319,6 +319,8 @@ for fn in (hvd.grouped_allreduce, hvd.grouped_allgather):
         fail(f"{fn.__name__}: None and [] must come back as given (Horovod's behaviour)")
 check(hvd.grouped_allreduce((tf.ones(2), tf.ones(3)), op=hvd.Sum)[1], np.full(3, float(n), np.float32),
       "grouped_allreduce of a tuple")
+check(hvd.grouped_allreduce((t for t in (tf.ones(2), tf.ones(3))), op=hvd.Sum)[1],
+      np.full(3, float(n), np.float32), "grouped_allreduce of a generator (read once)")
 expect_raises(RuntimeError, lambda: tf.function(lambda: hvd.allreduce(tf.ones(2)),
                                                 jit_compile=True)(), "XLA refused",
               match="XLA")
