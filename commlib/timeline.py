@@ -52,6 +52,15 @@ def stop_timeline() -> None:
     check(lib.commlib_stop_timeline())
 
 
+def rank_file(path: str, rank: int) -> str:
+    """The file rank ``rank`` writes for ``path``: the path itself on rank 0,
+    ``<stem>.rank<rank><ext>`` on the others."""
+    if rank == 0:
+        return path
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.rank{rank}{ext}"
+
+
 def rank_files(path: str) -> list[str]:
     """The files the ranks of a job wrote for ``path``: rank 0's first, then
     rank 1, 2, ... (as many as exist)."""

@@ -15,14 +15,13 @@ reducescatters in flight at once, fused by the core into one collective each
 
 Inputs are small integers, so every sum is exact and results must be equal.
 """
-import os
 import sys
 
 import numpy as np
 
 import commlib
 from _common import check_equal, done, expect_raises, fail
-from commlib.timeline import load_events
+from commlib.timeline import load_events, rank_file
 
 path = sys.argv[1]
 commlib.init()
@@ -148,7 +147,7 @@ for rnd in range(ROUNDS):
 commlib.barrier()
 commlib.stop_timeline()
 
-events = load_events(path if r == 0 else f"{os.path.splitext(path)[0]}.rank{r}.json")
+events = load_events(rank_file(path, r))
 fused = {}
 for e in events:
     args = e.get("args") or {}

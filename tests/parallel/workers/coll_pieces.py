@@ -16,7 +16,7 @@ import numpy as np
 
 import commlib
 from _common import check_equal, done, fail
-from commlib.timeline import load_events
+from commlib.timeline import load_events, rank_file
 
 path, route = sys.argv[1], sys.argv[2]
 commlib.init()
@@ -135,7 +135,7 @@ commlib.barrier()
 commlib.stop_timeline()
 
 # ---------------------------------------------------------------- the route taken
-events = load_events(path if r == 0 else f"{os.path.splitext(path)[0]}.rank{r}.json")
+events = load_events(rank_file(path, r))
 algos, fused = {}, set()
 for e in events:
     args = e.get("args") or {}

@@ -1,7 +1,7 @@
 """Counting a training step's allreduced bytes in the core's timeline, for
 torch_powersgd_bytes.py and tf_powersgd_bytes.py."""
 import commlib
-from commlib.timeline import load_events
+from commlib.timeline import load_events, rank_file
 from _common import fail
 
 
@@ -14,8 +14,7 @@ def step_bytes(stem, rank, steps, what):
     commlib.start_timeline(f"{stem}.json")
     todo[-1]()
     commlib.stop_timeline()
-    mine = f"{stem}.json" if rank == 0 else f"{stem}.rank{rank}.json"
-    events = [e for e in load_events(mine) if e.get("ph") == "X" and e["name"] == "allreduce"]
+    events = [e for e in load_events(rank_file(f"{stem}.json", rank)) if e.get("ph") == "X" and e["name"] == "allreduce"]
     if not events:
         fail(f"{what}: no allreduce in the timeline")
     return sum(e["args"]["bytes"] for e in events)

@@ -8,14 +8,13 @@ process set). Small broadcasts of two roots in flight together (fused per
 root; a large one alone). Then a large alltoall with uneven splits and a zero block,
 whose route the timeline shows (argv[1]: the route expected, "shm-direct"
 or "mpi"). Every result is checked against numpy on every rank."""
-import os
 import sys
 
 import numpy as np
 
 import commlib
 from _common import check_equal, done, fail
-from commlib.timeline import load_events
+from commlib.timeline import load_events, rank_file
 
 route, path = sys.argv[1], sys.argv[2]
 commlib.init()
@@ -103,7 +102,7 @@ for _ in range(2):
     check_equal(received, np.array([big(q)[r] for q in range(n)]), "large alltoall splits")
 commlib.barrier()
 commlib.stop_timeline()
-events = load_events(path if r == 0 else f"{os.path.splitext(path)[0]}.rank{r}.json")
+events = load_events(rank_file(path, r))
 seen = {e["args"]["algorithm"] for e in events
         if e["name"] == "alltoall" and "a2a.big" in e.get("args", {}).get("fused_with", ())}
 if seen != {route}:
