@@ -22,7 +22,7 @@ def test_autotune_numpy(ranks, tmp_path, n, env, tree):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [3])  # (2 ranks: the numpy case above; the frontend adds no rank-count logic)
 def test_autotune_torch(ranks, tmp_path, n):
     log = tmp_path / "tune.csv"
     budget = {k: v for k, v in BUDGET.items() if k != "COMMLIB_AUTOTUNE"}  # (commlibrun's flags set them)
