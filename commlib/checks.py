@@ -19,6 +19,26 @@ def check_has_rows(ndim, what: str, several: bool = False) -> None:
                                 "one dimension, got a 0-d tensor")
 
 
+def scale_factor(value, which: str) -> float:
+    """A prescale/postscale factor as a float. TypeError naming ``which``
+    for a string (float("2") would parse it), a bool or anything float()
+    refuses (None, a complex number); numpy and framework scalars are
+    taken. (The core refuses a factor that is not finite.)"""
+    if type(value) is float:
+        return value
+    if not isinstance(value, (str, bytes, bool)):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    raise TypeError(f"{which} must be a real number, got {type(value).__name__}")
+
+
+def scale_factors(prescale, postscale) -> tuple[float, float]:
+    """Both factors of a reduction through ``scale_factor``."""
+    return scale_factor(prescale, "prescale_factor"), scale_factor(postscale, "postscale_factor")
+
+
 def tensor_group(tensors, what: str) -> list:
     """The argument of a grouped collective, a list (a tuple, any iterable)
     of tensors, as a list (a generator is read once); TypeError for a single

@@ -465,7 +465,7 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
         if key is not None:  # (its facts, for the next identical call's key)
             key = key[:-1] + (describe(out),)
     r = request(lib.COMMLIB_OP_REDUCESCATTER, c_name("reducescatter", name, psid), **array_fields(inp, out),
-                reduce_op=resolve_op(op), prescale=float(prescale_factor), postscale=float(postscale_factor),
+                reduce_op=resolve_op(op), prescale=prescale_factor, postscale=postscale_factor,
                 splits=splits, process_set=psid)
     hid = submit(r) if key is None else submit_remembered(describe(inp), key, r, shape)
     return Handle(hid, None, (inp, out), "reducescatter", out)

@@ -22,6 +22,7 @@ import numpy as np
 
 from . import runtime
 from ._lib import check, ffi, lib
+from .checks import scale_factors
 from .dtypes import dtype_code
 
 NULL = ffi.NULL
@@ -104,8 +105,7 @@ def request(op_type: int, name=None, *, shape=None, splits=None, output_rows: in
         keep.append(s)
         req.splits, req.nsplits = s, len(splits)
     req.output_rows = output_rows
-    req.prescale = float(prescale)
-    req.postscale = float(postscale)
+    req.prescale, req.postscale = scale_factors(prescale, postscale)
     for field, value in fields.items():
         setattr(req, field, value)
     return Request(req, keep)

@@ -507,16 +507,34 @@ def test_grouped_layout_cache_does_not_keep_arrays_alive(inplace):
                commlib.grouped_allreduce(fresh, op=commlib.Sum))
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-@pytest.mark.parametrize("call", [
+# each reduction given a scale factor s (prescale or postscale)
+SCALED_CALLS = [
     lambda s: commlib.allreduce(np.ones(2), prescale_factor=s),
     lambda s: commlib.allreduce_(np.ones(2), postscale_factor=s),
     lambda s: commlib.grouped_allreduce([np.ones(2), np.ones(3)], prescale_factor=s),
-    lambda s: commlib.reducescatter(np.ones(2), postscale_factor=s)])
+    lambda s: commlib.reducescatter(np.ones(2), postscale_factor=s)]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("call", SCALED_CALLS)
 def test_non_finite_scale_factors_are_refused(call, bad):
     # a NaN never compares equal: every rank would see a mismatch, every time
     with pytest.raises(ValueError, match="scale factors must be finite"):
         call(bad)
+
+
+@pytest.mark.parametrize("bad", ["2", b"2", None, 1j, True])
+@pytest.mark.parametrize("call", SCALED_CALLS)
+def test_scale_factors_that_are_not_numbers_are_type_errors(call, bad):
+    # (float("2") would have parsed the string; True would have been 1.0)
+    with pytest.raises(TypeError, match=r"(pre|post)scale_factor must be a real number, got"):
+        call(bad)
+
+
+@pytest.mark.parametrize("factor", [2, np.float32(2.0), np.int64(2), 2.0])
+def test_scale_factors_take_any_real_number(factor):
+    out = commlib.allreduce(np.ones(2), op=commlib.Sum, prescale_factor=factor)
+    assert np.array_equal(out, np.full(2, 2.0 * commlib.size()))
 
 
 def test_array_facts_cache_does_not_keep_arrays_alive():

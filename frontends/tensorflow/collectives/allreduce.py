@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from commlib.checks import tensor_group
+from commlib.checks import scale_factors, tensor_group
 from commlib.ops import Adasum, Average, Max, Min, Sum
 from commlib.process_sets import check_process_set, set_size
 from commlib.reduce_args import resolve_op
@@ -76,6 +76,7 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
     with collective_call("allgather" if sparse else "allreduce", name, process_set):
         process_set = check_process_set(process_set)
         op = resolve_op(op, average)
+        prescale_factor, postscale_factor = scale_factors(prescale_factor, postscale_factor)
         if sparse:
             if op not in (Sum, Average):
                 raise NotImplementedError("Only Sum and Average ops are supported with "
@@ -126,6 +127,7 @@ def _grouped_allreduce(tensors, op, average, compression, prescale_factor, posts
     if not tensors:
         return tensors
     op = resolve_op(op, average)
+    prescale_factor, postscale_factor = scale_factors(prescale_factor, postscale_factor)
     out = [None] * len(tensors)
     dense_idx = []
     for i, t in enumerate(tensors):

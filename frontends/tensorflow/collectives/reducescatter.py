@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from commlib.checks import check_has_rows, tensor_group
+from commlib.checks import check_has_rows, scale_factors, tensor_group
 from commlib.ops import Average
 from commlib.process_sets import check_process_set, set_size
 from commlib.reduce_args import reducescatter_grad_scale, resolve_op
@@ -44,6 +44,7 @@ def reducescatter(tensor, device_dense='', compression=Compression.none, op=Aver
     with collective_call("reducescatter", name, process_set):
         process_set = check_process_set(process_set)
         op = resolve_op(op)
+        prescale_factor, postscale_factor = scale_factors(prescale_factor, postscale_factor)
         t = _as_tensor(tensor)
         check_dtype(t.dtype, "reducescatter")
         c, ctx = compression.compress(t)

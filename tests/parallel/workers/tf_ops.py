@@ -281,6 +281,13 @@ for dtype in (tf.complex64, tf.string):
     expect_raises(TypeError, lambda: tf.function(lambda: hvd.allreduce(z))(),
                   f"allreduce {dtype.name} in tf.function", match="unsupported dtype")
 expect_raises(TypeError, lambda: hvd.broadcast(tf.constant(["a"]), 0), "broadcast string")
+for bad in ("2", None):  # scale factors are numbers (checked when traced, before anything is sent)
+    expect_raises(TypeError, lambda: tf.function(lambda: hvd.allreduce(tf.ones(2), prescale_factor=bad))(),
+                  f"allreduce prescale {bad!r} in tf.function", match="prescale_factor must be a real number")
+    expect_raises(TypeError, lambda: hvd.grouped_allreduce([tf.ones(2)], postscale_factor=bad),
+                  f"grouped_allreduce postscale {bad!r}", match="postscale_factor must be a real number")
+    expect_raises(TypeError, lambda: hvd.reducescatter(tf.ones(2 * n), prescale_factor=bad),
+                  f"reducescatter prescale {bad!r}", match="prescale_factor must be a real number")
 expect_raises(TypeError, lambda: hvd.allreduce(tf.ones(2, tf.int32), op=hvd.Adasum), "Adasum int32",
               match="Adasum")
 expect_raises(TypeError, lambda: hvd.allreduce(tf.ones(2), process_set=object()),

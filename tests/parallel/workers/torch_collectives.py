@@ -288,6 +288,11 @@ for fn in (hvd.grouped_allreduce, hvd.grouped_allreduce_async, hvd.grouped_allre
                       match="takes a list of tensors")
     expect_raises(TypeError, lambda: fn([torch.ones(2 * n), 1.0]), f"{fn.__name__} with a float in the list",
                   match="torch.Tensor")
+for bad in ("2", None, True):  # scale factors are numbers (float("2") parsed the string)
+    expect_raises(TypeError, lambda: hvd.allreduce_(torch.ones(2), prescale_factor=bad),
+                  f"allreduce_ prescale {bad!r}", match="prescale_factor must be a real number")
+    expect_raises(TypeError, lambda: hvd.grouped_allreduce([torch.ones(2)], postscale_factor=bad),
+                  f"grouped_allreduce postscale {bad!r}", match="postscale_factor must be a real number")
 # alltoall splits are counts: floats are refused, not truncated (as by the numpy API)
 for bad in ([1.5] * n, [1.0] * n, np.full(n, 1.0), [True] * n, torch.ones(n, dtype=torch.bool)):
     expect_raises(ValueError, lambda: hvd.alltoall(torch.ones(n), splits=bad), f"alltoall splits {bad!r}",
