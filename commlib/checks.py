@@ -19,6 +19,36 @@ def check_has_rows(ndim, what: str, several: bool = False) -> None:
                                 "one dimension, got a 0-d tensor")
 
 
+def integer(value, what: str) -> int:
+    """An integer argument (an int or a numpy integer) as an int; TypeError
+    naming ``what`` for anything else: a bool, a float (1.5 would be
+    truncated), a string (int("2") would parse it)."""
+    if type(value) is int:
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    raise TypeError(f"{what} must be an integer, got {type(value).__name__}")
+
+
+def positive_count(value, what: str) -> int:
+    """``integer(value, what)``, and ValueError when it is below 1."""
+    out = integer(value, what)
+    if out < 1:
+        raise ValueError(f"{what} must be a positive integer, got {out}")
+    return out
+
+
+def compressor(compression):
+    """``compression`` when it is a compressor (``compress`` and
+    ``decompress``, as Compression.none and Compression.fp16 have);
+    TypeError otherwise, when an optimizer is made rather than at its first
+    gradient."""
+    if callable(getattr(compression, "compress", None)) and callable(getattr(compression, "decompress", None)):
+        return compression
+    raise TypeError(f"compression must be a compressor with compress() and decompress() "
+                    f"(Compression.none, Compression.fp16, ...), got {type(compression).__name__}")
+
+
 def scale_factor(value, which: str) -> float:
     """A prescale/postscale factor as a float. TypeError naming ``which``
     for a string (float("2") would parse it), a bool or anything float()

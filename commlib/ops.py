@@ -44,7 +44,7 @@ import numpy as np
 
 from . import runtime
 from ._lib import lib
-from .checks import check_has_rows, integer_splits
+from .checks import check_has_rows, integer, integer_splits
 from .dtypes import dtype_code
 from .handle import Handle, core_result, core_splits, synchronize
 from .process_sets import global_process_set
@@ -511,7 +511,7 @@ def join(device: int = -1) -> int:
     ``device``: the CUDA device on which this rank stands in for the others'
     CUDA collectives (by default the device of its own CUDA collectives; -1:
     none given)."""
-    device = -1 if device is None else int(device)
+    device = -1 if device is None else integer(device, "join's device")
     cuda = {"device_type": lib.COMMLIB_DEVICE_CUDA, "device_id": device} if device >= 0 else {}
     hid = _submit(lib.COMMLIB_OP_JOIN, f"commlib.join.{runtime.name_epoch()}", None, None, **cuda)
     last = synchronize(Handle(hid, lambda h: core_splits(h, 1)[0], None, "join"))

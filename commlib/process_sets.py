@@ -25,14 +25,15 @@ from typing import Iterable
 
 from . import runtime
 from ._lib import MPI, check, ffi, lib
+from .checks import integer
 from .handle import Handle, synchronize
 
 
 def _check_ranks(ranks: Iterable[int]) -> list[int]:
-    try:
-        out = sorted(int(r) for r in ranks)
-    except TypeError as e:
-        raise TypeError("a ProcessSet takes a list of ranks or an mpi4py communicator") from e
+    if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
+        raise TypeError(f"a ProcessSet takes a list of ranks or an mpi4py communicator, got "
+                        f"{type(ranks).__name__}")
+    out = sorted(integer(r, "a process set's rank") for r in ranks)
     if len(set(out)) != len(out):
         raise ValueError(f"process set ranks must be distinct, got {list(ranks)}")
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import warnings
 
 from . import ops
+from .checks import scale_factor
 
 
 def resolve_op(op=None, average=None, default=ops.Average) -> int:
@@ -35,7 +36,7 @@ def predivide_scales(op: int, gradient_predivide_factor: float) -> tuple[float, 
     Horovod's ``gradient_predivide_factor``: gradients are scaled by
     1/f before the sum and f/size after it (the core's Average divides by
     the size of the process set)."""
-    f = float(gradient_predivide_factor)
+    f = scale_factor(gradient_predivide_factor, "gradient_predivide_factor")
     if f == 1.0:
         return 1.0, 1.0
     if op != ops.Average:

@@ -23,6 +23,7 @@ import functools
 import tensorflow as tf
 
 import commlib
+from commlib.checks import compressor
 from commlib.delayed import check_tape_options
 from commlib.grouping import group_indices, resolve_groups
 from commlib.ops import Average
@@ -48,6 +49,7 @@ def make_allreduce_grads(device_dense='', device_sparse='', compression=Compress
     process_set = check_process_set(process_set, member=False)
     op = resolve_op(op)
     pre, post = predivide_scales(op, gradient_predivide_factor)
+    compressor(compression)
     member = included(process_set)
     n = set_size(process_set)
 

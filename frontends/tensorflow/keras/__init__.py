@@ -36,6 +36,7 @@ import tensorflow as tf
 from commlib.basics import (cross_rank, cross_size, init, is_homogeneous,  # noqa: F401
                             is_initialized, local_rank, local_size, mpi_threads_supported, rank,
                             shutdown, size)
+from commlib.checks import positive_count
 from commlib.delayed import check_staleness as _check_staleness
 from commlib.delayed import check_weight_prediction as _check_weight_prediction
 from commlib.errors import (CollectiveMismatchError, CommlibError,  # noqa: F401
@@ -157,9 +158,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     if op == Adasum and (staleness != 0 or zero_stage != 0):
         raise ValueError("op=Adasum cannot be combined with staleness or zero_stage")
     groups = resolve_groups(num_groups, groups)
-    if isinstance(backward_passes_per_step, bool) or int(backward_passes_per_step) < 1:
-        raise ValueError(f"backward_passes_per_step must be a positive integer, got "
-                         f"{backward_passes_per_step!r}")
+    backward_passes_per_step = positive_count(backward_passes_per_step, "backward_passes_per_step")
     if (keras.mixed_precision.global_policy().name == "mixed_float16"
             and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
         # compile() would wrap us in a LossScaleOptimizer whose local

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 import commlib as _c
+from commlib.checks import integer
 from commlib.process_sets import check_process_set, global_process_set
 
 
@@ -22,6 +23,9 @@ def join(device=-1) -> int:
     rank's own CUDA collectives, else torch's current CUDA device once CUDA
     is in use). Returns the rank that called join() last, the same on every
     rank."""
-    if (device is None or int(device) < 0) and torch.cuda.is_initialized():  # (never starts CUDA)
+    if isinstance(device, torch.device):
+        device = -1 if device.type == "cpu" else device.index
+    device = -1 if device is None else integer(device, "join's device")
+    if device < 0 and torch.cuda.is_initialized():  # (never starts CUDA)
         device = torch.cuda.current_device()
-    return _c.join(device=-1 if device is None else int(device))
+    return _c.join(device=device)

@@ -61,6 +61,9 @@ def check_tensor(tensor, what: str, inplace: bool = False) -> torch.Tensor:
         raise ValueError(
             f"{what}: tensor is on device {tensor.device}, but commlib.torch supports CPU and "
             "CUDA tensors only; move it with tensor.cpu()")
+    if tensor.is_nested:
+        raise TypeError(f"{what}: nested tensors are not supported; pass their components "
+                        "(tensor.unbind()) or a padded dense tensor")
     if tensor.layout != torch.strided:
         raise TypeError(f"{what}: {tensor.layout} tensors are not supported; "
                         "use a dense tensor (tensor.to_dense())")

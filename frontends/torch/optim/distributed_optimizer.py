@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from commlib.checks import compressor
 from commlib.delayed import check_weight_prediction
 from commlib.grouping import resolve_groups
 from commlib.process_sets import check_process_set, included
@@ -159,6 +160,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if powersgd_config is not None:
         powersgd.check_options(staleness, zero_stage, bucket_elements, groups)
         compression = powersgd_config
+    else:
+        compressor(compression)
     dist_args = (named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, groups, sparse_as_dense, process_set)
     base = optimizer.__class__

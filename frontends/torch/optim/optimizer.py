@@ -51,6 +51,7 @@ import torch
 
 import commlib as _c
 from commlib import CollectiveMismatchError
+from commlib.checks import positive_count
 from commlib.grouping import group_indices
 from commlib.objects import allgather_object
 from commlib.process_sets import included, set_size
@@ -105,8 +106,7 @@ class DistributedOptimizerBase:
             raise ValueError("named_parameters was specified, but one or more model parameters "
                              "were not named: shapes "
                              f"{', '.join(str(tuple(p.shape)) for p in unnamed)}")
-        if backward_passes_per_step < 1:
-            raise ValueError("backward_passes_per_step must be >= 1")
+        backward_passes_per_step = positive_count(backward_passes_per_step, "backward_passes_per_step")
         op = resolve_op(op)
         # (prescale, postscale) of every gradient allreduce
         self._scales = predivide_scales(op, gradient_predivide_factor)
@@ -478,8 +478,7 @@ class DistributedOptimizerBase:
             self._register_hooks(new)
 
     def set_backward_passes_per_step(self, passes):
-        if passes < 1:
-            raise ValueError("backward_passes_per_step must be >= 1")
+        passes = positive_count(passes, "backward_passes_per_step")
         self.backward_passes_per_step = passes
         for p in self._delay:
             self._delay[p] = passes
