@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import prod
+from numbers import Integral
 
 # Default largest bucket, in elements (a larger parameter gets a bucket of its own).
 DEFAULT_BUCKET_ELEMENTS = 1 << 23
@@ -89,7 +90,7 @@ class Bucket:
 def check_zero_stage(stage, bucket_elements) -> int:
     """ValueError unless ``stage`` is 1 or 2 and ``bucket_elements`` a
     positive int (None: the default); returns the bucket size."""
-    if isinstance(stage, bool) or stage not in (1, 2):
+    if isinstance(stage, bool) or not isinstance(stage, Integral) or stage not in (1, 2):
         raise ValueError(f"zero_stage must be 0, 1 or 2, got {stage!r}")
     if bucket_elements is None:
         bucket_elements = DEFAULT_BUCKET_ELEMENTS

@@ -67,6 +67,6 @@ def test_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="saved by 2 ranks"):
         saved.array(2, "b0.param")
     assert check_zero_stage(2, None) == DEFAULT_BUCKET_ELEMENTS
-    for stage, bucket in ((0, 5), (3, 5), (True, 5), (1, 0), (1, 2.0), (1, False)):
+    for stage, bucket in ((0, 5), (3, 5), (True, 5), (1.0, 5), ("1", 5), (1, 0), (1, 2.0), (1, False)):
         with pytest.raises(ValueError):
             check_zero_stage(stage, bucket)
