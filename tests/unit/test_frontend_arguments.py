@@ -67,8 +67,9 @@ def test_torch_optimizer_arguments():
         opt.set_backward_passes_per_step(2.5)
     assert opt.backward_passes_per_step == 2
     nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
-    with pytest.raises(TypeError, match="nested tensors are not supported"):
-        hvd.allreduce(nested)
+    for call in (hvd.allreduce, hvd.allreduce_, lambda t: hvd.broadcast_(t, 0), hvd.allgather):
+        with pytest.raises(TypeError, match="nested tensors are not supported"):
+            call(nested)
     with pytest.raises(TypeError, match="join's device must be an integer"):
         hvd.join(device="x")
 

@@ -141,7 +141,7 @@ def describe(tensor, what: str) -> TensorFacts:
     if f is not None and f.holds(tensor):
         return f
     code = _CODE_OF.get(getattr(tensor, "dtype", None))
-    if (code is None or not isinstance(tensor, torch.Tensor) or not tensor.is_cpu
+    if (code is None or not isinstance(tensor, torch.Tensor) or not tensor.is_cpu or tensor.is_nested
             or tensor.layout is not torch.strided or not tensor.is_contiguous()):
         check_tensor(tensor, what, inplace=True)  # (raises the error that applies)
         if not tensor.is_cpu:  # (a device pointer must never reach the host path)
