@@ -39,6 +39,8 @@ from math import prod
 
 import numpy as np
 
+from .checks import integer
+
 ORTHOGONALIZATIONS = ("gram-schmidt",)
 
 
@@ -79,7 +81,7 @@ class PowerSGD:
         self.warm_start = bool(warm_start)
         self.orthogonalization = orthogonalization
         self.epsilon = float(epsilon)
-        self.seed = int(seed)
+        self.seed = integer(seed, "PowerSGD seed")
         # DistributedOptimizer compares compressors across ranks by __name__.
         self.__name__ = repr(self)
 

@@ -36,6 +36,14 @@ def test_process_set_ranks_are_integers(ranks):
         commlib.ProcessSet(ranks)
 
 
+@pytest.mark.parametrize("seed", ["1", 1.5, None])
+def test_powersgd_seed_is_an_integer(seed):
+    from commlib.powersgd import PowerSGD
+
+    with pytest.raises(TypeError, match="PowerSGD seed must be an integer"):
+        PowerSGD(seed=seed)
+
+
 @pytest.mark.parametrize("device", ["x", "0", 1.5])
 def test_join_device_is_an_integer(device):
     with pytest.raises(TypeError, match="join's device must be an integer"):
@@ -87,3 +95,5 @@ def test_tensorflow_optimizer_arguments():
         hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=1.5)
     with pytest.raises(TypeError, match="compression must be a compressor"):
         hvd.DistributedGradientTape(tf.GradientTape(), compression="fp16")
+    with pytest.raises(TypeError, match="batches_per_commit must be an integer"):
+        hvd_keras.elastic.CommitStateCallback(None, batches_per_commit=1.5)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from commlib.checks import positive_count
 from commlib.elastic import ELASTIC_DIR_ENV, ElasticStateError, ObjectState, State, run  # noqa: F401
 
 from ..collectives.state_sync import broadcast_variables
@@ -115,10 +116,8 @@ class CommitStateCallback(keras.callbacks.Callback):
 
     def __init__(self, state: State, batches_per_commit: int = 1):
         super().__init__()
-        if int(batches_per_commit) < 1:
-            raise ValueError(f"batches_per_commit must be at least 1, got {batches_per_commit}")
         self.state = state
-        self.batches_per_commit = int(batches_per_commit)
+        self.batches_per_commit = positive_count(batches_per_commit, "batches_per_commit")
         self._since_commit = 0
 
     def on_train_batch_end(self, batch, logs=None):
