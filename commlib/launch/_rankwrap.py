@@ -218,7 +218,7 @@ def _run_child(command, rank, host):
     except OSError as e:
         print(f"commlibrun: rank {rank} on host {host}: cannot run {command[0]!r}: {e}",
               file=sys.stderr, flush=True)
-        return 127, False
+        return 127, False, time.time()
 
     received = []
 

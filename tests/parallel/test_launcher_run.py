@@ -139,6 +139,17 @@ def test_exit_code_of_failing_rank(tmp_path, np):
 
 
 @pytest.mark.timeout(120)
+def test_a_program_that_does_not_exist_is_named_on_every_rank(tmp_path):
+    missing = str(tmp_path / "no_such_program")
+    out, _ = commlibrun(["-np", "2", missing])
+    assert out.returncode == 127, out
+    for r in range(2):
+        assert f"commlibrun: rank {r} on host" in out.stderr and f"cannot run {missing!r}" in out.stderr, out
+    assert "Traceback" not in out.stderr, out.stderr
+    assert "exited with code 127 (first failure)" in out.stderr, out.stderr
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["raise", "exit"])
 def test_failure_named_is_the_one_others_followed(tmp_path, how):
     # Rank 0 fails and is slow to exit (an atexit sleep that runs after
