@@ -4,6 +4,7 @@ working after ``horovodrun`` becomes ``commlibrun``)."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from ..horovod_env import NO_STALL_CHECK
@@ -48,9 +49,12 @@ def env_from(args: argparse.Namespace) -> dict:
         env["COMMLIB_AUTOTUNE"] = "1"
     if args.autotune_log_file:
         env["COMMLIB_AUTOTUNE_LOG"] = os.path.abspath(args.autotune_log_file)
+    for flag in ("fusion_threshold_mb", "cycle_time_ms", "cache_capacity",
+                 "stall_check_warning_time_seconds", "stall_check_shutdown_time_seconds"):
+        value = getattr(args, flag)
+        if value is not None and not 0 <= value < math.inf:  # (NaN and infinity too)
+            raise ValueError(f"--{flag.replace('_', '-')} must be 0 or more (and finite), got {value}")
     if args.fusion_threshold_mb is not None:
-        if args.fusion_threshold_mb < 0:
-            raise ValueError("--fusion-threshold-mb must be 0 or more")
         env["COMMLIB_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * 1024 * 1024))
     if args.cycle_time_ms is not None:
         env["COMMLIB_CYCLE_TIME"] = repr(args.cycle_time_ms)

@@ -23,6 +23,7 @@ compiled core.
 
 import argparse
 import functools
+import math
 import os
 import re
 import selectors
@@ -545,11 +546,23 @@ def make_parser():
                    help="print the mpiexec command instead of running it")
     p.add_argument("--verbose", action="store_true",
                    help="print the mpiexec command to stderr before running it")
+    p.add_argument("--version", action="version", version=f"commlibrun (commlib {_version()})")
     p.add_argument("--check-build", action="store_true",
                    help="report MPI, NCCL, frameworks and the commlib core build, then exit")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="the program to run on every rank, with its arguments")
     return p
+
+
+def _version() -> str:
+    """commlib's installed version (the package metadata: importing commlib
+    would load the core)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("commlib")
+    except metadata.PackageNotFoundError:
+        return "unknown: not installed"
 
 
 def main(argv=None):
@@ -563,8 +576,8 @@ def main(argv=None):
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.np is None or not command:
         parser.error("-np N and a command are required")
-    if args.timeout is not None and args.timeout <= 0:
-        parser.error("--timeout must be positive")
+    if args.timeout is not None and not 0 < args.timeout < math.inf:  # (NaN and infinity too)
+        parser.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
     if args.restarts < 0:
         parser.error("--restarts must be 0 or more")
 

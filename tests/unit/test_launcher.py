@@ -344,8 +344,15 @@ def test_horovodrun_flags_refuse_conflicts_and_bad_values(capsys, fake_mpiexec, 
         with pytest.raises(SystemExit) as e:
             launcher.main(["-np", "2", *flags, "--dry-run", "python", "t.py"])
         assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
-    assert launcher.main(["-np", "2", "--fusion-threshold-mb", "-1", "--dry-run", "python", "t.py"]) == 2
-    assert "--fusion-threshold-mb must be 0 or more" in capsys.readouterr().err
+    for flag, value in (("--fusion-threshold-mb", "-1"), ("--fusion-threshold-mb", "nan"),
+                        ("--cycle-time-ms", "inf"), ("--cache-capacity", "-2"),
+                        ("--stall-check-shutdown-time-seconds", "-1")):
+        assert launcher.main(["-np", "2", flag, value, "--dry-run", "python", "t.py"]) == 2
+        assert f"{flag} must be 0 or more (and finite), got" in capsys.readouterr().err
+    for value in ("0", "-5", "nan", "inf"):
+        with pytest.raises(SystemExit) as e:
+            launcher.main(["-np", "2", "--timeout", value, "--dry-run", "python", "t.py"])
+        assert e.value.code == 2 and "--timeout must be a positive number of seconds" in capsys.readouterr().err
 
 
 def test_dry_run_forwards_horovod_variables(capsys, fake_mpiexec, tmp_path, monkeypatch):
@@ -424,6 +431,13 @@ def test_cli_errors(capsys, fake_mpiexec):
     assert launcher.main(["-np", "2", "--mpi-args", '"unbalanced', "python"]) == 2
     err = capsys.readouterr().err
     assert "-np 0: the number of ranks must be an integer from 1 to 65536" in err and "No closing quotation" in err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        launcher.main(["--version"])
+    assert e.value.code == 0 and re.fullmatch(r"commlibrun \(commlib \d+\.\d+\.\d+\S*\)\n",
+                                              capsys.readouterr().out)
 
 
 def test_find_mpiexec(monkeypatch, tmp_path):
