@@ -546,7 +546,7 @@ def make_parser():
                    help="print the mpiexec command instead of running it")
     p.add_argument("--verbose", action="store_true",
                    help="print the mpiexec command to stderr before running it")
-    p.add_argument("--version", action="version", version=f"commlibrun (commlib {_version()})")
+    p.add_argument("--version", nargs=0, action=_PrintVersion, help="print commlib's version and exit")
     p.add_argument("--check-build", action="store_true",
                    help="report MPI, NCCL, frameworks and the commlib core build, then exit")
     p.add_argument("command", nargs=argparse.REMAINDER,
@@ -554,15 +554,20 @@ def make_parser():
     return p
 
 
-def _version() -> str:
-    """commlib's installed version (the package metadata: importing commlib
-    would load the core)."""
-    from importlib import metadata
+class _PrintVersion(argparse.Action):
+    """--version: commlib's installed version, read from the package metadata
+    (importing commlib would load the core) only when asked for (reading it
+    costs ~20 ms, which every launch would pay as argparse's version=)."""
 
-    try:
-        return metadata.version("commlib")
-    except metadata.PackageNotFoundError:
-        return "unknown: not installed"
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib import metadata
+
+        try:
+            version = metadata.version("commlib")
+        except metadata.PackageNotFoundError:
+            version = "unknown: not installed"
+        print(f"commlibrun (commlib {version})")
+        parser.exit()
 
 
 def main(argv=None):
