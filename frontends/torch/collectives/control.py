@@ -23,8 +23,6 @@ def join(device=-1) -> int:
     rank's own CUDA collectives, else torch's current CUDA device once CUDA
     is in use). Returns the rank that called join() last, the same on every
     rank."""
-    if isinstance(device, torch.device):
-        device = -1 if device.type == "cpu" else device.index
     device = -1 if device is None else integer(device, "join's device")
     if device < 0 and torch.cuda.is_initialized():  # (never starts CUDA)
         device = torch.cuda.current_device()
