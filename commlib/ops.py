@@ -307,14 +307,13 @@ def check_root(root_rank, process_set=None) -> int:
     check before tracing or sending: an int, a rank of the job, a member of
     ``process_set`` when one is given (root_rank is a job rank, as in
     Horovod)."""
-    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
-        raise TypeError(f"root_rank must be an int, got {type(root_rank).__name__}")
+    root_rank = integer(root_rank, "root_rank")
     n = runtime.size()
     if not 0 <= root_rank < n:
         raise ValueError(f"root_rank {root_rank} is outside the job (ranks 0..{n - 1})")
     if process_set is not None and root_rank not in _members(process_set):
         raise ValueError(f"root_rank {root_rank} is not a member of {process_set}")
-    return int(root_rank)
+    return root_rank
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:

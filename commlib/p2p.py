@@ -34,6 +34,7 @@ import numpy as np
 
 from . import runtime
 from ._lib import check, ffi, lib
+from .checks import integer
 from .dtypes import dtype_code, numpy_dtype
 from .handle import WAIT_SLICE_S, Handle, core_result, synchronize
 from .ops import as_input
@@ -46,22 +47,20 @@ _SEND, _RECV = lib.COMMLIB_OP_SEND, lib.COMMLIB_OP_RECV
 
 
 def check_peer(peer, what: str, process_set) -> int:
-    if type(peer) is not int and (isinstance(peer, bool) or not isinstance(peer, (int, np.integer))):
-        raise TypeError(f"{what} must be an int rank, got {type(peer).__name__}")
+    peer = integer(peer, what)
     n = runtime.size()
     if not 0 <= peer < n:
         raise ValueError(f"{what} {peer} is outside the job (ranks 0..{n - 1})")
-    if process_set is not None and int(peer) not in _members(process_set):
+    if process_set is not None and peer not in _members(process_set):
         raise ValueError(f"{what} {peer} is not a member of {process_set}")
-    return int(peer)
+    return peer
 
 
 def check_tag(tag) -> int:
-    if type(tag) is not int and (isinstance(tag, bool) or not isinstance(tag, (int, np.integer))):
-        raise TypeError(f"tag must be an int, got {type(tag).__name__}")
+    tag = integer(tag, "tag")
     if not 0 <= tag < 2**63:
         raise ValueError(f"tag must be between 0 and 2**63-1, got {tag}")
-    return int(tag)
+    return tag
 
 
 def _request(send: bool, f, peer: int, tag: int, psid: int):
