@@ -62,6 +62,11 @@ class TorchState(State):
     :mod:`commlib.elastic` for the commit protocol and its guarantees."""
 
     def __init__(self, model=None, optimizer=None, **user_state):
+        for what, obj in (("model", model), ("optimizer", optimizer)):
+            if obj is not None and not (callable(getattr(obj, "state_dict", None))
+                                        and callable(getattr(obj, "load_state_dict", None))):
+                raise TypeError(f"TorchState's {what} must have state_dict() and load_state_dict() "
+                                f"(a torch.nn.Module, a torch.optim.Optimizer), got {type(obj).__name__}")
         self.model = model
         self.optimizer = optimizer
         # ElasticSamplers given as keywords (state.sampler...) keep their

@@ -80,6 +80,10 @@ def test_torch_optimizer_arguments():
             call(nested)
     with pytest.raises(TypeError, match="join's device must be an integer"):
         hvd.join(device="x")
+    for kwargs in ({"model": 5}, {"optimizer": [model]}, {"model": model, "optimizer": "sgd"}):
+        with pytest.raises(TypeError, match="TorchState's (model|optimizer) must have state_dict"):
+            hvd.elastic.TorchState(**kwargs)
+    assert hvd.elastic.TorchState(model=model).model is model
 
 
 def test_tensorflow_optimizer_arguments():
