@@ -206,15 +206,22 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
 
 def allreduce_in_place(f, keep, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
-                       process_set=None) -> Handle:
+                       process_set=None, out=None) -> Handle:
     """In-place allreduce of the buffer ``f`` (commlib.submit.Facts: a
     checked array's, or a frontend's checked tensor's) describes, with a
     resolved op. ``keep`` is kept alive until the handle completes and is
-    what ``synchronize`` returns."""
+    what ``synchronize`` returns. With ``out`` (``(address, result)``: a
+    buffer of f's dtype and shape apart from f's, and the object owning it)
+    the result is written there instead, and ``synchronize`` returns
+    ``result``."""
     psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
-    hid = submit_in_place(f, _OP_ALLREDUCE, "allreduce", name, op, prescale_factor,
-                          postscale_factor, psid)
-    return Handle(hid, None, keep, "allreduce", keep)
+    if out is None:
+        hid = submit_in_place(f, _OP_ALLREDUCE, "allreduce", name, op, prescale_factor,
+                              postscale_factor, psid)
+        return Handle(hid, None, keep, "allreduce", keep)
+    hid = submit_in_place(f, _OP_ALLREDUCE, "allreduce", name, op, prescale_factor, postscale_factor,
+                          psid, out[0])
+    return Handle(hid, None, (keep, out[1]), "allreduce", out[1])
 
 
 def _allreduce(inp, out, average, name, op, prescale, postscale, process_set) -> Handle:

@@ -146,18 +146,24 @@ class Facts:
 
 
 def submit_in_place(f: Facts, op_type: int, kind: str, name, reduce_op: int, prescale: float,
-                    postscale: float, psid: int) -> int:
-    """Submits an in-place request (input and output f's buffer), named
-    ``runtime.auto_name(kind, name, psid)``. With a given name and the
-    arguments of the last call on ``f``, its request is submitted again as it
-    is (the core copies what it keeps)."""
-    args = (op_type, name, reduce_op, prescale, postscale, psid)
+                    postscale: float, psid: int, out=None) -> int:
+    """Submits a request on the buffer ``f`` describes, written in place, or
+    into ``out`` when given (an ``address``: a buffer of f's dtype and shape
+    apart from f's), named ``runtime.auto_name(kind, name, psid)``. With a
+    given name and the arguments of the last call on ``f``, its request is
+    submitted again as it is (with ``out`` as its output; the core copies
+    what it keeps)."""
+    args = (op_type, name, reduce_op, prescale, postscale, psid, out is None)
     last = f.last
     if last is not None and last[0] == args:
-        return submit(last[1])
+        if out is None:
+            return submit(last[1])
+        with _again_lock:  # (another thread's identical call must not submit this one's output)
+            last[1].c.output = out
+            return submit(last[1])
     r = request(op_type, c_name(kind, name, psid), dtype=f.code, ndim=f.ndim, shape=f.cshape,
-                input=f.ptr, output=f.ptr, reduce_op=reduce_op, prescale=prescale,
-                postscale=postscale, process_set=psid)
+                input=f.ptr, output=f.ptr if out is None else out, reduce_op=reduce_op,
+                prescale=prescale, postscale=postscale, process_set=psid)
     if type(name) is str:  # (a generated name differs on every call)
         f.last = (args, r)
     return submit(r)

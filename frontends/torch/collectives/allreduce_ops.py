@@ -10,23 +10,29 @@ from commlib.grouped_ops import submit_group
 from commlib.ops import Adasum, Average, Max, Min, Sum, allreduce_in_place
 from commlib.process_sets import check_process_set, global_process_set
 from commlib.reduce_args import resolve_op
+from commlib.submit import NULL, address
 
 from .compression import Compression
 from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
-from .tensor_io import as_tensor, cached_facts, describe, group_layout, group_outputs, input_array, tensor_list
+from .tensor_io import (as_tensor, cached_facts, check_tensor, describe, group_layout, group_outputs,
+                        input_array, records_grad, tensor_list)
 
 # ---------------------------------------------------------------- allreduce
 
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, what,
                      process_set):
-    if output is None:  # out of place: the core allocates the result
-        arr = input_array(tensor, what)
-        h = _c.allreduce_async(arr, None, name, op, prescale_factor, postscale_factor,
-                               process_set=process_set)
-        shape = tensor.shape
-        return Handle(h, lambda out: as_tensor(out).view(shape), tensor)
-    # (the core handle itself: synchronize returns ``output``)
+    # (the core handle itself: synchronize returns ``output``, or the new result)
+    if output is None:  # out of place: the result goes into a new tensor
+        f = cached_facts(tensor)
+        if f is None:  # (a tensor not described yet, or changed since: checked)
+            tensor = check_tensor(tensor, what)
+            if not tensor.is_contiguous():
+                tensor = tensor.contiguous()
+            f = describe(tensor, what)
+        out = torch.empty(tensor.shape, dtype=tensor.dtype)
+        return allreduce_in_place(f, tensor, name, op, prescale_factor, postscale_factor, process_set,
+                                  (address(out.data_ptr()) if out.numel() else NULL, out))
     return allreduce_in_place(describe(output, what), output, name, op, prescale_factor,
                               postscale_factor, process_set)
 
@@ -129,8 +135,12 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     Compression.fp16) casts the tensor for the transfer and back."""
     process_set = check_process_set(process_set)
     compressed, cctx = compression.compress(tensor)
-    out = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor,
-                                 postscale_factor, process_set)
+    if records_grad(compressed):
+        out = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor,
+                                     postscale_factor, process_set)
+    else:
+        out = synchronize(allreduce_async(compressed, average, name, op, prescale_factor,
+                                          postscale_factor, process_set))
     return compression.decompress(out, cctx)
 
 
@@ -206,8 +216,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     process_set = check_process_set(process_set)
     tensors = tensor_list(tensors, "grouped_allreduce")
     if compression is Compression.none:  # (nothing to cast: no per-tensor calls)
-        if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
-            # (no graph to record: the autograd function's per-tensor work is saved)
+        if not records_grad(*tensors):
             return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
                                                        postscale_factor, process_set))
         return list(HorovodGroupedAllreduce.apply(average, name, op, prescale_factor,

@@ -14,7 +14,8 @@ from commlib.process_sets import check_process_set, global_process_set, set_rank
 from .allreduce_ops import allreduce, grouped_allreduce_async
 from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
-from .tensor_io import check_tensor, as_array, as_tensor, input_array, split_list, tensor_list
+from .tensor_io import (as_array, as_tensor, check_tensor, input_array, records_grad, split_list,
+                        tensor_list)
 
 # ---------------------------------------------------------------- allgather
 
@@ -56,6 +57,8 @@ def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor
     dimension 0, in rank order; differentiable."""
     process_set = check_process_set(process_set)
     check_has_rows(check_tensor(tensor, "allgather").dim(), "allgather")  # (before forward reads its rows)
+    if not records_grad(tensor):
+        return synchronize(allgather_async(tensor, name, process_set))
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
@@ -96,6 +99,8 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
     differentiable (Horovod's gradients, as for allgather)."""
     process_set = check_process_set(process_set)
     tensors = tensor_list(tensors, "grouped_allgather")
+    if not records_grad(*tensors):
+        return list(synchronize(grouped_allgather_async(tensors, name, process_set)))
     return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
@@ -150,6 +155,8 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> t
     """Rank ``root_rank``'s ``tensor``, on every rank (of ``process_set``), as
     a new tensor; differentiable."""
     process_set = check_process_set(process_set)
+    if not records_grad(tensor):
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
     return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
 
@@ -207,4 +214,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """All-to-all; returns the received rows (in rank order) and, when
     ``splits`` is given, also the rows received from each rank."""
     process_set = check_process_set(process_set)
+    if not records_grad(tensor):
+        out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        return out if splits is None else (out, received)
     return HorovodAlltoall.apply(tensor, splits, name, process_set)

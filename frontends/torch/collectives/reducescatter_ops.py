@@ -14,7 +14,7 @@ from .compression import Compression
 from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
 from .gather_ops import allgather, check_group, grouped_allgather_async
-from .tensor_io import check_tensor, as_tensor, input_array, tensor_list
+from .tensor_io import as_tensor, check_tensor, input_array, records_grad, tensor_list
 
 # ---------------------------------------------------------------- reducescatter
 
@@ -63,8 +63,12 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     ``prescale_factor * postscale_factor`` for every op."""
     process_set = check_process_set(process_set)
     compressed, cctx = compression.compress(tensor)
-    out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
-                                     postscale_factor)
+    if records_grad(compressed):
+        out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
+                                         postscale_factor)
+    else:
+        out = synchronize(reducescatter_async(compressed, name, op, process_set, prescale_factor,
+                                              postscale_factor))
     return compression.decompress(out, cctx)
 
 
@@ -108,6 +112,11 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
     differentiable as reducescatter (Horovod's gradient)."""
     process_set = check_process_set(process_set)
     pairs = [compression.compress(t) for t in tensor_list(tensors, "grouped_reducescatter")]
-    outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
-                                             postscale_factor, *[p[0] for p in pairs])
+    compressed = [p[0] for p in pairs]
+    if records_grad(*compressed):
+        outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                                 postscale_factor, *compressed)
+    else:
+        outs = synchronize(grouped_reducescatter_async(compressed, name, op, process_set,
+                                                       prescale_factor, postscale_factor))
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]

@@ -2,8 +2,10 @@
 identity; commlib.torch describing a tensor without a numpy view) must see
 every change a live array or tensor can go through between two in-place
 allreduces: a new shape, a new dtype, made read-only or non-contiguous, a
-new storage behind a torch tensor, a dead array whose id is reused. Each
-result is checked against numpy on every rank."""
+new storage behind a torch tensor, a dead array whose id is reused; torch's
+out-of-place allreduce (each result a new tensor, none overwritten by a
+repeated call's) and the differentiable collectives with and without a graph
+to record. Each result is checked against numpy on every rank."""
 import numpy as np
 import torch
 
@@ -91,6 +93,61 @@ for op, want in ((hvd.Sum, total), (hvd.Average, total / n), (hvd.Sum, total)): 
     w.fill_(r + 1)
     hvd.allreduce_(w, op=op, name="t.ops", prescale_factor=2.0)
     check_equal(w.numpy(), np.full(6, 2 * want, np.float32), f"torch op {op} with a prescale")
+
+# torch out of place: the input's facts cached, each result a new tensor of its own
+o = torch.full((3, 4), float(r + 1))
+firsts = []
+for i in range(3):
+    o.fill_(r + 1 + i)  # (in place: the same tensor every time)
+    firsts.append(hvd.allreduce(o, op=hvd.Sum, name="t.oop"))
+    if i % 2:  # in place under the same name and tensor between two out-of-place calls
+        hvd.allreduce_(o, op=hvd.Sum, name="t.oop")
+        check_equal(o.numpy(), np.full((3, 4), total + n * i, np.float32), f"torch in place between {i}")
+for i, res in enumerate(firsts):  # (no result overwritten by a later call's)
+    check_equal(res.numpy(), np.full((3, 4), total + n * i, np.float32), f"torch out of place {i}")
+    if res.data_ptr() == o.data_ptr() or tuple(res.shape) != (3, 4):
+        raise SystemExit(f"rank {r}: out-of-place result {i} is not a new (3, 4) tensor")
+hs = [hvd.allreduce_async(o, op=hvd.Max, name="t.oop")]  # (the name of the calls above)
+hs += [hvd.allreduce_async(o, op=hvd.Max, name=f"t.oop.async.{k}") for k in range(2)]
+res = [hvd.synchronize(h) for h in hs]  # (o holds r + 3: the last fill above)
+for k, x in enumerate(res):
+    check_equal(x.numpy(), np.full((3, 4), n + 2, np.float32), f"torch out of place async {k}")
+if len({x.data_ptr() for x in res}) != 3:
+    raise SystemExit(f"rank {r}: asynchronous out-of-place results share memory")
+o.data = torch.full((2,), float(r + 1), dtype=torch.float64)  # a new storage, shape and dtype
+check_equal(hvd.allreduce(o, op=hvd.Sum, name="t.oop").numpy(), np.full(2, total, np.float64),
+            "torch out of place after tensor.data = ...")
+m2 = torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (r + 1)  # not contiguous
+check_equal(hvd.allreduce(m2, op=hvd.Sum, name="t.oop.strided").numpy(),
+            np.arange(12, dtype=np.float32).reshape(3, 4).T * total, "torch out of place, not contiguous")
+check_equal(hvd.allreduce(torch.tensor(float(r + 1)), name="t.oop.0d").numpy(),
+            np.array(total / n, np.float32), "torch out of place 0-d")
+check_equal(hvd.allreduce(torch.empty((0, 3)), name="t.oop.empty").numpy(), np.empty((0, 3), np.float32),
+            "torch out of place, empty")
+expect_raises(TypeError, lambda: hvd.allreduce(np.ones(3), name="t.oop.np"), "numpy to torch allreduce",
+              match="torch.Tensor")
+
+# the differentiable collectives record a graph only where autograd would
+# (their autograd function skipped otherwise): same results either way
+leaf = torch.full((n, 2), float(r + 1), requires_grad=True)
+calls = {"allreduce": (lambda t: hvd.allreduce(t, op=hvd.Sum), np.full((n, 2), total)),
+         "broadcast": (lambda t: hvd.broadcast(t, 0), np.full((n, 2), 1.0)),
+         "allgather": (lambda t: hvd.allgather(t), np.repeat(np.arange(1.0, n + 1), 2 * n).reshape(n * n, 2)),
+         "alltoall": (lambda t: hvd.alltoall(t), np.repeat(np.arange(1.0, n + 1), 2).reshape(n, 2)),
+         "reducescatter": (lambda t: hvd.reducescatter(t, op=hvd.Sum), np.full((1, 2), total)),
+         "grouped_allgather": (lambda t: hvd.grouped_allgather([t])[0],
+                               np.repeat(np.arange(1.0, n + 1), 2 * n).reshape(n * n, 2)),
+         "grouped_reducescatter": (lambda t: hvd.grouped_reducescatter([t], op=hvd.Sum)[0],
+                                   np.full((1, 2), total))}
+for what, (call, want) in calls.items():
+    for grad_mode in (False, True):
+        with torch.set_grad_enabled(grad_mode):
+            for t in (leaf, leaf.detach()):
+                out = call(t)
+                check_equal(out.detach().numpy(), want.astype(np.float32), f"{what}, grad mode {grad_mode}")
+                if out.requires_grad != (grad_mode and t.requires_grad):
+                    raise SystemExit(f"rank {r}: {what} (grad mode {grad_mode}, input requires grad "
+                                     f"{t.requires_grad}) gave requires_grad={out.requires_grad}")
 
 # torch grouped: the layout of a list of tensors is cached, and sees their changes
 g = [torch.full((16,), float(r + 1)) for _ in range(4)] + [torch.full((2, 3), float(r + 1), dtype=torch.float64)]
