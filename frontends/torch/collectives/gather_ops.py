@@ -114,8 +114,9 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     process_set = check_process_set(process_set)
     h = _c.broadcast_async(input_array(tensor, "broadcast_async"), root_rank, name,
                            process_set=process_set)
-    shape = tensor.shape
-    return Handle(h, lambda out: as_tensor(out).view(shape), tensor)
+    if tensor.dim():  # (the result has the input's shape)
+        return Handle(h, as_tensor, tensor)
+    return Handle(h, lambda out: as_tensor(out).view(()), tensor)  # (0-d: sent as 1-d)
 
 
 @on_cuda("broadcast", inplace=True)

@@ -220,8 +220,14 @@ def as_array(tensor: torch.Tensor) -> np.ndarray:
     return arr.reshape(1) if arr.ndim == 0 else arr
 
 
+# The numpy dtypes torch.from_numpy takes as they are (a set lookup: dtype.name is slow).
+_NATIVE = frozenset(np.dtype(name) for name in _dtypes.SUPPORTED if name != "bfloat16")
+
+
 def as_tensor(arr: np.ndarray) -> torch.Tensor:
     """A tensor sharing the memory of a (writable) numpy array."""
+    if arr.dtype in _NATIVE:
+        return torch.from_numpy(arr)
     if arr.dtype.name == "bfloat16":
         return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(arr)

@@ -124,6 +124,11 @@ check_equal(hvd.allreduce(torch.tensor(float(r + 1)), name="t.oop.0d").numpy(),
             np.array(total / n, np.float32), "torch out of place 0-d")
 check_equal(hvd.allreduce(torch.empty((0, 3)), name="t.oop.empty").numpy(), np.empty((0, 3), np.float32),
             "torch out of place, empty")
+for shape in [(), (2, 3)]:  # (a 0-d tensor travels as 1-element 1-d: its result is 0-d again)
+    b = hvd.broadcast(torch.full(shape, float(r + 1), dtype=torch.bfloat16), 0, name=f"t.bcast.{len(shape)}")
+    if tuple(b.shape) != shape or b.dtype != torch.bfloat16:
+        raise SystemExit(f"rank {r}: broadcast of a {shape} bfloat16 tensor gave {tuple(b.shape)} {b.dtype}")
+    check_equal(b.float().numpy(), np.ones(shape, np.float32), f"torch broadcast {shape}")
 expect_raises(TypeError, lambda: hvd.allreduce(np.ones(3), name="t.oop.np"), "numpy to torch allreduce",
               match="torch.Tensor")
 
