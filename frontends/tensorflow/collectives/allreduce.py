@@ -16,6 +16,7 @@ from .raw import allreduce_raw as _allreduce_raw
 from .raw import as_tensor as _as_tensor
 from .raw import dense as _dense
 from .raw import differentiable as _differentiable
+from .raw import records_gradient as _records_gradient
 from .raw import grouped_allreduce_raw
 
 def _allreduce_grad(x, y, dy, op, pre, post, ignore_name_scope, ps):
@@ -34,7 +35,7 @@ def _allreduce_grad(x, y, dy, op, pre, post, ignore_name_scope, ps):
 
 
 def _allreduce_op(t, op, pre, post, name, ignore_name_scope, ps):
-    if not _differentiable(t):
+    if not _records_gradient(t):
         return _allreduce_raw(t, op, pre, post, name, ignore_name_scope, ps)
 
     @tf.custom_gradient
@@ -46,7 +47,8 @@ def _allreduce_op(t, op, pre, post, name, ignore_name_scope, ps):
 
 
 def _grouped_allreduce_op(ts, op, pre, post, name, ignore_name_scope, ps):
-    if not all(_differentiable(t) for t in ts) or op not in (Sum, Average, Adasum):
+    if (not all(_differentiable(t) for t in ts) or not _records_gradient(*ts)
+            or op not in (Sum, Average, Adasum)):
         return grouped_allreduce_raw(ts, op, pre, post, name, ignore_name_scope, ps)
 
     @tf.custom_gradient

@@ -13,10 +13,10 @@ from .raw import allreduce_raw as _allreduce_raw
 from .raw import as_tensor as _as_tensor
 from .raw import broadcast_raw as _broadcast_raw
 from .raw import dense as _dense
-from .raw import differentiable as _differentiable
+from .raw import records_gradient as _records_gradient
 
 def _broadcast_op(t, root_rank, name, ignore_name_scope, ps):
-    if not _differentiable(t):
+    if not _records_gradient(t):
         return _broadcast_raw(t, root_rank, name, ignore_name_scope, ps)
     is_root = commlib.rank() == root_rank
 

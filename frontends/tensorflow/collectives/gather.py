@@ -14,6 +14,7 @@ from .raw import alltoall_raw as _alltoall_raw
 from .raw import as_tensor as _as_tensor
 from .raw import dense as _dense
 from .raw import differentiable as _differentiable
+from .raw import records_gradient as _records_gradient
 from .raw import grouped_allgather_raw as _grouped_allgather_raw
 
 def _allgather_grad(x, dy, ignore_name_scope, ps):
@@ -30,7 +31,7 @@ def _allgather_grad(x, dy, ignore_name_scope, ps):
 
 
 def _allgather_op(t, name, ignore_name_scope, ps):
-    if not _differentiable(t):
+    if not _records_gradient(t):
         return _allgather_raw(t, name, ignore_name_scope, ps)
 
     @tf.custom_gradient
@@ -43,7 +44,7 @@ def _allgather_op(t, name, ignore_name_scope, ps):
 
 def _grouped_allgather_op(ts, name, ignore_name_scope, ps):
     # one op, so that the group draws one generated name eagerly and in graphs alike
-    if not any(_differentiable(t) for t in ts):
+    if not _records_gradient(*ts):
         return _grouped_allgather_raw(ts, name, ignore_name_scope, ps)
 
     @tf.custom_gradient
@@ -60,7 +61,7 @@ def _grouped_allgather_op(ts, name, ignore_name_scope, ps):
 
 
 def _alltoall_op(t, splits, name, ignore_name_scope, ps):
-    if not _differentiable(t):
+    if not _records_gradient(t):
         return _alltoall_raw(t, splits, name, ignore_name_scope, ps)
     rsplits_box = []
 

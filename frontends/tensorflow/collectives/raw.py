@@ -171,3 +171,19 @@ def dense(g):
 
 def differentiable(t) -> bool:
     return t.dtype.is_floating or t.dtype.is_complex
+
+
+try:  # TensorFlow's own test of whether an op run now may be recorded (a tape or accumulator)
+    from tensorflow.python.eager.record import could_possibly_record as _could_record
+except ImportError:  # pragma: no cover - another TensorFlow: always take the recorded way
+    def _could_record() -> bool:
+        return True
+
+
+def records_gradient(*ts) -> bool:
+    """Whether a collective on ``ts`` needs its gradient function: one of
+    them is floating-point (or complex) and the call is traced into a graph
+    (a tape may differentiate the function later) or runs eagerly while a
+    GradientTape or a forward accumulator is active. Otherwise the
+    ``tf.custom_gradient`` wrapper, ~200 us of an eager call, is skipped."""
+    return any(differentiable(t) for t in ts) and (not tf.executing_eagerly() or _could_record())

@@ -13,11 +13,11 @@ from ..execution import check_dtype, collective_call
 from .raw import allgather_raw as _allgather_raw
 from .raw import as_tensor as _as_tensor
 from .raw import dense as _dense
-from .raw import differentiable as _differentiable
+from .raw import records_gradient as _records_gradient
 from .raw import reducescatter_raw as _reducescatter_raw
 
 def _reducescatter_op(t, op, pre, post, name, ignore_name_scope, ps):
-    if not _differentiable(t):
+    if not _records_gradient(t):
         return _reducescatter_raw(t, op, pre, post, name, ignore_name_scope, ps)
 
     @tf.custom_gradient
