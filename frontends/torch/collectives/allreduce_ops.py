@@ -134,6 +134,9 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     ``process_set``), as a new tensor; differentiable. ``compression`` (e.g.
     Compression.fp16) casts the tensor for the transfer and back."""
     process_set = check_process_set(process_set)
+    if compression is Compression.none and not records_grad(tensor):  # (the common call, directly)
+        return synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
+                                           postscale_factor, process_set))
     compressed, cctx = compression.compress(tensor)
     if records_grad(compressed):
         out = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor,
