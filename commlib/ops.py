@@ -215,12 +215,10 @@ def allreduce_in_place(f, keep, name=None, op=Average, prescale_factor=1.0, post
     the result is written there instead, and ``synchronize`` returns
     ``result``."""
     psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
-    if out is None:
-        hid = submit_in_place(f, _OP_ALLREDUCE, "allreduce", name, op, prescale_factor,
-                              postscale_factor, psid)
-        return Handle(hid, None, keep, "allreduce", keep)
     hid = submit_in_place(f, _OP_ALLREDUCE, "allreduce", name, op, prescale_factor, postscale_factor,
-                          psid, out[0])
+                          psid, None if out is None else out[0])
+    if out is None:
+        return Handle(hid, None, keep, "allreduce", keep)
     return Handle(hid, None, (keep, out[1]), "allreduce", out[1])
 
 

@@ -134,17 +134,19 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     ``process_set``), as a new tensor; differentiable. ``compression`` (e.g.
     Compression.fp16) casts the tensor for the transfer and back."""
     process_set = check_process_set(process_set)
-    if compression is Compression.none and not records_grad(tensor):  # (the common call, directly)
-        return synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
-                                           postscale_factor, process_set))
+    args = (average, name, op, prescale_factor, postscale_factor, process_set)
+    if compression is Compression.none:  # (nothing to cast: no compress/decompress calls)
+        return _reduced(tensor, *args)
     compressed, cctx = compression.compress(tensor)
-    if records_grad(compressed):
-        out = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor,
-                                     postscale_factor, process_set)
-    else:
-        out = synchronize(allreduce_async(compressed, average, name, op, prescale_factor,
-                                          postscale_factor, process_set))
-    return compression.decompress(out, cctx)
+    return compression.decompress(_reduced(compressed, *args), cctx)
+
+
+def _reduced(tensor, *args) -> torch.Tensor:
+    """allreduce's result: through its autograd function where autograd
+    records the call, else straight from allreduce_async."""
+    if records_grad(tensor):
+        return HorovodAllreduce.apply(tensor, *args)
+    return synchronize(allreduce_async(tensor, *args))
 
 
 # ---------------------------------------------------------------- grouped allreduce
