@@ -332,26 +332,41 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:
             out = np.empty_like(tensor)
             return Handle(again(last, out), None, (tensor, out), "broadcast", out)
     inp = as_input(tensor)
-    return _broadcast(inp, np.empty_like(inp), root_rank, name, process_set, "broadcast")
+    return _broadcast(inp, np.empty_like(inp), root_rank, name, process_set)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
-    if type(name) is str:  # (a repeated call: checked and built before)
-        f = cached_facts(tensor, writable=True)
-        last = repeat(f, ("broadcast_", name, _set_key(process_set), root_rank))
-        if last is not None:
-            return Handle(again(last), None, (tensor, tensor), "broadcast", tensor)
-    out = check_output(tensor, "broadcast_")
-    return _broadcast(out, out, root_rank, name, process_set, "broadcast_")
+    f = cached_facts(tensor, writable=True)
+    if f is None:
+        f = describe(check_output(tensor, "broadcast_"))
+    return broadcast_in_place(f, tensor, root_rank, name, process_set)
 
 
-def _broadcast(inp, out, root_rank, name, process_set, kind) -> Handle:
+def broadcast_in_place(f, keep, root_rank, name=None, process_set=None) -> Handle:
+    """In-place broadcast of the buffer ``f`` (commlib.submit.Facts: a
+    checked array's, or a frontend's checked tensor's) describes. ``keep`` is
+    kept alive until the handle completes and is what ``synchronize``
+    returns. A named call that repeats the last one on ``f`` submits its
+    request again."""
+    key = ("broadcast_", name, _set_key(process_set), root_rank)
+    last = repeat(f, key) if type(name) is str else None
+    if last is not None:
+        return Handle(again(last), None, keep, "broadcast", keep)
+    psid = _psid(process_set)
+    r = request(lib.COMMLIB_OP_BROADCAST, c_name("broadcast", name, psid), dtype=f.code, ndim=f.ndim,
+                shape=f.cshape, input=f.ptr, output=f.ptr, root=check_root(root_rank, process_set),
+                process_set=psid)
+    hid = submit_remembered(f, key, r) if type(name) is str else submit(r)
+    return Handle(hid, None, keep, "broadcast", keep)
+
+
+def _broadcast(inp, out, root_rank, name, process_set) -> Handle:
     psid = _psid(process_set)
     root = check_root(root_rank, process_set)
     if type(name) is str:
         r = request(lib.COMMLIB_OP_BROADCAST, c_name("broadcast", name, psid), **array_fields(inp, out),
                     root=root, process_set=psid)
-        hid = submit_remembered(describe(inp), (kind, name, _set_key(process_set), root_rank), r)
+        hid = submit_remembered(describe(inp), ("broadcast", name, _set_key(process_set), root_rank), r)
         return Handle(hid, None, (inp, out), "broadcast", out)
     hid = _submit(lib.COMMLIB_OP_BROADCAST, runtime.auto_name("broadcast", name, psid), inp, out,
                   root=root, process_set=psid)

@@ -8,14 +8,14 @@ import torch
 
 import commlib as _c
 from commlib.checks import check_has_rows
-from commlib.ops import Average, auto_name
+from commlib.ops import Average, auto_name, broadcast_in_place
 from commlib.process_sets import check_process_set, global_process_set, set_rank
 
 from .allreduce_ops import allreduce, grouped_allreduce_async
 from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
-from .tensor_io import (as_array, as_tensor, check_tensor, input_array, records_grad, split_list,
-                        tensor_list)
+from .tensor_io import (as_tensor, cached_facts, check_tensor, describe, input_array, records_grad,
+                        split_list, tensor_list)
 
 # ---------------------------------------------------------------- allgather
 
@@ -123,9 +123,9 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """In-place ``broadcast_async``: ``tensor`` receives root's value."""
     process_set = check_process_set(process_set)
-    check_tensor(tensor, "broadcast_async_", inplace=True)
-    h = _c.broadcast_async_(as_array(tensor), root_rank, name, process_set=process_set)
-    return Handle(h, lambda _out: tensor, tensor)
+    # (the core handle itself: synchronize returns ``tensor``)
+    f = cached_facts(tensor) or describe(tensor, "broadcast_async_")
+    return broadcast_in_place(f, tensor, root_rank, name, process_set)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:

@@ -129,6 +129,15 @@ for shape in [(), (2, 3)]:  # (a 0-d tensor travels as 1-element 1-d: its result
     if tuple(b.shape) != shape or b.dtype != torch.bfloat16:
         raise SystemExit(f"rank {r}: broadcast of a {shape} bfloat16 tensor gave {tuple(b.shape)} {b.dtype}")
     check_equal(b.float().numpy(), np.ones(shape, np.float32), f"torch broadcast {shape}")
+bt = torch.empty(5)
+for i, root in enumerate([0, 0, n - 1, 0]):  # in place, one name: the root changes under it
+    bt.fill_(10 * r + i)
+    hvd.broadcast_(bt, root, name="t.bcast_")
+    check_equal(bt.numpy(), np.full(5, 10 * root + i, np.float32), f"torch broadcast_ {i} from {root}")
+bt.data = torch.full((2, 2), float(r), dtype=torch.float64)  # a new storage, shape and dtype
+check_equal(hvd.broadcast_(bt, n - 1, name="t.bcast_").numpy(), np.full((2, 2), n - 1.0), "torch broadcast_ after .data")
+expect_raises(ValueError, lambda: hvd.broadcast_(torch.ones(4, 2).t(), 0, name="t.bcast_.strided"),
+              "a strided broadcast_", match="contiguous")
 expect_raises(TypeError, lambda: hvd.allreduce(np.ones(3), name="t.oop.np"), "numpy to torch allreduce",
               match="torch.Tensor")
 
