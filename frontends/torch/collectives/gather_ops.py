@@ -14,8 +14,8 @@ from commlib.process_sets import check_process_set, global_process_set, set_rank
 from .allreduce_ops import allreduce, grouped_allreduce_async
 from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
-from .tensor_io import (as_tensor, cached_facts, check_tensor, describe, input_array, records_grad,
-                        split_list, tensor_list)
+from .tensor_io import (as_tensor, check_tensor, describe, input_array, records_grad, split_list,
+                        tensor_list)
 
 # ---------------------------------------------------------------- allgather
 
@@ -124,8 +124,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
     """In-place ``broadcast_async``: ``tensor`` receives root's value."""
     process_set = check_process_set(process_set)
     # (the core handle itself: synchronize returns ``tensor``)
-    f = cached_facts(tensor) or describe(tensor, "broadcast_async_")
-    return broadcast_in_place(f, tensor, root_rank, name, process_set)
+    return broadcast_in_place(describe(tensor, "broadcast_async_"), tensor, root_rank, name, process_set)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
