@@ -205,6 +205,11 @@ class Engine : private CacheHost {
   std::unique_ptr<Autotuner> tuner_;  // rank 0 with COMMLIB_AUTOTUNE=1, until init again
   int64_t executed_ = 0;              // collective responses run since init
   std::vector<int64_t> tune_requests_;  // set_fusion_threshold's (under queue_mu_)
+  // Whether tune_requests_ has some (set and cleared under queue_mu_): a
+  // cycle takes queue_mu_ for them only then. Taken on every cycle, the lock
+  // made threads submitting a burst of requests sleep on it and be woken (a
+  // futex call each way) while the background thread spun.
+  std::atomic<bool> tune_queued_{false};
   std::mutex tune_mu_;
   std::vector<std::array<int64_t, 5>> tune_history_;
 

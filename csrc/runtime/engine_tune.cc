@@ -43,6 +43,7 @@ void Engine::set_fusion_threshold(int64_t bytes) {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     tune_requests_.push_back(bytes);
+    tune_queued_.store(true);
   }
   queue_cv_.notify_one();
 }
@@ -68,11 +69,12 @@ void Engine::start_autotune() {
 
 // Requests of commlib_set_fusion_threshold go to rank 0, which orders them.
 bool Engine::forward_tune_requests() {
+  if (!tune_queued_.load()) return false;
   std::vector<int64_t> requests;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    if (tune_requests_.empty()) return false;
     requests.swap(tune_requests_);
+    tune_queued_.store(false);
   }
   for (int64_t bytes : requests) {
     const std::vector<int64_t> rows = {bytes, -1, -1, kByCall};
