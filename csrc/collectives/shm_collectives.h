@@ -15,6 +15,11 @@ namespace commlib {
 // The root's bytes are copied into its region once and out by every other rank.
 void broadcast_shm(ShmSegment& shm, void* buf, size_t bytes, int root);
 
+// The same with one copy (broadcast_direct.cc): every other rank reads the
+// root's bytes straight from its buffer (process_vm_readv). Needs regions and
+// shm.direct_read_pids(); throws Error if the kernel refuses a read.
+void broadcast_direct(ShmSegment& shm, void* buf, size_t bytes, int root);
+
 // Rank r contributes bytes[r]; out receives them concatenated in rank order.
 void allgather_shm(ShmSegment& shm, const void* in, void* out, const std::vector<size_t>& bytes);
 

@@ -61,10 +61,19 @@ enum { kShmAuto = 0, kShmAlways = 1, kShmNever = 2 };
 // - reducescatter through shared memory beats MPI's non-blocking one at every
 //   size (64 KiB-256 MiB: 1.0-9x the MPI_Reduce_scatter time, where the MPI
 //   path took 0.15-0.9x), so auto uses it.
+// - broadcast with one copy (broadcast_direct.cc: every rank reads the
+//   root's buffer itself) against two (through the root's region): 2 ranks,
+//   256 KiB 25-35 against 35-40 us, 1 MiB 86 against 114-142, 4 MiB 252-258
+//   against 455-462, 64 MiB 5.9-6.1 against 8.1-9.2 ms (16-64 KiB alike);
+//   3 ranks (on 2 cores), where the readers share the root's pages, worse up
+//   to 1 MiB (256 KiB 69-113 against 44-52 us) and better from 4 MiB (704
+//   against 1048 us; 16 MiB 3.5 against 3.9 ms); so auto reads directly from
+//   direct_broadcast_bytes(ranks), where the kernel lets ranks read each other.
 // COMMLIB_SHM_COLLECTIVES=always forces all four (tests use it), =never
 // disables them.
 constexpr size_t kShmAllgatherMaxBytes = size_t(2) << 20;
 constexpr size_t kShmAlltoallMaxBytes = size_t(128) << 10;
+constexpr size_t direct_broadcast_bytes(int ranks) { return ranks == 2 ? size_t(256) << 10 : size_t(4) << 20; }
 
 // What the choice depends on, for one collective.
 struct AlgoChoice {

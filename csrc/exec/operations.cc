@@ -273,8 +273,9 @@ namespace {
 void broadcast_bytes(OpContext& ctx, void* buf, size_t bytes, int root) {
   if (ctx.transport.size() == 1 || bytes == 0) return;
   if (use_shm_collective(ctx, true) && shm_regions(ctx)) {
-    note_algorithm("shm");
-    broadcast_shm(*ctx.shm, buf, bytes, root);
+    const bool direct = bytes >= direct_broadcast_bytes(ctx.shm->size()) && !ctx.shm->direct_read_pids().empty();
+    note_algorithm(direct ? "shm-direct" : "shm");
+    (direct ? broadcast_direct : broadcast_shm)(*ctx.shm, buf, bytes, root);
   } else {
     note_algorithm("mpi");
     ctx.transport.broadcast(buf, bytes, root);

@@ -7,7 +7,9 @@ arguments changed under the same name (op, root, splits, scale factors, the
 process set). Small broadcasts of two roots in flight together (fused per
 root; a large one alone). Then a large alltoall with uneven splits and a zero block,
 whose route the timeline shows (argv[1]: the route expected, "shm-direct"
-or "mpi"). Every result is checked against numpy on every rank."""
+or "mpi"), and large broadcasts from every root (the route of the largest:
+"shm-direct", or "shm" where the alltoall's is "mpi"), the root overwriting
+its buffer at once. Every result is checked against numpy on every rank."""
 import sys
 
 import numpy as np
@@ -100,6 +102,23 @@ for _ in range(2):
     want = [ins[q][sum(big(q)[:r]):sum(big(q)[:r + 1])] for q in range(n)]
     check_equal(got, np.concatenate(want), "large uneven alltoall")
     check_equal(received, np.array([big(q)[r] for q in range(n)]), "large alltoall splits")
+# Large broadcasts from every root, in place and out of place (from 256 KiB
+# at 2 ranks and 4 MiB at more, each rank reads the root's buffer itself where
+# the kernel lets it): the root overwrites its buffer as soon as the call
+# returns, so a rank still reading it would see the new values.
+for root in range(n):
+    for elems in (80_000, 1_400_000):  # (320 KB, 5.6 MB of float32)
+        want = np.arange(elems, dtype=np.float32) * (root + 1)
+        y = want.copy() if r == root else np.full(elems, -1.0, np.float32)
+        commlib.broadcast_(y, root, name="bc.big_")
+        if r == root:
+            y[:] = 0
+        else:
+            check_equal(y, want, f"large broadcast_ of {elems} from {root}")
+        z = want.copy() if r == root else np.zeros(elems, np.float32)
+        got = commlib.broadcast(z, root, name="bc.big")
+        z[:] = 3
+        check_equal(got, want, f"large broadcast of {elems} from {root}")
 commlib.barrier()
 commlib.stop_timeline()
 events = load_events(rank_file(path, r))
@@ -107,6 +126,12 @@ seen = {e["args"]["algorithm"] for e in events
         if e["name"] == "alltoall" and "a2a.big" in e.get("args", {}).get("fused_with", ())}
 if seen != {route}:
     fail(f"the large alltoall went {sorted(seen)}, not {route}")
+bc_route = "shm-direct" if route == "shm-direct" else "shm"  # (single copies off: the root's region)
+seen = {e["args"]["algorithm"] for e in events
+        if e["name"] == "broadcast" and "bc.big_" in e.get("args", {}).get("fused_with", ())
+        and e["args"].get("bytes", 0) > 4 << 20}
+if seen != {bc_route}:
+    fail(f"the large broadcasts went {sorted(seen)}, not {bc_route}")
 fused = max((e["args"].get("fused_count", 1) for e in events
              if e["name"] == "broadcast" and "small.bc.0" in e.get("args", {}).get("fused_with", ())), default=0)
 if fused < 2:
