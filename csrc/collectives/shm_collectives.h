@@ -23,6 +23,11 @@ void broadcast_direct(ShmSegment& shm, void* buf, size_t bytes, int root);
 // Rank r contributes bytes[r]; out receives them concatenated in rank order.
 void allgather_shm(ShmSegment& shm, const void* in, void* out, const std::vector<size_t>& bytes);
 
+// The same with one copy (allgather_direct.cc): each rank reads the others'
+// contributions straight from their inputs (process_vm_readv). Needs regions
+// and shm.direct_read_pids(); throws Error if the kernel refuses a read.
+void allgather_direct(ShmSegment& shm, const void* in, void* out, const std::vector<size_t>& bytes);
+
 // Rank r's input holds send[d] bytes for each rank d in rank order; out
 // receives recv[s] bytes from each rank s in rank order. largest: the largest
 // block between two different ranks in the whole exchange (the same on every

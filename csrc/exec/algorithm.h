@@ -68,12 +68,18 @@ enum { kShmAuto = 0, kShmAlways = 1, kShmNever = 2 };
 //   3 ranks (on 2 cores), where the readers share the root's pages, worse up
 //   to 1 MiB (256 KiB 69-113 against 44-52 us) and better from 4 MiB (704
 //   against 1048 us; 16 MiB 3.5 against 3.9 ms); so auto reads directly from
-//   direct_broadcast_bytes(ranks), where the kernel lets ranks read each other.
+//   direct_broadcast_bytes(ranks), where the kernel lets ranks read each other;
+// - allgather with one copy (allgather_direct.cc) against the MPI path above
+//   kShmAllgatherMaxBytes of result: 2 ranks, 4 MiB 241-247 against 263-271
+//   us, 16 MiB 1.8-2.1 against 2.3-2.4 ms; 3 ranks, 4 MiB 0.91-1.24 against
+//   0.81-0.82 ms, 16 MiB 5.8-6.4 against 7.1-7.5, 64 MiB 17.5-18.2 against
+//   24.4-25.4 ms; so auto reads directly from direct_allgather_bytes(ranks).
 // COMMLIB_SHM_COLLECTIVES=always forces all four (tests use it), =never
 // disables them.
 constexpr size_t kShmAllgatherMaxBytes = size_t(2) << 20;
 constexpr size_t kShmAlltoallMaxBytes = size_t(128) << 10;
 constexpr size_t direct_broadcast_bytes(int ranks) { return ranks == 2 ? size_t(256) << 10 : size_t(4) << 20; }
+constexpr size_t direct_allgather_bytes(int ranks) { return ranks == 2 ? size_t(4) << 20 : size_t(16) << 20; }
 
 // What the choice depends on, for one collective.
 struct AlgoChoice {

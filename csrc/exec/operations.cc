@@ -221,7 +221,11 @@ void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries) {
 void allgather_blocks(OpContext& ctx, const void* in, void* out, const std::vector<size_t>& bytes) {
   size_t total = 0;
   for (size_t b : bytes) total += b;
-  if (use_shm_collective(ctx, total <= kShmAllgatherMaxBytes) && shm_regions(ctx)) {
+  if (total >= direct_allgather_bytes(ctx.transport.size()) && use_shm_collective(ctx, true) && shm_regions(ctx) &&
+      !ctx.shm->direct_read_pids().empty()) {
+    note_algorithm("shm-direct");
+    allgather_direct(*ctx.shm, in, out, bytes);
+  } else if (use_shm_collective(ctx, total <= kShmAllgatherMaxBytes) && shm_regions(ctx)) {
     note_algorithm("shm");
     allgather_shm(*ctx.shm, in, out, bytes);
   } else {

@@ -9,7 +9,8 @@ root; a large one alone). Then a large alltoall with uneven splits and a zero bl
 whose route the timeline shows (argv[1]: the route expected, "shm-direct"
 or "mpi"), and large broadcasts from every root (the route of the largest:
 "shm-direct", or "shm" where the alltoall's is "mpi"), the root overwriting
-its buffer at once. Every result is checked against numpy on every rank."""
+its buffer at once, and a large uneven allgather (the alltoall's route).
+Every result is checked against numpy on every rank."""
 import sys
 
 import numpy as np
@@ -119,6 +120,16 @@ for root in range(n):
         got = commlib.broadcast(z, root, name="bc.big")
         z[:] = 3
         check_equal(got, want, f"large broadcast of {elems} from {root}")
+# A large allgather (36 MB: from 4 MiB at 2 ranks and 16 MiB at more, each
+# rank reads the others' inputs itself), uneven, one rank contributing none,
+# every input overwritten as soon as the call returns.
+ag_rows = lambda q: 0 if q == 1 else 2_000_000 + 500_000 * q  # noqa: E731
+for _ in range(2):
+    mine = np.arange(ag_rows(r) * 2, dtype=np.float32).reshape(-1, 2) + 0.5 * r
+    got = commlib.allgather(mine, name="ag.big")
+    mine[:] = -1
+    check_equal(got, np.concatenate([np.arange(ag_rows(q) * 2, dtype=np.float32).reshape(-1, 2) + 0.5 * q
+                                     for q in range(n)]), "large allgather")
 commlib.barrier()
 commlib.stop_timeline()
 events = load_events(rank_file(path, r))
@@ -132,6 +143,10 @@ seen = {e["args"]["algorithm"] for e in events
         and e["args"].get("bytes", 0) > 4 << 20}
 if seen != {bc_route}:
     fail(f"the large broadcasts went {sorted(seen)}, not {bc_route}")
+seen = {e["args"]["algorithm"] for e in events
+        if e["name"] == "allgather" and "ag.big" in e.get("args", {}).get("fused_with", ())}
+if seen != {route}:
+    fail(f"the large allgather went {sorted(seen)}, not {route}")
 fused = max((e["args"].get("fused_count", 1) for e in events
              if e["name"] == "broadcast" and "small.bc.0" in e.get("args", {}).get("fused_with", ())), default=0)
 if fused < 2:
