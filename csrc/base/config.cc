@@ -154,7 +154,8 @@ std::vector<ConfigEntry> make_table() {
                 "point-to-point messages from this size on (and at least 65536) between ranks of "
                 "one host are copied by both ranks at once"),
       bool_entry("COMMLIB_P2P_SINGLE_COPY", "1", &C::p2p_single_copy,
-                 "0 disables single-copy reads (process_vm_readv) between ranks of one host: point-to-point, large alltoalls"),
+                 "0 disables single-copy reads (process_vm_readv) between ranks of one host: point-to-point, large "
+                 "alltoalls, broadcasts and allgathers"),
       path_entry("COMMLIB_TIMELINE", "", &C::timeline,
                  "path of a Chrome-trace JSON timeline written from init on (rank 0 writes the path, "
                  "rank r <stem>.rank<r><ext>; python -m commlib.timeline merges them); empty: off"),
