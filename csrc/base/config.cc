@@ -99,8 +99,8 @@ std::vector<ConfigEntry> make_table() {
                    "or mpi (the MPI library's collective)"),
       choice_entry("COMMLIB_SHM_COLLECTIVES", "auto", "auto|always|never", &C::shm_collectives,
                    "shared-memory broadcast/allgather/alltoall/reducescatter: auto (broadcast and "
-                   "reducescatter always, allgather up to a 2 MiB result, alltoall up to 128 KiB sent "
-                   "by a rank), always, never"),
+                   "reducescatter always, allgather up to a 2 MiB result, alltoall up to 1 MiB sent "
+                   "by a rank; larger ones read in one copy, see COMMLIB_P2P_SINGLE_COPY), always, never"),
       bool_entry("COMMLIB_SHM", "1", &C::shm, "0 disables the shared-memory segments (collectives' and point-to-point's)"),
       // (the shared segment holds 8 pieces and 2 fusion regions per local
       // rank, touched at init: larger values would only exhaust /dev/shm;

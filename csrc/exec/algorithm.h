@@ -55,9 +55,14 @@ enum { kShmAuto = 0, kShmAlways = 1, kShmNever = 2 };
 //   9.9 / 14.3 us at 4 / 16 / 64 KiB a rank where the MPI path took 10.1 /
 //   13.4 / 15.8, but 25 against 17 at 256 KiB and 118 against 77 at 1 MiB
 //   (MPICH moves big blocks with a single copy); 3 ranks alike (64 KiB 45
-//   against 69 us, 256 KiB 108 against 85); so auto uses it up to
-//   kShmAlltoallMaxBytes sent by a rank (the largest block times the ranks,
-//   which every rank can tell from the matrix);
+//   against 69 us, 256 KiB 108 against 85). Against the single-copy path
+//   (alltoall_direct.cc, which took over from the MPI path above the line),
+//   through shared memory wins up to 1 MiB a rank: 2 ranks, 512 KiB 33-45
+//   against 56 us, 1 MiB 49-67 against 92-93, 2 MiB 94-116 against 161-164,
+//   but 4 MiB 392-695 against 362-376; 3 ranks, 256 KiB 80-92 against
+//   104-157, 1 MiB 160-166 against 214-238, but 2 MiB 704-1373 against
+//   481-585. So auto uses it up to kShmAlltoallMaxBytes sent by a rank (the
+//   largest block times the ranks, which every rank can tell from the matrix);
 // - reducescatter through shared memory beats MPI's non-blocking one at every
 //   size (64 KiB-256 MiB: 1.0-9x the MPI_Reduce_scatter time, where the MPI
 //   path took 0.15-0.9x), so auto uses it.
@@ -77,7 +82,7 @@ enum { kShmAuto = 0, kShmAlways = 1, kShmNever = 2 };
 // COMMLIB_SHM_COLLECTIVES=always forces all four (tests use it), =never
 // disables them.
 constexpr size_t kShmAllgatherMaxBytes = size_t(2) << 20;
-constexpr size_t kShmAlltoallMaxBytes = size_t(128) << 10;
+constexpr size_t kShmAlltoallMaxBytes = size_t(1) << 20;
 constexpr size_t direct_broadcast_bytes(int ranks) { return ranks == 2 ? size_t(256) << 10 : size_t(4) << 20; }
 constexpr size_t direct_allgather_bytes(int ranks) { return ranks == 2 ? size_t(4) << 20 : size_t(16) << 20; }
 
