@@ -61,4 +61,8 @@ bool use_shm_collective(const AlgoChoice& c, int ranks, bool pays) {
   return c.shm_collectives == kShmAlways || (c.shm_collectives == kShmAuto && pays);
 }
 
+bool reads_directly(const AlgoChoice& c, int ranks) {
+  return use_shm_collective(c, ranks, true) && c.shm->region_bytes() > 0 && !c.shm->direct_read_pids().empty();
+}
+
 }  // namespace commlib

@@ -102,4 +102,9 @@ bool shm_allowed(const AlgoChoice& c);
 // local rank equals rank), and it must pay (`pays`, per the table above).
 bool use_shm_collective(const AlgoChoice& c, int ranks, bool pays);
 
+// Whether the single-copy collectives (collectives/direct_reads.h) may run:
+// those of the shared segment, with regions, and reads between its ranks
+// that the kernel allows (COMMLIB_P2P_SINGLE_COPY).
+bool reads_directly(const AlgoChoice& c, int ranks);
+
 }  // namespace commlib

@@ -54,6 +54,8 @@ bool use_shm_collective(const OpContext& ctx, bool pays) {
   return use_shm_collective(choice_of(ctx), ctx.transport.size(), pays);
 }
 
+bool reads_directly(const OpContext& ctx) { return reads_directly(choice_of(ctx), ctx.transport.size()); }
+
 // The same, for the algorithms that cut a region into a piece per rank
 // (alltoall, reducescatter): it must hold 64 bytes (a cache line) for each.
 bool use_shm_pieces(const OpContext& ctx, bool pays) {
@@ -221,8 +223,7 @@ void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries) {
 void allgather_blocks(OpContext& ctx, const void* in, void* out, const std::vector<size_t>& bytes) {
   size_t total = 0;
   for (size_t b : bytes) total += b;
-  if (total >= direct_allgather_bytes(ctx.transport.size()) && use_shm_collective(ctx, true) && shm_regions(ctx) &&
-      !ctx.shm->direct_read_pids().empty()) {
+  if (total >= direct_allgather_bytes(ctx.transport.size()) && reads_directly(ctx)) {
     note_algorithm("shm-direct");
     allgather_direct(*ctx.shm, in, out, bytes);
   } else if (use_shm_collective(ctx, total <= kShmAllgatherMaxBytes) && shm_regions(ctx)) {
@@ -277,7 +278,7 @@ namespace {
 void broadcast_bytes(OpContext& ctx, void* buf, size_t bytes, int root) {
   if (ctx.transport.size() == 1 || bytes == 0) return;
   if (use_shm_collective(ctx, true) && shm_regions(ctx)) {
-    const bool direct = bytes >= direct_broadcast_bytes(ctx.shm->size()) && !ctx.shm->direct_read_pids().empty();
+    const bool direct = bytes >= direct_broadcast_bytes(ctx.shm->size()) && reads_directly(ctx);
     note_algorithm(direct ? "shm-direct" : "shm");
     (direct ? broadcast_direct : broadcast_shm)(*ctx.shm, buf, bytes, root);
   } else {
@@ -356,7 +357,7 @@ void run_alltoall(OpContext& ctx, Entry& e, const std::vector<int64_t>& matrix) 
   if (use_shm_pieces(ctx, largest * size_t(size) <= kShmAlltoallMaxBytes)) {
     note_algorithm("shm");
     alltoall_shm(*ctx.shm, e.input, send, out, recv, largest);
-  } else if (use_shm_collective(ctx, true) && shm_regions(ctx) && !ctx.shm->direct_read_pids().empty()) {
+  } else if (reads_directly(ctx)) {
     note_algorithm("shm-direct");
     std::vector<size_t> bytes(matrix.size());
     for (size_t i = 0; i < matrix.size(); ++i) bytes[i] = size_t(matrix[i]) * rb;
