@@ -16,6 +16,9 @@ The wrapper runs the user command as a child process and
   hosts) they go to the wrapper's own stdout/stderr through the MPI launcher;
 * exits with the child's exit code, or ``128 + signum`` if the child was
   killed by a signal, and says on stderr which rank failed and how;
+* with ``$COMMLIB_RUN_BIND_CORES=1`` (``commlibrun --bind-cores``), pins
+  itself and so the child to the rank's own block of the host's CPUs
+  (``bind_to_cores``) before starting it;
 * records ``<code> <time.time()>`` in ``$COMMLIB_RUN_STATUS_DIR/rank<R>`` so
   the launcher can tell which rank failed first;
 * after a failure, waits ``$COMMLIB_FAILURE_GRACE`` seconds (default 3)
@@ -42,6 +45,10 @@ import time
 
 # Environment variables that hold the rank: MPICH hydra, Open MPI, PMIx.
 RANK_ENV_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+# A rank's place on its host (local rank, ranks on the host): MPICH hydra, Open MPI.
+LOCAL_PLACE_ENV_VARS = (("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+                        ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"))
+BIND_CORES_ENV = "COMMLIB_RUN_BIND_CORES"  # commlibrun --bind-cores
 STATUS_DIR_ENV = "COMMLIB_RUN_STATUS_DIR"
 OUTPUT_SOCKET_ENV = "COMMLIB_RUN_OUTPUT_SOCKET"
 # commlib.stack_dumps: a rank that writes its Python stacks on STACKS_SIGNAL
@@ -268,9 +275,39 @@ def _run_child(command, rank, host):
     return code, bool(received), ended
 
 
+def core_block(cpus, local_rank, local_size):
+    """The CPUs of rank ``local_rank`` when ``local_size`` ranks of one host
+    split ``cpus`` (sorted CPU ids) in local-rank order: ``len(cpus) //
+    local_size`` each; None when the host has more ranks than CPUs (or the
+    place makes no sense), for such a host is left to the scheduler."""
+    if not 0 <= local_rank < local_size or local_size > len(cpus):
+        return None
+    k = len(cpus) // local_size
+    return cpus[local_rank * k:(local_rank + 1) * k]
+
+
+def bind_to_cores(environ=os.environ):
+    """``commlibrun --bind-cores``: pins this wrapper, and so the rank it
+    starts (threads and children inherit the mask), to its block of the CPUs
+    it may run on. Returns the block, or None where it pins nothing (no
+    local place in the environment, more ranks than CPUs)."""
+    for rank_var, size_var in LOCAL_PLACE_ENV_VARS:
+        try:
+            local_rank, local_size = int(environ[rank_var]), int(environ[size_var])
+        except (KeyError, ValueError):
+            continue
+        block = core_block(sorted(os.sched_getaffinity(0)), local_rank, local_size)
+        if block:
+            os.sched_setaffinity(0, block)
+        return block
+    return None
+
+
 def run(command, environ=os.environ):
     """Run ``command`` as rank ``get_rank()``; return the exit code to use."""
     rank = get_rank(environ)
+    if environ.get(BIND_CORES_ENV) == "1":
+        bind_to_cores(environ)
     code, signalled, ended = _run_child(command, rank, socket.gethostname())
     status_dir = environ.get(STATUS_DIR_ENV)
     if status_dir:

@@ -541,6 +541,11 @@ def make_parser():
                         "resume from their last commit (commlib.torch.elastic, "
                         f"commlib.tensorflow.keras.elastic) in ${ELASTIC_DIR_ENV} (a temporary "
                         "directory of the job's own when unset)")
+    p.add_argument("--bind-cores", action="store_true",
+                   help="pin each rank to its own block of its host's CPUs (CPUs // ranks on the "
+                        "host, in local-rank order; a host with more ranks than CPUs is left "
+                        "unpinned), as DeepSpeed's --bind_cores_to_rank: no rank's threads "
+                        "migrate onto another's CPUs. For hosts the job has to itself")
     horovod_flags.add_arguments(p)
     p.add_argument("--dry-run", action="store_true",
                    help="print the mpiexec command instead of running it")
@@ -595,6 +600,8 @@ def main(argv=None):
         extra.update(flavour_env(flavour, environ))
         extra.update(parse_env_assignments(args.env, environ))
         extra.update(horovod_flags.env_from(args))
+        if args.bind_cores:
+            extra[_rankwrap.BIND_CORES_ENV] = "1"
         env = forwarded_env(environ, extra)
         build = dict(flavour=flavour, np=args.np, command=command, hosts=args.hosts,
                      hostfile=args.hostfile, mpi_args=shlex.split(args.mpi_args), mpiexec=mpiexec)

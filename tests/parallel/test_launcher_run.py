@@ -123,6 +123,29 @@ def test_env_forwarded_and_args_unchanged(tmp_path, np):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("np", [2, 3])
+def test_bind_cores_pins_each_rank_and_its_threads_to_its_own_cpus(tmp_path, np):
+    from commlib.launch._rankwrap import core_block
+
+    prog = write_script(tmp_path, """
+        import json, os, threading
+        from mpi4py import MPI
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))
+        t.start(); t.join()
+        print(json.dumps([MPI.COMM_WORLD.rank, sorted(os.sched_getaffinity(0)), seen[0]]))
+    """)
+    cpus = sorted(os.sched_getaffinity(0))
+    for args, pinned in ((["--bind-cores"], True), ([], False)):
+        out, _ = commlibrun([*args, "-np", str(np), sys.executable, prog])
+        assert out.returncode == 0, out.stderr
+        got = sorted(json.loads(line.split(": ", 1)[1]) for line in out.stdout.splitlines())
+        # (more ranks than CPUs, as 3 on 2, leaves every rank on all of them)
+        want = [(core_block(cpus, r, np) if pinned else None) or cpus for r in range(np)]
+        assert got == [[r, want[r], want[r]] for r in range(np)], (args, out.stdout)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np", [2, 3])
 def test_exit_code_of_failing_rank(tmp_path, np):
     prog = write_script(tmp_path, """
         import sys, time

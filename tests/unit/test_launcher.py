@@ -832,3 +832,46 @@ def test_good_hostfiles_accepted(tmp_path, text):
 def test_missing_hostfile_refused(tmp_path):
     proc = run_launcher("-np", "2", "--hostfile", str(tmp_path / "none"), "python", "-c", "pass")
     assert proc.returncode == 2 and "cannot read it" in proc.stderr, proc
+
+
+@pytest.mark.parametrize("cpus,size,blocks", [
+    ([0, 1], 2, [[0], [1]]),
+    (list(range(8)), 3, [[0, 1], [2, 3], [4, 5]]),   # CPUs // ranks each; the rest unused
+    ([2, 5, 7, 9], 2, [[2, 5], [7, 9]]),             # the ids this process may use, in order
+    ([0, 1, 2], 1, [[0, 1, 2]]),
+    ([0, 1], 3, [None, None, None]),                 # more ranks than CPUs: nobody is pinned
+])
+def test_core_block_splits_the_cpus_in_local_rank_order(cpus, size, blocks):
+    assert [_rankwrap.core_block(cpus, r, size) for r in range(size)] == blocks
+
+
+@pytest.mark.parametrize("rank,size", [(-1, 2), (2, 2), (0, 0)])
+def test_core_block_of_a_place_that_makes_no_sense_is_none(rank, size):
+    assert _rankwrap.core_block([0, 1, 2, 3], rank, size) is None
+
+
+@pytest.mark.parametrize("place", [{"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},
+                                   {"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}])
+def test_bind_to_cores_pins_the_ranks_block(monkeypatch, place):
+    pinned = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: pinned.append((pid, list(cpus))))
+    assert _rankwrap.bind_to_cores(place) == [2, 3]
+    assert pinned == [(0, [2, 3])]
+
+
+@pytest.mark.parametrize("environ", [{}, {"MPI_LOCALRANKID": "x", "MPI_LOCALNRANKS": "2"},
+                                     {"MPI_LOCALRANKID": "4", "MPI_LOCALNRANKS": "5"}])
+def test_bind_to_cores_leaves_an_unknown_or_crowded_place_alone(monkeypatch, environ):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: pytest.fail("pinned"))
+    assert _rankwrap.bind_to_cores(environ) is None
+
+
+def test_dry_run_bind_cores_tells_the_wrappers(capsys, fake_mpiexec, monkeypatch):
+    fake_mpiexec(MPICH_VERSION_TEXT)
+    monkeypatch.delenv("COMMLIB_RUN_BIND_CORES", raising=False)
+    cmd = dry_run(capsys, ["-np", "2", "--bind-cores", "python", "t.py"])
+    at = cmd.index("COMMLIB_RUN_BIND_CORES")
+    assert cmd[at - 1:at + 2] == ["-genv", "COMMLIB_RUN_BIND_CORES", "1"]
+    assert "COMMLIB_RUN_BIND_CORES" not in dry_run(capsys, ["-np", "2", "python", "t.py"])
