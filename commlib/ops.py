@@ -1,7 +1,7 @@
 """Collectives on numpy arrays. Names, arguments and defaults follow Horovod.
 
-Every collective has an ``*_async`` form returning a Handle; in-place forms end
-with an underscore. Arguments are checked here, before anything is sent:
+Every collective but barrier and join (which block) has an ``*_async`` form
+returning a Handle; in-place forms end with an underscore. Arguments are checked here, before anything is sent:
 unsupported dtypes raise TypeError, bad shapes/roots/outputs ValueError.
 
 Fusion: requests in flight together are fused, up to COMMLIB_FUSION_THRESHOLD
