@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import atexit
 import os
+import warnings
 
-from . import failure_notes, horovod_env, runtime, stack_dumps
+from . import config, failure_notes, horovod_env, runtime, stack_dumps
 from ._lib import MPI, check, ffi, lib
 from .process_sets import ProcessSet, add_process_set, reset_process_sets
 from .runtime import is_initialized, rank, require_init, size  # noqa: F401 - commlib.rank, ...
@@ -38,6 +39,10 @@ def init(comm=None, process_sets=None) -> None:
         check(lib.commlib_init(MPI._handleof(comm), 1))
     runtime.set_job_comm(comm if comm is not None else MPI.COMM_WORLD)
     failure_notes.install(lib.commlib_rank())
+    if lib.commlib_rank() == 0:  # (once per job: the settings are the launcher's, alike on every rank)
+        for name, like in config.misspelt().items():
+            warnings.warn(f"{name} is set, but commlib reads no such variable (did you mean {like}?)",
+                          stacklevel=2)
     if not _atexit_registered:
         # Before mpi4py's own MPI_Finalize, which runs after atexit handlers.
         atexit.register(shutdown)

@@ -12,6 +12,7 @@ these functions needs ``init()``. An empty variable counts as unset.
 """
 from __future__ import annotations
 
+import difflib
 import os
 from typing import Mapping, NamedTuple
 
@@ -42,6 +43,32 @@ def table() -> list[Entry]:
 
 def names() -> list[str]:
     return [e.name for e in table()]
+
+
+# The variables commlib reads besides the core's table: the launcher's, the
+# build's and the Python side's (README's other configuration tables).
+OTHER_VARIABLES = frozenset({
+    "COMMLIB_BUILD_JOBS", "COMMLIB_ELASTIC_DIR", "COMMLIB_FAILURE_GRACE", "COMMLIB_MPICXX",
+    "COMMLIB_MPIEXEC", "COMMLIB_RESTART", "COMMLIB_RUN_BIND_CORES", "COMMLIB_RUN_OUTPUT_SOCKET",
+    "COMMLIB_RUN_STATUS_DIR"})
+
+
+def misspelt(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``COMMLIB_*`` names set in ``environ`` (default: os.environ) that
+    commlib does not read but that look like one it does, each with the one
+    it resembles: a misspelt setting has no effect at all, and ``init()``
+    (rank 0) warns of each. Names unlike any of commlib's are left alone."""
+    env = os.environ if environ is None else environ
+    known = set(names()) | OTHER_VARIABLES
+    prefix = len("COMMLIB_")  # (compared after it: every name shares it)
+    by_suffix = {name[prefix:]: name for name in known}
+    out = {}
+    for name in env:
+        if name.startswith("COMMLIB_") and name not in known:
+            close = difflib.get_close_matches(name[prefix:], by_suffix, n=1, cutoff=0.8)
+            if close:
+                out[name] = by_suffix[close[0]]
+    return out
 
 
 def check(name: str, value: str) -> None:

@@ -125,3 +125,20 @@ def test_init_rejects_bad_value_then_accepts_good():
     out = run_init({"COMMLIB_FUSION_THRESHOLD": "1024", "COMMLIB_CYCLE_TIME": "0.5",
                     "COMMLIB_SHM_COLLECTIVES": "never"})
     assert "started 1" in out, out
+
+
+def test_misspelt_names_are_those_like_a_variable_commlib_reads():
+    env = {"COMMLIB_FUSION_THRESHOL": "1", "COMMLIB_FUSION_THRESHOLD_MB": "64", "COMMLIB_TIMEOUT": "5",
+           "COMMLIB_MPIEXE": "mpiexec", "COMMLIB_GPU_EMULATOR_DELAY_US": "3", "PATH": "/bin",
+           "COMMLIB_RUN_BIND_CORES": "1", "COMMLIB_A": "1", "COMMLIB_SUM": "2"}  # (short: unlike any)
+    assert commlib.config.misspelt(env) == {"COMMLIB_FUSION_THRESHOL": "COMMLIB_FUSION_THRESHOLD",
+                                           "COMMLIB_FUSION_THRESHOLD_MB": "COMMLIB_FUSION_THRESHOLD",
+                                           "COMMLIB_MPIEXE": "COMMLIB_MPIEXEC"}
+
+
+def test_init_warns_of_a_misspelt_variable_once():
+    out = run_init({"COMMLIB_TIMEOUTT": "3", "PYTHONWARNINGS": "default"})
+    assert "started 1" in out, out
+    assert out.count("COMMLIB_TIMEOUTT is set, but commlib reads no such variable "
+                     "(did you mean COMMLIB_TIMEOUT?)") == 1, out
+    assert "reads no such variable" not in run_init({"PYTHONWARNINGS": "default"})

@@ -90,3 +90,10 @@ def test_every_variable_python_reads_is_in_readme():
         read |= set(re.findall(r"""["'](COMMLIB_[A-Z0-9_]+)["']""", path.read_text()))
     assert read, "no COMMLIB_ names found in the Python sources"
     assert read <= in_readme, read - in_readme
+
+
+def test_readme_lists_the_core_table_and_the_other_variables_commlib_reads():
+    """commlib.config.OTHER_VARIABLES (what init()'s check for misspelt names
+    knows besides the core's table) is README's list less the core's."""
+    in_readme = {n for table in readme_tables() for var, _ in table for n in NAME.findall(var)}
+    assert in_readme == set(commlib.config.names()) | commlib.config.OTHER_VARIABLES
