@@ -11,7 +11,7 @@ pytest.importorskip("tensorflow")
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("n", [3])  # (2 ranks: test_frontend_p2p, test_tensorflow_powersgd)
+@pytest.mark.parametrize("n", [3])  # (2 ranks: the Keras test below, test_tensorflow_async, the examples)
 def test_distributed_gradient_tape(ranks, n):
     run = ranks(n, "tf_tape.py", timeout=170)
     run.assert_ok(n)
