@@ -29,6 +29,11 @@ def readme_tables():
     return tables
 
 
+def readme_names():
+    """Every variable named in README's configuration tables."""
+    return {n for table in readme_tables() for var, _ in table for n in NAME.findall(var)}
+
+
 def first_code(cell):
     if cell == "empty (off)" or cell.startswith("set by "):  # a path's or a token's default: unset
         return ""
@@ -84,7 +89,7 @@ def test_every_variable_named_in_the_core_is_in_the_table():
 
 
 def test_every_variable_python_reads_is_in_readme():
-    in_readme = {n for table in readme_tables() for var, _ in table for n in NAME.findall(var)}
+    in_readme = readme_names()
     read = set()
     for path in sources("commlib", "frontends", "bindings", suffixes={".py"}):
         read |= set(re.findall(r"""["'](COMMLIB_[A-Z0-9_]+)["']""", path.read_text()))
@@ -95,5 +100,5 @@ def test_every_variable_python_reads_is_in_readme():
 def test_readme_lists_the_core_table_and_the_other_variables_commlib_reads():
     """commlib.config.OTHER_VARIABLES (what init()'s check for misspelt names
     knows besides the core's table) is README's list less the core's."""
-    in_readme = {n for table in readme_tables() for var, _ in table for n in NAME.findall(var)}
+    in_readme = readme_names()
     assert in_readme == set(commlib.config.names()) | commlib.config.OTHER_VARIABLES
