@@ -5,6 +5,7 @@ import functools
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,12 @@ WORKERS = Path(__file__).resolve().parent / "parallel" / "workers"
 
 
 class RankRun:
-    def __init__(self, proc: subprocess.CompletedProcess):
+    def __init__(self, proc: subprocess.CompletedProcess, started: float):
         self.returncode = proc.returncode
         self.stdout = proc.stdout
         self.stderr = proc.stderr
+        self.ended = time.time()  # (when the job ended, for tests that time it)
+        self.seconds = self.ended - started
 
     def __repr__(self) -> str:
         return f"<rc={self.returncode}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}>"
@@ -63,13 +66,15 @@ def run_ranks(np_: int, script: str, *args: str, timeout: float = 120, env: dict
         full_env.update(env)
     cmd = [sys.executable, "-m", "commlib.launch", "-np", str(np_), "--timeout", str(timeout),
            *launcher_args, sys.executable, str(WORKERS / script), *args]
+    started = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=full_env,
                           cwd=str(ROOT))
-    return RankRun(proc)
+    return RankRun(proc, started)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def ranks():
+    """run_ranks (session-scoped, so that module fixtures may run jobs too)."""
     return run_ranks
 
 

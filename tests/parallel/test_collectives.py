@@ -9,6 +9,7 @@ worker goes on with the other checks, then exits non-zero; a disagreement that
 would leave ranks waiting for each other ends the job at once.
 """
 import pytest
+from concurrent_jobs import in_background, started_together
 
 # Knobs of the core that select other code paths.
 MPI_ALGO = {"COMMLIB_ALLREDUCE_ALGO": "mpi"}       # MPI_Allreduce instead of shared memory
@@ -132,12 +133,20 @@ def test_reducescatter_dim0_smaller_than_size(ranks, n):
     assert_all_ok(run, n)
 
 
+def start_barrier(request, tmp, n):
+    return in_background(request.getfixturevalue("ranks"), n, "coll_barrier.py", timeout=100)
+
+
+# (the rank counts at once: each job mostly sleeps)
+barrier_job = started_together("test_barrier", start_barrier, "barrier_job")
+
+
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_barrier(ranks, n):
+def test_barrier(barrier_job, n):
     """Ranks reach the barrier at different times (rank r after r*0.2 s, the
     reverse, the coordinator late, the last rank late): nobody leaves before
     the last one arrives. 50 barriers in a row; a barrier with an allreduce
     in flight."""
-    run = ranks(n, "coll_barrier.py", timeout=100)
+    run = barrier_job[0]
     assert_all_ok(run, n)

@@ -6,6 +6,7 @@ import re
 import time
 
 import pytest
+from concurrent_jobs import in_background, started_together
 
 TIMEOUT = 2  # COMMLIB_TIMEOUT of the frozen-rank runs
 
@@ -18,18 +19,26 @@ def alive(pid: int) -> bool:
         return False
 
 
+def start_frozen(request, tmp, n, victim, mode):
+    return in_background(request.getfixturevalue("ranks"), n, "frozen_rank.py", mode, str(victim),
+                         str(tmp), timeout=60, env={"COMMLIB_TIMEOUT": str(TIMEOUT)})
+
+
+# (the cases' jobs wait out the timeout together: each takes ~6 s and little CPU)
+frozen_job = started_together("test_frozen_rank_ends_the_job", start_frozen, "frozen_job")
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("n,victim,mode", [(2, 1, "allreduce"), (2, 1, "p2p"), (3, 1, "grouped"),
                                            (3, 2, "allreduce"), (3, 2, "p2p"),
                                            (2, 0, "allreduce"), (3, 0, "grouped")])  # (0: the coordinator)
-def test_frozen_rank_ends_the_job(ranks, tmp_path, n, victim, mode):
+def test_frozen_rank_ends_the_job(frozen_job, n, victim, mode):
     """Rank `victim` stops itself (SIGSTOP) before a request the others wait
     on: they raise CollectiveTimeoutError naming it, then abort MPI at exit
     instead of waiting for it in MPI_Finalize; the job ends non-zero within
     COMMLIB_TIMEOUT + 10 s of the freeze, every process of it gone."""
-    run = ranks(n, "frozen_rank.py", mode, str(victim), str(tmp_path), timeout=60,
-                env={"COMMLIB_TIMEOUT": str(TIMEOUT)})
-    ended = time.time()
+    run, tmp_path = frozen_job
+    ended = run.ended
     assert run.returncode not in (0, 124), run.describe()
     for r in range(n):
         if r != victim:

@@ -1,8 +1,8 @@
 """Error paths across ranks: mismatches, names in flight, shutdown, stalls,
 and a rank that dies. Each run has a timeout, so a hang fails the test."""
-import time
 
 import pytest
+from concurrent_jobs import in_background, started_together
 
 
 def assert_all_ok(run, n):
@@ -42,16 +42,23 @@ def test_stall_is_reported_and_late_rank_completes(ranks):
     assert "still missing on ranks [2]" in run.stderr, run
 
 
+def start_dead_rank(request, tmp, n, victim):
+    return in_background(request.getfixturevalue("ranks"), n, "dead_rank.py", str(victim), timeout=100)
+
+
+# (the cases at once: each waits for the launcher's grace after the death)
+dead_rank_job = started_together("test_dead_rank_is_named_and_job_ends", start_dead_rank,
+                                 "dead_rank_job")
+
+
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("n,victim", [(2, 1), (3, 1), (3, 0)])
-def test_dead_rank_is_named_and_job_ends(ranks, n, victim):
+def test_dead_rank_is_named_and_job_ends(dead_rank_job, n, victim):
     """SIGKILL one rank mid-job: survivors raise RankLostError naming it
     (they exit with code 3 after checking), and the launcher ends the job
     with the victim's code 137, naming the victim, well within 60 s."""
-    start = time.monotonic()
-    run = ranks(n, "dead_rank.py", str(victim), timeout=100)
-    elapsed = time.monotonic() - start
-    assert elapsed < 60, run
+    run = dead_rank_job[0]
+    assert run.seconds < 60, run
     assert run.returncode == 137, run
     survivors = [r for r in range(n) if r != victim]
     for r in survivors:
@@ -60,18 +67,25 @@ def test_dead_rank_is_named_and_job_ends(ranks, n, victim):
     assert f"rank {victim}" in run.stderr and "SIGKILL" in run.stderr, run
 
 
+def start_async_dead_rank(request, tmp, mode, n, victim):
+    pytest.importorskip("tensorflow" if mode.startswith("keras") else "torch")
+    return in_background(request.getfixturevalue("ranks"), n, "async_dead_rank.py", mode, str(victim),
+                         timeout=100)
+
+
+# (the cases at once: each waits for the launcher's grace after the death)
+async_dead_rank_job = started_together("test_dead_rank_during_asynchronous_exchange",
+                                       start_async_dead_rank, "async_dead_rank_job")
+
+
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("mode,n,victim", [("torch-staleness", 3, 1), ("torch-stream", 2, 0),
                                            ("keras-staleness", 2, 1), ("keras-stream", 3, 0)])
-def test_dead_rank_during_asynchronous_exchange(ranks, mode, n, victim):
+def test_dead_rank_during_asynchronous_exchange(async_dead_rank_job, mode, n, victim):
     """SIGKILL a rank while a delayed average or a streaming meeting is in
     flight: the survivors' next step, synchronize() and a later collective
     raise RankLostError naming it (exit code 3 after the checks), within 60 s."""
-    if mode.startswith("keras"):
-        pytest.importorskip("tensorflow")
-    else:
-        pytest.importorskip("torch")
-    run = ranks(n, "async_dead_rank.py", mode, str(victim), timeout=100)
+    run = async_dead_rank_job[0]
     assert run.returncode == 137, run
     for r in range(n):
         if r != victim:
@@ -96,14 +110,24 @@ def test_reinit_after_shutdown_with_a_pending_request(ranks, n):
     assert_all_ok(run, n)
 
 
+def start_timeouts(request, tmp, n, layout):
+    return in_background(request.getfixturevalue("ranks"), n, "errors_timeout.py", timeout=120,
+                         env={"COMMLIB_TIMEOUT": "2", **layout})
+
+
+# (both layouts' jobs at once: each waits out ~10 timeouts, using little CPU)
+timeout_job = started_together("test_timeout_fails_waiting_ranks_naming_the_missing", start_timeouts,
+                               "timeout_job")
+
+
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("n,layout", [(3, {}), (3, {"COMMLIB_TEST_RANKS_PER_HOST": "1"})])
-def test_timeout_fails_waiting_ranks_naming_the_missing(ranks, n, layout):
+def test_timeout_fails_waiting_ranks_naming_the_missing(timeout_job, n, layout):
     """COMMLIB_TIMEOUT=2: a tensor never submitted by one rank, unnamed
     collectives of different kinds, a skipped cached request, an unmatched
     receive, a rank frozen (SIGSTOP) shorter and longer than the timeout
     (see workers/errors_timeout.py)."""
-    ranks(n, "errors_timeout.py", timeout=120, env={"COMMLIB_TIMEOUT": "2", **layout}).assert_ok(n)
+    timeout_job[0].assert_ok(n)
 
 
 @pytest.mark.timeout(150)

@@ -11,9 +11,9 @@ next synchronize) and the job goes on; a communicator whose creation never
 completes fails the first collective by the timeout; a joined rank stands in
 for the others' CUDA collectives. At 2 and 3 ranks. See
 tests/parallel/workers/gpu_emulated.py. Real GPUs: tests/gpu/."""
-import time
 
 import pytest
+from concurrent_jobs import in_background, started_together
 
 T = 4
 
@@ -38,19 +38,26 @@ def test_synchronize_on_stream_leaves_the_wait_to_the_stream(ranks, gpu_emulator
     ranks(n, "gpu_emulated.py", "stream", timeout=150, env=env).assert_ok(n)
 
 
-def run_bounded_by_the_timeout(ranks, gpu_emulator, n, case, **env):
-    """The worker's case with COMMLIB_TIMEOUT=T: it must pass, the whole job
-    within 60 s."""
-    start = time.monotonic()
-    ranks(n, "gpu_emulated.py", case, timeout=150, env=dict(gpu_emulator, COMMLIB_TIMEOUT=str(T), **env)).assert_ok(n)
-    assert time.monotonic() - start < 60
+def start_stopped(request, tmp, n, how):
+    """The worker's case ``how`` with COMMLIB_TIMEOUT=T."""
+    env = dict(request.getfixturevalue("gpu_emulator"), COMMLIB_TIMEOUT=str(T))
+    return in_background(request.getfixturevalue("ranks"), n, "gpu_emulated.py", how, timeout=150,
+                         env=env)
+
+
+# (the cases' jobs at once: each waits out the timeout, using little CPU)
+stopped_job = started_together("test_stopped_rank_ends_the_others_by_the_timeout", start_stopped,
+                               "stopped_job")
 
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("how", ["sleeps", "frozen", "frozen-on-stream"])
-def test_stopped_rank_ends_the_others_by_the_timeout(ranks, gpu_emulator, n, how):
-    run_bounded_by_the_timeout(ranks, gpu_emulator, n, how)
+def test_stopped_rank_ends_the_others_by_the_timeout(stopped_job, n, how):
+    """It passes, the whole job within 60 s."""
+    run = stopped_job[0]
+    run.assert_ok(n)
+    assert run.seconds < 60, run.seconds
 
 
 @pytest.mark.timeout(200)
@@ -59,15 +66,23 @@ def test_joined_rank_stands_in_for_cuda_collectives(ranks, gpu_emulator, n):
     ranks(n, "gpu_emulated.py", "join", timeout=150, env=gpu_emulator).assert_ok(n)
 
 
+def start_init_hang(request, tmp, n):
+    env = dict(request.getfixturevalue("gpu_emulator"), COMMLIB_TIMEOUT=str(T),
+               COMMLIB_STALL_CHECK_TIME="1", COMMLIB_GPU_EMULATOR_INIT_HANG_RANK=str(n - 1))
+    return in_background(request.getfixturevalue("ranks"), n, "gpu_emulated.py", "init-hang",
+                         timeout=150, env=env)
+
+
+init_hang_job = started_together("test_communicator_creation_that_hangs_ends_by_the_timeout",
+                                 start_init_hang, "init_hang_job")
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("n", [2, 3])
-def test_communicator_creation_that_hangs_ends_by_the_timeout(ranks, gpu_emulator, n):
+def test_communicator_creation_that_hangs_ends_by_the_timeout(init_hang_job, n):
     # (and says so once COMMLIB_STALL_CHECK_TIME has passed, on every rank)
-    start = time.monotonic()
-    run = ranks(n, "gpu_emulated.py", "init-hang", timeout=150,
-                env=dict(gpu_emulator, COMMLIB_TIMEOUT=str(T), COMMLIB_STALL_CHECK_TIME="1",
-                         COMMLIB_GPU_EMULATOR_INIT_HANG_RANK=str(n - 1)))
+    run = init_hang_job[0]
     run.assert_ok(n)
-    assert time.monotonic() - start < 60
+    assert run.seconds < 60, run.seconds
     warned = [line for line in run.stderr.splitlines() if "WARNING: ncclCommInitRank (rank" in line]
     assert {line[:4] for line in warned} == {f"[{q}]:" for q in range(n)}, run.stderr

@@ -3,9 +3,9 @@ received against numpy; the single-copy path, the MPI rendezvous path (one
 host without single copy, and pretended separate hosts) and header-carried
 messages are each covered, with control messages through one host's
 shared-memory lanes and through MPI, and so are the failure paths."""
-import time
 
 import pytest
+from concurrent_jobs import in_background, started_together
 
 LAYOUTS = {
     "single-copy": {},
@@ -29,12 +29,19 @@ def test_p2p_and_collectives_from_several_threads(ranks, n):
     ranks(n, "p2p_threads.py", timeout=100).assert_ok(n)
 
 
+def start_dead_peer(request, tmp, n):
+    return in_background(request.getfixturevalue("ranks"), n, "p2p_failures.py", "dead", timeout=100)
+
+
+# (both rank counts at once: each waits for the launcher's grace after the death)
+dead_peer_job = started_together("test_p2p_dead_peer_raises_rank_lost", start_dead_peer, "dead_peer_job")
+
+
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("n", [2, 3])
-def test_p2p_dead_peer_raises_rank_lost(ranks, n):
-    start = time.monotonic()
-    run = ranks(n, "p2p_failures.py", "dead", timeout=100)
-    assert time.monotonic() - start < 60, run
+def test_p2p_dead_peer_raises_rank_lost(dead_peer_job, n):
+    run = dead_peer_job[0]
+    assert run.seconds < 60, run
     assert run.returncode == 137, run
     assert "rank 0: RankLostError" in run.stdout, run
     assert "rank 0: send failed too" in run.stdout, run

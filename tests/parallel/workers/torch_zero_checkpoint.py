@@ -1,8 +1,10 @@
 """Sharded checkpoints across world sizes, on every rank.
 
-    torch_zero_checkpoint.py save DIR STAGE   K Adam steps, save_sharded(DIR)
-    torch_zero_checkpoint.py load DIR STAGE   load_sharded(DIR) into another
+    torch_zero_checkpoint.py save DIR:STAGE ...   K Adam steps, save_sharded(DIR)
+    torch_zero_checkpoint.py load DIR:STAGE ...   load_sharded(DIR) into another
         model (another seed, another bucket size), K more steps
+
+(each DIR:STAGE in turn, with a model and optimizer of its own)
 
 STAGE 1 or 2: a ZeRO DistributedOptimizer; 3: fully_shard on the two layers
 (the frozen parameter and the buffer stay whole) and plain Adam over the shards.
@@ -26,7 +28,7 @@ from _common import done, expect_raises, fail
 torch.set_num_threads(1)
 hvd.init()
 r, n = hvd.rank(), hvd.size()
-phase, directory, stage = sys.argv[1], sys.argv[2], int(sys.argv[3])
+phase, cases = sys.argv[1], [(d, int(k)) for d, k in (a.rsplit(":", 1) for a in sys.argv[2:])]
 G, K = 12, 6  # global batch rows (divisible by 2 and 3), steps on each side of the checkpoint
 
 
@@ -70,7 +72,7 @@ def run(model, opt, steps, start, local=False):
         opt.step()
 
 
-def zero(model, bucket):
+def zero(model, bucket, stage):
     if stage == 3:
         for layer in (model.a, model.b) + ((model.extra,) if model.extra is not None else ()):
             hvd.fully_shard(layer)
@@ -79,48 +81,52 @@ def zero(model, bucket):
                                     zero_stage=stage, bucket_elements=bucket)
 
 
-def whole_state(model) -> dict:
+def whole_state(model, stage) -> dict:
     """The model's state dict with every parameter whole."""
     if stage != 3:
         return model.state_dict()
     with hvd.full_parameters(model):
         out = {k: functools.reduce(getattr, k.split("."), model).detach().clone()
-               for k in ref.state_dict()}
+               for k in Net(0).state_dict()}
     return out
 
 
-def rel_err(a, b):
+def rel_err(a, b, stage):
     return max(float((p - q).abs().max() / q.abs().max())
-               for p, q in zip(whole_state(a).values(), b.state_dict().values()))
+               for p, q in zip(whole_state(a, stage).values(), b.state_dict().values()))
 
 
-ref = Net(0)
-ref_opt = adam(ref)
-if phase == "save":
+def save(directory, stage):
+    ref = Net(0)
+    ref_opt = adam(ref)
     model = Net(0)
-    opt = zero(model, 150)
+    opt = zero(model, 150, stage)
     run(model, opt, K, 0)
     run(ref, ref_opt, K, 0, local=True)
-    if rel_err(model, ref) > 1e-9:
-        fail(f"before saving: {rel_err(model, ref)} from one process")
+    if rel_err(model, ref, stage) > 1e-9:
+        fail(f"before saving: {rel_err(model, ref, stage)} from one process")
     hvd.save_sharded(directory, model, opt)
-else:
+
+
+def load(directory, stage):
+    ref = Net(0)
+    ref_opt = adam(ref)
     run(ref, ref_opt, 2 * K, 0, local=True)
     model = Net(1)
-    opt = zero(model, 400)
+    opt = zero(model, 400, stage)
     hvd.load_sharded(directory, model, opt)
     if float(model.calls) != K or not torch.equal(model.frozen, Net(0).frozen):
         fail(f"model buffer/frozen parameter not restored: calls {float(model.calls)}")
     run(model, opt, K, K)
-    err = rel_err(model, ref)
+    err = rel_err(model, ref, stage)
     print(f"rank {r}: resumed relative error {err:.3g}", flush=True)
     if err > 1e-6:
-        fail(f"resumed at {n} ranks: {err} from the uninterrupted run")
-    flat = torch.cat([p.detach().reshape(-1) for p in whole_state(model).values()])
+        fail(f"resumed at {n} ranks, stage {stage}: {err} from the uninterrupted run")
+    flat = torch.cat([p.detach().reshape(-1) for p in whole_state(model, stage).values()])
     if not all(torch.equal(row, flat) for row in hvd.allgather(flat.unsqueeze(0))):
         fail("parameters differ across ranks after loading")
     other = Net(0, extra=True)
-    expect_raises(KeyError, lambda: hvd.load_sharded(directory, other, zero(other, 400)),
+    expect_raises(KeyError, lambda: hvd.load_sharded(directory, other, zero(other, 400, stage)),
                   "a parameter the checkpoint lacks", match="not in the saved layout")
     expect_raises(FileNotFoundError, lambda: hvd.load_sharded(directory + "-none", model, opt),
                   "missing directory", match="save_sharded")
@@ -128,7 +134,7 @@ else:
     if (full is None) != (r != 0):
         fail(f"full_state_dict(root=0) on rank {r}: {type(full)}")
     run(model, opt, 1, 2 * K)
-    after = {k: v.clone() for k, v in whole_state(model).items()}  # (collective for stage 3)
+    after = {k: v.clone() for k, v in whole_state(model, stage).items()}  # (collective for stage 3)
     if r == 0:
         plain = Net(2)
         plain_opt = adam(plain)
@@ -141,4 +147,8 @@ else:
             fail(f"full_state_dict continued in plain Adam: {err}")
     expect_raises(TypeError, lambda: hvd.full_state_dict(ref, ref_opt), "plain optimizer",
                   match="zero_stage")
+
+
+for directory, stage in cases:
+    (save if phase == "save" else load)(directory, stage)
 done()
