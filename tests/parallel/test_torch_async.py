@@ -5,28 +5,35 @@ collectives under it run at 2, 3 and 4 ranks in test_collectives.py)
 (staleness=1) and local SGD / DiLoCo (also streaming: one round stale) match
 a single-process simulation of their rule within 1e-5 after 20 steps, with
 bitwise identical replicas (every step for delayed averaging, after every
-meeting for local SGD, after synchronize() when streaming); error cases."""
+meeting for local SGD, after synchronize() when streaming); error cases.
+
+The workers run in one job (workers/in_one_job.py: torch starts once on
+each rank); a worker that fails ends it, failing the tests of the workers
+after it as well."""
 import re
 
 import pytest
+from one_job import scripts_in_one_job
 
 pytest.importorskip("torch")
 
+one_job = scripts_in_one_job("torch_delayed.py", "torch_local_sgd.py", "torch_weight_prediction.py", timeout=250)
 
-@pytest.mark.timeout(150)
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", [3])
-def test_torch_delayed_averaging(ranks, n):
-    run = ranks(n, "torch_delayed.py", timeout=120)
-    run.assert_ok(n)
+def test_torch_delayed_averaging(one_job, n):
+    run = one_job(n)
+    run.assert_script_ok("torch_delayed.py", n)
     m = re.search(r"delayed max relative error SGD (\S+), Adam (\S+), Sum (\S+)", run.stdout)
     assert m and all(float(m.group(i)) <= 1e-5 for i in (1, 2, 3)), run
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", [3])
-def test_torch_local_sgd_and_diloco(ranks, n):
-    run = ranks(n, "torch_local_sgd.py", timeout=120)
-    run.assert_ok(n)
+def test_torch_local_sgd_and_diloco(one_job, n):
+    run = one_job(n)
+    run.assert_script_ok("torch_local_sgd.py", n)
     m = re.search(r"local sgd max relative error local (\S+), DiLoCo (\S+), warm-up (\S+), "
                   r"streaming local (\S+), streaming DiLoCo (\S+), BatchNorm (\S+) (\S+) (\S+)",
                   run.stdout)
@@ -50,10 +57,10 @@ def test_async_curves_example_runs(ranks):
         assert m and float(m.group(1)) < 0.5 * start, run
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", [3])
-def test_torch_delayed_weight_prediction(ranks, n):
-    run = ranks(n, "torch_weight_prediction.py", timeout=120)
-    run.assert_ok(n)
+def test_torch_delayed_weight_prediction(one_job, n):
+    run = one_job(n)
+    run.assert_script_ok("torch_weight_prediction.py", n)
     m = re.search(r"weight prediction max relative error SGD (\S+), Adam (\S+)", run.stdout)
     assert m and all(float(m.group(i)) <= 1e-5 for i in (1, 2)), run
