@@ -49,27 +49,6 @@ class RankRun:
             pytest.fail(f"ranks {missing} did not print their OK line\n" + self.describe(), pytrace=False)
 
 
-# The slowest test files (measured, 2 cores, 2026-11-29), run first: pytest-xdist
-# hands files out in collection order (--no-loadscope-reorder in pyproject.toml),
-# so the suite ends on short files instead of one worker finishing a long one.
-SLOWEST_FIRST = (
-    "parallel/test_elastic.py", "parallel/test_collectives.py", "parallel/test_allreduce_algos.py",
-    "parallel/test_torch_examples.py", "parallel/test_errors.py", "parallel/test_pipeline_examples.py",
-    "parallel/test_tensorflow_training.py", "parallel/test_keras_zero.py",
-    "parallel/test_tensorflow_async.py", "parallel/test_launcher_run.py",
-    "parallel/test_torch_zero_examples.py", "parallel/test_torch_tensor_parallel.py",
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    here = Path(__file__).parent
-    missing = [name for name in SLOWEST_FIRST if not (here / name).exists()]
-    if missing:
-        raise pytest.UsageError(f"tests/conftest.py's SLOWEST_FIRST names missing files: {missing}")
-    rank = {str(here / name): i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))  # (stable: the rest keep their order)
-
-
 @functools.cache
 def session_mpiexec() -> str:
     """The launcher commlibrun finds for this interpreter, found once per
