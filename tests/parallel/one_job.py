@@ -8,9 +8,11 @@ def scripts_in_one_job(*scripts: str, timeout: float):
     """A module fixture ``one_job``: ``one_job(n)`` is the RankRun of
     ``scripts`` run one after the other in one job of n ranks, run the first
     time a test asks for n. Tests check their script with
-    ``run.assert_script_ok(script, n)``; a script that fails ends the job,
-    so the tests of the scripts after it fail too. Assign the result to a
-    module global named ``one_job``."""
+    ``run.assert_script_ok(script, n)`` (the script as given, with its
+    ``:ARGS`` if any); a script that fails ends the job, so the tests of the
+    scripts after it fail too. The scripts must not depend on a fresh
+    process: a process set one adds stays for the next, so does a counter
+    of names. Assign the result to a module global named ``one_job``."""
 
     @pytest.fixture(scope="module", name="one_job")
     def fixture(ranks):
