@@ -33,7 +33,8 @@ class RankRun:
 
     def assert_script_ok(self, script: str, n: int) -> None:
         """``script`` ran to its end on each of ranks 0..n-1 in a job of
-        workers/in_one_job.py (which prints "rank R: SCRIPT OK" after it)."""
+        workers/in_one_job.py (which prints "rank R: SCRIPT[:ARGS] OK" after it;
+        ``script`` as given there)."""
         missing = [r for r in range(n) if f"rank {r}: {script} OK" not in self.stdout]
         if missing:
             pytest.fail(f"{script} did not end on ranks {missing} (exit code {self.returncode})\n"

@@ -6,9 +6,8 @@ also streaming) in model.fit, each checked after every step against a
 single-process simulation of its rule computed from all ranks' data (within
 1e-5) and bitwise identical across ranks (every step for delayed averaging,
 after every meeting for synchronous LocalSGD, after synchronize() for all);
-error cases; then workers/tf_weight_prediction.py's checks."""
+error cases."""
 import os
-import runpy
 import tempfile
 
 import keras
@@ -439,9 +438,6 @@ def own_statistics():
 
 
 own_statistics()
-# weight prediction's checks in this job too: TensorFlow starts once for both
-runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tf_weight_prediction.py"),
-               run_name="tf_weight_prediction")
 if r == 0:
     # (the rules without compression, which the test holds to 1e-5; fp16's
     # are checked against FP16_TOL above)
