@@ -17,9 +17,10 @@ def started_together(test_name: str, start, name: str):
     """Fixture ``name`` for the parametrized test ``test_name`` of a module
     whose jobs mostly wait and use little CPU: when the first of its selected
     cases sets up, ``start(request, tmp_dir, **params)`` (which returns
-    in_background(...)'s future; it may call request.getfixturevalue) starts
-    every selected case's job at once; a case's fixture value is (its
-    result, its tmp_dir). Assign the result to a module global ``name``."""
+    in_background(...)'s future, or None for a case that will be skipped;
+    it may call request.getfixturevalue) starts every selected case's job at
+    once; a case's fixture value is (its result, its tmp_dir). Assign the
+    result to a module global ``name``."""
     cases = {}
 
     @pytest.fixture(name=name)
@@ -30,6 +31,6 @@ def started_together(test_name: str, start, name: str):
                     tmp = tmp_path_factory.mktemp(name)
                     cases[item.callspec.id] = (start(request, tmp, **item.callspec.params), tmp)
         future, tmp = cases[request.node.callspec.id]
-        return future.result(), tmp
+        return (future.result() if future is not None else None), tmp
 
     return job
