@@ -24,7 +24,7 @@ def checkpoints(ranks, tmp_path_factory):
     for save_n, stages in SAVED.items():
         dirs = {k: tmp_path_factory.mktemp(f"ckpt-{save_n}-{k}") / "ckpt" for k in stages}
         ranks(save_n, "torch_zero_checkpoint.py", "save", *(f"{d}:{k}" for k, d in dirs.items()),
-                  timeout=100).assert_ok(save_n)
+              timeout=100).assert_ok(save_n)
         for k, d in dirs.items():
             files = sorted(p.name for p in d.iterdir())
             assert files == ["meta.pt"] + [f"shard-{i:05d}.pt" for i in range(save_n)], files
@@ -33,11 +33,10 @@ def checkpoints(ranks, tmp_path_factory):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("load_n,pairs", [(2, [(2, 1), (3, 3)]), (3, [(1, 2), (2, 3)])],
+@pytest.mark.parametrize("save_n,load_n,pairs", [(3, 2, [(2, 1), (3, 3)]), (2, 3, [(1, 2), (2, 3)])],
                          ids=["3-to-2", "2-to-3"])
-def test_checkpoint_across_world_sizes(ranks, checkpoints, load_n, pairs):
-    """``pairs``: (stage saved at the other size, stage loaded)."""
-    save_n = 5 - load_n
+def test_checkpoint_across_world_sizes(ranks, checkpoints, save_n, load_n, pairs):
+    """``pairs``: (stage saved at ``save_n`` ranks, stage loaded at ``load_n``)."""
     args = [f"{checkpoints[save_n, saved]}:{loaded}" for saved, loaded in pairs]
     run = ranks(load_n, "torch_zero_checkpoint.py", "load", *args, timeout=100)
     run.assert_ok(load_n)

@@ -81,13 +81,16 @@ def zero(model, bucket, stage):
                                     zero_stage=stage, bucket_elements=bucket)
 
 
+NAMES = list(Net(0).state_dict())  # (the whole model's entries, in order)
+
+
 def whole_state(model, stage) -> dict:
     """The model's state dict with every parameter whole."""
     if stage != 3:
         return model.state_dict()
     with hvd.full_parameters(model):
         out = {k: functools.reduce(getattr, k.split("."), model).detach().clone()
-               for k in Net(0).state_dict()}
+               for k in NAMES}
     return out
 
 
