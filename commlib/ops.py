@@ -191,9 +191,10 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     # its request again (a bool is no op, though False == Sum: never repeated).
     given = (name, op, average, prescale_factor, postscale_factor, process_set)
     quick = type(name) is str and process_set is None and type(op) is not bool
-    r = quick_repeat(tensor, given) if quick else None
-    if r is not None:
-        return Handle(submit(r), None, tensor, "allreduce", tensor)
+    if quick:
+        hid = quick_repeat(tensor, given)
+        if hid:
+            return Handle(hid, None, tensor, "allreduce", tensor)
     f = cached_facts(tensor, writable=True)
     if f is None:
         return _allreduce(check_output(tensor, "allreduce_"), tensor, average, name, op,

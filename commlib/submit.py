@@ -133,8 +133,9 @@ class Facts:
     """What the core needs to know about one buffer written in place (the
     dtype's code, ndim, the shape as a C array, the data pointer), and the
     last request submitted on it (``last``: its arguments and the Request),
-    and the last in-place allreduce of the numpy API on it (``quick``: that
-    call's arguments as given and its Request; see ``quick_repeat``)."""
+    and the last in-place allreduce on it through a collective's quickest
+    path (``quick``: that call's arguments as given, the C request and its
+    Request; see ``submit_again``)."""
 
     __slots__ = ("ref", "shape", "dtype", "code", "ndim", "cshape", "ptr", "last", "quick")
 
@@ -242,29 +243,40 @@ def describe(arr: np.ndarray) -> Facts:
     return f
 
 
-def quick_repeat(arr, given: tuple):
-    """The Request of the last call recorded (``remember_quick``) on ``arr``
-    with exactly the arguments ``given``, when ``arr`` is still the buffer it
-    was built for (the same array, dtype and shape, C-contiguous and
-    writable); else None. The cheapest way back into the core: a training
-    loop's in-place allreduces repeat word for word step after step."""
-    f = _facts.get(id(arr))
-    if f is None:
-        return None
+def submit_again(f: Facts, given: tuple) -> int:
+    """Submits again the request recorded on ``f`` by ``remember_quick`` when
+    ``given`` are exactly that call's arguments, and returns its handle id;
+    0 when they are not (nothing submitted). The caller checked that ``f``
+    still describes its buffer. The cheapest way back into the core: a
+    training loop's in-place allreduces repeat word for word step after
+    step."""
     quick = f.quick
-    if quick is None or quick[0] != given or f.ref() is not arr or arr.dtype is not f.dtype \
-            or arr.shape != f.shape:
-        return None
+    if quick is None or quick[0] != given:
+        return 0
+    hid = _c_submit(quick[1])
+    if hid < 0:
+        check(-hid)
+    return hid
+
+
+def quick_repeat(arr, given: tuple) -> int:
+    """``submit_again`` on the facts of a numpy array, when they still
+    describe it (the same array, dtype and shape, C-contiguous and
+    writable); else 0."""
+    f = _facts.get(id(arr))
+    if f is None or f.quick is None or f.ref() is not arr or arr.dtype is not f.dtype or arr.shape != f.shape:
+        return 0
     flags = arr.flags
-    return quick[1] if flags.c_contiguous and flags.writeable else None
+    return submit_again(f, given) if flags.c_contiguous and flags.writeable else 0
 
 
 def remember_quick(f: Facts, given: tuple) -> None:
     """Records the request just submitted in place on the buffer ``f``
-    describes (its ``last``) as the one ``quick_repeat(arr, given)``
-    returns."""
+    describes (its ``last``) as the one ``submit_again(f, given)``
+    submits."""
     if f.last is not None:
-        f.quick = (given, f.last[1])
+        r = f.last[1]
+        f.quick = (given, r.c, r)
 
 
 def cached_facts(arr, writable: bool) -> Facts | None:

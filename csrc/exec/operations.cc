@@ -62,42 +62,6 @@ bool use_shm_pieces(const OpContext& ctx, bool pays) {
   return use_shm_collective(ctx, pays) && ctx.shm->region_bytes() >= 64 * size_t(ctx.transport.size());
 }
 
-// Packs the window straight into this rank's region of the shared segment
-// and reads the results from their owners' regions (allreduce_shm_fused.h).
-void reduce_window_in_shm(OpContext& ctx, const Member* first, const Member* last, size_t total,
-                          int dtype, int op, double pre, double post) {
-  note_algorithm(ctx.cross ? "shm-fused-hierarchical" : "shm-fused");
-  ShmFusedAllreduce f(*ctx.shm);
-  const bool half = is_half_dtype(dtype);
-  const int work = half ? COMMLIB_FLOAT32 : dtype;
-  const size_t esize = dtype_size(work);
-  char* buf = f.buffer();
-  size_t off = 0;
-  for (const Member* m = first; m != last; ++m) {
-    if (half) {
-      half_to_float(dtype, m->input, reinterpret_cast<float*>(buf + off), m->count, pre);
-    } else {
-      std::memcpy(buf + off, m->input, m->count * esize);
-    }
-    off += m->count * esize;
-  }
-  if (!half) scale_buffer(dtype, buf, total, pre);
-  f.reduce(total, work, op, half ? 1.0 : post, ctx.cross, half ? dtype : -1);
-  off = 0;
-  std::vector<float> tmp;
-  for (const Member* m = first; m != last; ++m) {
-    if (half) {
-      tmp.resize(m->count);
-      f.copy_out(off, tmp.data(), m->count * esize);
-      float_to_half(dtype, tmp.data(), m->output, m->count, post);
-    } else {
-      f.copy_out(off, m->output, m->count * esize);
-    }
-    off += m->count * esize;
-  }
-  f.finish();
-}
-
 // Whether half types (float16, bfloat16) travel as they are: through
 // commlib's own algorithms over the transport (ring, tree), which reduce them
 // a block at a time in float32 (base/reduce.h), so that they move half the bytes
@@ -126,7 +90,7 @@ void reduce_window(OpContext& ctx, const Member* first, const Member* last, int 
   const size_t work_bytes = total * window_esize(ctx, dtype);
   if (shm_regions(ctx) && (last - first > 1 || is_half_dtype(dtype)) &&
       work_bytes <= ctx.shm->region_bytes()) {
-    reduce_window_in_shm(ctx, first, last, total, dtype, op, pre, post);
+    allreduce_members_in_shm(*ctx.shm, ctx.cross, first, last, total, dtype, op, pre, post);
     return;
   }
   if (is_half_dtype(dtype) && !half_travels(ctx)) {

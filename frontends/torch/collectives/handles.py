@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import commlib as _c
 from commlib import gpu
+from commlib.handle import Handle as _CoreHandle
 from commlib.handle import synchronize_on_stream
 
 
@@ -80,6 +81,8 @@ def synchronize(handle):
     until the collective is launched: the caller's current stream waits for
     it on the device, so work queued on that stream afterwards sees the
     result."""
+    if type(handle) is _CoreHandle and handle.device is None:  # (an in-place host collective's)
+        return _c.synchronize(handle)
     hs = _core_handles(handle)
     if hs is handle:
         return _wait(handle)

@@ -123,6 +123,7 @@ class TensorFacts(Facts):
 
 
 _facts: dict[int, TensorFacts] = {}
+facts_of = _facts.get  # (id(tensor) -> its TensorFacts or None; check f.holds(tensor) before use)
 
 
 def cached_facts(tensor):
