@@ -41,6 +41,13 @@ struct RequestDesc {
 // rank and at the coordinator ("name", or "name" NUL "set id").
 std::string request_key(const std::string& name, int process_set);
 inline std::string request_key(const RequestDesc& d) { return request_key(d.name, d.process_set); }
+// The same for a lookup: the name itself (no copy) for the global set's
+// requests, else the key made in buf.
+inline const std::string& key_of(const RequestDesc& d, std::string& buf) {
+  if (d.process_set == 0) return d.name;
+  buf = request_key(d);
+  return buf;
+}
 
 // "float32 [4, 2]" for each member of a grouped request.
 std::vector<std::string> describe_members(const RequestDesc& d);

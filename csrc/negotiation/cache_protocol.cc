@@ -92,7 +92,8 @@ bool CacheProtocol::try_arrive(Entry& e, int64_t now, bool* completes) {
   e.cache_bit = bit;
   e.cache_gen = gen;
   e.cached_since_us = now;
-  live_[bit] = request_key(e.desc);
+  std::string buf;
+  live_[bit] = key_of(e.desc, buf);
   // (with the log, the host is the whole job)
   *completes = counts_ ? counts_->arrive(bit, gen, setup_.local_size) : true;
   return true;
@@ -272,8 +273,9 @@ void CacheProtocol::after_run(const Response& resp, bool ok, const std::vector<R
     const int bit = int(resp.bits[i]);
     const RequestDesc* d = nullptr;
     if (ran) {
+      std::string buf;
       for (const RequestDesc& r : *ran)
-        if (request_key(r) == resp.names[i]) d = &r;
+        if (key_of(r, buf) == resp.names[i]) d = &r;
     } else if (const Entry* e = host_.find_pending(resp.names[i])) {
       d = &e->desc;
     }

@@ -12,7 +12,8 @@ bool operator==(const RequestDesc& a, const RequestDesc& b) {
 }
 
 ResponseCache::Lookup ResponseCache::find(const RequestDesc& d, int* bit, uint32_t* gen) const {
-  auto it = by_key_.find(request_key(d));
+  std::string buf;
+  auto it = by_key_.find(key_of(d, buf));
   if (it == by_key_.end()) return kMiss;
   const CachedResponse& c = slots_[size_t(it->second)];
   *bit = it->second;

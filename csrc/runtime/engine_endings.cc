@@ -28,8 +28,10 @@ void Engine::finish(Entry& e, int status, const std::string& message) {
   if (status != COMMLIB_OK && timeline().on()) trace_failure(e, status, message, now_us());
   outstanding_.fetch_sub(1);
   {
+    std::string buf;
+    const std::string& key = key_of(e.desc, buf);
     std::lock_guard<std::mutex> lock(queue_mu_);
-    if (!e.handle->launched.load()) in_flight_.erase(request_key(e.desc));  // (else freed at launch_gpu)
+    if (!e.handle->launched.load()) in_flight_.erase(key);  // (else freed at launch_gpu)
   }
   note_ending(status, e.desc.process_set == 0);
   HandleState& h = *e.handle;
