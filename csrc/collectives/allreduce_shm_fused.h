@@ -18,9 +18,9 @@
 // Or, for tensors with nothing to scale before the sum, on one host, in one
 // call: f.reduce_members(first, last, count, dtype, op, postscale), which
 // leaves this rank's own piece where it is: it packs only the other ranks'
-// pieces, reduces its own straight from its inputs into its outputs
-// (publishing the result in its region in the same pass) and copies out only
-// the other pieces. Bit for bit the same results, half of the copies saved
+// pieces, reduces its own straight from its inputs into its outputs (then
+// copies the result into its region for the others) and copies out only the
+// other pieces. Bit for bit the same results, a quarter of the copies saved
 // at 2 ranks. allreduce_members_in_shm picks the way for a window of tensors.
 #pragma once
 
