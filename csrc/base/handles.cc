@@ -15,7 +15,14 @@ int64_t HandleTable::adopt(std::shared_ptr<HandleState> h) {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t id = next_id_++;
   h->id = id;
-  handles_[id] = std::move(h);
+  Table::node_type n = spare_.take();
+  if (n) {
+    n.key() = id;
+    n.mapped() = std::move(h);
+    handles_.insert(std::move(n));  // (ids are never reused: it is new)
+  } else {
+    handles_.emplace(id, std::move(h));
+  }
   return id;
 }
 
@@ -27,7 +34,7 @@ std::shared_ptr<HandleState> HandleTable::find(int64_t id) {
 
 void HandleTable::release(int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
-  handles_.erase(id);
+  spare_.erase(handles_, id, [](Table::node_type& n) { n.mapped().reset(); });
 }
 
 void HandleTable::complete(HandleState& h, int status, const std::string& message) {

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/node_pool.h"
 #include "base/result_pool.h"
 
 namespace commlib {
@@ -83,7 +84,9 @@ class HandleTable {
  private:
   void wake();  // the threads sleeping in wait()
   std::mutex mu_;
-  std::unordered_map<int64_t, std::shared_ptr<HandleState>> handles_;
+  using Table = std::unordered_map<int64_t, std::shared_ptr<HandleState>>;
+  Table handles_;
+  NodePool<Table> spare_;  // (under mu_)
   int64_t next_id_ = 1;
   std::mutex wait_mu_;
   std::condition_variable wait_cv_;

@@ -93,7 +93,17 @@ bool CacheProtocol::try_arrive(Entry& e, int64_t now, bool* completes) {
   e.cache_gen = gen;
   e.cached_since_us = now;
   std::string buf;
-  live_[bit] = key_of(e.desc, buf);
+  const std::string& key = key_of(e.desc, buf);
+  auto live = live_.find(bit);
+  if (live != live_.end()) {
+    live->second = key;
+  } else if (auto n = live_spare_.take()) {  // (a kept node, with its key's buffer)
+    n.key() = bit;
+    n.mapped() = key;
+    live_.insert(std::move(n));
+  } else {
+    live_.emplace(bit, key);
+  }
   // (with the log, the host is the whole job)
   *completes = counts_ ? counts_->arrive(bit, gen, setup_.local_size) : true;
   return true;
@@ -253,7 +263,7 @@ void CacheProtocol::retire_live(int bit, uint32_t gen) {
   if (e->cache_gen != gen) return;
   if (counts_) counts_->retract(bit, gen);
   e->cache_bit = -1;
-  live_.erase(live);
+  live_spare_.erase(live_, live, [](auto&) {});
   host_.renegotiate(*e);
 }
 
@@ -350,7 +360,7 @@ void CacheProtocol::expire_waiting(int64_t now) {
 
 void CacheProtocol::end_arrival(Entry& e, bool ran) {
   if (e.cache_bit < 0) return;
-  live_.erase(e.cache_bit);
+  live_spare_.erase(live_, e.cache_bit, [](auto&) {});
   if (!ran) return;
   e.cache_bit = -1;  // a cached request, complete everywhere: its arrival ends
   counts_stat_[kCachedRuns].fetch_add(1);

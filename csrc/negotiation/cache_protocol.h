@@ -21,6 +21,7 @@
 #include "backends/shm/shm.h"
 #include "base/entry.h"
 #include "base/message.h"
+#include "base/node_pool.h"
 #include "negotiation/order_log.h"
 #include "negotiation/response_cache.h"
 
@@ -149,6 +150,7 @@ class CacheProtocol {
   std::unique_ptr<CacheBits> cache_bits_;   // rank 0
   std::deque<LogEntry> unappended_;         // the ring was full: appended later, in order
   std::unordered_map<int, std::string> live_;  // bit -> key of a request arrived at it
+  NodePool<std::unordered_map<int, std::string>> live_spare_;
   int64_t marker_left_ = 0;  // coordinator responses to run before the next entry
   bool cache_off_ = false;   // a rank has left: nothing more through the cache
   bool log_done_ = false;    // this rank's departure (or rank 0's) has been read

@@ -38,6 +38,7 @@
 #include "backends/shm/shm.h"
 #include "base/config.h"
 #include "base/handles.h"
+#include "base/node_pool.h"
 #include "exec/executor.h"
 #include "exec/gpu_executor.h"
 #include "exec/gpu_route.h"
@@ -140,6 +141,7 @@ class Engine : private CacheHost {
   // Caller holds queue_mu_.
   const std::vector<int>& members_of(int id) const;
   int64_t push(Entry* e);  // (engine_requests.cc)
+  bool enter_in_flight(const RequestDesc& d);  // under queue_mu_
   void loop();
   bool cycle();  // one pass of the background loop; true when it did work
   // cycle() (or, full=false, only its point-to-point part) unless
@@ -162,6 +164,7 @@ class Engine : private CacheHost {
   bool coordinate();     // rank 0: responses ready now go out
   bool run_ready();      // responses, in the order every rank runs them
   void submit(std::vector<Entry>& batch);
+  Entry& add_pending(Entry&& e);  // into pending_, under its key
   void on_message(int source, const std::string& msg);
   void execute(const Response& resp) override;
   // execute(), in steps.
@@ -287,6 +290,7 @@ class Engine : private CacheHost {
   std::vector<P2PRequest> p2p_queue_;
   std::vector<P2PRequest> p2p_batch_;  // cycle_p2p's, under cycle_mu_
   std::unordered_set<std::string> in_flight_;  // request keys (base/message.h)
+  NodePool<std::unordered_set<std::string>> in_flight_spare_;
   std::map<int, std::vector<int>> sets_;        // process sets' members by id
   int64_t set_calls_ = 0;                       // add/remove calls (their names)
   int dead_code_ = 0;            // non-zero: the engine can no longer communicate
@@ -331,6 +335,7 @@ class Engine : private CacheHost {
   std::atomic<int> join_device_{-1};             // the CUDA device join() named (stand-ins run there)
   std::unique_ptr<GpuExecutor> gpu_;             // created by the first CUDA launch
   std::unordered_map<std::string, Entry> pending_;
+  NodePool<std::unordered_map<std::string, Entry>> pending_spare_;
   int joins_pending_ = 0;  // this rank's join() requests submitted and not complete
   std::vector<Entry> held_;  // taken from the queue, not yet reported
   std::vector<Entry> taken_;  // take_requests' empty buffer, swapped with the queue's

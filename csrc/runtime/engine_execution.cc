@@ -19,8 +19,7 @@ void Engine::submit(std::vector<Entry>& batch) {
   std::vector<Entry*> negotiate, completed;
   const int64_t now = now_us();  // (one clock read for the batch)
   for (Entry& e : batch) {
-    std::string key = request_key(e.desc);
-    Entry& p = pending_.emplace(std::move(key), std::move(e)).first->second;  // (nodes never move)
+    Entry& p = add_pending(std::move(e));  // (nodes never move)
     if (p.desc.op_type == COMMLIB_OP_JOIN) ++joins_pending_;
     p.submitted_us = now;
     if (p.queued_us > 0 && timeline().on()) timeline().span(p.desc.name, "QUEUE", p.queued_us, p.submitted_us);
@@ -34,6 +33,23 @@ void Engine::submit(std::vector<Entry>& batch) {
   }
   cache_.complete(completed, fusion_threshold_.load());
   if (!negotiate.empty()) report(negotiate);
+}
+
+Entry& Engine::add_pending(Entry&& e) {
+  auto n = pending_spare_.take();
+  if (!n) {
+    std::string key = request_key(e.desc);
+    return pending_.emplace(std::move(key), std::move(e)).first->second;
+  }
+  std::string buf;
+  n.key() = key_of(e.desc, buf);  // (into the kept node's buffer)
+  n.mapped() = std::move(e);
+  auto r = pending_.insert(std::move(n));
+  if (!r.inserted) {  // (as emplace: the pending one stays; names in flight prevent this)
+    r.node.mapped() = Entry();
+    pending_spare_.give_back(std::move(r.node));
+  }
+  return r.position->second;
 }
 
 void Engine::report(const std::vector<Entry*>& entries) {
@@ -123,7 +139,7 @@ void Engine::execute(const Response& resp) {
     } else {
       finish(it->second, status, message);
     }
-    pending_.erase(it);
+    pending_spare_.erase(pending_, it, [](auto& n) { n.mapped() = Entry(); });
   }
 }
 

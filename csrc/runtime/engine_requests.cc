@@ -72,6 +72,18 @@ Entry Engine::make_entry(const commlib_request& q) {
   return e;
 }
 
+// Adds d's key to the names in flight (under queue_mu_, in a node kept from
+// an earlier request when there is one); false when it is there already.
+bool Engine::enter_in_flight(const RequestDesc& d) {
+  auto n = in_flight_spare_.take();
+  if (!n) return in_flight_.insert(request_key(d)).second;
+  std::string buf;
+  n.value() = key_of(d, buf);  // (into the kept node's buffer)
+  auto r = in_flight_.insert(std::move(n));
+  in_flight_spare_.give_back(std::move(r.node));
+  return r.inserted;
+}
+
 // Queues e under a new handle (e null: nothing to queue, the handle is
 // complete at once); nothing is queued on error.
 int64_t Engine::push(Entry* e) {
@@ -95,7 +107,7 @@ int64_t Engine::push(Entry* e) {
     } else if (e && rank0_left_ && has_rank0(sets_, e->desc.process_set)) {
       code = COMMLIB_ERR_NOT_INIT;
       error = kCoordinatorLeft;
-    } else if (e && !in_flight_.insert(request_key(e->desc)).second) {
+    } else if (e && !enter_in_flight(e->desc)) {
       code = COMMLIB_ERR_VALUE;
       error = "a collective named '" + e->desc.name +
               "' is already in flight on this rank; wait for it or use another name";
