@@ -7,8 +7,8 @@
 // node (and, for a name longer than a short string holds, the name's
 // buffer) and each erasure free it again, which was almost half of the
 // core's own instructions per small request. A kept node keeps its key's
-// buffer; its mapped value is reset (``reset``) so that nothing it owned
-// outlives the erasure.
+// buffer (a key copied into it, not moved, reuses it); its mapped value is
+// reset (``reset``) so that nothing it owned outlives the erasure.
 //
 // Not thread-safe: used under the lock (or on the thread) that guards the
 // container.
