@@ -15,14 +15,7 @@ int64_t HandleTable::adopt(std::shared_ptr<HandleState> h) {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t id = next_id_++;
   h->id = id;
-  Table::node_type n = spare_.take();
-  if (n) {
-    n.key() = id;
-    n.mapped() = std::move(h);
-    handles_.insert(std::move(n));  // (ids are never reused: it is new)
-  } else {
-    handles_.emplace(id, std::move(h));
-  }
+  spare_.emplace(handles_, id, std::move(h));  // (ids are never reused: it is new)
   return id;
 }
 
@@ -34,7 +27,7 @@ std::shared_ptr<HandleState> HandleTable::find(int64_t id) {
 
 void HandleTable::release(int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
-  spare_.erase(handles_, id, [](Table::node_type& n) { n.mapped().reset(); });
+  spare_.erase(handles_, id);
 }
 
 void HandleTable::complete(HandleState& h, int status, const std::string& message) {

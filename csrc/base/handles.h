@@ -86,7 +86,7 @@ class HandleTable {
   std::mutex mu_;
   using Table = std::unordered_map<int64_t, std::shared_ptr<HandleState>>;
   Table handles_;
-  NodePool<Table> spare_;  // (under mu_)
+  NodePool<Table> spare_{[](Table::node_type& n) { n.mapped().reset(); }};  // (under mu_)
   int64_t next_id_ = 1;
   std::mutex wait_mu_;
   std::condition_variable wait_cv_;

@@ -94,16 +94,8 @@ bool CacheProtocol::try_arrive(Entry& e, int64_t now, bool* completes) {
   e.cached_since_us = now;
   std::string buf;
   const std::string& key = key_of(e.desc, buf);
-  auto live = live_.find(bit);
-  if (live != live_.end()) {
-    live->second = key;
-  } else if (auto n = live_spare_.take()) {  // (a kept node, with its key's buffer)
-    n.key() = bit;
-    n.mapped() = key;
-    live_.insert(std::move(n));
-  } else {
-    live_.emplace(bit, key);
-  }
+  auto live = live_spare_.emplace(live_, bit, key);
+  if (!live.second) live.first->second = key;
   // (with the log, the host is the whole job)
   *completes = counts_ ? counts_->arrive(bit, gen, setup_.local_size) : true;
   return true;
@@ -263,7 +255,7 @@ void CacheProtocol::retire_live(int bit, uint32_t gen) {
   if (e->cache_gen != gen) return;
   if (counts_) counts_->retract(bit, gen);
   e->cache_bit = -1;
-  live_spare_.erase(live_, live, [](auto&) {});
+  live_spare_.erase(live_, live);
   host_.renegotiate(*e);
 }
 
@@ -360,7 +352,7 @@ void CacheProtocol::expire_waiting(int64_t now) {
 
 void CacheProtocol::end_arrival(Entry& e, bool ran) {
   if (e.cache_bit < 0) return;
-  live_spare_.erase(live_, e.cache_bit, [](auto&) {});
+  live_spare_.erase(live_, e.cache_bit);
   if (!ran) return;
   e.cache_bit = -1;  // a cached request, complete everywhere: its arrival ends
   counts_stat_[kCachedRuns].fetch_add(1);

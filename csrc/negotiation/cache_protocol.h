@@ -150,7 +150,7 @@ class CacheProtocol {
   std::unique_ptr<CacheBits> cache_bits_;   // rank 0
   std::deque<LogEntry> unappended_;         // the ring was full: appended later, in order
   std::unordered_map<int, std::string> live_;  // bit -> key of a request arrived at it
-  NodePool<std::unordered_map<int, std::string>> live_spare_;
+  NodePool<std::unordered_map<int, std::string>> live_spare_;  // (the key's buffer stays)
   int64_t marker_left_ = 0;  // coordinator responses to run before the next entry
   bool cache_off_ = false;   // a rank has left: nothing more through the cache
   bool log_done_ = false;    // this rank's departure (or rank 0's) has been read

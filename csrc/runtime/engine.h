@@ -290,7 +290,7 @@ class Engine : private CacheHost {
   std::vector<P2PRequest> p2p_queue_;
   std::vector<P2PRequest> p2p_batch_;  // cycle_p2p's, under cycle_mu_
   std::unordered_set<std::string> in_flight_;  // request keys (base/message.h)
-  NodePool<std::unordered_set<std::string>> in_flight_spare_;
+  NodePool<std::unordered_set<std::string>> in_flight_spare_;  // (nothing to reset)
   std::map<int, std::vector<int>> sets_;        // process sets' members by id
   int64_t set_calls_ = 0;                       // add/remove calls (their names)
   int dead_code_ = 0;            // non-zero: the engine can no longer communicate
@@ -334,8 +334,9 @@ class Engine : private CacheHost {
   std::atomic<int> gpu_device_{-1};              // the one CUDA device of this process's requests
   std::atomic<int> join_device_{-1};             // the CUDA device join() named (stand-ins run there)
   std::unique_ptr<GpuExecutor> gpu_;             // created by the first CUDA launch
-  std::unordered_map<std::string, Entry> pending_;
-  NodePool<std::unordered_map<std::string, Entry>> pending_spare_;
+  using Pending = std::unordered_map<std::string, Entry>;
+  Pending pending_;
+  NodePool<Pending> pending_spare_{[](Pending::node_type& n) { n.mapped() = Entry(); }};
   int joins_pending_ = 0;  // this rank's join() requests submitted and not complete
   std::vector<Entry> held_;  // taken from the queue, not yet reported
   std::vector<Entry> taken_;  // take_requests' empty buffer, swapped with the queue's

@@ -31,7 +31,7 @@ void Engine::finish(Entry& e, int status, const std::string& message) {
     std::string buf;
     const std::string& key = key_of(e.desc, buf);
     std::lock_guard<std::mutex> lock(queue_mu_);
-    if (!e.handle->launched.load()) in_flight_spare_.erase(in_flight_, key, [](auto&) {});  // (else at launch_gpu)
+    if (!e.handle->launched.load()) in_flight_spare_.erase(in_flight_, key);  // (else at launch_gpu)
   }
   note_ending(status, e.desc.process_set == 0);
   HandleState& h = *e.handle;

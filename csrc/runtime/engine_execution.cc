@@ -36,20 +36,9 @@ void Engine::submit(std::vector<Entry>& batch) {
 }
 
 Entry& Engine::add_pending(Entry&& e) {
-  auto n = pending_spare_.take();
-  if (!n) {
-    std::string key = request_key(e.desc);
-    return pending_.emplace(std::move(key), std::move(e)).first->second;
-  }
   std::string buf;
-  n.key() = key_of(e.desc, buf);  // (into the kept node's buffer)
-  n.mapped() = std::move(e);
-  auto r = pending_.insert(std::move(n));
-  if (!r.inserted) {  // (as emplace: the pending one stays; names in flight prevent this)
-    r.node.mapped() = Entry();
-    pending_spare_.give_back(std::move(r.node));
-  }
-  return r.position->second;
+  const std::string& key = key_of(e.desc, buf);
+  return pending_spare_.emplace(pending_, key, std::move(e)).first->second;
 }
 
 void Engine::report(const std::vector<Entry*>& entries) {
@@ -139,7 +128,7 @@ void Engine::execute(const Response& resp) {
     } else {
       finish(it->second, status, message);
     }
-    pending_spare_.erase(pending_, it, [](auto& n) { n.mapped() = Entry(); });
+    pending_spare_.erase(pending_, it);
   }
 }
 

@@ -75,13 +75,8 @@ Entry Engine::make_entry(const commlib_request& q) {
 // Adds d's key to the names in flight (under queue_mu_, in a node kept from
 // an earlier request when there is one); false when it is there already.
 bool Engine::enter_in_flight(const RequestDesc& d) {
-  auto n = in_flight_spare_.take();
-  if (!n) return in_flight_.insert(request_key(d)).second;
   std::string buf;
-  n.value() = key_of(d, buf);  // (into the kept node's buffer)
-  auto r = in_flight_.insert(std::move(n));
-  in_flight_spare_.give_back(std::move(r.node));
-  return r.inserted;
+  return in_flight_spare_.insert(in_flight_, key_of(d, buf)).second;
 }
 
 // Queues e under a new handle (e null: nothing to queue, the handle is

@@ -1,7 +1,7 @@
 // The node pool (csrc/base/node_pool.h): erased elements' nodes are kept,
-// reset, and reused by later insertions, keeping a long key's buffer; a node
-// that insert() hands back (a key already there) returns to the pool; the
-// containers behave as without it.
+// reset, and reused by later insertions, keeping a long key's buffer; a
+// duplicate key's node comes back to the pool with its value dropped, as
+// emplace() drops it; the containers behave as without it.
 //
 // csrc:
 #include <memory>
@@ -21,49 +21,51 @@ const std::string kLong(64, 'x');
 TEST_CASE("an erased node is reset, kept and reused with its key's buffer") {
   using Map = std::unordered_map<std::string, std::shared_ptr<int>>;
   Map m;
-  NodePool<Map> pool;
-  CHECK(!pool.take());  // nothing kept yet
+  NodePool<Map> pool([](Map::node_type& n) { n.mapped().reset(); });
   auto value = std::make_shared<int>(7);
-  m.emplace(kLong + "a", value);
+  CHECK(pool.emplace(m, kLong + "a", value).second);  // (nothing kept yet: a plain emplace)
   CHECK_EQ(value.use_count(), 2L);
-  int resets = 0;
-  CHECK_EQ(pool.erase(m, kLong + "a", [&](Map::node_type& n) { ++resets; n.mapped().reset(); }), size_t(1));
-  CHECK_EQ(resets, 1);
+  const char* buffer = m.begin()->first.data();
+  CHECK_EQ(pool.erase(m, kLong + "a"), size_t(1));
   CHECK(m.empty());
   CHECK_EQ(value.use_count(), 1L);  // the kept node owns nothing any more
-  CHECK_EQ(pool.erase(m, std::string("absent"), [&](Map::node_type&) { ++resets; }), size_t(0));
-  CHECK_EQ(resets, 1);
+  CHECK_EQ(pool.kept(), size_t(1));
+  CHECK_EQ(pool.erase(m, std::string("absent")), size_t(0));
 
-  Map::node_type n = pool.take();
-  CHECK(static_cast<bool>(n));
-  const char* buffer = n.key().data();
-  const std::string next = kLong + "b";
-  n.key() = next;  // (copied into the kept buffer: as the engine assigns its keys)
-  CHECK(n.key().data() == buffer);
-  n.mapped() = std::make_shared<int>(8);
-  auto r = m.insert(std::move(n));
-  CHECK(r.inserted);
-  CHECK_EQ(*m.at(kLong + "b"), 8);
-  CHECK(!pool.take());  // the one kept node is in use again
+  const std::string next = kLong + "b";  // (copied into the kept buffer, as the engine's keys are)
+  auto r = pool.emplace(m, next, std::make_shared<int>(8));
+  CHECK(r.second);
+  CHECK(r.first->first.data() == buffer);
+  CHECK_EQ(*m.at(next), 8);
+  CHECK_EQ(pool.kept(), size_t(0));
 }
 
-TEST_CASE("a node insert() hands back returns to the pool; iterators erase too") {
+TEST_CASE("a duplicate key inserts nothing, drops the value and keeps the node") {
+  using Map = std::unordered_map<int, std::shared_ptr<int>>;
+  Map m;
+  NodePool<Map> pool([](Map::node_type& n) { n.mapped().reset(); });
+  pool.emplace(m, 1, std::make_shared<int>(1));
+  pool.emplace(m, 2, std::make_shared<int>(2));
+  pool.erase(m, m.find(2));
+  CHECK_EQ(pool.kept(), size_t(1));
+  auto dropped = std::make_shared<int>(3);
+  auto r = pool.emplace(m, 1, dropped);
+  CHECK(!r.second);
+  CHECK_EQ(*r.first->second, 1);  // the element there stays
+  CHECK_EQ(dropped.use_count(), 1L);  // the node that came back was reset
+  CHECK_EQ(pool.kept(), size_t(1));
+
   using Set = std::unordered_set<std::string>;
-  Set s{kLong};
-  NodePool<Set> pool;
-  pool.erase(s, s.find(kLong), [](Set::node_type&) {});
+  Set s;
+  NodePool<Set> names;
+  CHECK(names.insert(s, kLong).second);
+  CHECK(!names.insert(s, kLong).second);
+  names.erase(s, kLong);
   CHECK(s.empty());
-  s.insert("taken");
-  Set::node_type n = pool.take();
-  n.value() = "taken";
-  auto r = s.insert(std::move(n));
-  CHECK(!r.inserted);  // a duplicate: the node comes back in r.node
-  CHECK_EQ(s.size(), size_t(1));
-  pool.give_back(std::move(r.node));
-  pool.give_back(Set::node_type());  // (an empty handle is ignored)
-  Set::node_type again = pool.take();
-  CHECK(static_cast<bool>(again));
-  CHECK(!pool.take());
+  CHECK(names.insert(s, kLong + "c").second);  // (through the kept node)
+  CHECK_EQ(s.count(kLong + "c"), size_t(1));
+  CHECK(!names.insert(s, kLong + "c").second);  // (a plain insert, nothing kept)
+  CHECK_EQ(names.kept(), size_t(0));
 }
 
 TEST_CASE("the pool keeps a bounded number of nodes") {
@@ -72,11 +74,9 @@ TEST_CASE("the pool keeps a bounded number of nodes") {
   NodePool<Map> pool;
   const int n = 5000;
   for (int i = 0; i < n; ++i) m.emplace(i, i);
-  for (int i = 0; i < n; ++i) pool.erase(m, i, [](Map::node_type&) {});
+  for (int i = 0; i < n; ++i) pool.erase(m, i);
   CHECK(m.empty());
-  int kept = 0;
-  while (pool.take()) ++kept;
-  CHECK_EQ(kept, 4096);
+  CHECK_EQ(pool.kept(), size_t(4096));
 }
 
 CHECK_MAIN()
