@@ -43,7 +43,7 @@ class ShmFusedAllreduce {
   void reduce(size_t count, int dtype, int op, double postscale, Transport* cross, int travel = -1);
   void copy_out(size_t byte_offset, void* dst, size_t bytes);
   // The members [first, last) (count elements in all, of dtype) reduced
-  // into their outputs; then finish().
+  // into their outputs, the block finished (no finish() after it).
   void reduce_members(const Member* first, const Member* last, size_t count, int dtype, int op,
                       double postscale);
   void finish() { block_.finish(); }

@@ -81,7 +81,7 @@ def synchronize(handle):
     until the collective is launched: the caller's current stream waits for
     it on the device, so work queued on that stream afterwards sees the
     result."""
-    if type(handle) is _CoreHandle and handle.device is None:  # (an in-place host collective's)
+    if type(handle) is _CoreHandle and handle.device is None:  # (a host collective's own handle)
         return _c.synchronize(handle)
     hs = _core_handles(handle)
     if hs is handle:
