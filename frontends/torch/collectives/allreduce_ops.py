@@ -68,10 +68,9 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
         f = facts_of(id(tensor))
         if f is not None and f.holds(tensor):
             given = (name, op, prescale_factor, postscale_factor)
-            if f.quick is not None:
-                hid = submit_again(f, given)
-                if hid:
-                    return _c.Handle(hid, None, tensor, "allreduce", tensor)
+            hid = submit_again(f, given)
+            if hid:
+                return _c.Handle(hid, None, tensor, "allreduce", tensor)
             if op is None or op in _PLAIN_OPS:
                 h = allreduce_in_place(f, tensor, name, Average if op is None else op,
                                        prescale_factor, postscale_factor)
