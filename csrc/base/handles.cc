@@ -53,10 +53,6 @@ void HandleTable::wake() {
   }
 }
 
-namespace {
-constexpr int64_t kNoYieldUs = 5;
-}  // namespace
-
 bool HandleTable::wait(HandleState& h, double timeout_s, const std::function<bool()>& drive,
                        const std::function<void()>& stopped_driving, bool until_launched) {
   auto is_done = [&] {
@@ -90,7 +86,7 @@ bool HandleTable::wait(HandleState& h, double timeout_s, const std::function<boo
       if (elapsed >= budget) break;
       // The first microseconds without yielding: a peer's answer often comes
       // that soon, and a yield costs a system call (about 1 us here).
-      if ((!drive || !drive()) && elapsed >= kNoYieldUs) sched_yield();
+      if ((!drive || !drive()) && elapsed >= no_yield_us()) sched_yield();
     }
   }
   while (!is_done()) {

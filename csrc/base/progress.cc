@@ -21,6 +21,7 @@ std::atomic<int64_t>& bg_budget() {
 thread_local bool t_background = false;
 
 std::atomic<int64_t> g_stuck_timeout_us{0};
+std::atomic<int64_t> g_no_yield_us{0};
 
 }  // namespace
 
@@ -33,6 +34,10 @@ void throw_stuck(int64_t waited_us, const std::string& waited_for) {
                                          " s (COMMLIB_TIMEOUT) waiting for " + waited_for +
                                          " (unreachable, frozen or dead?)");
 }
+int64_t no_yield_us() { return t_background ? 0 : g_no_yield_us.load(std::memory_order_relaxed); }
+
+void set_no_yield_us(int64_t us) { g_no_yield_us.store(us, std::memory_order_relaxed); }
+
 int64_t spin_budget_us() {
   return (t_background ? bg_budget() : budget()).load(std::memory_order_relaxed);
 }

@@ -266,6 +266,7 @@ class Engine : private CacheHost {
   // MPICH's MPI_Finalize would wait for it forever, so broken() turns true
   // and commlib.shutdown() has MPI aborted at exit instead.
   std::atomic<bool> lost_contact_{false};
+  bool core_per_rank_ = false;  // every rank of this host can have a core (init; progress.h's no_yield_us)
   std::atomic<bool> coordinator_silent_{false};  // (the lost contact was rank 0's: every worker waits on it)
   std::atomic<bool> timed_out_{false};  // (unsafe_to_finalize)
   // Batching: new requests are held while more keep arriving (gaps shorter

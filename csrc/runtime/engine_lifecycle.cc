@@ -3,6 +3,7 @@
 // and the shutdown handshake.
 #include "runtime/engine.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -94,6 +95,24 @@ HostRanks host_ranks(MPI_Comm base, MPI_Comm local, int size) {
   return out;
 }
 
+// Whether every rank of this host can have a core of its own: the CPUs the
+// host's ranks may run on (the union of their affinity masks) are at least
+// as many as the ranks. (The real host's, also where COMMLIB_TEST_RANKS_PER_HOST
+// pretends otherwise.)
+bool core_per_rank(MPI_Comm base) {
+  MPI_Comm host;
+  check_mpi(MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host), "MPI_Comm_split_type");
+  int ranks = 1;
+  MPI_Comm_size(host, &ranks);
+  cpu_set_t mine, all;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_ZERO(&mine);  // (unknown: counts as none)
+  const int rc = MPI_Allreduce(&mine, &all, int(sizeof mine), MPI_UNSIGNED_CHAR, MPI_BOR, host);
+  MPI_Comm_free(&host);
+  check_mpi(rc, "MPI_Allreduce(CPUs of the host)");
+  return CPU_COUNT(&all) >= ranks;
+}
+
 }  // namespace
 
 Engine& Engine::get() {
@@ -105,6 +124,8 @@ void Engine::init(MPI_Comm base) {
   if (running_.load()) return;
   read_config(base);
   const Config& cfg = config_;
+  core_per_rank_ = core_per_rank(base);
+  set_no_yield_us(core_per_rank_ ? kNoYieldUs : 0);
   std::string stale;
   take_deferred_error(&stale);  // (a failure of the previous session's CUDA work is not this one's)
   // A new session number, the same on every rank (session_stamp.h).

@@ -21,7 +21,9 @@ std::string Engine::describe_state() const {
   const int64_t now = now_us();
   std::string s = std::to_string(outstanding_.load()) + " requests open (" + std::to_string(p2p_outstanding_.load()) +
                   " point-to-point), " + std::to_string(held_count_.load()) + " held for batching, " +
-                  std::to_string(gpu_launches_.load()) + " CUDA launches in flight";
+                  std::to_string(gpu_launches_.load()) + " CUDA launches in flight; " +
+                  (core_per_rank_ ? "waits look " + std::to_string(kNoYieldUs) + " us before yielding (a core per rank here)"
+                                  : std::string("waits yield at once (this host's ranks share cores)"));
   const int64_t since = cycle_since_us_.load();
   if (since > 0 && now - since >= kLongCycleUs) {
     char took[64];
