@@ -83,6 +83,22 @@ def synchronize(handle: Handle):
         _keepalive.pop(hid, None)
 
 
+def wait_for(hid: int, keep):
+    """``synchronize`` of a host request its caller waits for at once (a
+    blocking call), without a Handle: waits for the handle id ``hid``, raises
+    its error or returns ``keep`` (its buffers, alive meanwhile; kept past a
+    wait that Ctrl-C interrupts, as a dropped Handle's are)."""
+    rc = _c_wait_status(hid, WAIT_SLICE_S, True)
+    if rc == _TIMEOUT:
+        _keepalive[hid] = keep
+        while rc == _TIMEOUT:
+            rc = _c_wait_status(hid, WAIT_SLICE_S, True)
+        del _keepalive[hid]
+    if rc != _OK:
+        raise error_for(rc, last_error())
+    return keep
+
+
 def synchronize_on_stream(handle: Handle, stream: int):
     """``synchronize`` for a collective on CUDA buffers that leaves the
     device work to the device: once the collective is launched (negotiated,

@@ -46,7 +46,7 @@ from . import runtime
 from ._lib import lib
 from .checks import check_has_rows, integer, integer_splits
 from .dtypes import dtype_code
-from .handle import Handle, core_result, core_splits, synchronize
+from .handle import Handle, core_result, core_splits, synchronize, wait_for
 from .process_sets import global_process_set
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
@@ -187,11 +187,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None) -> Handle:
     """In-place allreduce: the result is written into ``tensor``."""
-    # A call that repeats the last one on this array word for word submits
-    # its request again (a bool is no op, though False == Sum: never repeated).
-    given = (name, op, average, prescale_factor, postscale_factor, process_set)
-    quick = type(name) is str and process_set is None and type(op) is not bool
-    if quick:
+    given = _quick_key(name, op, average, prescale_factor, postscale_factor, process_set)
+    if given is not None:
         hid = quick_repeat(tensor, given)
         if hid:
             return Handle(hid, None, tensor, "allreduce", tensor)
@@ -201,9 +198,19 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                           prescale_factor, postscale_factor, process_set)
     h = allreduce_in_place(f, tensor, name, resolve_op(op, average), prescale_factor,
                            postscale_factor, process_set)
-    if quick:
+    if given is not None:
         remember_quick(f, given)
     return h
+
+
+def _quick_key(name, op, average, prescale, postscale, process_set):
+    """The arguments under which an in-place allreduce that repeats the last
+    one on its array word for word submits its request again (quick_repeat):
+    a given name, the global set, an op that is no bool (False == Sum); None
+    for a call that is never repeated so."""
+    if type(name) is str and process_set is None and type(op) is not bool:
+        return name, op, average, prescale, postscale
+    return None
 
 
 def allreduce_in_place(f, keep, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
@@ -241,6 +248,10 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=None) -> np.ndarray:
+    given = _quick_key(name, op, average, prescale_factor, postscale_factor, process_set)
+    hid = 0 if given is None else quick_repeat(tensor, given)
+    if hid:  # (a repeated call waited for at once: no Handle)
+        return wait_for(hid, tensor)
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
                                         process_set))
 

@@ -7,6 +7,7 @@ import torch
 
 import commlib as _c
 from commlib.grouped_ops import submit_group
+from commlib.handle import wait_for
 from commlib.ops import Adasum, Average, Max, Min, Sum, allreduce_in_place
 from commlib.process_sets import check_process_set, global_process_set
 from commlib.reduce_args import resolve_op
@@ -59,26 +60,34 @@ _PLAIN_OPS = frozenset((Sum, Average, Min, Max, Adasum, _c.Product))
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """In-place ``allreduce_async``: the result is written into ``tensor``."""
-    # A training loop's repeated call (a CPU tensor described before and
-    # unchanged since, a plain op, the global set) goes straight to the
-    # core's request: submitted again as it is when the arguments repeat
-    # word for word (a given name), else built from the cached facts.
-    # Anything else takes the checked way below.
+    quick = _quick(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    if quick is not None:
+        f, given, hid = quick
+        if hid:
+            return _c.Handle(hid, None, tensor, "allreduce", tensor)
+        if op is None or op in _PLAIN_OPS:
+            h = allreduce_in_place(f, tensor, name, Average if op is None else op,
+                                   prescale_factor, postscale_factor)
+            if type(name) is str:
+                remember_quick(f, given)
+            return h
+    return _allreduce_async_checked(tensor, average, name, op, prescale_factor, postscale_factor,
+                                    process_set)
+
+
+def _quick(tensor, average, name, op, prescale_factor, postscale_factor, process_set):
+    """A training loop's repeated in-place call (a CPU tensor described
+    before and unchanged since, a plain op, the global set) goes straight to
+    the core's request, submitted again as it is when the arguments repeat
+    word for word (a given name), else built from the cached facts: returns
+    ``(facts, arguments, handle id or 0 when nothing was submitted)``; None
+    for anything else, which takes the checked way."""
     if average is None and process_set is global_process_set and (op is None or type(op) is int):
         f = facts_of(id(tensor))
         if f is not None and f.holds(tensor):
             given = (name, op, prescale_factor, postscale_factor)
-            hid = submit_again(f, given)
-            if hid:
-                return _c.Handle(hid, None, tensor, "allreduce", tensor)
-            if op is None or op in _PLAIN_OPS:
-                h = allreduce_in_place(f, tensor, name, Average if op is None else op,
-                                       prescale_factor, postscale_factor)
-                if type(name) is str:
-                    remember_quick(f, given)
-                return h
-    return _allreduce_async_checked(tensor, average, name, op, prescale_factor, postscale_factor,
-                                    process_set)
+            return f, given, submit_again(f, given)
+    return None
 
 
 def _checked(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -98,6 +107,9 @@ allreduce_async_.__wrapped__ = _checked
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
     """In-place allreduce; returns ``tensor``."""
+    quick = _quick(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    if quick is not None and quick[2]:  # (a repeated call waited for at once: no Handle)
+        return wait_for(quick[2], tensor)
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
                                         postscale_factor, process_set))
 

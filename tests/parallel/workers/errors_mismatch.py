@@ -65,6 +65,19 @@ expect_raises(ValueError, lambda: commlib.synchronize(h), "second synchronize",
               "already been synchronized")
 after_error_still_works("async")
 
+# A blocking in-place call that repeats the last one on its array word for
+# word is submitted again and waited for without a Handle (ops.allreduce_'s
+# quick way): its error is raised there too. The last rank calls the name on
+# another array, of another shape (its checked way).
+x = np.ones(4)
+for k in range(2):
+    check_equal(commlib.allreduce_(x, name="t.repeat", op=commlib.Sum), np.full(4, float(n ** (k + 1))),
+                f"repeated allreduce_ {k}")
+y = np.ones(5) if odd else x
+expect_raises(commlib.CollectiveMismatchError, lambda: commlib.allreduce_(y, name="t.repeat", op=commlib.Sum),
+              "mismatch of a repeated allreduce_", "'t.repeat'")
+after_error_still_works("repeat")
+
 # The same name may be reused once the failed request is gone.
 check_equal(commlib.allreduce(np.ones(4), name="t.shape", op=commlib.Sum), np.full(4, float(n)),
             "reusing a failed name")
