@@ -43,6 +43,40 @@ void wait_all(ShmSegment& shm, Counter counter, uint64_t target) {
   }
 }
 
+// An all-reduce on one host whose other ranks' buffers add up to at most
+// this many bytes takes one step (below) instead of the three of a block:
+// 8 KiB at 2 ranks, 4 KiB at 3, 1 KiB at 9 (each rank reads them all).
+constexpr size_t kOneStepBytes = 8192;
+
+// The one step: every rank posts its whole buffer, waits for every post and
+// reduces all of them itself, rank 0's copy first and the others in rank
+// order (so the result is bitwise the same everywhere). One wait for the
+// other ranks instead of two, for a reduction of (P - 1) small buffers that
+// costs less than a wait. The counters advance as for a block (a slot is
+// rewritten only after every rank has reduced from it).
+void allreduce_one_step(ShmSegment& shm, char* data, const char* src, size_t count, int dtype, int op,
+                        double post) {
+  const int P = shm.size(), me = shm.rank(), K = shm.slots();
+  const size_t bytes = count * dtype_size(dtype);
+  const uint64_t b = shm.next_block++;
+  const int slot = int(b % K);
+  if (b >= uint64_t(K)) wait_all(shm, [&](int r) -> ShmCounter& { return shm.reduced(r); }, b - K + 1);
+  std::memcpy(shm.stage(me, slot, 0), src, bytes);
+  shm.posted(me).value.store(b + 1, std::memory_order_release);
+  wait_all(shm, [&](int r) -> ShmCounter& { return shm.posted(r); }, b + 1);
+  std::memcpy(data, shm.stage(0, slot, 0), bytes);
+  for (int r = 1; r < P; ++r) {
+    if (r == P - 1) {
+      reduce_into_and_copy_scaled(dtype, op, data, shm.stage(r, slot, 0), nullptr, count, post);
+    } else {
+      reduce_into(dtype, op, data, shm.stage(r, slot, 0), count);
+    }
+  }
+  if (P == 1) scale_buffer(dtype, data, count, post);
+  shm.reduced(me).value.store(b + 1, std::memory_order_release);
+  shm.consumed(me).value.store(b + 1, std::memory_order_release);
+}
+
 }  // namespace
 
 void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, int dtype, int op,
@@ -52,6 +86,11 @@ void allreduce_shm(ShmSegment& shm, Transport* cross, void* buf, size_t count, i
   const int K = shm.slots();
   if (count == 0) return;
   const size_t esize = dtype_size(dtype);
+  if (!cross && count * esize * size_t(std::max(1, P - 1)) <= kOneStepBytes &&
+      count * esize <= size_t(P) * shm.piece_bytes()) {
+    return allreduce_one_step(shm, static_cast<char*>(buf), static_cast<const char*>(in ? in : buf), count,
+                              dtype, op, post);
+  }
   // Elements per piece: at most C bytes, 64-byte multiples so pieces stay
   // cache-line aligned; a short (last) block is split evenly.
   const size_t max_piece = shm.piece_bytes() / esize;
