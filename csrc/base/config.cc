@@ -140,7 +140,8 @@ std::vector<ConfigEntry> make_table() {
                 "ranks); a collective whose data transfer makes no progress for this long (a peer frozen "
                 "or cut off mid-collective) fails too, and ends commlib on that rank; 0: wait forever"),
       int_entry("COMMLIB_SPIN_US", "2000", 0, kBillion, &C::spin_us,
-                "us a waiting thread spins (with sched_yield) before it sleeps"),
+                "us a waiting thread spins before it sleeps (with sched_yield; the first 5 us without, where "
+                "every rank of the host can have a core)"),
       int_entry("COMMLIB_BG_SPIN_US", "100", 0, kBillion, &C::bg_spin_us,
                 "us the background thread spins (with sched_yield) before it naps, in a wait inside a "
                 "collective or when idle (it shares the cores with the training threads, whose compute "
