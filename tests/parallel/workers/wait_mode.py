@@ -11,10 +11,11 @@ import numpy as np
 
 import commlib
 from _common import check_equal, done, fail
+from commlib.launch._rankwrap import get_rank
 
 mode = sys.argv[1]
 cpus = sorted(os.sched_getaffinity(0))
-rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+rank = int(get_rank())  # (before init: from the launcher's environment)
 os.sched_setaffinity(0, {cpus[rank % len(cpus)] if mode == "own" else cpus[0]})
 commlib.init()
 r, n = commlib.rank(), commlib.size()
