@@ -46,7 +46,7 @@ from . import runtime
 from ._lib import lib
 from .checks import check_has_rows, integer, integer_splits
 from .dtypes import dtype_code
-from .handle import Handle, core_result, core_splits, synchronize, wait_for
+from .handle import Handle, TakesResult, core_result, core_splits, synchronize, wait_for
 from .process_sets import global_process_set
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
@@ -266,46 +266,65 @@ def allgather_async(tensor, name=None, process_set=None, out=None) -> Handle:
     ``out`` is returned; its rows must equal the sum of every rank's rows
     (else ValueError on that rank). ``tensor`` may be this rank's own part of
     ``out`` (in place: ``allgather(out[lo:hi], out=out)``)."""
-    key = None
-    if out is None and type(name) is str:  # (a repeated call: checked and built before)
+    if type(name) is str:  # (a repeated call: checked and built before; a given out is the same array)
         f = cached_facts(tensor, writable=False)
-        key = ("allgather", name, _set_key(process_set))
-        last = repeat(f, key)
-        if last is not None:
-            return Handle(again(last), last[2], tensor, "allgather")
+        if out is None:
+            if f is not None and f.ndim:
+                return allgather_described(f, tensor, name, process_set, array_rows)
+        else:
+            fo = cached_facts(out, writable=True)
+            last = None if fo is None else repeat(f, ("allgather", name, _set_key(process_set), fo))
+            if last is not None:
+                return Handle(again(last), None, (tensor, out), "allgather", value=out)
     inp = as_input(tensor)
     check_has_rows(inp.ndim, "allgather")
+    if out is None:
+        return allgather_described(describe(inp), inp, name, process_set, array_rows)
     psid = _psid(process_set)
-    if key is not None:
-        r = request(lib.COMMLIB_OP_ALLGATHER, c_name("allgather", name, psid), **array_fields(inp, None),
-                    process_set=psid)
-        finish = _rows_result(inp)
-        return Handle(submit_remembered(describe(inp), key, r, finish), finish, inp, "allgather")
+    given = type(name) is str
     name = runtime.auto_name("allgather", name, psid)
-    if out is not None:
-        out = check_output(out, f"allgather '{name}' (out=)")
-        if out.dtype != inp.dtype:
-            raise TypeError(f"allgather '{name}': out has dtype {out.dtype}, the input {inp.dtype}")
-        if out.ndim != inp.ndim or out.shape[1:] != inp.shape[1:]:
-            raise ValueError(f"allgather '{name}': out has shape {out.shape}; the result has shape "
-                             f"(rows,) + {inp.shape[1:]}")
-        hid = _submit(lib.COMMLIB_OP_ALLGATHER, name, inp, out, process_set=psid,
-                      output_rows=out.shape[0])
-        return Handle(hid, None, (inp, out), "allgather", value=out)
-    hid = _submit(lib.COMMLIB_OP_ALLGATHER, name, inp, None, process_set=psid)
-    return Handle(hid, _rows_result(inp), inp, "allgather")
+    what = f"allgather '{name}'"
+    out = check_output(out, f"{what} (out=)")
+    if out.dtype != inp.dtype:
+        raise TypeError(f"{what}: out has dtype {out.dtype}, the input {inp.dtype}")
+    if out.ndim != inp.ndim or out.shape[1:] != inp.shape[1:]:
+        raise ValueError(f"{what}: out has shape {out.shape}; the result has shape "
+                         f"(rows,) + {inp.shape[1:]}")
+    r = request(lib.COMMLIB_OP_ALLGATHER, name, **array_fields(inp, out), process_set=psid,
+                output_rows=out.shape[0])
+    if not given:
+        return Handle(submit(r), None, (inp, out), "allgather", value=out)
+    key = ("allgather", name, _set_key(process_set), describe(out))  # (out's facts: the next call's key)
+    return Handle(submit_remembered(describe(inp), key, r), None, (inp, out), "allgather", value=out)
 
 
-def _rows_result(inp):
-    """A handle's finish: the core's result rows, as an array of inp's dtype
-    and trailing dimensions."""
-    dtype, trailing = inp.dtype, inp.shape[1:]
+def allgather_described(f, keep, name, process_set, rows_view) -> Handle:
+    """allgather of the buffer ``f`` (commlib.submit.Facts) describes: a
+    checked array's, or a frontend's checked tensor's of at least one
+    dimension. The handle keeps ``keep`` alive; its result is
+    ``view(data, rows)`` where ``view = rows_view(f)`` (data: the result's
+    bytes, now owned by Python; rows: its dimension 0). With a given name, a
+    call that repeats the last one on f's buffer (the same name and set)
+    submits its request again."""
+    psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
+    key = ("allgather", name, psid) if type(name) is str else None
+    last = None if key is None else repeat(f, key)
+    if last is not None:
+        return Handle(again(last), last[2], keep, "allgather")
+    r = request(lib.COMMLIB_OP_ALLGATHER, c_name("allgather", name, psid), dtype=f.code, ndim=f.ndim,
+                shape=f.cshape, input=f.ptr, process_set=psid)
+    finish = TakesResult(rows_view(f))
+    hid = submit(r) if key is None else submit_remembered(f, key, r, finish)
+    return Handle(hid, finish, keep, "allgather")
 
-    def finish(h):
-        data, rows = core_result(h)
-        return np.frombuffer(data, dtype=dtype).reshape((rows,) + trailing)
 
-    return finish
+def array_rows(f):
+    """allgather_described's rows_view for a numpy array's facts: its
+    result as an array of the input's dtype and trailing dimensions."""
+    dtype, trailing = f.dtype, f.shape[1:]
+    if not trailing:
+        return lambda data, rows: np.frombuffer(data, dtype=dtype)
+    return lambda data, rows: np.frombuffer(data, dtype=dtype).reshape((rows,) + trailing)
 
 
 def _set_key(process_set):
@@ -415,13 +434,12 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     n = len(_members(process_set))
     if split_list is not None and len(split_list) != n:
         raise ValueError(f"alltoall splits must have one entry per rank ({n}), got {len(split_list)}")
-    rows = _rows_result(inp)
-
-    def finish(h):
-        out = rows(h)
-        if split_list is None:
-            return out
-        return out, np.asarray(core_splits(h, n), dtype=np.int64)
+    rows = array_rows(describe(inp))
+    if split_list is None:
+        finish = TakesResult(rows)
+    else:
+        def finish(h):
+            return rows(*core_result(h)), np.asarray(core_splits(h, n), dtype=np.int64)
 
     r = request(lib.COMMLIB_OP_ALLTOALL, c_name("alltoall", name, psid), **array_fields(inp, None),
                 splits=split_list, process_set=psid)

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -185,18 +186,36 @@ int outcome(Engine& engine, const HandleState& h) {
   return status;
 }
 
-}  // namespace
-
-int commlib_wait_status(int64_t handle, double timeout_s, int release) {
+// Waits up to timeout_s for the handle (COMMLIB_ERR_TIMEOUT while pending);
+// once complete, runs ok(state) if it succeeded, releases it when asked and
+// returns its status.
+extern "C++" template <class Ok>
+int wait_then(int64_t handle, double timeout_s, int release, Ok&& ok) {
   int status = COMMLIB_OK;
   const int rc = guarded([&] {
     Engine& engine = Engine::get();
     auto h = find_handle(handle);
     if (!engine.wait(*h, timeout_s)) throw Error(COMMLIB_ERR_TIMEOUT, "timed out");
     status = outcome(engine, *h);
+    if (status == COMMLIB_OK) ok(*h);
     if (release) engine.handles().release(handle);
   });
   return rc != COMMLIB_OK ? rc : status;
+}
+
+// An allgather/alltoall/recv result passed to the caller: pointer, bytes, rows.
+void take_result(HandleState& h, void** data, int64_t* nbytes, int64_t* rows) {
+  *data = h.result;
+  *nbytes = int64_t(h.result_bytes);
+  *rows = h.rows;
+  h.result = nullptr;
+  h.result_bytes = 0;
+}
+
+}  // namespace
+
+int commlib_wait_status(int64_t handle, double timeout_s, int release) {
+  return wait_then(handle, timeout_s, release, [](HandleState&) {});
 }
 
 int commlib_wait_on_stream(int64_t handle, void* stream, double timeout_s, int* on_stream) {
@@ -218,17 +237,18 @@ int commlib_wait_on_stream(int64_t handle, void* stream, double timeout_s, int* 
 }
 
 int commlib_handle_take_result(int64_t handle, void** data, int64_t* nbytes, int64_t* rows) {
-  return guarded([&] {
-    auto h = find_handle(handle);
-    *data = h->result;
-    *nbytes = int64_t(h->result_bytes);
-    *rows = h->rows;
-    h->result = nullptr;
-    h->result_bytes = 0;
-  });
+  return guarded([&] { take_result(*find_handle(handle), data, nbytes, rows); });
 }
 
 void commlib_free_result(void* data) { commlib::result_free(data); }
+
+int commlib_wait_result(int64_t handle, double timeout_s, int release, int64_t* info) {
+  return wait_then(handle, timeout_s, release, [&](HandleState& h) {
+    void* data = nullptr;
+    take_result(h, &data, &info[1], &info[2]);
+    info[0] = int64_t(reinterpret_cast<intptr_t>(data));
+  });
+}
 
 int commlib_handle_splits(int64_t handle, int64_t* out) {
   return guarded([&] {

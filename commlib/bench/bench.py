@@ -335,7 +335,8 @@ def gather_fusion_case(commlib, comm, count: int = 128, nbytes: int = 4096, iter
     """count allgathers (and count reducescatters) of nbytes per rank
     submitted asynchronously, then synchronized (the core fuses them), vs
     sequential MPI_Allgather (MPI_Reduce_scatter_block) calls. Returns the
-    four median times: commlib allgathers, MPI's, commlib reducescatters, MPI's."""
+    five median times: commlib allgathers (new results; into given outs),
+    MPI's (into given outs), commlib reducescatters, MPI's."""
     from mpi4py import MPI
 
     n = comm.Get_size()
@@ -346,6 +347,12 @@ def gather_fusion_case(commlib, comm, count: int = 128, nbytes: int = 4096, iter
 
     def gathers():
         hs = [commlib.allgather_async(x, name=f"gfusion.{i}") for i, x in enumerate(xs)]
+        for h in hs:
+            commlib.synchronize(h)
+
+    def gathers_into():
+        hs = [commlib.allgather_async(x, name=f"gfusion.out.{i}", out=g)
+              for i, (x, g) in enumerate(zip(xs, gathered))]
         for h in hs:
             commlib.synchronize(h)
 
@@ -363,7 +370,7 @@ def gather_fusion_case(commlib, comm, count: int = 128, nbytes: int = 4096, iter
         for w, p in zip(whole, parts):
             comm.Reduce_scatter_block(w, p, op=MPI.SUM)
 
-    cases = (gathers, mpi_gathers, scatters, mpi_scatters)
+    cases = (gathers, gathers_into, mpi_gathers, scatters, mpi_scatters)
     return interleaved_medians(cases, iters, comm)
 
 
@@ -518,9 +525,10 @@ def main(argv=None) -> int:
             f"128 allreduce_async_ + synchronize {separate * 1e6:.1f} us (ratio {mpi / separate:.2f}), "
             f"grouped_allreduce {grouped * 1e6:.1f} us (ratio {mpi / grouped:.2f})")
     if gfusion is not None:
-        ag, ag_mpi, rs, rs_mpi = gfusion
-        say(f"fusion, 128 x 4 KiB allgather_async + synchronize {ag * 1e6:.1f} us against 128 sequential "
-            f"MPI_Allgather {ag_mpi * 1e6:.1f} us (ratio {ag_mpi / ag:.2f}); 128 reducescatter_async "
+        ag, ag_out, ag_mpi, rs, rs_mpi = gfusion
+        say(f"fusion, 128 x 4 KiB allgather_async + synchronize {ag * 1e6:.1f} us (ratio {ag_mpi / ag:.2f}), "
+            f"into given outs {ag_out * 1e6:.1f} us (ratio {ag_mpi / ag_out:.2f}) against 128 sequential "
+            f"MPI_Allgather {ag_mpi * 1e6:.1f} us; 128 reducescatter_async "
             f"{rs * 1e6:.1f} us against 128 MPI_Reduce_scatter_block {rs_mpi * 1e6:.1f} us "
             f"(ratio {rs_mpi / rs:.2f})")
     if args.plot and me == 0:

@@ -24,5 +24,5 @@ def test_bench_cli_prints_tables_and_fusion_cases():
         rows = re.findall(rf"^\[0\]: {op}\s+\S+ \S+\s+([\d.]+)", out, re.M)
         assert len(rows) >= 3, f"no {op} rows in:\n{out}"
     assert re.search(r"fusion, 128 x 4 KiB allreduce: .*\(ratio [\d.]+\)", out), out
-    assert re.search(r"fusion, 128 x 4 KiB allgather_async .*\(ratio [\d.]+\); 128 reducescatter_async .*"
-                     r"\(ratio [\d.]+\)", out), out
+    assert re.search(r"fusion, 128 x 4 KiB allgather_async .*\(ratio [\d.]+\), into given outs .*"
+                     r"\(ratio [\d.]+\) .*; 128 reducescatter_async .*\(ratio [\d.]+\)", out), out

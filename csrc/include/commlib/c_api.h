@@ -240,6 +240,12 @@ int commlib_wait_on_stream(int64_t handle, void* stream, double timeout_s, int* 
 int commlib_handle_take_result(int64_t handle, void** data, int64_t* nbytes,
                                int64_t* rows);
 void commlib_free_result(void* data);
+/* commlib_wait_status and commlib_handle_take_result in one call: waits up to
+ * timeout_s (COMMLIB_ERR_TIMEOUT while pending); once the handle completed
+ * without error, its result's pointer, bytes and rows go into info[0..2]
+ * (ownership passes as by commlib_handle_take_result). With release != 0
+ * the completed handle is released, whatever its status. */
+int commlib_wait_result(int64_t handle, double timeout_s, int release, int64_t* info);
 /* Rows received from each rank (alltoall) or contributed by each rank
  * (allgather); out must hold size() entries. */
 int commlib_handle_splits(int64_t handle, int64_t* out);

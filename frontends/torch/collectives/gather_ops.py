@@ -8,14 +8,14 @@ import torch
 
 import commlib as _c
 from commlib.checks import check_has_rows
-from commlib.ops import Average, auto_name, broadcast_in_place
+from commlib.ops import Average, allgather_described, auto_name, broadcast_in_place
 from commlib.process_sets import check_process_set, global_process_set, set_rank
 
 from .allreduce_ops import allreduce, grouped_allreduce_async
 from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
-from .tensor_io import (as_tensor, check_tensor, describe, input_array, records_grad, split_list,
-                        tensor_list)
+from .tensor_io import (as_tensor, cached_facts, check_tensor, describe, input_array, records_grad,
+                        split_list, tensor_list, tensor_rows)
 
 # ---------------------------------------------------------------- allgather
 
@@ -25,10 +25,14 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
     size may differ across ranks; the other dimensions must agree), in the
     order of the ranks (of ``process_set``)."""
     process_set = check_process_set(process_set)
-    t = check_tensor(tensor, "allgather_async")
-    check_has_rows(t.dim(), "allgather")
-    h = _c.allgather_async(input_array(t, "allgather_async"), name, process_set=process_set)
-    return Handle(h, as_tensor, tensor)
+    f = cached_facts(tensor)
+    if f is None or not f.tshape:  # (a tensor not described yet, changed since, or 0-d: checked)
+        tensor = check_tensor(tensor, "allgather_async")
+        check_has_rows(tensor.dim(), "allgather")
+        if not tensor.is_contiguous():
+            tensor = tensor.contiguous()
+        f = describe(tensor, "allgather_async")
+    return allgather_described(f, tensor, name, process_set, tensor_rows)
 
 
 class HorovodAllgather(torch.autograd.Function):
@@ -55,10 +59,10 @@ class HorovodAllgather(torch.autograd.Function):
 def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
     """Every rank's ``tensor`` (of ``process_set``) concatenated along
     dimension 0, in rank order; differentiable."""
+    if not records_grad(tensor):  # (allgather_async checks the tensor and the set)
+        return synchronize(allgather_async(tensor, name, process_set))
     process_set = check_process_set(process_set)
     check_has_rows(check_tensor(tensor, "allgather").dim(), "allgather")  # (before forward reads its rows)
-    if not records_grad(tensor):
-        return synchronize(allgather_async(tensor, name, process_set))
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
@@ -68,8 +72,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
     tensors = check_group(tensors, "grouped_allgather")
     base = auto_name("grouped_allgather", name, process_set)
     handles = [allgather_async(t, f"{base}.{i}", process_set) for i, t in enumerate(tensors)]
-    return Handle.of_group(handles, lambda outs: [as_tensor(o) for o in outs],
-                  tensors)
+    return Handle.of_group(handles, list, tensors)
 
 
 class HorovodGroupedAllgather(torch.autograd.Function):

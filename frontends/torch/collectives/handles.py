@@ -30,8 +30,9 @@ class Handle:
 
     @classmethod
     def of_group(cls, handles, finish, keep=None):
-        """One handle over the core handles of several (one per member of a group)."""
-        return cls([h._handles for h in handles], finish, keep)
+        """One handle over several (one per member of a group): handles of
+        this class, or the core's own."""
+        return cls([h if isinstance(h, _CoreHandle) else h._handles for h in handles], finish, keep)
 
 
 class CallableHandle(Handle):

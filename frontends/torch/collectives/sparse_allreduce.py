@@ -10,7 +10,6 @@ from commlib.reduce_args import resolve_op
 
 from .gather_ops import allgather_async
 from .handles import CallableHandle, Handle
-from .tensor_io import as_tensor
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> Handle:
@@ -38,7 +37,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
     n = set_size(process_set)
 
     def finish(outs):
-        idx, val = (as_tensor(o) for o in outs)
+        idx, val = outs
         if op == Average:
             val = val / n
         return torch.sparse_coo_tensor(idx.t(), val, shape, check_invariants=False)

@@ -210,6 +210,21 @@ def group_outputs(layout, tensors):
     return outs, (GroupLayout.pointers([o.data_ptr() if o.numel() else 0 for o in outs]),)
 
 
+def tensor_rows(f: TensorFacts):
+    """commlib.ops.allgather_described's rows_view for a tensor's facts: its
+    result (the core's bytes, shared) as a tensor of the input's dtype and
+    trailing dimensions."""
+    dtype, trailing = f.tdtype, tuple(f.tshape[1:])
+
+    def view(data, rows):
+        if not len(data):
+            return torch.empty((rows,) + trailing, dtype=dtype)
+        t = torch.frombuffer(data, dtype=dtype)
+        return t.view(rows, *trailing) if trailing else t
+
+    return view
+
+
 def as_array(tensor: torch.Tensor) -> np.ndarray:
     """A numpy view of a contiguous CPU tensor's memory (no copy). 0-d
     tensors become 1-element 1-d views, which the core always handles."""

@@ -1,7 +1,7 @@
 """Repeated named calls on one array (commlib.submit.repeat: the request of
 an identical call submitted again, with a new output where the result is a
 new array) must give what a first call gives: out-of-place allreduce,
-allgather, both broadcasts, alltoall (even and uneven splits),
+allgather (also into a given out, and another out under the same name), both broadcasts, alltoall (even and uneven splits),
 reducescatter (also into a given out), with the data changed in place between calls and the
 arguments changed under the same name (op, root, splits, scale factors, the
 process set). Small broadcasts of two roots in flight together (fused per
@@ -25,6 +25,7 @@ r, n = commlib.rank(), commlib.size()
 commlib.start_timeline(path)
 x = np.zeros((2 * n, 3), np.float64)
 rs_out = np.empty((2, 3), np.float64)
+ag_out = np.empty((2 * n * n, 3), np.float64)
 
 
 def contribution(q, k):
@@ -40,6 +41,15 @@ def ops_of(k):
     check_equal(commlib.allreduce(x, op=commlib.Sum, prescale_factor=k + 1.0, name="ar.scaled"),
                 np.sum(every, axis=0) * (k + 1), f"scaled allreduce {k}")
     check_equal(commlib.allgather(x, name="ag"), np.concatenate(every), f"allgather {k}")
+    got = commlib.allgather(x, name="ag.out", out=ag_out)  # (the same out every time)
+    if got is not ag_out:
+        fail("allgather with out= must return out")
+    check_equal(ag_out, np.concatenate(every), f"allgather into out {k}")
+    other = np.empty_like(ag_out)  # (another out under the same name: written, the first left alone)
+    ag_out[:] = -1
+    check_equal(commlib.allgather(x, name="ag.out", out=other), np.concatenate(every),
+                f"allgather into another out {k}")
+    check_equal(ag_out, np.full_like(ag_out, -1), f"allgather's first out after another's call {k}")
     root = k % n
     check_equal(commlib.broadcast(x, root, name="bc"), every[root], f"broadcast {k}")
     y = x.copy()

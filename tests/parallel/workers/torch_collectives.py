@@ -139,6 +139,24 @@ for dtype in DTYPES:
     got = hvd.allgather(mine, name=f"ag.{dtype}")
     if got.dtype != dtype or not torch.equal(got, want):
         fail(f"allgather {dtype}: {got} != {want}")
+# repeated under one name (the request submitted again): the data changed in
+# place, the tensor's storage swapped (.data), a non-contiguous input, 2-D rows,
+# then a 0-d tensor described before by an allreduce, refused as a first call is
+rep = torch.zeros(r + 1, 2)
+for k in range(3):
+    rep.fill_(r + 10 * k)
+    want = torch.cat([torch.full((q + 1, 2), float(q + 10 * k)) for q in range(n)])
+    close(hvd.allgather(rep, name="ag.repeat"), want, f"repeated allgather {k}")
+rep.data = torch.full((2, 3), float(r))
+close(hvd.allgather(rep, name="ag.repeat"), torch.cat([torch.full((2, 3), float(q)) for q in range(n)]),
+      "repeated allgather after .data was replaced")
+wide = torch.arange(6.0).reshape(2, 3) + r
+for k in range(2):
+    close(hvd.allgather(wide.t(), name="ag.strided"), torch.cat([(torch.arange(6.0).reshape(2, 3) + q).t()
+                                                                  for q in range(n)]), f"non-contiguous allgather {k}")
+scalar = torch.tensor(float(r))
+hvd.allreduce_(scalar, name="ar.scalar", op=hvd.Sum)
+expect_raises(ValueError, lambda: hvd.allgather(scalar, name="ag.scalar"), "0-d allgather", match="0-d")
 h = hvd.allgather_async(torch.full((2,), r, dtype=torch.int32))
 check_equal(hvd.synchronize(h).numpy(), np.repeat(np.arange(n, dtype=np.int32), 2), "allgather_async")
 got = hvd.grouped_allgather([torch.full((1,), r), torch.full((r + 1, 2), r)])
