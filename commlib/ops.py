@@ -51,7 +51,7 @@ from .process_sets import global_process_set
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
 from .process_sets import set_rank, set_size
-from .submit import (again, array_fields, c_name, cached_facts, describe, quick_repeat, remember_quick,
+from .submit import (again, again_at, array_fields, c_name, cached_facts, describe, quick_repeat, remember_quick,
                      repeat, request, submit, submit_in_place, submit_remembered)
 
 # Reduction operators (Horovod's names).
@@ -230,6 +230,17 @@ def allreduce_in_place(f, keep, name=None, op=Average, prescale_factor=1.0, post
     return Handle(hid, None, (keep, out[1]), "allreduce", out[1])
 
 
+def allreduce_waited(f, keep, name, op, prescale_factor, postscale_factor, out):
+    """``synchronize(allreduce_in_place(...))`` on the global set for a
+    blocking call, without a Handle: returns ``out[1]`` (``out`` as
+    allreduce_in_place takes it), or ``keep`` when out is None."""
+    hid = submit_in_place(f, _OP_ALLREDUCE, "allreduce", name, op, prescale_factor, postscale_factor, 0,
+                          None if out is None else out[0])
+    if out is None:
+        return wait_for(hid, keep)
+    return wait_for(hid, (keep, out[1]))[1]
+
+
 def _allreduce(inp, out, average, name, op, prescale, postscale, process_set) -> Handle:
     rop = resolve_op(op, average)
     psid = _psid(process_set)
@@ -373,22 +384,28 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
     return broadcast_in_place(f, tensor, root_rank, name, process_set)
 
 
-def broadcast_in_place(f, keep, root_rank, name=None, process_set=None) -> Handle:
+def broadcast_in_place(f, keep, root_rank, name=None, process_set=None, out=None) -> Handle:
     """In-place broadcast of the buffer ``f`` (commlib.submit.Facts: a
     checked array's, or a frontend's checked tensor's) describes. ``keep`` is
     kept alive until the handle completes and is what ``synchronize``
-    returns. A named call that repeats the last one on ``f`` submits its
-    request again."""
-    key = ("broadcast_", name, _set_key(process_set), root_rank)
+    returns. With ``out`` (``(address, result)``: a buffer of f's dtype and
+    shape apart from f's, and the object owning it) the root's value goes
+    there instead, and ``synchronize`` returns ``result``. A named call that
+    repeats the last one on ``f`` submits its request again."""
+    key = ("broadcast_" if out is None else "broadcast", name, _set_key(process_set), root_rank)
     last = repeat(f, key) if type(name) is str else None
     if last is not None:
-        return Handle(again(last), None, keep, "broadcast", keep)
+        if out is None:
+            return Handle(again(last), None, keep, "broadcast", keep)
+        return Handle(again_at(last, out[0]), None, (keep, out[1]), "broadcast", out[1])
     psid = _psid(process_set)
     r = request(lib.COMMLIB_OP_BROADCAST, c_name("broadcast", name, psid), dtype=f.code, ndim=f.ndim,
-                shape=f.cshape, input=f.ptr, output=f.ptr, root=check_root(root_rank, process_set),
-                process_set=psid)
+                shape=f.cshape, input=f.ptr, output=f.ptr if out is None else out[0],
+                root=check_root(root_rank, process_set), process_set=psid)
     hid = submit_remembered(f, key, r) if type(name) is str else submit(r)
-    return Handle(hid, None, keep, "broadcast", keep)
+    if out is None:
+        return Handle(hid, None, keep, "broadcast", keep)
+    return Handle(hid, None, (keep, out[1]), "broadcast", out[1])
 
 
 def _broadcast(inp, out, root_rank, name, process_set) -> Handle:
@@ -445,6 +462,34 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
                 splits=split_list, process_set=psid)
     hid = submit(r) if key is None else submit_remembered(describe(inp), key, r, finish)
     return Handle(hid, finish, inp, "alltoall")
+
+
+def alltoall_described(f, keep, splits, name, process_set, make_result) -> Handle:
+    """alltoall of the buffer ``f`` (commlib.submit.Facts) describes (a
+    frontend's checked tensor's of at least one dimension), rows
+    ``splits[i]`` to the set's i-th member (a checked list; None: equal
+    parts). The handle keeps ``keep`` alive; its result is
+    ``result(data, rows, received)`` where ``result = make_result(f)`` (data:
+    the received rows' bytes, now owned by Python; rows: their number;
+    received: the rows from each member). A named call that repeats the last
+    one on f's buffer submits its request again."""
+    psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
+    key = None
+    if type(name) is str:
+        key = ("alltoall", name, psid, None if splits is None else tuple(splits))
+        last = repeat(f, key)
+        if last is not None:
+            return Handle(again(last), last[2], keep, "alltoall")
+    send = even_splits(f.shape[0], process_set) if splits is None else splits
+    n, result = len(send), make_result(f)
+
+    def finish(hid):
+        return result(*core_result(hid), core_splits(hid, n))
+
+    r = request(lib.COMMLIB_OP_ALLTOALL, c_name("alltoall", name, psid), dtype=f.code, ndim=f.ndim,
+                shape=f.cshape, input=f.ptr, splits=send, process_set=psid)
+    hid = submit(r) if key is None else submit_remembered(f, key, r, finish)
+    return Handle(hid, finish, keep, "alltoall")
 
 
 def even_splits(rows: int, process_set=None) -> list[int]:
@@ -524,6 +569,32 @@ def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0,
                   postscale_factor=1.0, process_set=None, out=None, splits=None) -> np.ndarray:
     return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
                                            process_set, out, splits))
+
+
+def reducescatter_described(f, keep, name, op, prescale_factor, postscale_factor, process_set,
+                            new_out) -> Handle:
+    """reducescatter of the buffer ``f`` (commlib.submit.Facts) describes: a
+    frontend's checked tensor's of at least one dimension, split as
+    reducescatter_async splits without splits. ``new_out(shape)`` makes the
+    result: ``(address, result)``, a new buffer of this rank's part's shape
+    and f's dtype, and the object owning it, which ``synchronize`` returns.
+    A named call that repeats the last one on f's buffer submits its request
+    again, into the new result."""
+    psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
+    key = None
+    if type(name) is str:
+        key = ("reducescatter", name, psid, op, prescale_factor, postscale_factor)
+        last = repeat(f, key)
+        if last is not None:
+            address, result = new_out(last[2])
+            return Handle(again_at(last, address), None, (keep, result), "reducescatter", result)
+    shape = (reducescatter_rows(f.shape[0], process_set),) + f.shape[1:]
+    address, result = new_out(shape)
+    r = request(lib.COMMLIB_OP_REDUCESCATTER, c_name("reducescatter", name, psid), dtype=f.code,
+                ndim=f.ndim, shape=f.cshape, input=f.ptr, output=address, reduce_op=resolve_op(op),
+                prescale=prescale_factor, postscale=postscale_factor, process_set=psid)
+    hid = submit(r) if key is None else submit_remembered(f, key, r, shape)
+    return Handle(hid, None, (keep, result), "reducescatter", result)
 
 
 def check_out_part(out, shape: tuple, dtype, what: str) -> np.ndarray:

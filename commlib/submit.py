@@ -157,11 +157,7 @@ def submit_in_place(f: Facts, op_type: int, kind: str, name, reduce_op: int, pre
     args = (op_type, name, reduce_op, prescale, postscale, psid, out is None)
     last = f.last
     if last is not None and last[0] == args:
-        if out is None:
-            return submit(last[1])
-        with _again_lock:  # (another thread's identical call must not submit this one's output)
-            last[1].c.output = out
-            return submit(last[1])
+        return submit(last[1]) if out is None else again_at(last, out)
     r = request(op_type, c_name(kind, name, psid), dtype=f.code, ndim=f.ndim, shape=f.cshape,
                 input=f.ptr, output=f.ptr if out is None else out, reduce_op=reduce_op,
                 prescale=prescale, postscale=postscale, process_set=psid)
@@ -194,6 +190,13 @@ def again(last, out=None) -> int:
     with _again_lock:
         r.c.output = ffi.from_buffer(out, require_writable=True)
         return submit(r)
+
+
+def again_at(last, out) -> int:
+    """``again`` writing into the buffer at ``out`` (an ``address``)."""
+    with _again_lock:
+        last[1].c.output = out
+        return submit(last[1])
 
 
 _again_lock = threading.Lock()

@@ -3,19 +3,19 @@
 form; see mpi_ops for the conventions they share."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 import commlib as _c
 from commlib.checks import check_has_rows
-from commlib.ops import Average, allgather_described, auto_name, broadcast_in_place
+from commlib.ops import Average, allgather_described, alltoall_described, auto_name, broadcast_in_place
 from commlib.process_sets import check_process_set, global_process_set, set_rank
+from commlib.submit import NULL, address
 
 from .allreduce_ops import allreduce, grouped_allreduce_async
 from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
-from .tensor_io import (as_tensor, cached_facts, check_tensor, describe, input_array, records_grad,
-                        split_list, tensor_list, tensor_rows)
+from .tensor_io import (check_tensor, describe, input_facts, records_grad, split_list, tensor_list,
+                        tensor_rows)
 
 # ---------------------------------------------------------------- allgather
 
@@ -25,13 +25,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
     size may differ across ranks; the other dimensions must agree), in the
     order of the ranks (of ``process_set``)."""
     process_set = check_process_set(process_set)
-    f = cached_facts(tensor)
-    if f is None or not f.tshape:  # (a tensor not described yet, changed since, or 0-d: checked)
-        tensor = check_tensor(tensor, "allgather_async")
-        check_has_rows(tensor.dim(), "allgather")
-        if not tensor.is_contiguous():
-            tensor = tensor.contiguous()
-        f = describe(tensor, "allgather_async")
+    f, tensor = input_facts(tensor, "allgather_async", rows_of="allgather")
     return allgather_described(f, tensor, name, process_set, tensor_rows)
 
 
@@ -115,11 +109,10 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     ``process_set``; root_rank is a job rank in it); the result is a new
     tensor (the input is not modified)."""
     process_set = check_process_set(process_set)
-    h = _c.broadcast_async(input_array(tensor, "broadcast_async"), root_rank, name,
-                           process_set=process_set)
-    if tensor.dim():  # (the result has the input's shape)
-        return Handle(h, as_tensor, tensor)
-    return Handle(h, lambda out: as_tensor(out).view(()), tensor)  # (0-d: sent as 1-d)
+    f, tensor = input_facts(tensor, "broadcast_async")
+    out = torch.empty_like(tensor)  # (the input's shape, 0-d included; contiguous)
+    return broadcast_in_place(f, tensor, root_rank, name, process_set,
+                              (address(out.data_ptr()) if out.numel() else NULL, out))
 
 
 @on_cuda("broadcast", inplace=True)
@@ -180,16 +173,17 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     None). ``synchronize`` returns ``(output, received_splits)``, as in
     Horovod."""
     process_set = check_process_set(process_set)
-    t = check_tensor(tensor, "alltoall_async")
-    check_has_rows(t.dim(), "alltoall")
-    send_splits = split_list(splits, t.shape[0], process_set)
-    h = _c.alltoall_async(input_array(t, "alltoall_async"), send_splits, name, process_set=process_set)
+    f, tensor = input_facts(tensor, "alltoall_async", rows_of="alltoall")
+    if splits is not None:
+        splits = split_list(splits, f.tshape[0], process_set)
+    return alltoall_described(f, tensor, splits, name, process_set, _alltoall_result)
 
-    def finish(res):
-        out, recv = res
-        return as_tensor(out), torch.from_numpy(recv.astype(np.int32))
 
-    return Handle(h, finish, tensor)
+def _alltoall_result(f):
+    """alltoall_described's result for a tensor: the received rows as a
+    tensor and the rows from each rank as an int32 tensor, as Horovod's."""
+    rows = tensor_rows(f)
+    return lambda data, nrows, received: (rows(data, nrows), torch.tensor(received, dtype=torch.int32))
 
 
 class HorovodAlltoall(torch.autograd.Function):

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import torch
 
-import commlib as _c
-from commlib.checks import check_has_rows
-from commlib.ops import Average, auto_name
+from commlib.ops import Average, auto_name, reducescatter_described
 from commlib.process_sets import check_process_set, global_process_set, set_size
 from commlib.reduce_args import reducescatter_grad_scale, resolve_op
+from commlib.submit import NULL, address
 
 from .compression import Compression
 from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
 from .gather_ops import allgather, check_group, grouped_allgather_async
-from .tensor_io import as_tensor, check_tensor, input_array, records_grad, tensor_list
+from .tensor_io import input_facts, records_grad, tensor_list
 
 # ---------------------------------------------------------------- reducescatter
 
@@ -25,12 +24,15 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     on each rank its part of dimension 0 (part i on the set's i-th member;
     lower positions get the extra rows)."""
     process_set = check_process_set(process_set)
-    op = resolve_op(op)
-    t = check_tensor(tensor, "reducescatter_async")
-    check_has_rows(t.dim(), "reducescatter")
-    h = _c.reducescatter_async(input_array(t, "reducescatter_async"), op, name, prescale_factor,
-                               postscale_factor, process_set=process_set)
-    return Handle(h, as_tensor, tensor)
+    f, tensor = input_facts(tensor, "reducescatter_async", rows_of="reducescatter")
+    dtype = f.tdtype
+
+    def new_out(shape):
+        out = torch.empty(shape, dtype=dtype)
+        return (address(out.data_ptr()) if out.numel() else NULL), out
+
+    return reducescatter_described(f, tensor, name, op, prescale_factor, postscale_factor,
+                                   process_set, new_out)
 
 
 class HorovodReducescatter(torch.autograd.Function):
@@ -80,8 +82,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     base = auto_name("grouped_reducescatter", name, process_set)
     handles = [reducescatter_async(t, f"{base}.{i}", op, process_set, prescale_factor,
                                    postscale_factor) for i, t in enumerate(tensors)]
-    return Handle.of_group(handles, lambda outs: [as_tensor(o) for o in outs],
-                  tensors)
+    return Handle.of_group(handles, list, tensors)
 
 
 class HorovodGroupedReducescatter(torch.autograd.Function):

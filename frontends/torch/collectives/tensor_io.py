@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from commlib import dtypes as _dtypes
-from commlib.checks import integer_splits, tensor_group
+from commlib.checks import check_has_rows, integer_splits, tensor_group
 from commlib.ops import even_splits
 from commlib.process_sets import set_size
 from commlib.grouped_ops import GroupLayout
@@ -208,6 +208,23 @@ def group_outputs(layout, tensors):
         return list(buf.unbind(0)), layout.out_addresses(buf.data_ptr())
     outs = [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
     return outs, (GroupLayout.pointers([o.data_ptr() if o.numel() else 0 for o in outs]),)
+
+
+def input_facts(tensor, what: str, rows_of: str | None = None):
+    """The facts (TensorFacts) of a tensor an out-of-place collective reads,
+    and the tensor it reads: cached ones when they still hold, else checked
+    (check_tensor; a non-contiguous tensor is read through a contiguous copy).
+    With ``rows_of`` (the collective's name) the tensor needs a dimension 0
+    (check_has_rows)."""
+    f = cached_facts(tensor)
+    if f is not None and (rows_of is None or f.tshape):
+        return f, tensor
+    tensor = check_tensor(tensor, what)
+    if rows_of is not None:
+        check_has_rows(tensor.dim(), rows_of)
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    return describe(tensor, what), tensor
 
 
 def tensor_rows(f: TensorFacts):

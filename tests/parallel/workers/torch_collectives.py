@@ -211,6 +211,53 @@ close(hvd.reducescatter(mine), full[start:start + sizes[r]] / n, "reducescatter 
 close(hvd.synchronize(hvd.reducescatter_async(mine, op=hvd.Sum, postscale_factor=2.0)),
       2 * full[start:start + sizes[r]], "reducescatter_async")
 
+# ------------------------------------------------------------ repeated under one name
+# (each call after the first submits its request again): the data changed in
+# place, the arguments changed under the name, the storage swapped (.data);
+# every result a new tensor that later calls leave alone
+seen = []
+reps = [torch.zeros(2 * n, 2) for _ in range(6)]  # (one per collective: a buffer remembers its last request)
+for step in range(8):  # (the arguments change every other step; the data every step)
+    k = step // 2
+    for rep in reps:
+        rep.copy_(torch.arange(4.0 * n).reshape(2 * n, 2) * (r + 1) + step)
+    every = [torch.arange(4.0 * n).reshape(2 * n, 2) * (q + 1) + step for q in range(n)]
+    op = (hvd.Sum, hvd.Max)[k % 2]
+    want = sum(every) if op == hvd.Sum else torch.stack(every).amax(0)
+    pre = 2.0 if k == 2 else 1.0  # (scale factors only with Sum)
+    got = hvd.allreduce(reps[0], op=op, name="rep.ar", prescale_factor=pre)
+    close(got, want * pre, f"step {step}: repeated allreduce {k}")
+    root = k % n
+    bc = hvd.broadcast(reps[1], root, name="rep.bc")
+    close(bc, every[root], f"step {step}: repeated broadcast {k}")
+    close(hvd.alltoall(reps[2], name="rep.a2a"), torch.cat([e[2 * r:2 * r + 2] for e in every]),
+          f"step {step}: repeated alltoall {k}")
+    out, received = hvd.synchronize(hvd.alltoall_async(reps[3], name="rep.a2a.async"))
+    close(out, torch.cat([e[2 * r:2 * r + 2] for e in every]), f"step {step}: repeated alltoall_async")
+    check_equal(received.numpy(), np.full(n, 2, dtype=np.int32), f"step {step}: alltoall received")
+    splits = [(q + k) % 3 for q in range(n)]
+    splits[-1] = 2 * n - sum(splits[:-1])
+    out, received = hvd.alltoall(reps[4], splits=splits, name="rep.a2a.uneven")
+    lo = sum(splits[:r])
+    close(out, torch.cat([e[lo:lo + splits[r]] for e in every]), f"step {step}: repeated uneven alltoall")
+    check_equal(received.numpy(), np.full(n, splits[r], dtype=np.int32), f"step {step}: uneven received")
+    post = 1.0 + k if op == hvd.Sum else 1.0
+    rs = hvd.reducescatter(reps[5], op=op, name="rep.rs", postscale_factor=post)
+    close(rs, (want * post)[2 * r:2 * r + 2], f"step {step}: repeated reducescatter {k}")
+    seen.append([(got.clone(), got), (bc.clone(), bc), (rs.clone(), rs)])
+for step, results in enumerate(seen):
+    for what, (want, got) in zip(("allreduce", "broadcast", "reducescatter"), results):
+        close(got, want, f"{what} result of step {step} after later calls")
+for rep in reps:
+    rep.data = torch.full((n, 3), float(r))
+close(hvd.allreduce(reps[0], op=hvd.Sum, name="rep.ar"), torch.full((n, 3), n * (n - 1) / 2),
+      "repeated allreduce after .data was replaced")
+close(hvd.broadcast(reps[1], 0, name="rep.bc"), torch.zeros(n, 3), "repeated broadcast after .data")
+close(hvd.reducescatter(reps[5], op=hvd.Sum, name="rep.rs"), torch.full((1, 3), n * (n - 1) / 2),
+      "repeated reducescatter after .data")
+close(hvd.alltoall(reps[2], name="rep.a2a"), torch.arange(float(n)).repeat_interleave(3).reshape(n, 3),
+      "repeated alltoall after .data")
+
 # ------------------------------------------------------------ compression
 g = torch.linspace(-1, 1, 50) * (r + 1)
 want = torch.linspace(-1, 1, 50) * (n + 1) / 2
