@@ -186,14 +186,11 @@ def _drop_completed_detached() -> None:
 def core_result(hid: int) -> tuple[memoryview, int]:
     """The result bytes of an allgather/alltoall (now owned by Python: freed
     when the last array viewing them goes away) and its rows."""
-    data = ffi.new("void**")
-    nbytes = ffi.new("int64_t*")
-    rows = ffi.new("int64_t*")
-    rc = lib.commlib_handle_take_result(hid, data, nbytes, rows)
-    if rc != lib.COMMLIB_OK:
-        raise error_for(rc)
-    owned = ffi.gc(ffi.cast("char *", data[0]), lib.commlib_free_result, size=nbytes[0])
-    return ffi.buffer(owned, nbytes[0]), rows[0]
+    info = ffi.new("int64_t[3]")
+    rc = _c_wait_result(hid, 0.0, 0, info)  # (a completed handle: no wait)
+    if rc != _OK:
+        raise error_for(rc, last_error())
+    return owned_bytes(info[0], info[1]), info[2]
 
 
 def core_splits(hid: int, n: int) -> list[int]:

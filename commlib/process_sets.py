@@ -182,7 +182,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
 def process_set_id(process_set) -> int:
     """The core id of ``process_set`` (None: the global set), checked to be
     registered and to include this rank, before anything is sent."""
-    if process_set is None:
+    if process_set is None or process_set is global_process_set:
         return 0
     if not isinstance(process_set, ProcessSet):
         raise TypeError(f"process_set must be a commlib ProcessSet, got {type(process_set).__name__}")
@@ -227,7 +227,7 @@ def check_process_set(process_set, member: bool = True) -> ProcessSet:
     collectives on a set. ``member=False`` is for objects every rank builds
     with the set (Horovod's DistributedOptimizer/DistributedGradientTape), which
     only reduce on members."""
-    if process_set is None:
+    if process_set is None or process_set is global_process_set:  # (always registered, every rank in it)
         return global_process_set
     if not isinstance(process_set, ProcessSet):
         raise TypeError(f"process_set must be a ProcessSet (commlib.ProcessSet, "

@@ -13,7 +13,9 @@ mirror image; the other ranks idle): its time is the round trip and its bus
 bandwidth the bytes moved one way per second. The ``fusion`` case submits 128 tensors of
 4 KiB asynchronously and synchronizes them, against 128 sequential
 MPI_Allreduce calls; the gather fusion case does the same with allgathers
-and reducescatters (against MPI_Allgather, MPI_Reduce_scatter_block).
+and reducescatters (against MPI_Allgather, MPI_Reduce_scatter_block). The
+small calls (commlib.bench.small_calls) time one 4 KiB blocking call of each
+collective through commlib.torch against mpi4py's.
 
 Sizes follow nccl-tests: allreduce/broadcast/alltoall move ``size`` bytes per
 rank; allgather produces ``size`` bytes (each rank contributes size/n);
@@ -29,9 +31,11 @@ import functools
 import os
 import statistics
 import sys
-import time
 
 import numpy as np
+
+from . import small_calls
+from .timing import interleaved_medians, time_calls
 
 OPS = ("allreduce", "allgather", "broadcast", "reducescatter", "alltoall", "sendrecv")
 DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16,
@@ -218,22 +222,6 @@ def init_gloo(comm, backend="gloo"):
     return torch
 
 
-def time_calls(fn, iters: int, comm, aligned: bool = False) -> list[float]:
-    """Seconds of each of iters calls of fn. aligned: the ranks line up (an
-    MPI barrier, not timed) before every call, so that each time is one
-    call's latency (as OSU's benchmarks time a broadcast) rather than the
-    pace of back-to-back calls, which a root that need not wait runs ahead of."""
-    comm.Barrier()
-    out = []
-    for _ in range(iters):
-        if aligned:
-            comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
 def measure(impls, op, nbytes, dtype, iters, warmup, rounds, comm):
     """Median seconds per call for each implementation (slowest rank's)."""
     from mpi4py import MPI
@@ -251,22 +239,6 @@ def measure(impls, op, nbytes, dtype, iters, warmup, rounds, comm):
         med = statistics.median(ts)
         result[name] = comm.allreduce(med, op=MPI.MAX)
     return result
-
-
-def interleaved_medians(cases, iters: int, comm, per_round: int = 5) -> tuple:
-    """Each of cases (callables) warmed up once, then timed in rounds of
-    per_round calls each, the cases alternating round by round (so that a
-    change of the machine's load meets every case alike); the median time
-    of each, the slowest rank's."""
-    from mpi4py import MPI
-
-    for fn in cases:
-        fn()
-    times = [[] for _ in cases]
-    for _ in range(max(3, iters // per_round)):
-        for fn, t in zip(cases, times):
-            t += time_calls(fn, per_round, comm)
-    return tuple(comm.allreduce(statistics.median(x), op=MPI.MAX) for x in times)
 
 
 def fusion_case(commlib, comm, count: int = 128, nbytes: int = 4096, iters: int = 50):
@@ -411,9 +383,10 @@ def main(argv=None) -> int:
                    help="--device cuda: ranks line up (untimed barrier) before every call: latency per call")
     p.add_argument("--algo", default=None, help="COMMLIB_ALLREDUCE_ALGO for this run (auto, shm, mpi, ...)")
     p.add_argument("--no-gloo", action="store_true", help="skip torch gloo even if torch is installed")
-    p.add_argument("--no-fusion", action="store_true", help="skip the 128 x 4 KiB fusion cases")
+    p.add_argument("--no-fusion", action="store_true",
+                   help="skip the 128 x 4 KiB fusion cases and the small commlib.torch calls")
     p.add_argument("--fusion-only", action="store_true",
-                   help="only the 128 x 4 KiB fusion cases (numpy and commlib.torch against MPI)")
+                   help="only the 128 x 4 KiB fusion cases and the small commlib.torch calls (against MPI)")
     p.add_argument("--plot", metavar="PNG", help="draw bus bandwidth against size to this file")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cuda: CUDA buffers, commlib's NCCL path against torch.distributed NCCL (bench_cuda)")
@@ -475,6 +448,7 @@ def main(argv=None) -> int:
     fusion = None if args.no_fusion else fusion_case(commlib, comm)
     tfusion = None if args.no_fusion else torch_fusion_case(comm)
     gfusion = None if args.no_fusion or n < 2 else gather_fusion_case(commlib, comm)
+    small = None if args.no_fusion else small_calls.torch_calls_case(comm)
     names = [i.name for i in impls]
     torch = None if args.no_gloo or args.fusion_only else init_gloo(comm)
     if torch is not None:
@@ -531,6 +505,8 @@ def main(argv=None) -> int:
             f"MPI_Allgather {ag_mpi * 1e6:.1f} us; 128 reducescatter_async "
             f"{rs * 1e6:.1f} us against 128 MPI_Reduce_scatter_block {rs_mpi * 1e6:.1f} us "
             f"(ratio {rs_mpi / rs:.2f})")
+    if small is not None:
+        say(small_calls.describe(small))
     if args.plot and me == 0:
         plot(rows, args.plot, n)
         say(f"# plot written to {args.plot}")

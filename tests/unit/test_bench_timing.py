@@ -1,6 +1,6 @@
 """commlib.bench's timing loop: aligned mode lines the ranks up (a barrier,
 outside the timed span) before every call; the default only once."""
-from commlib.bench.bench import time_calls
+from commlib.bench.timing import time_calls
 
 
 class Comm:
