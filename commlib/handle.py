@@ -117,6 +117,23 @@ def _take_result(handle: Handle, hid: int, make):
     return make(owned_bytes(info[0], info[1]), info[2])
 
 
+def take_for(hid: int, make, keep):
+    """``_take_result`` for a blocking call, without a Handle: waits for the
+    handle id ``hid`` and returns ``make(data, rows)`` of its result (or
+    raises its error); ``keep`` (its buffers) stays alive past a wait that
+    Ctrl-C interrupts, as wait_for's."""
+    info = ffi.new("int64_t[3]")
+    rc = _c_wait_result(hid, WAIT_SLICE_S, 1, info)
+    if rc == _TIMEOUT:
+        _keepalive[hid] = keep
+        while rc == _TIMEOUT:
+            rc = _c_wait_result(hid, WAIT_SLICE_S, 1, info)
+        del _keepalive[hid]
+    if rc != _OK:
+        raise error_for(rc, last_error())
+    return make(owned_bytes(info[0], info[1]), info[2])
+
+
 def owned_bytes(address: int, nbytes: int):
     """The result bytes at ``address`` (from the core's result pool) as a
     writable buffer that frees them when the last view of them goes away."""

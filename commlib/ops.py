@@ -46,7 +46,7 @@ from . import runtime
 from ._lib import lib
 from .checks import check_has_rows, integer, integer_splits
 from .dtypes import dtype_code
-from .handle import Handle, TakesResult, core_result, core_splits, synchronize, wait_for
+from .handle import Handle, TakesResult, core_result, core_splits, synchronize, take_for, wait_for
 from .process_sets import global_process_set
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
@@ -277,16 +277,12 @@ def allgather_async(tensor, name=None, process_set=None, out=None) -> Handle:
     ``out`` is returned; its rows must equal the sum of every rank's rows
     (else ValueError on that rank). ``tensor`` may be this rank's own part of
     ``out`` (in place: ``allgather(out[lo:hi], out=out)``)."""
-    if type(name) is str:  # (a repeated call: checked and built before; a given out is the same array)
-        f = cached_facts(tensor, writable=False)
+    repeated = _allgather_again(tensor, name, process_set, out) if type(name) is str else None
+    if repeated is not None:
+        hid, finish = repeated
         if out is None:
-            if f is not None and f.ndim:
-                return allgather_described(f, tensor, name, process_set, array_rows)
-        else:
-            fo = cached_facts(out, writable=True)
-            last = None if fo is None else repeat(f, ("allgather", name, _set_key(process_set), fo))
-            if last is not None:
-                return Handle(again(last), None, (tensor, out), "allgather", value=out)
+            return Handle(hid, finish, tensor, "allgather")
+        return Handle(hid, None, (tensor, out), "allgather", value=out)
     inp = as_input(tensor)
     check_has_rows(inp.ndim, "allgather")
     if out is None:
@@ -305,28 +301,55 @@ def allgather_async(tensor, name=None, process_set=None, out=None) -> Handle:
                 output_rows=out.shape[0])
     if not given:
         return Handle(submit(r), None, (inp, out), "allgather", value=out)
-    key = ("allgather", name, _set_key(process_set), describe(out))  # (out's facts: the next call's key)
+    key = ("allgather", psid, name, describe(out))  # (out's facts: the next call's key)
     return Handle(submit_remembered(describe(inp), key, r), None, (inp, out), "allgather", value=out)
 
 
-def allgather_described(f, keep, name, process_set, rows_view) -> Handle:
+def allgather(tensor, name=None, process_set=None, out=None) -> np.ndarray:
+    repeated = _allgather_again(tensor, name, process_set, out) if type(name) is str else None
+    if repeated is None:
+        return synchronize(allgather_async(tensor, name, process_set, out))
+    hid, finish = repeated  # (waited for at once: no Handle)
+    return take_for(hid, finish.make, tensor) if out is None else wait_for(hid, (tensor, out))[1]
+
+
+def _allgather_again(tensor, name: str, process_set, out):
+    """A named allgather of a numpy array that repeats the last one on it
+    (into the same ``out``, when given), submitted again: ``(handle id, its
+    finish)`` (None into out); None for any other call, nothing submitted."""
+    f = cached_facts(tensor, writable=False)
+    if f is None:
+        return None
+    psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
+    if out is None:
+        last = repeat(f, ("allgather", psid, name)) if f.ndim else None
+    else:
+        fo = cached_facts(out, writable=True)
+        last = None if fo is None else repeat(f, ("allgather", psid, name, fo))
+    return None if last is None else (again(last), last[2])
+
+
+def allgather_described(f, keep, name, process_set, rows_view, wait: bool = False):
     """allgather of the buffer ``f`` (commlib.submit.Facts) describes: a
     checked array's, or a frontend's checked tensor's of at least one
     dimension. The handle keeps ``keep`` alive; its result is
     ``view(data, rows)`` where ``view = rows_view(f)`` (data: the result's
     bytes, now owned by Python; rows: its dimension 0). With a given name, a
     call that repeats the last one on f's buffer (the same name and set)
-    submits its request again."""
+    submits its request again. ``wait``: a blocking call's, which returns
+    the result itself (no Handle)."""
     psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
-    key = ("allgather", name, psid) if type(name) is str else None
+    key = ("allgather", psid, name) if type(name) is str else None
     last = None if key is None else repeat(f, key)
     if last is not None:
+        if wait:
+            return take_for(again(last), last[2].make, keep)
         return Handle(again(last), last[2], keep, "allgather")
     r = request(lib.COMMLIB_OP_ALLGATHER, c_name("allgather", name, psid), dtype=f.code, ndim=f.ndim,
                 shape=f.cshape, input=f.ptr, process_set=psid)
     finish = TakesResult(rows_view(f))
     hid = submit(r) if key is None else submit_remembered(f, key, r, finish)
-    return Handle(hid, finish, keep, "allgather")
+    return take_for(hid, finish.make, keep) if wait else Handle(hid, finish, keep, "allgather")
 
 
 def array_rows(f):
@@ -341,10 +364,6 @@ def array_rows(f):
 def _set_key(process_set):
     """process_set as part of a repeated call's key (the global set: 0)."""
     return 0 if process_set is None or process_set is global_process_set else process_set
-
-
-def allgather(tensor, name=None, process_set=None, out=None) -> np.ndarray:
-    return synchronize(allgather_async(tensor, name, process_set, out))
 
 
 # ---------------------------------------------------------------- broadcast

@@ -53,9 +53,12 @@ class HorovodAllgather(torch.autograd.Function):
 def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
     """Every rank's ``tensor`` (of ``process_set``) concatenated along
     dimension 0, in rank order; differentiable."""
-    if not records_grad(tensor):  # (allgather_async checks the tensor and the set)
-        return synchronize(allgather_async(tensor, name, process_set))
     process_set = check_process_set(process_set)
+    if not records_grad(tensor):
+        if isinstance(tensor, torch.Tensor) and tensor.is_cpu:  # (waited for at once: no Handle)
+            f, tensor = input_facts(tensor, "allgather", rows_of="allgather")
+            return allgather_described(f, tensor, name, process_set, tensor_rows, wait=True)
+        return synchronize(allgather_async(tensor, name, process_set))  # (CUDA, or refused there)
     check_has_rows(check_tensor(tensor, "allgather").dim(), "allgather")  # (before forward reads its rows)
     return HorovodAllgather.apply(tensor, name, process_set)
 
