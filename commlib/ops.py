@@ -403,27 +403,29 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
     return broadcast_in_place(f, tensor, root_rank, name, process_set)
 
 
-def broadcast_in_place(f, keep, root_rank, name=None, process_set=None, out=None) -> Handle:
+def broadcast_in_place(f, keep, root_rank, name=None, process_set=None, out=None, wait: bool = False):
     """In-place broadcast of the buffer ``f`` (commlib.submit.Facts: a
     checked array's, or a frontend's checked tensor's) describes. ``keep`` is
     kept alive until the handle completes and is what ``synchronize``
     returns. With ``out`` (``(address, result)``: a buffer of f's dtype and
     shape apart from f's, and the object owning it) the root's value goes
     there instead, and ``synchronize`` returns ``result``. A named call that
-    repeats the last one on ``f`` submits its request again."""
+    repeats the last one on ``f`` submits its request again. ``wait``: a
+    blocking call's, which returns that result itself (no Handle)."""
     key = ("broadcast_" if out is None else "broadcast", name, _set_key(process_set), root_rank)
     last = repeat(f, key) if type(name) is str else None
     if last is not None:
-        if out is None:
-            return Handle(again(last), None, keep, "broadcast", keep)
-        return Handle(again_at(last, out[0]), None, (keep, out[1]), "broadcast", out[1])
-    psid = _psid(process_set)
-    r = request(lib.COMMLIB_OP_BROADCAST, c_name("broadcast", name, psid), dtype=f.code, ndim=f.ndim,
-                shape=f.cshape, input=f.ptr, output=f.ptr if out is None else out[0],
-                root=check_root(root_rank, process_set), process_set=psid)
-    hid = submit_remembered(f, key, r) if type(name) is str else submit(r)
+        hid = again(last) if out is None else again_at(last, out[0])
+    else:
+        psid = _psid(process_set)
+        r = request(lib.COMMLIB_OP_BROADCAST, c_name("broadcast", name, psid), dtype=f.code, ndim=f.ndim,
+                    shape=f.cshape, input=f.ptr, output=f.ptr if out is None else out[0],
+                    root=check_root(root_rank, process_set), process_set=psid)
+        hid = submit_remembered(f, key, r) if type(name) is str else submit(r)
     if out is None:
-        return Handle(hid, None, keep, "broadcast", keep)
+        return wait_for(hid, keep) if wait else Handle(hid, None, keep, "broadcast", keep)
+    if wait:
+        return wait_for(hid, (keep, out[1]))[1]
     return Handle(hid, None, (keep, out[1]), "broadcast", out[1])
 
 
@@ -591,28 +593,34 @@ def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0,
 
 
 def reducescatter_described(f, keep, name, op, prescale_factor, postscale_factor, process_set,
-                            new_out) -> Handle:
+                            new_out, wait: bool = False):
     """reducescatter of the buffer ``f`` (commlib.submit.Facts) describes: a
     frontend's checked tensor's of at least one dimension, split as
-    reducescatter_async splits without splits. ``new_out(shape)`` makes the
-    result: ``(address, result)``, a new buffer of this rank's part's shape
-    and f's dtype, and the object owning it, which ``synchronize`` returns.
-    A named call that repeats the last one on f's buffer submits its request
-    again, into the new result."""
+    reducescatter_async splits without splits. ``new_out(shape, f)`` makes
+    the result: ``(address, result)``, a new buffer of this rank's part's
+    shape and f's dtype, and the object owning it, which ``synchronize``
+    returns. A named call that repeats the last one on f's buffer submits its
+    request again, into the new result. ``wait``: a blocking call's, which
+    returns the result itself (no Handle)."""
     psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
     key = None
     if type(name) is str:
         key = ("reducescatter", name, psid, op, prescale_factor, postscale_factor)
         last = repeat(f, key)
         if last is not None:
-            address, result = new_out(last[2])
-            return Handle(again_at(last, address), None, (keep, result), "reducescatter", result)
+            address, result = new_out(last[2], f)
+            hid = again_at(last, address)
+            if wait:
+                return wait_for(hid, (keep, result))[1]
+            return Handle(hid, None, (keep, result), "reducescatter", result)
     shape = (reducescatter_rows(f.shape[0], process_set),) + f.shape[1:]
-    address, result = new_out(shape)
+    address, result = new_out(shape, f)
     r = request(lib.COMMLIB_OP_REDUCESCATTER, c_name("reducescatter", name, psid), dtype=f.code,
                 ndim=f.ndim, shape=f.cshape, input=f.ptr, output=address, reduce_op=resolve_op(op),
                 prescale=prescale_factor, postscale=postscale_factor, process_set=psid)
     hid = submit(r) if key is None else submit_remembered(f, key, r, shape)
+    if wait:
+        return wait_for(hid, (keep, result))[1]
     return Handle(hid, None, (keep, result), "reducescatter", result)
 
 

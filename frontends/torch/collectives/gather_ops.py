@@ -3,6 +3,7 @@
 form; see mpi_ops for the conventions they share."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 import commlib as _c
@@ -111,11 +112,16 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     """Starts copying rank ``root_rank``'s ``tensor`` to every rank (of
     ``process_set``; root_rank is a job rank in it); the result is a new
     tensor (the input is not modified)."""
-    process_set = check_process_set(process_set)
-    f, tensor = input_facts(tensor, "broadcast_async")
-    out = torch.empty_like(tensor)  # (the input's shape, 0-d included; contiguous)
+    return _broadcast_new(tensor, root_rank, name, check_process_set(process_set), "broadcast_async")
+
+
+def _broadcast_new(tensor, root_rank, name, process_set, what: str, wait: bool = False):
+    """broadcast_in_place of a host tensor into a new tensor (the input's
+    shape, 0-d included; contiguous); ``wait``: the result itself."""
+    f, tensor = input_facts(tensor, what)
+    out = torch.empty_like(tensor)
     return broadcast_in_place(f, tensor, root_rank, name, process_set,
-                              (address(out.data_ptr()) if out.numel() else NULL, out))
+                              (address(out.data_ptr()) if out.numel() else NULL, out), wait=wait)
 
 
 @on_cuda("broadcast", inplace=True)
@@ -127,6 +133,10 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
+    if isinstance(tensor, torch.Tensor) and tensor.is_cpu:  # (waited for at once: no Handle)
+        process_set = check_process_set(process_set)
+        return broadcast_in_place(describe(tensor, "broadcast_"), tensor, root_rank, name, process_set,
+                                  wait=True)
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
@@ -155,6 +165,8 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> t
     a new tensor; differentiable."""
     process_set = check_process_set(process_set)
     if not records_grad(tensor):
+        if isinstance(tensor, torch.Tensor) and tensor.is_cpu:  # (waited for at once: no Handle)
+            return _broadcast_new(tensor, root_rank, name, process_set, "broadcast", wait=True)
         return synchronize(broadcast_async(tensor, root_rank, name, process_set))
     return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
@@ -186,7 +198,7 @@ def _alltoall_result(f):
     """alltoall_described's result for a tensor: the received rows as a
     tensor and the rows from each rank as an int32 tensor, as Horovod's."""
     rows = tensor_rows(f)
-    return lambda data, nrows, received: (rows(data, nrows), torch.tensor(received, dtype=torch.int32))
+    return lambda data, nrows, received: (rows(data, nrows), torch.from_numpy(np.array(received, np.int32)))
 
 
 class HorovodAlltoall(torch.autograd.Function):
@@ -215,6 +227,8 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     ``splits`` is given, also the rows received from each rank."""
     process_set = check_process_set(process_set)
     if not records_grad(tensor):
-        out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        host = isinstance(tensor, torch.Tensor) and tensor.is_cpu  # (no device routing to look at)
+        start = alltoall_async.__wrapped__ if host else alltoall_async
+        out, received = synchronize(start(tensor, splits, name, process_set))
         return out if splits is None else (out, received)
     return HorovodAlltoall.apply(tensor, splits, name, process_set)

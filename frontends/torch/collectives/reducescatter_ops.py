@@ -25,14 +25,14 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     lower positions get the extra rows)."""
     process_set = check_process_set(process_set)
     f, tensor = input_facts(tensor, "reducescatter_async", rows_of="reducescatter")
-    dtype = f.tdtype
-
-    def new_out(shape):
-        out = torch.empty(shape, dtype=dtype)
-        return (address(out.data_ptr()) if out.numel() else NULL), out
-
     return reducescatter_described(f, tensor, name, op, prescale_factor, postscale_factor,
-                                   process_set, new_out)
+                                   process_set, _new_part)
+
+
+def _new_part(shape, f):
+    """reducescatter_described's new result: a tensor of ``shape`` and the dtype of ``f``'s."""
+    out = torch.empty(*shape, dtype=f.tdtype)  # (unpacked: faster than a tuple)
+    return (address(out.data_ptr()) if out.numel() else NULL), out
 
 
 class HorovodReducescatter(torch.autograd.Function):
@@ -64,6 +64,11 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     allgather of the output gradient times the set's size for Sum and times
     ``prescale_factor * postscale_factor`` for every op."""
     process_set = check_process_set(process_set)
+    if (compression is Compression.none and isinstance(tensor, torch.Tensor) and tensor.is_cpu
+            and not records_grad(tensor)):  # (waited for at once: no Handle)
+        f, tensor = input_facts(tensor, "reducescatter", rows_of="reducescatter")
+        return reducescatter_described(f, tensor, name, op, prescale_factor, postscale_factor,
+                                       process_set, _new_part, wait=True)
     compressed, cctx = compression.compress(tensor)
     if records_grad(compressed):
         out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
