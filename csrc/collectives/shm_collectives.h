@@ -23,6 +23,21 @@ void broadcast_direct(ShmSegment& shm, void* buf, size_t bytes, int root);
 // Rank r contributes bytes[r]; out receives them concatenated in rank order.
 void allgather_shm(ShmSegment& shm, const void* in, void* out, const std::vector<size_t>& bytes);
 
+// One allgather of several (a fused response): its input (this rank's part),
+// its output (every rank's part, rank after rank) and the bytes each rank
+// contributes (bytes[r]). Inputs must not overlap any output but at their
+// own rank's place there.
+struct GatherMember {
+  const void* in;
+  void* out;
+  std::vector<size_t> bytes;
+};
+
+// allgather_shm of several allgathers at once (allgather_shm_members.cc):
+// rank r's block is its part of each member in turn, copied into its region
+// straight from the inputs and out of it straight into the outputs.
+void allgather_shm_members(ShmSegment& shm, const std::vector<GatherMember>& members);
+
 // The same with one copy (allgather_direct.cc): each rank reads the others'
 // contributions straight from their inputs (process_vm_readv). Needs regions
 // and shm.direct_read_pids(); throws Error if the kernel refuses a read.

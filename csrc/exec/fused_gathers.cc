@@ -6,10 +6,37 @@
 
 #include "base/common.h"
 #include "base/pieces.h"
+#include "base/timeline.h"
+#include "collectives/shm_collectives.h"
 #include "exec/operations.h"
 #include "negotiation/fusion.h"
 
 namespace commlib {
+namespace {
+
+// Whether no member's input overlaps any member's output but at its own
+// rank's place there (allgather(out[lo:hi], out=out)): then each input can be
+// read while outputs are written (allgather_shm_members).
+bool inputs_apart(const std::vector<GatherMember>& members, size_t me) {
+  for (const GatherMember& a : members) {
+    const char* in = static_cast<const char*>(a.in);
+    const size_t n = a.bytes[me];
+    if (!n) continue;
+    for (const GatherMember& b : members) {
+      const char* out = static_cast<const char*>(b.out);
+      size_t total = 0, own = 0;
+      for (size_t r = 0; r < b.bytes.size(); ++r) {
+        if (r == me) own = total;
+        total += b.bytes[r];
+      }
+      if (in + n <= out || out + total <= in) continue;
+      if (&a != &b || in != out + own) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
 
 void run_allgather_fused(OpContext& ctx, const std::vector<Entry*>& entries, const std::vector<int64_t>& rows) {
   const size_t size = size_t(ctx.transport.size()), me = size_t(ctx.transport.rank());
@@ -27,6 +54,25 @@ void run_allgather_fused(OpContext& ctx, const std::vector<Entry*>& entries, con
     if (r == me) own = total;
     total += block[r];
   }
+  std::vector<GatherMember> members(k);
+  for (size_t m = 0; m < k; ++m) {
+    Entry& e = *entries[m];
+    int64_t member_total = 0;
+    members[m].bytes.resize(size);
+    for (size_t r = 0; r < size; ++r) {
+      member_total += rows[m * size + r];
+      members[m].bytes[r] = part(m, r);
+    }
+    members[m].in = e.input;
+    members[m].out = allgather_output(e, member_total);
+    e.handle->rows = member_total;
+    e.handle->splits = member_rows(rows, k, m);
+  }
+  if (allgather_route(ctx, total) == GatherRoute::regions && inputs_apart(members, me)) {
+    note_algorithm("shm");
+    allgather_shm_members(*ctx.shm, members);
+    return;
+  }
   char* buf = ctx.fusion.get(total + 1);
   for (size_t m = 0, at = own; m < k; at += part(m, me), ++m) {
     if (part(m, me)) std::memcpy(buf + at, entries[m]->input, part(m, me));
@@ -36,18 +82,12 @@ void run_allgather_fused(OpContext& ctx, const std::vector<Entry*>& entries, con
   std::vector<size_t> at(size);
   for (size_t r = 0, off = 0; r < size; off += block[r], ++r) at[r] = off;
   for (size_t m = 0; m < k; ++m) {
-    Entry& e = *entries[m];
-    HandleState& h = *e.handle;
-    int64_t member_total = 0;
-    for (size_t r = 0; r < size; ++r) member_total += rows[m * size + r];
-    char* out = allgather_output(e, member_total);
+    char* out = static_cast<char*>(members[m].out);
     for (size_t r = 0; r < size; ++r) {
       if (part(m, r)) std::memcpy(out, buf + at[r], part(m, r));
       out += part(m, r);
       at[r] += part(m, r);
     }
-    h.rows = member_total;
-    h.splits = member_rows(rows, k, m);
   }
 }
 

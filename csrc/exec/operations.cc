@@ -184,13 +184,20 @@ void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries) {
   }
 }
 
+GatherRoute allgather_route(const OpContext& ctx, size_t total) {
+  if (total >= direct_allgather_bytes(ctx.transport.size()) && reads_directly(ctx)) return GatherRoute::direct;
+  if (use_shm_collective(ctx, total <= kShmAllgatherMaxBytes) && shm_regions(ctx)) return GatherRoute::regions;
+  return GatherRoute::mpi;
+}
+
 void allgather_blocks(OpContext& ctx, const void* in, void* out, const std::vector<size_t>& bytes) {
   size_t total = 0;
   for (size_t b : bytes) total += b;
-  if (total >= direct_allgather_bytes(ctx.transport.size()) && reads_directly(ctx)) {
+  const GatherRoute route = allgather_route(ctx, total);
+  if (route == GatherRoute::direct) {
     note_algorithm("shm-direct");
     allgather_direct(*ctx.shm, in, out, bytes);
-  } else if (use_shm_collective(ctx, total <= kShmAllgatherMaxBytes) && shm_regions(ctx)) {
+  } else if (route == GatherRoute::regions) {
     note_algorithm("shm");
     allgather_shm(*ctx.shm, in, out, bytes);
   } else {

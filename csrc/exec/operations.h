@@ -34,6 +34,12 @@ int64_t reducescatter_rows(const RequestDesc& d, int size, int r);
 // Bytes of one dim-0 row (product of the other dimensions times dtype size).
 size_t row_bytes(const RequestDesc& d);
 
+// How an allgather of total bytes (every rank's blocks) moves: each rank
+// reading the others' buffers (direct), through the shared segment's regions,
+// or MPI.
+enum class GatherRoute { direct, regions, mpi };
+GatherRoute allgather_route(const OpContext& ctx, size_t total);
+
 // Every rank's block (bytes[r] from rank r) into out, rank after rank; in
 // holds this rank's block (it may be its place in out).
 void allgather_blocks(OpContext& ctx, const void* in, void* out, const std::vector<size_t>& bytes);

@@ -10,6 +10,8 @@ reducescatters in flight at once, fused by the core into one collective each
 - reducescatters of mixed ops, dtypes (half types), explicit splits, scale
   factors and inputs in pieces (ZeRO's), some into a caller's `out`;
 - a batch on a process set of all ranks but the last (at 3 ranks or more);
+- allgathers fused whose input lies in their out (in place, or at another
+  rank's place there);
 - three rounds each, so that later rounds run from the response cache;
 - the timeline (argv[1]) must show fused allgathers and reducescatters.
 
@@ -135,12 +137,33 @@ def reducescatters(rnd):
                     rtol=1e-3 if dt == np.float16 or op == commlib.Average else 0.0)
 
 
+def in_place_batch(rnd):
+    """Allgathers fused whose input lies in their own out: one at its rank's
+    place there (in place), one at the start of it (not its place but rank
+    0's: read before anything is written, as unfused), one apart."""
+    rows = [q + 1 for q in range(n)]  # (rank q's rows)
+    lo = sum(rows[:r])
+    mine = lambda q: np.arange(rows[q] * 2).reshape(rows[q], 2) + 100 * q + rnd  # noqa: E731 (rows differ)
+    whole, front = np.zeros((sum(rows), 2), np.int64), np.zeros((sum(rows), 2), np.int64)
+    whole[lo:lo + rows[r]] = mine(r)
+    front[:rows[r]] = mine(r)
+    hs = [commlib.allgather_async(whole[lo:lo + rows[r]], name="inplace.own", out=whole),
+          commlib.allgather_async(front[:rows[r]], name="inplace.front", out=front),
+          commlib.allgather_async(mine(r), name="inplace.apart")]
+    got = [commlib.synchronize(h) for h in hs]
+    want = np.concatenate([mine(q) for q in range(n)])
+    check_equal(whole, want, f"round {rnd}: allgather in place")
+    check_equal(front, want, f"round {rnd}: allgather whose input is rank 0's place in its out")
+    check_equal(got[2], want, f"round {rnd}: allgather fused with those")
+
+
 everyone = list(range(n))
 subset = commlib.ProcessSet(list(range(n - 1))) if n > 2 else None
 if subset is not None:
     commlib.add_process_set(subset)
 for rnd in range(ROUNDS):
     gathers(rnd, 12, everyone, None, "all")
+    in_place_batch(rnd)
     reducescatters(rnd)
     if subset is not None and r in subset.ranks:
         gathers(rnd, 6, subset.ranks, subset, "set")
