@@ -51,7 +51,7 @@ from .process_sets import global_process_set
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
 from .process_sets import set_rank, set_size
-from .submit import (again, again_at, array_fields, c_name, cached_facts, describe, quick_repeat, remember_quick,
+from .submit import (again, again_at, array_fields, submit_fresh, c_name, cached_facts, describe, quick_repeat, remember_quick,
                      repeat, request, submit, submit_in_place, submit_remembered)
 
 # Reduction operators (Horovod's names).
@@ -238,6 +238,16 @@ def allreduce_waited(f, keep, name, op, prescale_factor, postscale_factor, out):
                           None if out is None else out[0])
     if out is None:
         return wait_for(hid, keep)
+    return wait_for(hid, (keep, out[1]))[1]
+
+
+def allreduce_fresh(code: int, shape: tuple, inp, keep, name: str, op, prescale_factor, postscale_factor,
+                    out):
+    """allreduce_waited for a buffer that is not described (a new tensor each
+    call, as a metric's): ``inp`` its address, of dtype ``code`` and
+    ``shape``; ``out`` as allreduce_in_place takes it. Returns ``out[1]``."""
+    hid = submit_fresh(_OP_ALLREDUCE, "allreduce", name, code, shape, inp, out[0], op, prescale_factor,
+                       postscale_factor)
     return wait_for(hid, (keep, out[1]))[1]
 
 

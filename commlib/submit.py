@@ -201,6 +201,29 @@ def again_at(last, out) -> int:
 
 _again_lock = threading.Lock()
 
+# Requests of named calls on buffers that are not described (a new tensor
+# each call, as a training loop's metric), by their arguments but the buffers.
+_fresh: dict = {}
+
+
+def submit_fresh(op_type: int, kind: str, name: str, code: int, shape: tuple, inp, out, reduce_op: int,
+                 prescale: float, postscale: float) -> int:
+    """Submits a request on the global set reading ``inp`` and writing
+    ``out`` (``address``es of a buffer of dtype ``code`` and ``shape``, and of
+    one like it), named ``name``, without describing the buffer: a call that
+    repeats an earlier one's arguments but its buffers submits that call's
+    request again with the new addresses (the core copies what it keeps)."""
+    key = (op_type, name, code, shape, reduce_op, prescale, postscale)
+    r = _fresh.get(key)
+    if r is None:
+        r = request(op_type, c_name(kind, name, 0), dtype=code, ndim=len(shape), shape=shape_array(shape),
+                    input=inp, output=out, reduce_op=reduce_op, prescale=prescale, postscale=postscale)
+        _bounded(_fresh, 1024)[key] = r
+        return submit(r)
+    with _again_lock:
+        r.c.input, r.c.output = inp, out
+        return submit(r)
+
 
 def submit_remembered(f: Facts, key: tuple, r: Request, extra=None) -> int:
     """Submits r, remembered on f under key (for ``repeat``)."""

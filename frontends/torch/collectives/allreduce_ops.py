@@ -8,7 +8,7 @@ import torch
 import commlib as _c
 from commlib.grouped_ops import submit_group
 from commlib.handle import wait_for
-from commlib.ops import Adasum, Average, Max, Min, Sum, allreduce_in_place, allreduce_waited
+from commlib.ops import Adasum, Average, Max, Min, Sum, allreduce_fresh, allreduce_in_place, allreduce_waited
 from commlib.process_sets import check_process_set, global_process_set
 from commlib.reduce_args import resolve_op
 from commlib.submit import NULL, address, remember_quick, submit_again
@@ -17,7 +17,7 @@ from .compression import Compression
 from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
 from .tensor_io import (as_tensor, cached_facts, check_tensor, describe, facts_of, group_layout,
-                        group_outputs, input_array, records_grad, tensor_list)
+                        group_outputs, host_code, input_array, records_grad, tensor_list)
 
 # ---------------------------------------------------------------- allreduce
 
@@ -157,11 +157,17 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     Compression.fp16) casts the tensor for the transfer and back."""
     if (compression is Compression.none and process_set is global_process_set and average is None
             and (op is None or (type(op) is int and op in _PLAIN_OPS))):
-        f = cached_facts(tensor)  # (a CPU tensor described before and unchanged since: waited for at once)
-        if f is not None and not (tensor.requires_grad and torch.is_grad_enabled()):
+        # (waited for at once: a CPU tensor described before and unchanged since, or, with a
+        # given name, any plain CPU tensor, as a metric's new tensor each step)
+        f = cached_facts(tensor)
+        code = None if f is not None or type(name) is not str else host_code(tensor)
+        if (f is not None or code is not None) and not (tensor.requires_grad and torch.is_grad_enabled()):
             out = torch.empty_like(tensor)  # (contiguous like the tensor; cheaper than torch.empty)
-            return allreduce_waited(f, tensor, name, Average if op is None else op, prescale_factor,
-                                    postscale_factor, (address(out.data_ptr()) if out.numel() else NULL, out))
+            rop, dst = Average if op is None else op, (address(out.data_ptr()) if out.numel() else NULL, out)
+            if f is not None:
+                return allreduce_waited(f, tensor, name, rop, prescale_factor, postscale_factor, dst)
+            return allreduce_fresh(code, tuple(tensor.shape) or (1,), address(tensor.data_ptr()) if out.numel()
+                                   else NULL, tensor, name, rop, prescale_factor, postscale_factor, dst)
     process_set = check_process_set(process_set)
     args = (average, name, op, prescale_factor, postscale_factor, process_set)
     if compression is Compression.none:  # (nothing to cast: no compress/decompress calls)

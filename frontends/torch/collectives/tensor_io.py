@@ -126,6 +126,18 @@ _facts: dict[int, TensorFacts] = {}
 facts_of = _facts.get  # (id(tensor) -> its TensorFacts or None; check f.holds(tensor) before use)
 
 
+def host_code(tensor):
+    """The core's dtype code of a dense contiguous CPU tensor that commlib
+    moves as it is; None for anything else (which takes the checked way)."""
+    if not isinstance(tensor, torch.Tensor):
+        return None
+    code = _CODE_OF.get(tensor.dtype)
+    if (code is None or not tensor.is_cpu or tensor.is_nested or tensor.layout is not torch.strided
+            or not tensor.is_contiguous()):
+        return None
+    return code
+
+
 def cached_facts(tensor):
     """The facts ``describe`` gave ``tensor`` when they still hold, else None."""
     f = _facts.get(id(tensor))

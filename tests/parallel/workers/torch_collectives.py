@@ -248,6 +248,23 @@ for step in range(8):  # (the arguments change every other step; the data every 
 for step, results in enumerate(seen):
     for what, (want, got) in zip(("allreduce", "broadcast", "reducescatter"), results):
         close(got, want, f"{what} result of step {step} after later calls")
+# a new tensor every call under one name (a metric's): 0-d, 1-d, another dtype and shape
+fresh = []
+for step in range(4):
+    loss = torch.tensor(float(r + step))
+    avg = hvd.allreduce(loss, name="metric.loss")
+    close(avg, torch.tensor((n - 1) / 2 + step), f"step {step}: metric average")
+    close(loss, torch.tensor(float(r + step)), f"step {step}: the metric's input unchanged")
+    counts = torch.arange(3, dtype=torch.int64 if step % 2 else torch.int32) + r + step
+    total = hvd.allreduce(counts, name="metric.counts", op=hvd.Sum)
+    if total.dtype != counts.dtype:
+        fail(f"step {step}: a metric's sum came back as {total.dtype}")
+    close(total.double(), (torch.arange(3) * n + n * (n - 1) / 2 + n * step).double(), f"step {step}: metric sum")
+    wide = hvd.allreduce(torch.full((step + 1, 2), float(r)), name="metric.wide", op=hvd.Sum)
+    close(wide, torch.full((step + 1, 2), n * (n - 1) / 2), f"step {step}: metric of a new shape")
+    fresh.append((avg.clone(), avg))
+for step, (want, got) in enumerate(fresh):
+    close(got, want, f"metric result of step {step} after later calls")
 for rep in reps:
     rep.data = torch.full((n, 3), float(r))
 close(hvd.allreduce(reps[0], op=hvd.Sum, name="rep.ar"), torch.full((n, 3), n * (n - 1) / 2),
