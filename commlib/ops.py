@@ -51,8 +51,8 @@ from .process_sets import global_process_set
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
 from .process_sets import set_rank, set_size
-from .submit import (again, again_at, array_fields, submit_fresh, c_name, cached_facts, describe, quick_repeat, remember_quick,
-                     repeat, request, submit, submit_in_place, submit_remembered)
+from .submit import (NULL, again, again_at, array_fields, c_name, cached_facts, describe, quick_repeat,
+                     remember_quick, repeat, request, submit, submit_fresh, submit_in_place, submit_remembered)
 
 # Reduction operators (Horovod's names).
 Sum = lib.COMMLIB_SUM
@@ -360,6 +360,15 @@ def allgather_described(f, keep, name, process_set, rows_view, wait: bool = Fals
     finish = TakesResult(rows_view(f))
     hid = submit(r) if key is None else submit_remembered(f, key, r, finish)
     return take_for(hid, finish.make, keep) if wait else Handle(hid, finish, keep, "allgather")
+
+
+def allgather_fresh(code: int, shape: tuple, inp, keep, name: str, view):
+    """A blocking allgather on the global set of a buffer that is not
+    described (a new tensor each call, as a metric's): ``inp`` its address,
+    of dtype ``code`` and ``shape`` (at least one dimension); returns
+    ``view(data, rows)`` of the result (see allgather_described)."""
+    hid = submit_fresh(lib.COMMLIB_OP_ALLGATHER, "allgather", name, code, shape, inp, NULL, 0, 1.0, 1.0)
+    return take_for(hid, view, keep)
 
 
 def array_rows(f):

@@ -8,15 +8,16 @@ import torch
 
 import commlib as _c
 from commlib.checks import check_has_rows
-from commlib.ops import Average, allgather_described, alltoall_described, auto_name, broadcast_in_place
+from commlib.ops import (Average, allgather_described, allgather_fresh, alltoall_described, auto_name,
+                         broadcast_in_place)
 from commlib.process_sets import check_process_set, global_process_set, set_rank
 from commlib.submit import NULL, address
 
 from .allreduce_ops import allreduce, grouped_allreduce_async
 from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
-from .tensor_io import (check_tensor, describe, input_facts, records_grad, split_list, tensor_list,
-                        tensor_rows)
+from .tensor_io import (cached_facts, check_tensor, describe, host_code, input_facts, records_grad,
+                        rows_as_tensor, split_list, tensor_list, tensor_rows)
 
 # ---------------------------------------------------------------- allgather
 
@@ -57,6 +58,12 @@ def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor
     process_set = check_process_set(process_set)
     if not records_grad(tensor):
         if isinstance(tensor, torch.Tensor) and tensor.is_cpu:  # (waited for at once: no Handle)
+            fresh = (type(name) is str and process_set is global_process_set and tensor.dim()
+                     and cached_facts(tensor) is None)  # (a new tensor each call, as a metric's)
+            code = host_code(tensor) if fresh else None
+            if code is not None:
+                return allgather_fresh(code, tuple(tensor.shape), address(tensor.data_ptr()) if tensor.numel()
+                                       else NULL, tensor, name, rows_as_tensor(tensor.dtype, tuple(tensor.shape[1:])))
             f, tensor = input_facts(tensor, "allgather", rows_of="allgather")
             return allgather_described(f, tensor, name, process_set, tensor_rows, wait=True)
         return synchronize(allgather_async(tensor, name, process_set))  # (CUDA, or refused there)

@@ -243,8 +243,12 @@ def tensor_rows(f: TensorFacts):
     """commlib.ops.allgather_described's rows_view for a tensor's facts: its
     result (the core's bytes, shared) as a tensor of the input's dtype and
     trailing dimensions."""
-    dtype, trailing = f.tdtype, tuple(f.tshape[1:])
+    return rows_as_tensor(f.tdtype, tuple(f.tshape[1:]))
 
+
+def rows_as_tensor(dtype, trailing: tuple):
+    """A result's rows (the core's bytes, shared) as a tensor of ``dtype``
+    and ``trailing`` dimensions: ``view(data, rows)``."""
     def view(data, rows):
         if not len(data):
             return torch.empty((rows,) + trailing, dtype=dtype)

@@ -262,7 +262,15 @@ for step in range(4):
     close(total.double(), (torch.arange(3) * n + n * (n - 1) / 2 + n * step).double(), f"step {step}: metric sum")
     wide = hvd.allreduce(torch.full((step + 1, 2), float(r)), name="metric.wide", op=hvd.Sum)
     close(wide, torch.full((step + 1, 2), n * (n - 1) / 2), f"step {step}: metric of a new shape")
+    rows = hvd.allgather(torch.full((r + 1, 2), float(r + step)), name="metric.rows")
+    close(rows, torch.cat([torch.full((q + 1, 2), float(q + step)) for q in range(n)]),
+          f"step {step}: allgather of a new tensor")
+    ids = hvd.allgather(torch.tensor([r * 10 + step], dtype=torch.int64 if step % 2 else torch.int32),
+                        name="metric.ids")
+    check_equal(ids.numpy(), np.array([q * 10 + step for q in range(n)], np.int64 if step % 2 else np.int32),
+                f"step {step}: allgather of ids")
     fresh.append((avg.clone(), avg))
+    fresh.append((rows.clone(), rows))
 for step, (want, got) in enumerate(fresh):
     close(got, want, f"metric result of step {step} after later calls")
 for rep in reps:
