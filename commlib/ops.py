@@ -222,12 +222,22 @@ def allreduce_in_place(f, keep, name=None, op=Average, prescale_factor=1.0, post
     buffer of f's dtype and shape apart from f's, and the object owning it)
     the result is written there instead, and ``synchronize`` returns
     ``result``."""
-    psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
+    psid = _psid(process_set)  # (the global set: 0 at once)
     hid = submit_in_place(f, _OP_ALLREDUCE, "allreduce", name, op, prescale_factor, postscale_factor,
                           psid, None if out is None else out[0])
     if out is None:
         return Handle(hid, None, keep, "allreduce", keep)
     return Handle(hid, None, (keep, out[1]), "allreduce", out[1])
+
+
+def _handle_or_result(hid: int, keep, result, op: str, wait: bool):
+    """The Handle of request ``hid`` (``keep`` alive until it completes, its
+    result ``result``), or for a blocking call (``wait``) ``result`` once the
+    request completed, without a Handle."""
+    if wait:
+        wait_for(hid, keep)
+        return result
+    return Handle(hid, None, keep, op, result)
 
 
 def allreduce_waited(f, keep, name, op, prescale_factor, postscale_factor, out):
@@ -238,7 +248,7 @@ def allreduce_waited(f, keep, name, op, prescale_factor, postscale_factor, out):
                           None if out is None else out[0])
     if out is None:
         return wait_for(hid, keep)
-    return wait_for(hid, (keep, out[1]))[1]
+    return _handle_or_result(hid, (keep, out[1]), out[1], "allreduce", True)
 
 
 def allreduce_fresh(code: int, shape: tuple, inp, keep, name: str, op, prescale_factor, postscale_factor,
@@ -248,7 +258,7 @@ def allreduce_fresh(code: int, shape: tuple, inp, keep, name: str, op, prescale_
     ``shape``; ``out`` as allreduce_in_place takes it. Returns ``out[1]``."""
     hid = submit_fresh(_OP_ALLREDUCE, "allreduce", name, code, shape, inp, out[0], op, prescale_factor,
                        postscale_factor)
-    return wait_for(hid, (keep, out[1]))[1]
+    return _handle_or_result(hid, (keep, out[1]), out[1], "allreduce", True)
 
 
 def _allreduce(inp, out, average, name, op, prescale, postscale, process_set) -> Handle:
@@ -330,7 +340,7 @@ def _allgather_again(tensor, name: str, process_set, out):
     f = cached_facts(tensor, writable=False)
     if f is None:
         return None
-    psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
+    psid = _psid(process_set)  # (the global set: 0 at once)
     if out is None:
         last = repeat(f, ("allgather", psid, name)) if f.ndim else None
     else:
@@ -348,7 +358,7 @@ def allgather_described(f, keep, name, process_set, rows_view, wait: bool = Fals
     call that repeats the last one on f's buffer (the same name and set)
     submits its request again. ``wait``: a blocking call's, which returns
     the result itself (no Handle)."""
-    psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
+    psid = _psid(process_set)  # (the global set: 0 at once)
     key = ("allgather", psid, name) if type(name) is str else None
     last = None if key is None else repeat(f, key)
     if last is not None:
@@ -442,10 +452,8 @@ def broadcast_in_place(f, keep, root_rank, name=None, process_set=None, out=None
                     root=check_root(root_rank, process_set), process_set=psid)
         hid = submit_remembered(f, key, r) if type(name) is str else submit(r)
     if out is None:
-        return wait_for(hid, keep) if wait else Handle(hid, None, keep, "broadcast", keep)
-    if wait:
-        return wait_for(hid, (keep, out[1]))[1]
-    return Handle(hid, None, (keep, out[1]), "broadcast", out[1])
+        return _handle_or_result(hid, keep, keep, "broadcast", wait)
+    return _handle_or_result(hid, (keep, out[1]), out[1], "broadcast", wait)
 
 
 def _broadcast(inp, out, root_rank, name, process_set) -> Handle:
@@ -513,7 +521,7 @@ def alltoall_described(f, keep, splits, name, process_set, make_result) -> Handl
     the received rows' bytes, now owned by Python; rows: their number;
     received: the rows from each member). A named call that repeats the last
     one on f's buffer submits its request again."""
-    psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
+    psid = _psid(process_set)  # (the global set: 0 at once)
     key = None
     if type(name) is str:
         key = ("alltoall", name, psid, None if splits is None else tuple(splits))
@@ -621,26 +629,21 @@ def reducescatter_described(f, keep, name, op, prescale_factor, postscale_factor
     returns. A named call that repeats the last one on f's buffer submits its
     request again, into the new result. ``wait``: a blocking call's, which
     returns the result itself (no Handle)."""
-    psid = 0 if process_set is None or process_set is global_process_set else _psid(process_set)
+    psid = _psid(process_set)  # (the global set: 0 at once)
     key = None
     if type(name) is str:
         key = ("reducescatter", name, psid, op, prescale_factor, postscale_factor)
         last = repeat(f, key)
         if last is not None:
             address, result = new_out(last[2], f)
-            hid = again_at(last, address)
-            if wait:
-                return wait_for(hid, (keep, result))[1]
-            return Handle(hid, None, (keep, result), "reducescatter", result)
+            return _handle_or_result(again_at(last, address), (keep, result), result, "reducescatter", wait)
     shape = (reducescatter_rows(f.shape[0], process_set),) + f.shape[1:]
     address, result = new_out(shape, f)
     r = request(lib.COMMLIB_OP_REDUCESCATTER, c_name("reducescatter", name, psid), dtype=f.code,
                 ndim=f.ndim, shape=f.cshape, input=f.ptr, output=address, reduce_op=resolve_op(op),
                 prescale=prescale_factor, postscale=postscale_factor, process_set=psid)
     hid = submit(r) if key is None else submit_remembered(f, key, r, shape)
-    if wait:
-        return wait_for(hid, (keep, result))[1]
-    return Handle(hid, None, (keep, result), "reducescatter", result)
+    return _handle_or_result(hid, (keep, result), result, "reducescatter", wait)
 
 
 def check_out_part(out, shape: tuple, dtype, what: str) -> np.ndarray:
