@@ -2,7 +2,7 @@
 wall-clock time for sync, fp16, PowerSGD rank 1, 2 and 4 and DiLoCo (H = 8),
 with "local" (no exchange: the compute alone) beside them.
 
-Every mode trains its own copy of the synthetic benchmark's MLP (12.6 M
+Every mode trains its own copy of the synthetic benchmark's MLP (12.5 M
 parameters, synthetic_models.py; ``--model small-mlp``: 0.3 M) on a learnable task (random inputs labelled
 by a fixed random linear teacher, 10 of the 1000 outputs), SGD (lr 0.05); the modes
 take turns, ``--period`` steps each, so that they share the same load. The

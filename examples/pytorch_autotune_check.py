@@ -1,5 +1,5 @@
 """Autotune against hand-picked fusion thresholds on the synthetic benchmark's
-model (synthetic_models.py: the MLP of 12.6M parameters, batch 32, SGD,
+model (synthetic_models.py: the MLP of 12.5M parameters, batch 32, SGD,
 one thread per rank), in one run:
 1. with autotune on: steps until every rank applied autotune's final setting
    (samples/s of every 20 steps on the way);

@@ -7,7 +7,7 @@ puts each rank on GPU ``local rank % device count``; DDP then runs on NCCL,
 otherwise on gloo. Models (synthetic_models.py): ``resnet50`` (the CUDA
 default when torchvision is installed), ``resnet18``, ``transformer`` (a
 12-layer encoder of width 512 from torch.nn; the CUDA default without
-torchvision), ``mlp`` (12.6M parameters, the CPU default) and ``small-mlp``.
+torchvision), ``mlp`` (12.5M parameters, the CPU default) and ``small-mlp``.
 ``--amp bf16|fp16`` trains under autocast (fp16 with a GradScaler), batch 32
 per rank, one torch thread per rank.
 

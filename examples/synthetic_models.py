@@ -7,7 +7,7 @@
 - ``transformer``: a ``torch.nn.TransformerEncoder`` (pre-norm, GELU) over
   token embeddings, mean-pooled into a classifier; 12 layers of width 512 and
   sequence length 128 unless told otherwise;
-- ``mlp``: 1024 -> 2048 -> 2048 -> 2048 -> 1000 (12.6M parameters);
+- ``mlp``: 1024 -> 2048 -> 2048 -> 2048 -> 1000 (12.5M parameters);
   ``small-mlp``: 256 -> 512 -> 256 -> 100 (0.3M, for smoke tests).
 """
 import torch

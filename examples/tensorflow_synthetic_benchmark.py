@@ -4,7 +4,7 @@ tf.distribute.MultiWorkerMirroredStrategy.
 Trains a Keras model with model.fit on random data (no input pipeline work)
 and prints samples/s, in the style of Horovod's
 tensorflow2_synthetic_benchmark.py. The default model is an MLP with about
-12.6 million parameters (1024 -> 2048 -> 2048 -> 2048 -> 1000), batch 32
+12.5 million parameters (1024 -> 2048 -> 2048 -> 2048 -> 1000), batch 32
 per rank, one TensorFlow thread per rank. With commlib it also prints the
 share of the step time spent in the gradient allreduce (wall time inside the
 collective, waiting for the other ranks included).
@@ -49,7 +49,7 @@ def parse_args():
                    help="Keras model.fit, or a tf.function step with a gradient tape "
                         "(always custom with mwms)")
     p.add_argument("--model", choices=["mlp", "small-mlp"], default="mlp",
-                   help="mlp: 12.6M parameters; small-mlp: 0.3M (for smoke tests)")
+                   help="mlp: 12.5M parameters; small-mlp: 0.3M (for smoke tests)")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--num-warmup-batches", type=int, default=5)
     p.add_argument("--num-batches-per-iter", type=int, default=10)

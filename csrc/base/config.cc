@@ -111,7 +111,8 @@ std::vector<ConfigEntry> make_table() {
                 "block of 4 pieces' worth is cut into one piece per local rank)"),
       int_entry("COMMLIB_SHM_FUSION_BYTES", "4194304", 0, 128 * kMiB, &C::shm_fusion_bytes,
                 "bytes of each rank's fusion region in the shared segment; 0: none (fused allreduces are "
-                "packed in private memory, allgather and broadcast go through MPI)"),
+                "packed in private memory; broadcast, allgather, alltoall and reducescatter go through "
+                "MPI, and no collective reads a peer's buffer in one copy)"),
       token_entry("COMMLIB_RUN_JOB", 32, &C::run_job,
                   "set by commlibrun: its job's token, part of the named (fallback) shared segments' names "
                   "(commlibrun removes what a killed job left)"),
