@@ -157,7 +157,7 @@ std::vector<ConfigEntry> make_table() {
                 "one host are copied by both ranks at once"),
       bool_entry("COMMLIB_P2P_SINGLE_COPY", "1", &C::p2p_single_copy,
                  "0 disables single-copy reads (process_vm_readv) between ranks of one host: point-to-point, large "
-                 "alltoalls, broadcasts and allgathers"),
+                 "alltoalls and allgathers, broadcasts from 64 MiB at more than 2 ranks"),
       path_entry("COMMLIB_TIMELINE", "", &C::timeline,
                  "path of a Chrome-trace JSON timeline written from init on (rank 0 writes the path, "
                  "rank r <stem>.rank<r><ext>; python -m commlib.timeline merges them); empty: off"),

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "backends/shm/shm.h"
@@ -67,12 +68,16 @@ enum { kShmAuto = 0, kShmAlways = 1, kShmNever = 2 };
 //   size (64 KiB-256 MiB: 1.0-9x the MPI_Reduce_scatter time, where the MPI
 //   path took 0.15-0.9x), so auto uses it.
 // - broadcast with one copy (broadcast_direct.cc: every rank reads the
-//   root's buffer itself) against two (through the root's region): 2 ranks,
-//   256 KiB 25-35 against 35-40 us, 1 MiB 86 against 114-142, 4 MiB 252-258
-//   against 455-462, 64 MiB 5.9-6.1 against 8.1-9.2 ms (16-64 KiB alike);
-//   3 ranks (on 2 cores), where the readers share the root's pages, worse up
-//   to 1 MiB (256 KiB 69-113 against 44-52 us) and better from 4 MiB (704
-//   against 1048 us; 16 MiB 3.5 against 3.9 ms); so auto reads directly from
+//   root's buffer itself) against two (through the root's region, pipelined
+//   in pieces: the root fills one while the others empty the last, cache
+//   hot): since the region's hand-offs got cheaper (waits that look before
+//   they yield), the region wins at 2 ranks at every size (2026-12-02,
+//   alternating jobs: 256 KiB 13-15 against 28-33 us, 1 MiB 30-35 against
+//   102-107, 4 MiB 103-112 against 257-295, 16 MiB 0.60-0.90 against
+//   1.0-1.35 ms, 64 MiB 3.8-4.4 against 4.9, 256 MiB 14.6-15.8 against
+//   15.9-19.1 ms); 3 ranks (on 2 cores) up to 16 MiB (4 MiB 0.27-0.35
+//   against 0.61-0.66 ms, 16 MiB 1.8-1.9 against 2.2-2.7), alike at 64 MiB
+//   (7.9-8.3 against 7.3-8.2 ms). So auto reads directly only from
 //   direct_broadcast_bytes(ranks), where the kernel lets ranks read each other;
 // - allgather with one copy (allgather_direct.cc) against the MPI path above
 //   kShmAllgatherMaxBytes of result: 2 ranks, 4 MiB 241-247 against 263-271
@@ -83,7 +88,7 @@ enum { kShmAuto = 0, kShmAlways = 1, kShmNever = 2 };
 // disables them.
 constexpr size_t kShmAllgatherMaxBytes = size_t(2) << 20;
 constexpr size_t kShmAlltoallMaxBytes = size_t(1) << 20;
-constexpr size_t direct_broadcast_bytes(int ranks) { return ranks == 2 ? size_t(256) << 10 : size_t(4) << 20; }
+constexpr size_t direct_broadcast_bytes(int ranks) { return ranks == 2 ? SIZE_MAX : size_t(64) << 20; }
 constexpr size_t direct_allgather_bytes(int ranks) { return ranks == 2 ? size_t(4) << 20 : size_t(16) << 20; }
 
 // What the choice depends on, for one collective.

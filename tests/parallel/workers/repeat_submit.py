@@ -7,9 +7,10 @@ arguments changed under the same name (op, root, splits, scale factors, the
 process set). Small broadcasts of two roots in flight together (fused per
 root; a large one alone). Then a large alltoall with uneven splits and a zero block,
 whose route the timeline shows (argv[1]: the route expected, "shm-direct"
-or "mpi"), and large broadcasts from every root (the route of the largest:
-"shm-direct", or "shm" where the alltoall's is "mpi"), the root overwriting
-its buffer at once, and a large uneven allgather (the alltoall's route).
+or "mpi"), and large broadcasts from every root (5.6 MB through the root's
+region; 68 MB "shm-direct" at 3 ranks, through the region where the
+alltoall's route is "mpi"), the root overwriting its buffer at once, and a
+large uneven allgather (the alltoall's route).
 Every result is checked against numpy on every rank."""
 import sys
 
@@ -113,12 +114,12 @@ for _ in range(2):
     want = [ins[q][sum(big(q)[:r]):sum(big(q)[:r + 1])] for q in range(n)]
     check_equal(got, np.concatenate(want), "large uneven alltoall")
     check_equal(received, np.array([big(q)[r] for q in range(n)]), "large alltoall splits")
-# Large broadcasts from every root, in place and out of place (from 256 KiB
-# at 2 ranks and 4 MiB at more, each rank reads the root's buffer itself where
-# the kernel lets it): the root overwrites its buffer as soon as the call
-# returns, so a rank still reading it would see the new values.
+# Large broadcasts from every root, in place and out of place (through the
+# root's region; from 64 MiB at more than 2 ranks each rank reads the root's
+# buffer itself where the kernel lets it): the root overwrites its buffer as
+# soon as the call returns, so a rank still reading it would see the new values.
 for root in range(n):
-    for elems in (80_000, 1_400_000):  # (320 KB, 5.6 MB of float32)
+    for elems in (80_000, 1_400_000, 17_000_000):  # (320 KB, 5.6 MB, 68 MB of float32)
         want = np.arange(elems, dtype=np.float32) * (root + 1)
         y = want.copy() if r == root else np.full(elems, -1.0, np.float32)
         commlib.broadcast_(y, root, name="bc.big_")
@@ -147,12 +148,19 @@ seen = {e["args"]["algorithm"] for e in events
         if e["name"] == "alltoall" and "a2a.big" in e.get("args", {}).get("fused_with", ())}
 if seen != {route}:
     fail(f"the large alltoall went {sorted(seen)}, not {route}")
-bc_route = "shm-direct" if route == "shm-direct" else "shm"  # (single copies off: the root's region)
-seen = {e["args"]["algorithm"] for e in events
-        if e["name"] == "broadcast" and "bc.big_" in e.get("args", {}).get("fused_with", ())
-        and e["args"].get("bytes", 0) > 4 << 20}
+def broadcast_routes(low, high):
+    return {e["args"]["algorithm"] for e in events
+            if e["name"] == "broadcast" and "bc.big_" in e.get("args", {}).get("fused_with", ())
+            and low < e["args"].get("bytes", 0) < high}
+
+
+seen = broadcast_routes(4 << 20, 64 << 20)  # (the root's region, faster up to 16 MiB at any rank count)
+if seen != {"shm"}:
+    fail(f"the 5.6 MB broadcasts went {sorted(seen)}, not shm")
+bc_route = "shm-direct" if route == "shm-direct" and n > 2 else "shm"  # (single copies off: the root's region)
+seen = broadcast_routes(64 << 20, 1 << 40)
 if seen != {bc_route}:
-    fail(f"the large broadcasts went {sorted(seen)}, not {bc_route}")
+    fail(f"the 68 MB broadcasts went {sorted(seen)}, not {bc_route}")
 seen = {e["args"]["algorithm"] for e in events
         if e["name"] == "allgather" and "ag.big" in e.get("args", {}).get("fused_with", ())}
 if seen != {route}:
