@@ -426,10 +426,13 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
+    return broadcast_in_place(_written_facts(tensor), tensor, root_rank, name, process_set)
+
+
+def _written_facts(tensor):
+    """The facts of an array broadcast_ writes into: cached, or checked."""
     f = cached_facts(tensor, writable=True)
-    if f is None:
-        f = describe(check_output(tensor, "broadcast_"))
-    return broadcast_in_place(f, tensor, root_rank, name, process_set)
+    return f if f is not None else describe(check_output(tensor, "broadcast_"))
 
 
 def broadcast_in_place(f, keep, root_rank, name=None, process_set=None, out=None, wait: bool = False):
@@ -474,7 +477,8 @@ def broadcast(tensor, root_rank, name=None, process_set=None) -> np.ndarray:
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None) -> np.ndarray:
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return broadcast_in_place(_written_facts(tensor), tensor, root_rank, name, process_set,
+                              wait=True)  # (waited for at once: no Handle)
 
 
 # ---------------------------------------------------------------- alltoall

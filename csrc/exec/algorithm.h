@@ -74,7 +74,7 @@ enum { kShmAuto = 0, kShmAlways = 1, kShmNever = 2 };
 //   they yield), the region wins at 2 ranks at every size (2026-12-02,
 //   alternating jobs: 256 KiB 13-15 against 28-33 us, 1 MiB 30-35 against
 //   102-107, 4 MiB 103-112 against 257-295, 16 MiB 0.60-0.90 against
-//   1.0-1.35 ms, 64 MiB 3.8-4.4 against 4.9, 256 MiB 14.6-15.8 against
+//   1.0-1.35 ms, 64 MiB 3.8-4.9 against 4.9-5.1, 256 MiB 14.6-15.8 against
 //   15.9-19.1 ms); 3 ranks (on 2 cores) up to 16 MiB (4 MiB 0.27-0.35
 //   against 0.61-0.66 ms, 16 MiB 1.8-1.9 against 2.2-2.7), alike at 64 MiB
 //   (7.9-8.3 against 7.3-8.2 ms). So auto reads directly only from
