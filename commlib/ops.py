@@ -487,11 +487,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     """Starts an all-to-all: rows ``splits[i]`` of dimension 0 go to rank i
     (of ``process_set``: its i-th member) (equal parts when splits is None). The result is the received rows in rank
     order, and, when splits is given, the rows received from each rank."""
-    key = None
-    if type(name) is str and (splits is None or type(splits) in (list, tuple)):
-        f = cached_facts(tensor, writable=False)  # (a repeated call: checked and built before)
-        key = ("alltoall", name, _set_key(process_set), None if splits is None else tuple(splits))
-        last = repeat(f, key)
+    key = _alltoall_key(name, splits, process_set)
+    if key is not None:
+        last = repeat(cached_facts(tensor, writable=False), key)  # (a repeated call: checked and built before)
         if last is not None:
             return Handle(again(last), last[2], tensor, "alltoall")
     inp = as_input(tensor)
@@ -554,7 +552,19 @@ def even_splits(rows: int, process_set=None) -> list[int]:
     return [rows // n] * n
 
 
+def _alltoall_key(name, splits, process_set):
+    """The key under which a named numpy alltoall is repeated (None: an
+    unnamed one, or splits of another type, is checked again each call)."""
+    if type(name) is str and (splits is None or type(splits) in (list, tuple)):
+        return "alltoall", name, _set_key(process_set), None if splits is None else tuple(splits)
+    return None
+
+
 def alltoall(tensor, splits=None, name=None, process_set=None):
+    key = _alltoall_key(name, splits, process_set) if splits is None else None
+    last = None if key is None else repeat(cached_facts(tensor, writable=False), key)
+    if last is not None:  # (a repeated call waited for at once: no Handle)
+        return take_for(again(last), last[2].make, tensor)
     return synchronize(alltoall_async(tensor, splits, name, process_set))
 
 
