@@ -98,9 +98,10 @@ std::vector<ConfigEntry> make_table() {
                    "tree below 16 KiB and ring above without shared memory), or always shm, ring, tree, "
                    "or mpi (the MPI library's collective)"),
       choice_entry("COMMLIB_SHM_COLLECTIVES", "auto", "auto|always|never", &C::shm_collectives,
-                   "shared-memory broadcast/allgather/alltoall/reducescatter: auto (broadcast and "
-                   "reducescatter always, allgather up to a 2 MiB result, alltoall up to 1 MiB sent "
-                   "by a rank; larger ones read in one copy, see COMMLIB_P2P_SINGLE_COPY), always, never"),
+                   "shared-memory broadcast/allgather/alltoall/reducescatter: auto (always, but alltoalls "
+                   "from 16 MiB sent by a rank, allgathers from a 64 MiB result at 2 ranks and "
+                   "broadcasts from 64 MiB at more are read in one copy, see COMMLIB_P2P_SINGLE_COPY), "
+                   "always, never"),
       bool_entry("COMMLIB_SHM", "1", &C::shm, "0 disables the shared-memory segments (collectives' and point-to-point's)"),
       // (the shared segment holds 8 pieces and 2 fusion regions per local
       // rank, touched at init: larger values would only exhaust /dev/shm;
@@ -156,8 +157,9 @@ std::vector<ConfigEntry> make_table() {
                 "point-to-point messages from this size on (and at least 65536) between ranks of "
                 "one host are copied by both ranks at once"),
       bool_entry("COMMLIB_P2P_SINGLE_COPY", "1", &C::p2p_single_copy,
-                 "0 disables single-copy reads (process_vm_readv) between ranks of one host: point-to-point, large "
-                 "alltoalls and allgathers, broadcasts from 64 MiB at more than 2 ranks"),
+                 "0 disables single-copy reads (process_vm_readv) between ranks of one host: point-to-point, "
+                 "alltoalls from 16 MiB sent by a rank (then through MPI), allgathers from a 64 MiB result at "
+                 "2 ranks, broadcasts from 64 MiB at more than 2 ranks"),
       path_entry("COMMLIB_TIMELINE", "", &C::timeline,
                  "path of a Chrome-trace JSON timeline written from init on (rank 0 writes the path, "
                  "rank r <stem>.rank<r><ext>; python -m commlib.timeline merges them); empty: off"),

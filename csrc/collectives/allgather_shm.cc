@@ -1,6 +1,7 @@
-// Shared-memory allgather: per window of W bytes (the region size), every rank
+// Shared-memory allgather: per window of W bytes (kShmWindowBytes), every rank
 // copies bytes [a, a+W) of its contribution into its region and posts; then
-// every rank copies every other rank's window straight into its output.
+// every rank copies every other rank's window straight into its output (two
+// slots: while others still read window w, a rank fills window w+1).
 // Contributions may differ in size: windows run over the largest one.
 #include <algorithm>
 #include <cstring>
@@ -22,7 +23,7 @@ void allgather_shm(ShmSegment& shm, const void* in, void* out, const std::vector
   if (dst + displ[me] != in) std::memcpy(dst + displ[me], in, bytes[me]);  // my own part needs no staging
   for (size_t a = 0; a < largest;) {
     ShmBlock blk(shm);
-    const size_t w = std::min(blk.capacity(), largest - a);
+    const size_t w = std::min(std::min(blk.capacity(), kShmWindowBytes), largest - a);
     auto part = [&](int r) { return a < bytes[r] ? std::min(w, bytes[r] - a) : size_t(0); };
     std::memcpy(blk.mine(), static_cast<const char*>(in) + a, part(me));
     blk.post();

@@ -1,5 +1,5 @@
 // Several allgathers through the shared segment as one (a fused response):
-// per window of the region size over the ranks' blocks (rank r's block: its
+// per window (kShmWindowBytes) over the ranks' blocks (rank r's block: its
 // part of each member in turn), every rank copies its window straight from
 // the members' inputs into its region and posts; then every rank copies every
 // other rank's window straight into the members' outputs. Each rank's own
@@ -50,7 +50,7 @@ void allgather_shm_members(ShmSegment& shm, const std::vector<GatherMember>& mem
   const size_t largest = *std::max_element(block.begin(), block.end());
   for (size_t a = 0; a < largest;) {
     ShmBlock blk(shm);
-    const size_t w = std::min(blk.capacity(), largest - a);
+    const size_t w = std::min(std::min(blk.capacity(), kShmWindowBytes), largest - a);
     char* mine = static_cast<char*>(blk.mine());
     for_window(members, me, a, w, [&](size_t m, size_t off, size_t at, size_t n) {
       std::memcpy(mine + at, static_cast<const char*>(members[m].in) + off, n);

@@ -1,6 +1,6 @@
-// Shared-memory alltoall: per window, every rank copies into its region the
-// next W bytes of each block it sends to another rank (piece d of the region:
-// its block for rank d) and posts; then every rank copies its piece of every
+// Shared-memory alltoall: per window (kShmWindowBytes, W bytes for each rank),
+// every rank copies into its region the next W bytes of each block it sends
+// to another rank (piece d of the region: its block for rank d) and posts; then every rank copies its piece of every
 // other rank's region straight into its output. Each byte is copied twice,
 // the first copy by the rank that sends it and the second by the one that
 // receives it, all ranks at once. A rank's block for itself is copied
@@ -25,7 +25,8 @@ void alltoall_shm(ShmSegment& shm, const void* in, const std::vector<size_t>& se
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   if (send[me] > 0) std::memcpy(dst + rd[me], src + sd[me], send[me]);
-  const size_t w = shm.region_bytes() / size_t(P) / 64 * 64;
+  // (64-byte pieces at least: the region holds that many for every rank)
+  const size_t w = std::max<size_t>(64, std::min(shm.region_bytes(), kShmWindowBytes) / size_t(P) / 64 * 64);
   auto part = [w](size_t block, size_t a) { return a < block ? std::min(w, block - a) : size_t(0); };
   for (size_t a = 0; a < largest; a += w) {
     ShmBlock blk(shm);

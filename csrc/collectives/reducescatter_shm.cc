@@ -41,9 +41,10 @@ void reducescatter_shm(ShmSegment& shm, const PieceInput& in, void* out, const s
     if (r > 0) displ[r] = displ[r - 1] + counts[r - 1];
     largest = std::max(largest, counts[r]);
   }
-  // Elements per chunk: P of them fit a region; 64-byte multiples when the
-  // region allows, so pieces stay cache-line aligned.
-  size_t chunk = shm.region_bytes() / esize / size_t(P);
+  // Elements per chunk: P of them fit a window (kShmWindowBytes, at most the
+  // region); 64-byte multiples when it allows, so pieces stay cache-line
+  // aligned.
+  size_t chunk = std::max<size_t>(1, std::min(shm.region_bytes(), kShmWindowBytes) / esize / size_t(P));
   const size_t align = std::max<size_t>(1, 64 / esize);
   if (chunk >= align) chunk = chunk / align * align;
   char* dst = static_cast<char*>(out);

@@ -45,25 +45,27 @@ enum { kShmAuto = 0, kShmAlways = 1, kShmNever = 2 };
 // - broadcast through shared memory: 1.3-2.4x MPI's time from 16 KiB to
 //   1 MiB at 2 and 3 ranks, where the MPI path took 0.6-0.84x; even from
 //   4 MiB on (0.94-1.32x against 0.84-1.38x); so auto always uses it;
-// - allgather through shared memory: 0.56-1.37x (2 ranks) and 0.74-1.73x
-//   (3 ranks) up to a 4 MiB result, where the MPI path took 0.27-0.86x.
-//   Retaken once the MPI path called MPI_Iallgather for equal contributions
-//   (Iallgatherv is slower): 2 ranks, 1 MiB result 96 us through shared
-//   memory against 92, 4 MiB 535 against 467; 3 ranks, 1 MiB 337 against
-//   400, 4 MiB equal; so auto uses it up to kShmAllgatherMaxBytes of result;
-// - alltoall through shared memory, against MPI_Ialltoall (the MPI path for
-//   equal splits; Ialltoallv takes twice as long at 1 MiB): 2 ranks, 8.6 /
-//   9.9 / 14.3 us at 4 / 16 / 64 KiB a rank where the MPI path took 10.1 /
-//   13.4 / 15.8, but 25 against 17 at 256 KiB and 118 against 77 at 1 MiB
-//   (MPICH moves big blocks with a single copy); 3 ranks alike (64 KiB 45
-//   against 69 us, 256 KiB 108 against 85). Against the single-copy path
-//   (alltoall_direct.cc, which took over from the MPI path above the line),
-//   through shared memory wins up to 1 MiB a rank: 2 ranks, 512 KiB 33-45
-//   against 56 us, 1 MiB 49-67 against 92-93, 2 MiB 94-116 against 161-164,
-//   but 4 MiB 392-695 against 362-376; 3 ranks, 256 KiB 80-92 against
-//   104-157, 1 MiB 160-166 against 214-238, but 2 MiB 704-1373 against
-//   481-585. So auto uses it up to kShmAlltoallMaxBytes sent by a rank (the
-//   largest block times the ranks, which every rank can tell from the matrix);
+// - allgather and alltoall through shared memory (in kShmWindowBytes
+//   windows, collectives/shm_collectives.h) beat the MPI path: small ones
+//   (alltoall, 2 ranks, 8.6 / 9.9 / 14.3 us at 4 / 16 / 64 KiB a rank
+//   against 10.1 / 13.4 / 15.8; allgather 0.56-1.37x MPI's time up to a
+//   4 MiB result where the MPI path took 0.27-0.86x) and large ones (since
+//   the windows, 2026-12-02: 3 ranks, allgather 4 MiB result 0.51-0.63
+//   against 1.49-1.57 ms); and they beat the single-copy paths (allgather_direct.cc,
+//   alltoall_direct.cc; process_vm_readv copies at a third to a half of
+//   memcpy's speed here, two ranks reading at once) up to 16 MiB
+//   (alternating jobs, 2 ranks: allgather 4 MiB result 160-260 against
+//   340-360 us, 8 MiB 0.53-0.65 against 1.46-1.61 ms, alltoall 4 MiB a rank
+//   200-280 against 210-420 us; 3 ranks: allgather 16 MiB 3.4 against
+//   7.1-10.5 ms, 64 MiB 15.3-19.1 against 19.8-26.0, alltoall 4 MiB 0.94-1.04
+//   against 2.07-2.33 ms). From 16 MiB alltoall's two tie (2 ranks, 16 MiB
+//   2.3-2.8 against 1.6-3.0 ms; 64 MiB 9.0-10.5 against 8.9-10.9; 3 ranks
+//   64 MiB 20.6-21.6 against 18.9-29.8), and so does allgather from 64 MiB at
+//   2 ranks (64 MiB 8.8-9.7 against 6.4-8.7 ms, 128 MiB 16.4-18.5 against
+//   14.1-18.6): there the single copy, which moves each byte once, is used
+//   (kShmAlltoallMaxBytes sent by a rank, the largest block times the ranks,
+//   which every rank can tell from the matrix; direct_allgather_bytes of
+//   result);
 // - reducescatter through shared memory beats MPI's non-blocking one at every
 //   size (64 KiB-256 MiB: 1.0-9x the MPI_Reduce_scatter time, where the MPI
 //   path took 0.15-0.9x), so auto uses it.
@@ -79,17 +81,11 @@ enum { kShmAuto = 0, kShmAlways = 1, kShmNever = 2 };
 //   against 0.61-0.66 ms, 16 MiB 1.8-1.9 against 2.2-2.7), alike at 64 MiB
 //   (7.9-8.3 against 7.3-8.2 ms). So auto reads directly only from
 //   direct_broadcast_bytes(ranks), where the kernel lets ranks read each other;
-// - allgather with one copy (allgather_direct.cc) against the MPI path above
-//   kShmAllgatherMaxBytes of result: 2 ranks, 4 MiB 241-247 against 263-271
-//   us, 16 MiB 1.8-2.1 against 2.3-2.4 ms; 3 ranks, 4 MiB 0.91-1.24 against
-//   0.81-0.82 ms, 16 MiB 5.8-6.4 against 7.1-7.5, 64 MiB 17.5-18.2 against
-//   24.4-25.4 ms; so auto reads directly from direct_allgather_bytes(ranks).
 // COMMLIB_SHM_COLLECTIVES=always forces all four (tests use it), =never
 // disables them.
-constexpr size_t kShmAllgatherMaxBytes = size_t(2) << 20;
-constexpr size_t kShmAlltoallMaxBytes = size_t(1) << 20;
+constexpr size_t kShmAlltoallMaxBytes = size_t(16) << 20;
 constexpr size_t direct_broadcast_bytes(int ranks) { return ranks == 2 ? SIZE_MAX : size_t(64) << 20; }
-constexpr size_t direct_allgather_bytes(int ranks) { return ranks == 2 ? size_t(4) << 20 : size_t(16) << 20; }
+constexpr size_t direct_allgather_bytes(int ranks) { return ranks == 2 ? size_t(64) << 20 : SIZE_MAX; }
 
 // What the choice depends on, for one collective.
 struct AlgoChoice {

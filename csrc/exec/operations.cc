@@ -186,7 +186,7 @@ void run_allreduce(OpContext& ctx, const std::vector<Entry*>& entries) {
 
 GatherRoute allgather_route(const OpContext& ctx, size_t total) {
   if (total >= direct_allgather_bytes(ctx.transport.size()) && reads_directly(ctx)) return GatherRoute::direct;
-  if (use_shm_collective(ctx, total <= kShmAllgatherMaxBytes) && shm_regions(ctx)) return GatherRoute::regions;
+  if (use_shm_collective(ctx, true) && shm_regions(ctx)) return GatherRoute::regions;
   return GatherRoute::mpi;
 }
 

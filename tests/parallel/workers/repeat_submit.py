@@ -5,12 +5,13 @@ allgather (also into a given out, and another out under the same name), both bro
 reducescatter (also into a given out), with the data changed in place between calls and the
 arguments changed under the same name (op, root, splits, scale factors, the
 process set). Small broadcasts of two roots in flight together (fused per
-root; a large one alone). Then a large alltoall with uneven splits and a zero block,
-whose route the timeline shows (argv[1]: the route expected, "shm-direct"
-or "mpi"), and large broadcasts from every root (5.6 MB through the root's
-region; 68 MB "shm-direct" at 3 ranks, through the region where the
-alltoall's route is "mpi"), the root overwriting its buffer at once, and a
-large uneven allgather (the alltoall's route).
+root; a large one alone). Then, with the routes the timeline shows
+checked (argv[1]: the expected ones, "a2a=R,ag=R,bc=R"; R "shm" the
+regions, "shm-direct" single copies, "mpi"), a large alltoall with uneven
+splits and a zero block (over 16 MiB sent by a rank), large broadcasts from
+every root (5.6 MB always through the root's region; the route given for
+68 MB), the root overwriting its buffer at once, and a large uneven
+allgather (a 70 MB result).
 Every result is checked against numpy on every rank."""
 import sys
 
@@ -20,7 +21,7 @@ import commlib
 from _common import check_equal, done, fail
 from commlib.timeline import load_events, rank_file
 
-route, path = sys.argv[1], sys.argv[2]
+routes, path = dict(kv.split("=") for kv in sys.argv[1].split(",")), sys.argv[2]
 commlib.init()
 r, n = commlib.rank(), commlib.size()
 commlib.start_timeline(path)
@@ -104,8 +105,8 @@ for rnd in range(2):
 
 
 def big(q):  # rows rank q sends to each rank: uneven; rank 1 keeps none, the last sends rank 0 none at 3
-    return [0 if (q, d) in ((1, 1), (n - 1, 0) if n > 2 else (1, 1)) else 30000 + 7000 * q + 3000 * d
-            for d in range(n)]
+    return [0 if (q, d) in ((1, 1), (n - 1, 0) if n > 2 else (1, 1)) else 300000 + 7000 * q + 3000 * d
+            for d in range(n)]  # (9.6-9.9 MB blocks: over 16 MiB sent by a rank at 2 ranks)
 
 
 ins = [np.arange(sum(big(q)) * 8, dtype=np.float32).reshape(-1, 8) + 1e5 * q for q in range(n)]
@@ -131,10 +132,10 @@ for root in range(n):
         got = commlib.broadcast(z, root, name="bc.big")
         z[:] = 3
         check_equal(got, want, f"large broadcast of {elems} from {root}")
-# A large allgather (36 MB: from 4 MiB at 2 ranks and 16 MiB at more, each
-# rank reads the others' inputs itself), uneven, one rank contributing none,
-# every input overwritten as soon as the call returns.
-ag_rows = lambda q: 0 if q == 1 else 2_000_000 + 500_000 * q  # noqa: E731
+# A large allgather (a 70 MB result: from 64 MiB at 2 ranks each rank reads
+# the others' inputs itself), uneven, one rank contributing none, every
+# input overwritten as soon as the call returns.
+ag_rows = lambda q: 0 if q == 1 else 8_750_000 // (n - 1) + 10_000 * q  # noqa: E731
 for _ in range(2):
     mine = np.arange(ag_rows(r) * 2, dtype=np.float32).reshape(-1, 2) + 0.5 * r
     got = commlib.allgather(mine, name="ag.big")
@@ -146,8 +147,8 @@ commlib.stop_timeline()
 events = load_events(rank_file(path, r))
 seen = {e["args"]["algorithm"] for e in events
         if e["name"] == "alltoall" and "a2a.big" in e.get("args", {}).get("fused_with", ())}
-if seen != {route}:
-    fail(f"the large alltoall went {sorted(seen)}, not {route}")
+if seen != {routes["a2a"]}:
+    fail(f"the large alltoall went {sorted(seen)}, not {routes['a2a']}")
 def broadcast_routes(low, high):
     return {e["args"]["algorithm"] for e in events
             if e["name"] == "broadcast" and "bc.big_" in e.get("args", {}).get("fused_with", ())
@@ -157,14 +158,13 @@ def broadcast_routes(low, high):
 seen = broadcast_routes(4 << 20, 64 << 20)  # (the root's region, faster up to 16 MiB at any rank count)
 if seen != {"shm"}:
     fail(f"the 5.6 MB broadcasts went {sorted(seen)}, not shm")
-bc_route = "shm-direct" if route == "shm-direct" and n > 2 else "shm"  # (single copies off: the root's region)
 seen = broadcast_routes(64 << 20, 1 << 40)
-if seen != {bc_route}:
-    fail(f"the 68 MB broadcasts went {sorted(seen)}, not {bc_route}")
+if seen != {routes["bc"]}:
+    fail(f"the 68 MB broadcasts went {sorted(seen)}, not {routes['bc']}")
 seen = {e["args"]["algorithm"] for e in events
         if e["name"] == "allgather" and "ag.big" in e.get("args", {}).get("fused_with", ())}
-if seen != {route}:
-    fail(f"the large allgather went {sorted(seen)}, not {route}")
+if seen != {routes["ag"]}:
+    fail(f"the large allgather went {sorted(seen)}, not {routes['ag']}")
 fused = max((e["args"].get("fused_count", 1) for e in events
              if e["name"] == "broadcast" and "small.bc.0" in e.get("args", {}).get("fused_with", ())), default=0)
 if fused < 2:
