@@ -166,15 +166,18 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     every rank); the result is a new array, or with ``out`` (C-contiguous,
     writable, the input's dtype and shape) is written there and ``out`` is
     returned."""
-    if out is None and type(name) is str:  # (a repeated call: checked and built before)
-        f = cached_facts(tensor, writable=False)
+    if type(name) is str:  # (a repeated call: checked and built before)
         key = ("allreduce", name, _set_key(process_set), op, average, prescale_factor, postscale_factor)
-        last = repeat(f, key)
-        if last is not None:
-            out = np.empty_like(tensor)
-            return Handle(again(last, out), None, (tensor, out), "allreduce", out)
+        repeated = _allreduce_again(tensor, key, out)
+        if repeated is not None:
+            hid, out = repeated
+            return Handle(hid, None, (tensor, out), "allreduce", out)
         inp = as_input(tensor)
-        out = np.empty_like(inp)
+        if out is not None:  # (repeated into the same out only: its facts end the key)
+            out = check_result_like(out, inp, "allreduce")
+            key += (describe(out),)
+        else:
+            out = np.empty_like(inp)
         rop, psid = resolve_op(op, average), _psid(process_set)
         r = request(_OP_ALLREDUCE, c_name("allreduce", name, psid), **array_fields(inp, out), reduce_op=rop,
                     prescale=prescale_factor, postscale=postscale_factor, process_set=psid)
@@ -182,6 +185,23 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     inp = as_input(tensor)
     out = np.empty_like(inp) if out is None else check_result_like(out, inp, "allreduce")
     return _allreduce(inp, out, average, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def _allreduce_again(tensor, key: tuple, out):
+    """A named out-of-place allreduce of a numpy array that repeats the last
+    one on it (into the same ``out``, when given: its facts end the key),
+    submitted again: ``(handle id, the result array)``; None for any other
+    call, nothing submitted."""
+    f = cached_facts(tensor, writable=False)
+    if out is None:
+        last = repeat(f, key)
+        if last is None:
+            return None
+        out = np.empty_like(tensor)
+        return again(last, out), out
+    fo = cached_facts(out, writable=True)
+    last = None if fo is None else repeat(f, key + (fo,))
+    return None if last is None else (again(last), out)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -273,6 +293,11 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=None, out=None) -> np.ndarray:
     """The reduction (default Average) of ``tensor`` over all ranks (written
     into ``out`` if given, see allreduce_async)."""
+    if type(name) is str:
+        key = ("allreduce", name, _set_key(process_set), op, average, prescale_factor, postscale_factor)
+        repeated = _allreduce_again(tensor, key, out)
+        if repeated is not None:  # (a repeated call waited for at once: no Handle)
+            return wait_for(repeated[0], (tensor, repeated[1]))[1]
     return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
                                        process_set, out))
 

@@ -1,6 +1,6 @@
 """Repeated named calls on one array (commlib.submit.repeat: the request of
 an identical call submitted again, with a new output where the result is a
-new array) must give what a first call gives: out-of-place allreduce,
+new array) must give what a first call gives: out-of-place allreduce (also into a given out),
 allgather (also into a given out, and another out under the same name), both broadcasts, alltoall (even and uneven splits),
 reducescatter (also into a given out), with the data changed in place between calls and the
 arguments changed under the same name (op, root, splits, scale factors, the
@@ -28,6 +28,7 @@ commlib.start_timeline(path)
 x = np.zeros((2 * n, 3), np.float64)
 rs_out = np.empty((2, 3), np.float64)
 ag_out = np.empty((2 * n * n, 3), np.float64)
+ar_out = np.empty_like(x)
 
 
 def contribution(q, k):
@@ -42,6 +43,16 @@ def ops_of(k):
     check_equal(commlib.allreduce(x, op=op, name="ar"), want, f"allreduce {k}")
     check_equal(commlib.allreduce(x, op=commlib.Sum, prescale_factor=k + 1.0, name="ar.scaled"),
                 np.sum(every, axis=0) * (k + 1), f"scaled allreduce {k}")
+    got = commlib.allreduce(x, op=op, name="ar.out", out=ar_out)  # (the same out every time)
+    if got is not ar_out:
+        fail("allreduce with out= must return out")
+    check_equal(ar_out, want, f"allreduce into out {k}")
+    other = np.full_like(ar_out, -1)  # (another out under the same name: written, the first left alone)
+    ar_out[:] = -1
+    check_equal(commlib.allreduce(x, op=op, name="ar.out", out=other), want, f"allreduce into another out {k}")
+    check_equal(ar_out, np.full_like(ar_out, -1), f"allreduce's first out after another's call {k}")
+    check_equal(commlib.synchronize(commlib.allreduce_async(x, op=op, name="ar.out", out=ar_out)), want,
+                f"allreduce_async into out {k}")
     check_equal(commlib.allgather(x, name="ag"), np.concatenate(every), f"allgather {k}")
     got = commlib.allgather(x, name="ag.out", out=ag_out)  # (the same out every time)
     if got is not ag_out:
