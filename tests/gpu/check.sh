@@ -26,7 +26,7 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 PY="${PYTHON:-$(command -v python3)}"
 DRY=0 CPU_ONLY=0 BUILD=1 WHEELS="" BUDGET=480 CPU_RANKS="4 8 16"
 REPORT="gpu-check-$(date +%Y%m%d-%H%M%S).md"
-CPU_BENCH_ARGS="--ops allreduce,alltoall --min-bytes 4K --max-bytes 64M --factor 4 --iters 20"
+CPU_BENCH_ARGS="--ops allreduce,alltoall,allgather --min-bytes 4K --max-bytes 64M --factor 4 --iters 20"
 CUDA_BENCH_ARGS="--device cuda --min-bytes 4K --max-bytes 16M --factor 16 --iters 10"
 
 while [ $# -gt 0 ]; do
@@ -153,7 +153,7 @@ fi
 for n in $CPU_RANKS; do
   limit=$((15 + 2 * n))
   # shellcheck disable=SC2086
-  step "CPU scale: allreduce and alltoall against MPI, $n ranks" "$limit" env CUDA_VISIBLE_DEVICES= \
+  step "CPU scale: allreduce, alltoall and allgather against MPI, $n ranks" "$limit" env CUDA_VISIBLE_DEVICES= \
     "${RUN[@]}" -np "$n" --timeout "$limit" "$PY" -m commlib.bench --no-gloo --no-fusion $CPU_BENCH_ARGS
 done
 

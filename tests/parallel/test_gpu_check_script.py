@@ -37,7 +37,7 @@ def test_plan_has_every_step_within_eight_minutes(tmp_path):
     phases = [cmd for name, cmd in plan.items() if name.endswith("timeline by phase")]
     assert trace and phases and phases[0].endswith(f"-m commlib.timeline phases {trace.group(1)}"), joined
     for n in (4, 8, 16):
-        cmd = plan[f"CPU scale: allreduce and alltoall against MPI, {n} ranks"]
+        cmd = plan[f"CPU scale: allreduce, alltoall and allgather against MPI, {n} ranks"]
         assert cmd.startswith("env CUDA_VISIBLE_DEVICES= ") and f"-np {n} " in cmd, cmd
     assert not list(tmp_path.iterdir()), "a dry run writes nothing"
 
@@ -50,7 +50,7 @@ def test_cpu_part_writes_one_report(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr + (report.read_text() if report.exists() else "")
     text = report.read_text()
     assert text.startswith("# commlib GPU check, "), text[:200]
-    assert "## CPU scale: allreduce and alltoall against MPI, 2 ranks" in text, text
+    assert "## CPU scale: allreduce, alltoall and allgather against MPI, 2 ranks" in text, text
     assert re.search(r"^ok in \d+ s$", text, re.M), text
     assert re.search(r"^(\[0\]: )?allreduce\s+4 KiB", text, re.M), text  # (the benchmark's table)
     assert re.search(r"^\| CPU scale: .*, 2 ranks \| ok \| \d+ \|$", text, re.M), text
