@@ -567,6 +567,24 @@ def alltoall_described(f, keep, splits, name, process_set, make_result) -> Handl
     return Handle(hid, finish, keep, "alltoall")
 
 
+def alltoall_rows(f, keep, name: str, process_set, rows_view):
+    """A blocking named alltoall in equal parts (no splits) of the buffer
+    ``f`` (commlib.submit.Facts) describes (a frontend's checked tensor's of
+    at least one dimension), returning only the received rows,
+    ``view(data, rows)`` where ``view = rows_view(f)`` (as
+    allgather_described's): no Handle, no received splits. A call that
+    repeats the last one on f's buffer submits its request again."""
+    psid = _psid(process_set)
+    key = ("alltoall.rows", name, psid)
+    last = repeat(f, key)
+    if last is not None:
+        return take_for(again(last), last[2].make, keep)
+    r = request(lib.COMMLIB_OP_ALLTOALL, c_name("alltoall", name, psid), dtype=f.code, ndim=f.ndim,
+                shape=f.cshape, input=f.ptr, splits=even_splits(f.shape[0], process_set), process_set=psid)
+    finish = TakesResult(rows_view(f))
+    return take_for(submit_remembered(f, key, r, finish), finish.make, keep)
+
+
 def even_splits(rows: int, process_set=None) -> list[int]:
     """alltoall's splits when none are given: dimension 0 in equal parts,
     one per rank (of ``process_set``)."""

@@ -8,8 +8,8 @@ import torch
 
 import commlib as _c
 from commlib.checks import check_has_rows
-from commlib.ops import (Average, allgather_described, allgather_fresh, alltoall_described, auto_name,
-                         broadcast_in_place)
+from commlib.ops import (Average, allgather_described, allgather_fresh, alltoall_described, alltoall_rows,
+                         auto_name, broadcast_in_place)
 from commlib.process_sets import check_process_set, global_process_set, set_rank
 from commlib.submit import NULL, address
 
@@ -235,6 +235,9 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     process_set = check_process_set(process_set)
     if not records_grad(tensor):
         host = isinstance(tensor, torch.Tensor) and tensor.is_cpu  # (no device routing to look at)
+        if host and splits is None and type(name) is str:  # (waited for at once: no Handle, no splits)
+            f, tensor = input_facts(tensor, "alltoall", rows_of="alltoall")
+            return alltoall_rows(f, tensor, name, process_set, tensor_rows)
         start = alltoall_async.__wrapped__ if host else alltoall_async
         out, received = synchronize(start(tensor, splits, name, process_set))
         return out if splits is None else (out, received)

@@ -230,8 +230,11 @@ for step in range(8):  # (the arguments change every other step; the data every 
     root = k % n
     bc = hvd.broadcast(reps[1], root, name="rep.bc")
     close(bc, every[root], f"step {step}: repeated broadcast {k}")
-    close(hvd.alltoall(reps[2], name="rep.a2a"), torch.cat([e[2 * r:2 * r + 2] for e in every]),
-          f"step {step}: repeated alltoall {k}")
+    a2a = hvd.alltoall(reps[2], name="rep.a2a")  # (blocking, no splits: the received rows only)
+    close(a2a, torch.cat([e[2 * r:2 * r + 2] for e in every]), f"step {step}: repeated alltoall {k}")
+    if step % 4 == 3:  # (the same name's asynchronous form in between)
+        out, received = hvd.synchronize(hvd.alltoall_async(reps[2], name="rep.a2a"))
+        close(out, a2a, f"step {step}: alltoall_async under the blocking one's name")
     out, received = hvd.synchronize(hvd.alltoall_async(reps[3], name="rep.a2a.async"))
     close(out, torch.cat([e[2 * r:2 * r + 2] for e in every]), f"step {step}: repeated alltoall_async")
     check_equal(received.numpy(), np.full(n, 2, dtype=np.int32), f"step {step}: alltoall received")
@@ -244,9 +247,9 @@ for step in range(8):  # (the arguments change every other step; the data every 
     post = 1.0 + k if op == hvd.Sum else 1.0
     rs = hvd.reducescatter(reps[5], op=op, name="rep.rs", postscale_factor=post)
     close(rs, (want * post)[2 * r:2 * r + 2], f"step {step}: repeated reducescatter {k}")
-    seen.append([(got.clone(), got), (bc.clone(), bc), (rs.clone(), rs)])
+    seen.append([(got.clone(), got), (bc.clone(), bc), (rs.clone(), rs), (a2a.clone(), a2a)])
 for step, results in enumerate(seen):
-    for what, (want, got) in zip(("allreduce", "broadcast", "reducescatter"), results):
+    for what, (want, got) in zip(("allreduce", "broadcast", "reducescatter", "alltoall"), results):
         close(got, want, f"{what} result of step {step} after later calls")
 # a new tensor every call under one name (a metric's): 0-d, 1-d, another dtype and shape
 fresh = []
