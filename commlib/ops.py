@@ -167,7 +167,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     writable, the input's dtype and shape) is written there and ``out`` is
     returned."""
     if type(name) is str:  # (a repeated call: checked and built before)
-        key = ("allreduce", name, _set_key(process_set), op, average, prescale_factor, postscale_factor)
+        key = _allreduce_key(name, process_set, op, average, prescale_factor, postscale_factor)
         repeated = _allreduce_again(tensor, key, out)
         if repeated is not None:
             hid, out = repeated
@@ -185,6 +185,12 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     inp = as_input(tensor)
     out = np.empty_like(inp) if out is None else check_result_like(out, inp, "allreduce")
     return _allreduce(inp, out, average, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def _allreduce_key(name: str, process_set, op, average, prescale, postscale) -> tuple:
+    """The key under which a named out-of-place numpy allreduce is repeated
+    (into a given out: its facts follow)."""
+    return "allreduce", name, _set_key(process_set), op, average, prescale, postscale
 
 
 def _allreduce_again(tensor, key: tuple, out):
@@ -294,8 +300,8 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
     """The reduction (default Average) of ``tensor`` over all ranks (written
     into ``out`` if given, see allreduce_async)."""
     if type(name) is str:
-        key = ("allreduce", name, _set_key(process_set), op, average, prescale_factor, postscale_factor)
-        repeated = _allreduce_again(tensor, key, out)
+        repeated = _allreduce_again(tensor, _allreduce_key(name, process_set, op, average, prescale_factor,
+                                                          postscale_factor), out)
         if repeated is not None:  # (a repeated call waited for at once: no Handle)
             return wait_for(repeated[0], (tensor, repeated[1]))[1]
     return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,

@@ -1,7 +1,8 @@
 // Shared-memory alltoall: per window (kShmWindowBytes, W bytes for each rank),
 // every rank copies into its region the next W bytes of each block it sends
-// to another rank (piece d of the region: its block for rank d) and posts; then every rank copies its piece of every
-// other rank's region straight into its output. Each byte is copied twice,
+// to another rank (piece d of the region: its block for rank d) and posts;
+// then every rank copies its piece of every other rank's region straight into
+// its output. Each byte is copied twice,
 // the first copy by the rank that sends it and the second by the one that
 // receives it, all ranks at once. A rank's block for itself is copied
 // directly. Windows run over the largest block of the whole matrix, so every

@@ -58,7 +58,9 @@ enum { kShmAuto = 0, kShmAlways = 1, kShmNever = 2 };
 //   340-360 us, 8 MiB 0.53-0.65 against 1.46-1.61 ms, alltoall 4 MiB a rank
 //   200-280 against 210-420 us; 3 ranks: allgather 16 MiB 3.4 against
 //   7.1-10.5 ms, 64 MiB 15.3-19.1 against 19.8-26.0, alltoall 4 MiB 0.94-1.04
-//   against 2.07-2.33 ms). From 16 MiB alltoall's two tie (2 ranks, 16 MiB
+//   against 2.07-2.33 ms; calls lined up by a barrier, as a training step's
+//   are; back to back, as commlib.bench runs them, the two are within noise
+//   of each other at 2 and 3 ranks). From 16 MiB alltoall's two tie (2 ranks, 16 MiB
 //   2.3-2.8 against 1.6-3.0 ms; 64 MiB 9.0-10.5 against 8.9-10.9; 3 ranks
 //   64 MiB 20.6-21.6 against 18.9-29.8), and so does allgather from 64 MiB at
 //   2 ranks (64 MiB 8.8-9.7 against 6.4-8.7 ms, 128 MiB 16.4-18.5 against
