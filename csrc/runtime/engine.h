@@ -220,6 +220,7 @@ class Engine : private CacheHost {
   // at enqueue, the launch of a negotiated response, polling the launches.
   void prepare_gpu_entry(const commlib_request& q, Entry& e);
   void launch_gpu(const Response& resp, const std::vector<Entry*>& entries);
+  void flush_control_sends();
   void prepare_stand_ins(std::vector<Entry>& taken);
   const gpu::GpuLibs* gpu_libs(bool load);
   bool poll_gpu();

@@ -39,7 +39,21 @@ void Engine::prepare_gpu_entry(const commlib_request& q, Entry& e) {
   e.ready_event = gpu::record_event(libs->cuda, q.device_id, q.stream);
 }
 
+// A launch can block this thread inside NCCL until every member has
+// launched it too (from NCCL 2.22 a communicator connects its members at its
+// first collective of each kind): the control messages this rank still sends
+// go out first, since one above MPI's eager size moves only while its sender
+// calls into MPI, and the others may need it (rank 0's response) to launch.
+void Engine::flush_control_sends() {
+  control_->progress();
+  if (control_->sending()) poll_until([this] {
+    control_->progress();
+    return !control_->sending();
+  });
+}
+
 void Engine::launch_gpu(const Response& resp, const std::vector<Entry*>& entries) {
+  flush_control_sends();
   std::vector<int> members;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);

@@ -53,6 +53,7 @@ struct Slot {
   std::atomic<int32_t> pid;
   std::atomic<int32_t> aborted;
   std::atomic<uint64_t> epoch;  // barriers passed
+  std::atomic<uint32_t> connected;  // collective kinds issued (connect_first), a bit each
   uint64_t signature;           // of the round's collectives
   Desc coll[kMaxOps];           // each collective's input
   int32_t nsend[kMaxRanks];     // sends to each peer this round
@@ -82,6 +83,7 @@ struct Comm {
   std::map<int, std::vector<char>> premul;  // operator id -> scalar
   int next_op = 5;
   uint64_t epoch = 0;  // (stream tasks only: one round at a time)
+  uint32_t connected = 0;  // this rank's kinds issued (connect_first; the issuing thread's)
 };
 
 thread_local int group_depth = 0;
@@ -299,6 +301,33 @@ void run_round(Comm* c, const std::vector<Op>& ops) {
   for (const Write& w : writes) std::memcpy(w.dst, w.data.data(), w.data.size());
 }
 
+// COMMLIB_GPU_EMULATOR_CONNECT=1: as NCCL (2.22 on) connects the members
+// lazily, the first collective of each kind on a communicator blocks the
+// thread that issues it until every member has issued its own (sends and
+// receives excepted); a member that exited or aborted meanwhile fails it.
+int connect_first(Comm* c, Kind kind) {
+  static const bool on = [] {
+    const char* v = std::getenv("COMMLIB_GPU_EMULATOR_CONNECT");
+    return v && std::atoi(v) != 0;
+  }();
+  const uint32_t bit = 1u << kind;
+  if (!on || kind == kSend || kind == kRecv || (c->connected & bit)) return kOk;
+  c->connected |= bit;
+  c->seg->slot[c->rank].connected.fetch_or(bit);
+  for (;;) {
+    bool all = true;
+    for (int r = 0; r < c->size && all; ++r) all = (c->seg->slot[r].connected.load() & bit) != 0;
+    if (all) return kOk;
+    if (c->aborted.load()) return kRemoteError;
+    for (int r = 0; r < c->size; ++r) {
+      const Slot& slot = c->seg->slot[r];
+      const int pid = slot.pid.load();
+      if (slot.aborted.load() || (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)) return kRemoteError;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
 int enqueue(Comm* c, Stream* s, Op op) {
   if (!c) return kInvalidArgument;
   count(kNcclCall);
@@ -318,6 +347,7 @@ int enqueue(Comm* c, Stream* s, Op op) {
   } else if (op.redop < 0) {
     return kInvalidArgument;
   }
+  if (const int rc = connect_first(c, op.kind); rc != kOk) return rc;
   if (group_depth > 0) {
     grouped.push_back({c, {s, std::move(op)}});
     return kOk;

@@ -9,7 +9,8 @@ the others by the timeout (the GPU-side one, with ncclCommAbort, when it is
 frozen inside the collective; after a synchronize on the stream, from the
 next synchronize) and the job goes on; a communicator whose creation never
 completes fails the first collective by the timeout; a joined rank stands in
-for the others' CUDA collectives. At 2 and 3 ranks. See
+for the others' CUDA collectives; negotiation messages far above MPI's eager
+size while launches block the engine outside MPI complete. At 2 and 3 ranks. See
 tests/parallel/workers/gpu_emulated.py. Real GPUs: tests/gpu/."""
 
 import pytest
@@ -86,3 +87,24 @@ def test_communicator_creation_that_hangs_ends_by_the_timeout(init_hang_job, n):
     assert run.seconds < 60, run.seconds
     warned = [line for line in run.stderr.splitlines() if "WARNING: ncclCommInitRank (rank" in line]
     assert {line[:4] for line in warned} == {f"[{q}]:" for q in range(n)}, run.stderr
+
+
+# MPI made to move a message above 1 KiB only while its sender calls into MPI
+# (as Open MPI's shared-memory transport does above its 4 KiB eager limit
+# where single copy is unavailable, e.g. in containers): MPICH's (the suite's)
+# knobs, and Open MPI's for a build against it.
+SENDER_DRIVEN_MPI = {
+    "MPIR_CVAR_CH4_CMA_ENABLE": "0",
+    "MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_CELL_SIZE": "1024",
+    "MPIR_CVAR_CH4_SHM_POSIX_IQUEUE_NUM_CELLS": "4",
+    "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+}
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+def test_responses_above_the_eager_size(ranks, gpu_emulator, n):
+    """ResNet-50's broadcast_parameters and first gradient allreduce (320 long
+    names), each launch blocking the engine outside MPI: they complete."""
+    env = dict(gpu_emulator, **SENDER_DRIVEN_MPI, COMMLIB_GPU_EMULATOR_CONNECT="1", COMMLIB_TIMEOUT="30")
+    ranks(n, "gpu_emulated_big_messages.py", "320", timeout=120, env=env).assert_ok(n)

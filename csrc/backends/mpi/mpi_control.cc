@@ -15,11 +15,27 @@ ControlChannel::ControlChannel(MPI_Comm comm) : comm_(comm) {
 
 ControlChannel::~ControlChannel() {
   sends_.release();  // (before the communicator goes)
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (comm_ == MPI_COMM_NULL) return;
+  // A message still arriving (nobody waits for it any more): its request is
+  // freed and its buffer kept, since MPI may still write it.
+  static auto* orphans = new std::deque<std::unique_ptr<Incoming>>();
+  for (auto& m : incoming_) {
+    int flag = 0;
+    MPI_Test(&m->request, &flag, MPI_STATUS_IGNORE);
+    if (flag) continue;
+    MPI_Request_free(&m->request);
+    orphans->push_back(std::move(m));
+  }
+  incoming_.clear();
+  MPI_Comm_free(&comm_);
 }
 
 void ControlChannel::abandon() {
   sends_.abandon();
+  // (MPI is never called again: the buffers of messages still arriving stay)
+  static auto* orphans = new std::deque<std::unique_ptr<Incoming>>();
+  for (auto& m : incoming_) orphans->push_back(std::move(m));
+  incoming_.clear();
   comm_ = MPI_COMM_NULL;
 }
 
@@ -28,20 +44,36 @@ void ControlChannel::send(int peer, std::string bytes) {
   sends_.send(std::move(bytes), peer, kTag, comm_, "MPI_Isend(control)");
 }
 
-bool ControlChannel::poll(int* source, std::string* out) {
+void ControlChannel::match_arrivals() {
   for (;;) {
     int flag = 0;
+    MPI_Message message;
     MPI_Status st;
-    check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, kTag, comm_, &flag, &st), "MPI_Iprobe");
-    if (!flag) return false;
+    check_mpi(MPI_Improbe(MPI_ANY_SOURCE, kTag, comm_, &flag, &message, &st), "MPI_Improbe");
+    if (!flag) return;
     int count = 0;
     MPI_Get_count(&st, MPI_BYTE, &count);
-    out->resize(size_t(count));
-    check_mpi(MPI_Recv(out->data(), count, MPI_BYTE, st.MPI_SOURCE, kTag, comm_, MPI_STATUS_IGNORE),
-              "MPI_Recv(control)");
-    *source = st.MPI_SOURCE;
+    incoming_.push_back(std::make_unique<Incoming>());
+    Incoming& m = *incoming_.back();
+    m.source = st.MPI_SOURCE;
+    m.bytes.resize(size_t(count));
+    check_mpi(MPI_Imrecv(m.bytes.data(), count, MPI_BYTE, &message, &m.request), "MPI_Imrecv(control)");
+  }
+}
+
+bool ControlChannel::poll(int* source, std::string* out) {
+  match_arrivals();
+  while (!incoming_.empty()) {
+    Incoming& m = *incoming_.front();
+    int flag = 0;
+    check_mpi(MPI_Test(&m.request, &flag, MPI_STATUS_IGNORE), "MPI_Test(control)");
+    if (!flag) return false;  // (the ones behind it wait: each sender's order holds)
+    *source = m.source;
+    out->swap(m.bytes);
+    incoming_.pop_front();
     if (unstamp_session(*out)) return true;  // (else: left over from an earlier session)
   }
+  return false;
 }
 
 void ControlChannel::progress() { sends_.progress(); }

@@ -9,6 +9,7 @@
 
 #include "base/activity.h"
 #include "base/common.h"
+#include "base/progress.h"
 
 namespace commlib {
 namespace gpu {
@@ -82,7 +83,12 @@ std::shared_ptr<InitCall> start_comm_init(const GpuLibs& libs, const NcclUniqueI
 // A member that froze or died after the unique id went out, or hosts that
 // cannot reach each other on the interface NCCL picked, leave
 // ncclCommInitRank waiting forever: it is waited for at most timeout_us (0:
-// no limit); past that the call fails with COMMLIB_ERR_TIMED_OUT.
+// no limit); past that the call fails with COMMLIB_ERR_TIMED_OUT. While it
+// waits, this rank's pending control sends move on (the engine's wait hook,
+// as in a shared-memory wait): the other members may still be receiving the
+// response that makes them join, and one above MPI's eager size completes
+// only while its sender calls into MPI (without that, both waited forever:
+// ResNet-50's first fused broadcast on a GPU machine).
 ncclComm NcclComm::init_bounded(const GpuLibs& libs, const NcclUniqueId& id, int rank, int size, int device,
                                 int64_t timeout_us, int64_t warn_after_us) {
   std::shared_ptr<InitCall> call = start_comm_init(libs, id, rank, size, device);
@@ -107,6 +113,7 @@ ncclComm NcclComm::init_bounded(const GpuLibs& libs, const NcclUniqueId& id, int
                       "or NCCL cannot reach the other ranks (check NCCL_SOCKET_IFNAME; NCCL_DEBUG=INFO shows "
                       "where its bootstrap stops)");
     }
+    if (g_wait_hook) g_wait_hook(g_wait_hook_arg);
     std::this_thread::sleep_for(std::chrono::microseconds(waited.count() < 10000 ? 20 : 1000));
   }
   check_nccl(libs.nccl, call->rc,
