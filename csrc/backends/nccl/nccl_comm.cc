@@ -29,7 +29,10 @@ void check_cuda(const CudaRuntime& cuda, cudaError rc, const std::string& what) 
 NcclUniqueId shared_unique_id(const NcclLib& nccl, Transport& t) {
   NcclUniqueId id;
   std::memset(&id, 0, sizeof(id));
-  if (t.rank() == 0) check_nccl(nccl, nccl.get_unique_id(&id), "ncclGetUniqueId");
+  if (t.rank() == 0) {
+    const Activity making("ncclGetUniqueId");
+    check_nccl(nccl, nccl.get_unique_id(&id), "ncclGetUniqueId");
+  }
   // (a failure on rank 0 leaves zeros: the others then fail in ncclCommInitRank)
   t.broadcast(&id, sizeof(id), 0);
   return id;
@@ -127,7 +130,7 @@ std::unique_ptr<NcclComm> NcclComm::create(const GpuLibs& libs, Transport& t, in
   const Activity creating("creating an NCCL communicator");
   NcclUniqueId id;
   {
-    const Activity sharing("sharing its unique id (rank 0's, over MPI)");
+    const Activity sharing("making its unique id (rank 0) and sharing it over MPI");
     id = shared_unique_id(libs.nccl, t);
   }
   std::unique_ptr<NcclComm> c(new NcclComm(libs, device, t.rank(), t.size()));
