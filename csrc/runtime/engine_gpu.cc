@@ -41,10 +41,12 @@ void Engine::prepare_gpu_entry(const commlib_request& q, Entry& e) {
 
 // A launch can block this thread inside NCCL until every member has
 // launched it too (from NCCL 2.22 a communicator connects its members at its
-// first collective of each kind): the control messages this rank still sends
-// go out first, since one above MPI's eager size moves only while its sender
-// calls into MPI, and the others may need it (rank 0's response) to launch.
+// first collective of each kind): rank 0's responses still being sent go out
+// first, since one above MPI's eager size moves only while its sender calls
+// into MPI and the others need it to launch. (Only rank 0's: the others'
+// requests are not needed for a launch, and rank 0 may be blocked in one.)
 void Engine::flush_control_sends() {
+  if (!coordinator_) return;
   control_->progress();
   if (control_->sending()) poll_until([this] {
     control_->progress();

@@ -44,5 +44,7 @@ def build(out: Path, cxx: str) -> dict:
             link.unlink()
         link.symlink_to(LIBRARY)
     path = os.environ.get("LD_LIBRARY_PATH", "")
+    # (CONNECT: a communicator's first collective of each kind blocks the
+    # issuing thread until every member has issued one, as NCCL's does)
     return {"LD_LIBRARY_PATH": os.pathsep.join([str(out)] + ([path] if path else [])),
-            "COMMLIB_NCCL_LIBRARY": str(out / "libnccl.so.2")}
+            "COMMLIB_NCCL_LIBRARY": str(out / "libnccl.so.2"), "COMMLIB_GPU_EMULATOR_CONNECT": "1"}

@@ -3,6 +3,7 @@
 #include "backends/mpi/mpi_transport.h"
 #include "backends/mpi/session_stamp.h"
 #include "base/common.h"
+#include "base/progress.h"
 
 namespace commlib {
 namespace {
@@ -76,6 +77,15 @@ bool ControlChannel::poll(int* source, std::string* out) {
   return false;
 }
 
-void ControlChannel::progress() { sends_.progress(); }
+void ControlChannel::progress() {
+  sends_.progress();
+  // (a sender whose message is above the eager size finishes once it is
+  // received; now and then: waits call this as they spin)
+  constexpr int64_t kMatchEveryUs = 100;
+  const int64_t now = now_us();
+  if (now - last_match_us_ < kMatchEveryUs) return;
+  last_match_us_ = now;
+  match_arrivals();
+}
 
 }  // namespace commlib

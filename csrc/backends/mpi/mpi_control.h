@@ -8,6 +8,7 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <string>
@@ -26,7 +27,9 @@ class ControlChannel {
   // Messages come out in the order they were matched (each sender's in the
   // order it sent them).
   bool poll(int* source, std::string* out);
-  // Frees the buffers of completed sends.
+  // Frees the buffers of completed sends and starts receiving the messages
+  // that arrived (poll() hands them out), so that neither side's large
+  // messages wait for this rank's next poll(): called while it waits.
   void progress();
   // Whether sends are still in flight (as of the last progress()).
   bool sending() const { return !sends_.empty(); }
@@ -44,6 +47,7 @@ class ControlChannel {
   MPI_Comm comm_;
   PendingSends sends_;
   std::deque<std::unique_ptr<Incoming>> incoming_;  // matched, in order; the front one completes first
+  int64_t last_match_us_ = 0;  // (progress()'s last look for arrivals)
 };
 
 }  // namespace commlib
