@@ -47,8 +47,7 @@ void Engine::prepare_gpu_entry(const commlib_request& q, Entry& e) {
 // requests are not needed for a launch, and rank 0 may be blocked in one.)
 void Engine::flush_control_sends() {
   if (!coordinator_) return;
-  control_->progress();
-  if (control_->sending()) poll_until([this] {
+  poll_until([this] {  // (returns at once, before any clock read, when nothing is in flight)
     control_->progress();
     return !control_->sending();
   });

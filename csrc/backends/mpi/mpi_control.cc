@@ -14,18 +14,22 @@ ControlChannel::ControlChannel(MPI_Comm comm) : comm_(comm) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
 }
 
+void ControlChannel::keep_forever(std::unique_ptr<Incoming> m) {
+  static auto* orphans = new std::deque<std::unique_ptr<Incoming>>();  // (never freed)
+  orphans->push_back(std::move(m));
+}
+
 ControlChannel::~ControlChannel() {
   sends_.release();  // (before the communicator goes)
   if (comm_ == MPI_COMM_NULL) return;
   // A message still arriving (nobody waits for it any more): its request is
   // freed and its buffer kept, since MPI may still write it.
-  static auto* orphans = new std::deque<std::unique_ptr<Incoming>>();
   for (auto& m : incoming_) {
     int flag = 0;
     MPI_Test(&m->request, &flag, MPI_STATUS_IGNORE);
     if (flag) continue;
     MPI_Request_free(&m->request);
-    orphans->push_back(std::move(m));
+    keep_forever(std::move(m));
   }
   incoming_.clear();
   MPI_Comm_free(&comm_);
@@ -34,8 +38,7 @@ ControlChannel::~ControlChannel() {
 void ControlChannel::abandon() {
   sends_.abandon();
   // (MPI is never called again: the buffers of messages still arriving stay)
-  static auto* orphans = new std::deque<std::unique_ptr<Incoming>>();
-  for (auto& m : incoming_) orphans->push_back(std::move(m));
+  for (auto& m : incoming_) keep_forever(std::move(m));
   incoming_.clear();
   comm_ = MPI_COMM_NULL;
 }

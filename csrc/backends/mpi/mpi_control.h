@@ -43,6 +43,8 @@ class ControlChannel {
     std::string bytes;  // (MPI writes it: an Incoming never moves)
   };
   void match_arrivals();
+  // A message MPI may still write into, once nobody waits for it.
+  static void keep_forever(std::unique_ptr<Incoming> m);
 
   MPI_Comm comm_;
   PendingSends sends_;
