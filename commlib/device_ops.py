@@ -23,10 +23,10 @@ from typing import NamedTuple, Sequence
 from . import gpu
 from ._lib import lib
 from .handle import Handle, synchronize_on_stream
-from .submit import address, request
+from .submit import address, again_in_place, request
 from .submit import submit as submit_request
 
-__all__ = ["DeviceBuffer", "OPS", "submit", "synchronize_on_stream"]
+__all__ = ["DeviceBuffer", "OPS", "build", "submit", "submit_again", "synchronize_on_stream"]
 
 # The collectives on device buffers: name -> the core's op code (``submit``'s ``op_type``).
 OPS = {"allreduce": lib.COMMLIB_OP_ALLREDUCE, "allgather": lib.COMMLIB_OP_ALLGATHER,
@@ -60,12 +60,29 @@ def submit(op_type: int, name: str, inp: DeviceBuffer, out_ptr: int, *, device: 
     the handle completes. Errors the core finds before anything is queued (no
     NCCL, no CUDA runtime, COMMLIB_GPU_BACKEND=host, a dtype or op NCCL cannot
     run) raise here, on every rank alike."""
+    r = build(op_type, name, inp, out_ptr, device=device, stream=stream, reduce_op=reduce_op, prescale=prescale,
+              postscale=postscale, root=root, splits=splits, output_rows=output_rows, process_set=process_set)
+    return submit_again(r, op_type, keepalive, value, device)
+
+
+def build(op_type: int, name: str, inp: DeviceBuffer, out_ptr: int, *, device: int, stream: int,
+          reduce_op: int = 0, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
+          splits: Sequence[int] | None = None, output_rows: int = -1, process_set: int = 0):
+    """The request ``submit`` submits (commlib.submit.Request), for a caller
+    that submits the same call again (``submit_again``)."""
     ensure_loaded()
-    hid = submit_request(request(
+    return request(
         op_type, name, shape=tuple(inp.shape), dtype=inp.dtype, input=address(inp.ptr),
         output=address(out_ptr), reduce_op=reduce_op, prescale=prescale, postscale=postscale,
         root=root, splits=splits, process_set=process_set, device_type=lib.COMMLIB_DEVICE_CUDA,
-        device_id=device, stream=address(stream), output_rows=output_rows))
+        device_id=device, stream=address(stream), output_rows=output_rows)
+
+
+def submit_again(r, op_type: int, keepalive, value, device: int, buffer: int | None = None) -> Handle:
+    """Submits a request ``build`` made (again: the core copies what it
+    keeps). ``buffer``: the device address it now reads and writes, in place
+    (set under a lock: another thread may submit the same request)."""
+    hid = submit_request(r) if buffer is None else again_in_place(r, address(buffer))
     return Handle(hid, None, keepalive, _OP_NAMES.get(op_type, "collective"), value=value,
                   device=device)
 

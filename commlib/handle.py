@@ -191,13 +191,30 @@ def synchronize_on_stream(handle: Handle, stream: int):
 
 
 # Buffers of handles synchronized on a stream, by handle id, until the core
-# has completed (and released) them.
+# has completed (and released) them; in the order they were synchronized.
 _detached: dict[int, Any] = {}
+_FULL_SCAN_MIN = 64
+_full_scan_at = [_FULL_SCAN_MIN]
 
 
 def _drop_completed_detached() -> None:
-    for hid in [h for h in _detached if lib.commlib_poll(h)]:
+    """Forgets the buffers of detached handles whose collectives completed:
+    the oldest ones, up to the first still running (a training step
+    synchronizes its gradients in launch order, which the device completes
+    them in: polling every one each time cost a step O(gradients^2) polls),
+    and all of them whenever their number has doubled (collectives that
+    complete out of order: other process sets, other streams)."""
+    done = []
+    for hid in _detached:
+        if not lib.commlib_poll(hid):
+            break
+        done.append(hid)
+    for hid in done:
         del _detached[hid]
+    if len(_detached) >= _full_scan_at[0]:
+        for hid in [h for h in _detached if lib.commlib_poll(h)]:
+            del _detached[hid]
+        _full_scan_at[0] = max(_FULL_SCAN_MIN, 2 * len(_detached))
 
 
 def core_result(hid: int) -> tuple[memoryview, int]:

@@ -199,6 +199,13 @@ def again_at(last, out) -> int:
         return submit(last[1])
 
 
+def again_in_place(r: Request, ptr) -> int:
+    """Submits r again reading and writing the buffer at ``ptr`` (an ``address``)."""
+    with _again_lock:
+        r.c.input = r.c.output = ptr
+        return submit(r)
+
+
 _again_lock = threading.Lock()
 
 # Requests of named calls on buffers that are not described (a new tensor

@@ -14,6 +14,7 @@ from commlib.reduce_args import resolve_op
 from commlib.submit import NULL, address, remember_quick, submit_again
 
 from .compression import Compression
+from ..cuda import cuda_nccl
 from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
 from .tensor_io import (as_tensor, cached_facts, check_tensor, describe, facts_of, group_layout,
@@ -70,6 +71,10 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                                    prescale_factor, postscale_factor)
             if type(name) is str:
                 remember_quick(f, given)
+            return h
+    elif type(name) is str and average is None and process_set is global_process_set:
+        h = cuda_nccl.allreduce_again(tensor, name, op, prescale_factor, postscale_factor)
+        if h is not None:
             return h
     return _allreduce_async_checked(tensor, average, name, op, prescale_factor, postscale_factor,
                                     process_set)

@@ -93,4 +93,27 @@ got = hvd.grouped_allreduce([x.to(DEVICE) for x in xs[:5]], op=hvd.Average, name
 want = hvd.grouped_allreduce(xs[:5], op=hvd.Average, name="grouped.cpu")
 for k, (g, w) in enumerate(zip(got, want)):
     check(g.cpu(), w, f"grouped.{k}")
+
+# a training loop's in-place allreduce_async_ of one name, step after step
+# (submitted again as built the first time, cuda_nccl.allreduce_again): the
+# same tensor, a new one each step (zero_grad), another stream, another
+# op, another shape; every result against the CPU path's
+grad = torch.zeros(17, 3, device=DEVICE)
+side = torch.cuda.Stream(DEVICE)
+for step in range(8):
+    x = data((17, 3) if step != 6 else (4,), torch.float32, 20 + step)
+    op = hvd.Max if step == 5 else hvd.Average
+    if step in (2, 6):
+        grad = torch.empty(x.shape, device=DEVICE)  # (new storage, same name)
+    grad.copy_(x.to(DEVICE))
+    if step == 4:
+        side.wait_stream(torch.cuda.current_stream(DEVICE))
+        with torch.cuda.stream(side):
+            got = hvd.synchronize(hvd.allreduce_async_(grad, name="grad.repeated", op=op))
+        torch.cuda.current_stream(DEVICE).wait_stream(side)
+    else:
+        got = hvd.synchronize(hvd.allreduce_async_(grad, name="grad.repeated", op=op))
+    if got is not grad:
+        fail(f"step {step}: synchronize of an in-place allreduce_async_ did not return its tensor")
+    check(grad.cpu(), hvd.allreduce(x, op=op, name=f"grad.repeated.cpu.{step}"), f"grad.repeated.{step}")
 done()
