@@ -64,10 +64,11 @@ def allreduce(tensor, output, name, op, prescale, postscale, ps) -> Handle:
     kw = dict(reduce_op=op, prescale=prescale, postscale=postscale, process_set=ps.process_set_id)
     if out is not tensor or type(name) is not str or ps.process_set_id != 0 or not t.numel():
         return _submit(OPS["allreduce"], auto_name("allreduce", name, ps), t, out, (t, out),
-                       out.view(tensor.shape), **kw)
+                       out if out is tensor else out.view(tensor.shape), **kw)
     # in place, named, on the global set: remembered for allreduce_again
     stream = _stream(t)
-    r = device_ops.build(OPS["allreduce"], auto_name("allreduce", name), _buffer(t), t.data_ptr(), device=t.device.index, stream=stream, **kw)
+    r = device_ops.build(OPS["allreduce"], auto_name("allreduce", name), _buffer(t), t.data_ptr(),
+                         device=t.device.index, stream=stream, **kw)
     h = device_ops.submit_again(r, OPS["allreduce"], (t, t), t, t.device.index)
     if len(_again) >= _AGAIN_LIMIT:
         _again.clear()
