@@ -26,7 +26,7 @@ from .handle import Handle, synchronize_on_stream
 from .submit import address, again_in_place, request
 from .submit import submit as submit_request
 
-__all__ = ["DeviceBuffer", "OPS", "build", "submit", "submit_again", "synchronize_on_stream"]
+__all__ = ["DeviceBuffer", "OPS", "build", "submit", "submit_built", "synchronize_on_stream"]
 
 # The collectives on device buffers: name -> the core's op code (``submit``'s ``op_type``).
 OPS = {"allreduce": lib.COMMLIB_OP_ALLREDUCE, "allgather": lib.COMMLIB_OP_ALLGATHER,
@@ -62,14 +62,14 @@ def submit(op_type: int, name: str, inp: DeviceBuffer, out_ptr: int, *, device: 
     run) raise here, on every rank alike."""
     r = build(op_type, name, inp, out_ptr, device=device, stream=stream, reduce_op=reduce_op, prescale=prescale,
               postscale=postscale, root=root, splits=splits, output_rows=output_rows, process_set=process_set)
-    return submit_again(r, op_type, keepalive, value, device)
+    return submit_built(r, op_type, keepalive, value, device)
 
 
 def build(op_type: int, name: str, inp: DeviceBuffer, out_ptr: int, *, device: int, stream: int,
           reduce_op: int = 0, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
           splits: Sequence[int] | None = None, output_rows: int = -1, process_set: int = 0):
     """The request ``submit`` submits (commlib.submit.Request), for a caller
-    that submits the same call again (``submit_again``)."""
+    that submits the same call again (``submit_built``)."""
     ensure_loaded()
     return request(
         op_type, name, shape=tuple(inp.shape), dtype=inp.dtype, input=address(inp.ptr),
@@ -78,7 +78,7 @@ def build(op_type: int, name: str, inp: DeviceBuffer, out_ptr: int, *, device: i
         device_id=device, stream=address(stream), output_rows=output_rows)
 
 
-def submit_again(r, op_type: int, keepalive, value, device: int, buffer: int | None = None) -> Handle:
+def submit_built(r, op_type: int, keepalive, value, device: int, buffer: int | None = None) -> Handle:
     """Submits a request ``build`` made (again: the core copies what it
     keeps). ``buffer``: the device address it now reads and writes, in place
     (set under a lock: another thread may submit the same request)."""

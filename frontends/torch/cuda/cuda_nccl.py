@@ -55,7 +55,11 @@ def _stream(t: torch.Tensor) -> int:
 def _submit(op_type, name, t, out, keep, value, **kw) -> Handle:
     h = device_ops.submit(op_type, name, _buffer(t), out.data_ptr() if out is not None and out.numel() else 0,
                           device=t.device.index, stream=_stream(t), keepalive=keep, value=value, **kw)
-    return Handle(h, lambda r: r, keep)
+    return Handle(h, _result, keep)
+
+
+def _result(r):
+    return r
 
 
 def allreduce(tensor, output, name, op, prescale, postscale, ps) -> Handle:
@@ -69,15 +73,11 @@ def allreduce(tensor, output, name, op, prescale, postscale, ps) -> Handle:
     stream = _stream(t)
     r = device_ops.build(OPS["allreduce"], auto_name("allreduce", name), _buffer(t), t.data_ptr(),
                          device=t.device.index, stream=stream, **kw)
-    h = device_ops.submit_again(r, OPS["allreduce"], (t, t), t, t.device.index)
+    h = device_ops.submit_built(r, OPS["allreduce"], (t, t), t, t.device.index)
     if len(_again) >= _AGAIN_LIMIT:
         _again.clear()
     _again[name] = [t.data_ptr(), t.dtype, t.shape, (op, prescale, postscale), r, stream, t.device]
     return Handle(h, _result, (t, t))
-
-
-def _result(r):
-    return r
 
 
 # A training loop's in-place allreduces of CUDA tensors under the same names
@@ -113,11 +113,8 @@ def allreduce_again(tensor, name, op, prescale, postscale):
         return None
     keep = (tensor, tensor)
     now = tensor.data_ptr()
-    if now == ptr:
-        h = device_ops.submit_again(r, OPS["allreduce"], keep, tensor, device.index)
-    else:
-        h = device_ops.submit_again(r, OPS["allreduce"], keep, tensor, device.index, buffer=now)
-        q[0] = now
+    h = device_ops.submit_built(r, OPS["allreduce"], keep, tensor, device.index, buffer=None if now == ptr else now)
+    q[0] = now
     return Handle(h, _result, keep)
 
 
