@@ -29,14 +29,18 @@ def init(comm=None, process_sets=None) -> None:
     horovod_env.apply()  # (HOROVOD_FUSION_THRESHOLD... read as COMMLIB_*)
     if not runtime.is_initialized():
         runtime.reset_names()  # a new job: names count from 0 on every rank
-    if comm is None:
-        check(lib.commlib_init(0, 0))
-    else:
+    if comm is not None:
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
         if comm == MPI.COMM_NULL:
             raise ValueError("comm is MPI.COMM_NULL: this rank is not part of the communicator")
-        check(lib.commlib_init(MPI._handleof(comm), 1))
+    try:
+        check(lib.commlib_init(0, 0) if comm is None else lib.commlib_init(MPI._handleof(comm), 1))
+    except ValueError as e:  # (a bad variable's value, maybe a Horovod one's)
+        message = horovod_env.explain(str(e))
+        if message == str(e):
+            raise
+        raise type(e)(message) from None
     runtime.set_job_comm(comm if comm is not None else MPI.COMM_WORLD)
     failure_notes.install(lib.commlib_rank())
     if lib.commlib_rank() == 0:  # (once per job: the settings are the launcher's, alike on every rank)

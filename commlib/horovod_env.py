@@ -6,7 +6,7 @@ reads these as the ``COMMLIB_*`` variables they correspond to (same units)
 whenever the ``COMMLIB_*`` one is not set itself, and ``commlibrun``
 forwards ``HOROVOD_*`` variables to every rank as it does ``COMMLIB_*``
 ones. A bad value fails ``init()`` under the ``COMMLIB_*`` name it was read
-as. Horovod variables without a counterpart here (controller, CPU/GPU
+as, with the Horovod variable it came from. Horovod variables without a counterpart here (controller, CPU/GPU
 operations, hierarchical switches: commlib picks those itself) are ignored.
 """
 from __future__ import annotations
@@ -46,8 +46,25 @@ def commlib_values(environ: Mapping[str, str]) -> dict:
     return out
 
 
+# COMMLIB_* variable: the Horovod variable whose value apply() set it to.
+_read_from: dict[str, str] = {}
+
+
 def apply(environ: MutableMapping[str, str] | None = None) -> None:
     """Sets ``commlib_values(environ)`` in ``environ`` (default: this
     process's environment, which the core reads at init)."""
     env = os.environ if environ is None else environ
-    env.update(commlib_values(env))
+    values = commlib_values(env)
+    env.update(values)
+    if environ is None:
+        by_name = {v: k for k, v in ALIASES.items()}
+        _read_from.update((name, by_name.get(name, "HOROVOD_STALL_CHECK_DISABLE")) for name in values)
+
+
+def explain(message: str) -> str:
+    """``message`` (an error of init's about a variable) with the Horovod
+    variable that a COMMLIB_* one it names was read from."""
+    for name, horovod in _read_from.items():
+        if name in message and horovod in os.environ:
+            return f"{message} (read from {horovod}={os.environ[horovod]!r})"
+    return message

@@ -15,9 +15,10 @@ two ranks exchanging data post ``isend`` first, or call ``sendrecv``. A
 receive with ``out`` must get a message of out's dtype and element count:
 otherwise both the receive and the send raise ValueError, naming both shapes.
 A peer outside the job or the set raises ValueError before anything is sent; a
-peer that dies raises RankLostError; a receive with no matching send warns
+peer that dies raises RankLostError; a send or receive with no match warns
 after COMMLIB_STALL_CHECK_TIME and raises CollectiveTimeoutError after
-COMMLIB_TIMEOUT. Point-to-point runs concurrently with collectives and goes on
+COMMLIB_TIMEOUT (a send that timed out is withdrawn: no later receive gets
+it). Point-to-point runs concurrently with collectives and goes on
 between the other ranks after rank 0 has called shutdown().
 
 Transport: between ranks of one host the control messages go through

@@ -32,7 +32,9 @@ bool parse_double(const std::string& text, double* out, std::string* why) {
     *why = "not a number";
     return false;
   }
-  if (!std::isfinite(x) || errno == ERANGE) {
+  // (an underflow, as 1e-400, is the nearest representable value, 0 or
+  // subnormal, which the variable's own range check then judges)
+  if (!std::isfinite(x) || (errno == ERANGE && std::fabs(x) >= 1.0)) {
     *why = "not a finite number";
     return false;
   }

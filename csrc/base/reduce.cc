@@ -1,6 +1,7 @@
 #include "base/reduce.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -44,6 +45,27 @@ struct WrapOf<T, true> {
 template <typename T>
 using Wrap = typename WrapOf<T>::type;
 
+// Min and Max give the same bits whichever operand comes first, so that every
+// rank holds the same result however an algorithm (or MPI) orders the ranks'
+// values: a NaN of either side wins (as numpy's minimum and maximum), and of
+// two zeros Min takes -0 and Max +0.
+template <typename T>
+inline T min_of(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return (b < a || b != b || (b == a && std::signbit(b))) ? b : a;
+  } else {
+    return b < a ? b : a;
+  }
+}
+template <typename T>
+inline T max_of(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return (a < b || b != b || (b == a && !std::signbit(b))) ? b : a;
+  } else {
+    return a < b ? b : a;
+  }
+}
+
 template <typename T>
 void reduce_typed(int op, void* acc, const void* in, void* copy, size_t n) {
   using W = Wrap<T>;
@@ -52,10 +74,10 @@ void reduce_typed(int op, void* acc, const void* in, void* copy, size_t n) {
       apply<T>(acc, in, copy, n, [](T a, T b) { return static_cast<T>(W(a) + W(b)); });
       return;
     case COMMLIB_MIN:
-      apply<T>(acc, in, copy, n, [](T a, T b) { return b < a ? b : a; });
+      apply<T>(acc, in, copy, n, [](T a, T b) { return min_of(a, b); });
       return;
     case COMMLIB_MAX:
-      apply<T>(acc, in, copy, n, [](T a, T b) { return a < b ? b : a; });
+      apply<T>(acc, in, copy, n, [](T a, T b) { return max_of(a, b); });
       return;
     case COMMLIB_PRODUCT:
       apply<T>(acc, in, copy, n, [](T a, T b) { return static_cast<T>(W(a) * W(b)); });
@@ -99,10 +121,10 @@ bool reduce_scaled_float(int op, void* acc, const void* in, void* copy, size_t n
       apply_scaled<T>(acc, in, copy, n, f, [](T a, T b) { return a + b; });
       return true;
     case COMMLIB_MIN:
-      apply_scaled<T>(acc, in, copy, n, f, [](T a, T b) { return b < a ? b : a; });
+      apply_scaled<T>(acc, in, copy, n, f, [](T a, T b) { return min_of(a, b); });
       return true;
     case COMMLIB_MAX:
-      apply_scaled<T>(acc, in, copy, n, f, [](T a, T b) { return a < b ? b : a; });
+      apply_scaled<T>(acc, in, copy, n, f, [](T a, T b) { return max_of(a, b); });
       return true;
     case COMMLIB_PRODUCT:
       apply_scaled<T>(acc, in, copy, n, f, [](T a, T b) { return a * b; });

@@ -58,7 +58,10 @@ void PointToPoint::check_stalls(int64_t now, int64_t limit_us, int64_t timeout_u
   };
   for (auto& [key, q] : posted_)
     for (P2PRequest& r : q) warn(r);
-  if (timeout_us > 0) time_out_receives(now, timeout_us);
+  if (timeout_us > 0) {
+    time_out_receives(now, timeout_us);
+    withdraw_sends(now, timeout_us);
+  }
   for (auto& [key, o] : outgoing_)
     if (o.data.empty()) warn(o.req);
 }
@@ -78,6 +81,41 @@ void PointToPoint::time_out_receives(int64_t now, int64_t timeout_us) {
       r = q.erase(r);
     }
     it = q.empty() ? posted_.erase(it) : std::next(it);
+  }
+}
+
+void PointToPoint::withdraw_sends(int64_t now, int64_t timeout_us) {
+  for (auto& [key, o] : outgoing_) {
+    if (o.withdrawn || !o.data.empty() || now - o.req.posted_us < timeout_us) continue;
+    o.withdrawn = true;
+    Writer w;
+    w.put<int32_t>(kWithdraw);
+    w.put<int32_t>(o.req.process_set);
+    w.put<int64_t>(o.req.tag);
+    w.put<uint64_t>(key.second);
+    w.put<int64_t>(timeout_us);
+    send_ctl(key.first, w.take());
+  }
+}
+
+void PointToPoint::on_withdraw(int source, std::string_view msg) {
+  Reader rd(msg);
+  rd.get<int32_t>();
+  const int set = rd.get<int32_t>();
+  const int64_t tag = rd.get<int64_t>();
+  const uint64_t seq = rd.get<uint64_t>();
+  const int64_t timeout_us = rd.get<int64_t>();
+  auto a = arrived_.find(Key{source, set, tag});
+  if (a == arrived_.end()) return;  // (taken by a receive meanwhile: its reply completes the send)
+  auto& q = a->second;
+  for (auto in = q.begin(); in != q.end(); ++in) {
+    if (in->seq != seq) continue;
+    q.erase(in);
+    if (q.empty()) arrived_.erase(a);
+    send_ack(source, seq, COMMLIB_ERR_TIMED_OUT,
+             "send to rank " + std::to_string(rank_) + " (" + tag_str(tag, set) + ") timed out after " +
+                 std::to_string(timeout_us / 1000000) + " s (COMMLIB_TIMEOUT): no matching recv was posted");
+    return;
   }
 }
 

@@ -205,6 +205,7 @@ void PointToPoint::dispatch(int source, std::string_view msg) {
     case kHeader: on_header(source, msg); break;
     case kAck: case kClearToSend: on_reply(source, msg); break;
     case kBye: on_bye(source); break;
+    case kWithdraw: on_withdraw(source, msg); break;
     case kDeviceClear: on_device_clear(source, msg); break;
     case kSplit: case kWritten: {
       Reader rd(msg);

@@ -27,6 +27,11 @@
 //   error reaches the sender's handle.
 // - A rank that shuts down tells every rank ("bye"); receives waiting for it
 //   and sends not yet taken by it then fail instead of hanging.
+// - A receive unmatched for COMMLIB_TIMEOUT fails. A send unmatched so long
+//   withdraws its header ("withdraw"): the receiver drops a header that no
+//   receive has taken and refuses the send with an error reply, or ignores
+//   the withdrawal when a receive took it meanwhile (its reply completes the
+//   send as usual), so a sender never fails while its buffer is being read.
 // - Device (CUDA) messages (device_messages.cc): the header says the data is
 //   in device memory and carries no bytes or address. A receive that takes
 //   device messages (it names a device) receives one into its device `out`,
@@ -115,8 +120,8 @@ class PointToPoint {
     if (lanes_) lanes_->flush();
   }
   // Warns (stderr) once about each request unmatched for longer than limit_us;
-  // fails receives unmatched for longer than timeout_us (> 0). (A send is
-  // never failed so: its receiver may be reading its buffer at that moment.)
+  // fails receives unmatched for longer than timeout_us (> 0), and withdraws
+  // sends so (their receivers refuse them, see the protocol above).
   void check_stalls(int64_t now_us, int64_t limit_us, int64_t timeout_us);
   // Fails every pending request (communication is over).
   void fail_all(int code, const std::string& message);
@@ -146,6 +151,7 @@ class PointToPoint {
     P2PRequest req;
     uint64_t nbytes = 0;
     std::vector<MPI_Request> data;  // rendezvous over MPI, after "clear to send"
+    bool withdrawn = false;         // timed out: "withdraw" sent, the reply awaited
   };
   struct Split {  // a receive copied by both sides (split_copy.cc)
     P2PRequest req;
@@ -168,6 +174,7 @@ class PointToPoint {
   void on_header(int source, std::string_view msg);
   void on_reply(int source, std::string_view msg);
   void on_bye(int source);
+  void on_withdraw(int source, std::string_view msg);  // (p2p_endings.cc)
   void match(const Key& key);
   void deliver(P2PRequest& r, Incoming& in);
   bool read_direct(P2PRequest& r, const Incoming& in, char* dst);
@@ -198,6 +205,7 @@ class PointToPoint {
   uint32_t next_data_tag_ = 0;
   std::map<Key, std::deque<Incoming>> arrived_;
   void time_out_receives(int64_t now, int64_t timeout_us);
+  void withdraw_sends(int64_t now, int64_t timeout_us);
   std::map<Key, std::deque<P2PRequest>> posted_;
   std::map<std::pair<int, uint64_t>, Outgoing> outgoing_;  // (peer, seq)
   std::list<Transfer> transfers_;

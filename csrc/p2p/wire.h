@@ -14,7 +14,8 @@ enum CtlKind : int32_t {
   kBye = 4,          // a rank stops
   kSplit = 5,        // receiver -> sender: write the second half to this address
   kWritten = 6,      // sender -> receiver: the second half is written (or not)
-  kDeviceClear = 7   // receiver -> sender: send a device message over the device link (and its id, when new)
+  kDeviceClear = 7,  // receiver -> sender: send a device message over the device link (and its id, when new)
+  kWithdraw = 8      // sender -> receiver: a send unmatched for COMMLIB_TIMEOUT withdraws its header
 };
 
 }  // namespace commlib

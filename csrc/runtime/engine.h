@@ -137,6 +137,9 @@ class Engine : private CacheHost {
   // Transports, the negotiation role, the executor, the cache; then the thread.
   void start(MPI_Comm data, MPI_Comm ctrl, int cache_capacity, bool log_mode);
   Entry make_entry(const commlib_request& q);
+  Entry make_group_entry(const commlib_request& req);  // (validated)
+  // make(q); when its checks refuse q, the other ranks are told at once.
+  Entry checked(const commlib_request& q, Entry (Engine::*make)(const commlib_request&));
   // The members of process set id, checking that this rank is one of them.
   // Caller holds queue_mu_.
   const std::vector<int>& members_of(int id) const;

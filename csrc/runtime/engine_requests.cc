@@ -126,14 +126,17 @@ int64_t Engine::enqueue(const commlib_request& q) {
   if (!running_.load()) {
     throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
   }
-  Entry e;
+  Entry e = checked(q, &Engine::make_entry);
+  return push(&e);
+}
+
+Entry Engine::checked(const commlib_request& q, Entry (Engine::*make)(const commlib_request&)) {
   try {
-    e = make_entry(q);
+    return (this->*make)(q);
   } catch (const Error& err) {
     if (err.code() == COMMLIB_ERR_VALUE || err.code() == COMMLIB_ERR_TYPE) abort_others(q, err.what());
     throw;
   }
-  return push(&e);
 }
 
 // The other ranks would wait for this request until the timeout: its name
@@ -171,10 +174,15 @@ int64_t Engine::enqueue_group(const commlib_request& req) {
   if (!running_.load()) {
     throw Error(COMMLIB_ERR_NOT_INIT, "commlib is not initialized: call commlib.init() first");
   }
-  const int n = req.nmembers;
-  if (n < 0) throw Error(COMMLIB_ERR_VALUE, "negative group size");
+  if (req.nmembers < 0) throw Error(COMMLIB_ERR_VALUE, "negative group size");
   if (req.op_type != COMMLIB_OP_ALLREDUCE) throw Error(COMMLIB_ERR_VALUE, "only allreduces are submitted as a group");
   if (!req.name || !*req.name) throw Error(COMMLIB_ERR_VALUE, "a collective needs a non-empty name");
+  Entry e = checked(req, &Engine::make_group_entry);
+  return push(req.nmembers > 0 ? &e : nullptr);
+}
+
+Entry Engine::make_group_entry(const commlib_request& req) {
+  const int n = req.nmembers;
   std::vector<int> members;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
@@ -206,7 +214,8 @@ int64_t Engine::enqueue_group(const commlib_request& req) {
     e.members.push_back({q.dtype, size_t(count), req.member_inputs[i], req.member_outputs[i]});
     q.shape += q.ndim;
   }
-  return push(n > 0 ? &e : nullptr);
+  check_disjoint_outputs(e.members);
+  return e;
 }
 
 int64_t Engine::add_process_set(const int32_t* ranks, int n) {

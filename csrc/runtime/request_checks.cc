@@ -176,4 +176,28 @@ void validate_p2p(const commlib_request& q, const std::vector<int>* members, int
   if (send && n > 0 && !q.input) throw Error(COMMLIB_ERR_VALUE, "send: data buffer is NULL");
 }
 
+void check_disjoint_outputs(const std::vector<Member>& members) {
+  struct Span {
+    uintptr_t lo, hi;
+    size_t member;
+  };
+  std::vector<Span> spans;
+  spans.reserve(members.size());
+  for (size_t i = 0; i < members.size(); ++i) {
+    const size_t bytes = members[i].count * dtype_size(members[i].dtype);
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(members[i].output);
+    if (bytes && lo) spans.push_back({lo, lo + bytes, i});
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.lo < b.lo; });
+  // (sorted by start, two spans that overlap imply two neighbours that do)
+  for (size_t k = 1; k < spans.size(); ++k) {
+    if (spans[k].lo < spans[k - 1].hi) {
+      const size_t a = std::min(spans[k - 1].member, spans[k].member), b = std::max(spans[k - 1].member, spans[k].member);
+      throw Error(COMMLIB_ERR_VALUE, "grouped allreduce: the results of tensors " + std::to_string(a) + " and " +
+                                         std::to_string(b) + " would share memory (one tensor given twice, or views "
+                                         "that overlap); give each tensor once");
+    }
+  }
+}
+
 }  // namespace commlib

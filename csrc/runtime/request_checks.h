@@ -6,12 +6,18 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/entry.h"
 #include "commlib/c_api.h"
 
 namespace commlib {
 
 // A collective; members: the job ranks of the request's process set.
 void validate_request(const commlib_request& q, const std::vector<int>& members);
+
+// The members of a group write their results into separate memory (one
+// array given twice in place would be reduced twice, the result depending on
+// the algorithm).
+void check_disjoint_outputs(const std::vector<Member>& members);
 
 // A reducescatter's explicit rows per rank (none: the even split).
 std::vector<int64_t> reducescatter_splits(const commlib_request& q, int size);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -119,6 +120,51 @@ TEST_CASE("reduce: half types widen to float32, reduce and scale there, and roun
   acc = tiny;
   commlib::reduce_into(COMMLIB_FLOAT16, COMMLIB_SUM, &acc, &tiny, 1);
   CHECK_EQ(acc, uint16_t(0x1400));  // 2^-10
+}
+
+template <typename T>
+void check_nan_wins(int dtype) {
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  const T a[4] = {nan, T(1), nan, T(-2)}, b[4] = {T(3), nan, nan, T(5)};
+  for (int op : {COMMLIB_MIN, COMMLIB_MAX})
+    for (double s : {1.0, 0.5}) {
+      T acc[4], copy[4];
+      std::memcpy(acc, a, sizeof(a));
+      commlib::reduce_into_and_copy_scaled(dtype, op, acc, b, copy, 4, s);
+      CHECK(std::isnan(acc[0]) && std::isnan(acc[1]) && std::isnan(acc[2]));
+      CHECK_EQ(acc[3], T((op == COMMLIB_MIN ? -2 : 5) * s));
+      CHECK(std::isnan(copy[1]));
+    }
+}
+
+TEST_CASE("reduce: Min and Max keep a NaN of either side") {
+  check_nan_wins<float>(COMMLIB_FLOAT32);
+  check_nan_wins<double>(COMMLIB_FLOAT64);
+  for (int dtype : {COMMLIB_FLOAT16, COMMLIB_BFLOAT16}) {
+    const float f[2] = {std::nanf(""), 1.0f};
+    uint16_t a[2], b[2];
+    commlib::float_to_half(dtype, f, a, 2, 1.0);
+    b[0] = a[1];
+    b[1] = a[0];  // (NaN first on one side, then on the other)
+    for (int op : {COMMLIB_MIN, COMMLIB_MAX}) {
+      uint16_t acc[2] = {a[0], a[1]};
+      commlib::reduce_into(dtype, op, acc, b, 2);
+      float back[2];
+      commlib::half_to_float(dtype, acc, back, 2, 1.0);
+      CHECK(std::isnan(back[0]) && std::isnan(back[1]));
+    }
+  }
+}
+
+TEST_CASE("reduce: Min and Max of two zeros are -0 and +0 in either order") {
+  for (int op : {COMMLIB_MIN, COMMLIB_MAX})
+    for (bool flip : {false, true}) {
+      float acc = flip ? -0.0f : 0.0f;
+      const float in = flip ? 0.0f : -0.0f;
+      commlib::reduce_into(COMMLIB_FLOAT32, op, &acc, &in, 1);
+      CHECK_EQ(acc, 0.0f);
+      CHECK_EQ(std::signbit(acc), op == COMMLIB_MIN);
+    }
 }
 
 TEST_CASE("reduce: Adasum is a reduction of floating-point dtypes only") {

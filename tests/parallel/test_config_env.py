@@ -25,6 +25,13 @@ def test_bad_value_on_every_rank(ranks):
 
 
 @pytest.mark.timeout(150)
+def test_bad_horovod_value_names_both_variables(ranks):
+    run = ranks(2, "config_env.py", "horovod", timeout=LIMIT,
+                env={"HOROVOD_FUSION_THRESHOLD": "abc", "COMMLIB_FUSION_THRESHOLD": ""})
+    assert_all_ok(run, 2)
+
+
+@pytest.mark.timeout(150)
 def test_bad_value_on_one_rank_fails_every_rank(ranks):
     start = time.monotonic()
     run = ranks(2, "config_env.py", "one", timeout=LIMIT)

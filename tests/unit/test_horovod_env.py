@@ -26,3 +26,16 @@ def test_dynamic_timeline_and_disabled_stall_check():
     assert commlib_values(both) == {"COMMLIB_STALL_CHECK_TIME": NO_STALL_CHECK}
     assert commlib_values({"HOROVOD_STALL_CHECK_DISABLE": "0"}) == {}
     assert commlib_values({"HOROVOD_STALL_CHECK_DISABLE": "1", "COMMLIB_STALL_CHECK_TIME": "7"}) == {}
+
+
+def test_an_error_names_the_horovod_variable_it_was_read_from(monkeypatch):
+    from commlib import horovod_env
+    monkeypatch.setattr(horovod_env, "_read_from", {})
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "abc")
+    monkeypatch.setenv("COMMLIB_FUSION_THRESHOLD", "")
+    monkeypatch.setenv("COMMLIB_CYCLE_TIME", "2")
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "9")  # (not read: COMMLIB_CYCLE_TIME is set)
+    apply()
+    msg = horovod_env.explain("COMMLIB_FUSION_THRESHOLD='abc': not a number")
+    assert msg == "COMMLIB_FUSION_THRESHOLD='abc': not a number (read from HOROVOD_FUSION_THRESHOLD='abc')"
+    assert horovod_env.explain("COMMLIB_CYCLE_TIME='x': not a number") == "COMMLIB_CYCLE_TIME='x': not a number"

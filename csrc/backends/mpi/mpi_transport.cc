@@ -6,17 +6,43 @@
 
 #include "base/common.h"
 #include "base/progress.h"
+#include "base/reduce.h"
 
 namespace commlib {
 namespace {
 
 MPI_Comm g_job_comm = MPI_COMM_NULL;
 
+// Floating-point Min and Max as the core's own kernels compute them (a NaN on
+// any rank wins): MPI's built-in MPI_MIN/MPI_MAX keep or drop a NaN by the
+// order in which the library combines ranks, so ranks could end up with
+// different results.
+template <int Op>
+void nan_keeping(void* in, void* inout, int* len, MPI_Datatype* type) {
+  const int dtype = *type == MPI_DOUBLE ? COMMLIB_FLOAT64 : COMMLIB_FLOAT32;
+  reduce_into(dtype, Op, inout, in, size_t(*len));
+}
+
+MPI_Op user_op(MPI_User_function* f) {
+  MPI_Op o;
+  MPI_Op_create(f, /*commute=*/1, &o);
+  return o;
+}
+
+MPI_Op float_op(int op) {
+  static const MPI_Op min_op = user_op(&nan_keeping<COMMLIB_MIN>);
+  static const MPI_Op max_op = user_op(&nan_keeping<COMMLIB_MAX>);
+  return op == COMMLIB_MAX ? max_op : min_op;
+}
+
 }  // namespace
 
 MPI_Op mpi_op(int dtype, int op) {
   if (dtype == COMMLIB_BOOL) {
     return (op == COMMLIB_SUM || op == COMMLIB_MAX) ? MPI_LOR : MPI_LAND;
+  }
+  if ((dtype == COMMLIB_FLOAT32 || dtype == COMMLIB_FLOAT64) && (op == COMMLIB_MIN || op == COMMLIB_MAX)) {
+    return float_op(op);
   }
   switch (op) {
     case COMMLIB_SUM: case COMMLIB_AVERAGE: return MPI_SUM;

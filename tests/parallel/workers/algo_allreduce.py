@@ -143,9 +143,9 @@ for dt in DTYPES:
             run_case(name, inputs, op, reference(inputs, dt, op), *tolerance(dt, op),
                      inplace=seed % 2 == 0)
 
-# Results that depend on the evaluation order bit for bit: float32 sums over
-# values spread across 12 orders of magnitude, and Min/Max over mixed signed
-# zeros (min(+0, -0) and min(-0, +0) differ in their sign bit). Checked
+# Results that could depend on the evaluation order bit for bit: float32 sums
+# over values spread across 12 orders of magnitude, and Min/Max over mixed
+# signed zeros (the core's Min takes -0 and Max +0, in either order). Checked
 # against numpy by value; the digest comparison below checks the bits.
 size = 1000 if QUICK else 1_000_003
 wide = []
@@ -163,7 +163,29 @@ for op in ("Min", "Max"):
     zeros = [np.random.default_rng([777, q]).choice(np.float32([0.0, -0.0]), 4099) for q in range(n)]
     got = commlib.allreduce(zeros[r], op=OPS[op], name=f"signed zeros {op}")
     check(f"signed zeros {op}", got, np.zeros(4099, np.float32))
+    # (-0 where any rank holds -0 for Min, +0 where any holds +0 for Max)
+    negative = np.stack([np.signbit(z) for z in zeros])
+    want_sign = negative.any(axis=0) if op == "Min" else negative.all(axis=0)
+    if not np.array_equal(np.signbit(got), want_sign):
+        fail(f"signed zeros {op}: the sign bits are not those of the ranks' {op}")
     record(f"signed zeros {op}", got)
+
+# Min/Max with NaN: a NaN on any rank is the result (as numpy's minimum and
+# maximum), whichever rank held it and however the algorithm orders ranks;
+# elements 0..n-1 hold a NaN on rank i only, the others none (and infinities).
+for dt in [d for d in DTYPES if is_float(d)]:
+    for op, fold in (("Min", np.minimum), ("Max", np.maximum)):
+        parts = []
+        for q in range(n):
+            v = np.random.default_rng([31, q]).standard_normal(2 * n + 5).astype(np.float32)
+            v[q] = np.nan
+            v[n + q] = np.inf if q % 2 else -np.inf
+            parts.append(v.astype(dt))
+        want = fold.reduce(np.stack(parts), axis=0)
+        got = commlib.allreduce(parts[r], op=OPS[op], name=f"{dt.name} NaN {op}")
+        if not np.array_equal(got.astype(np.float64), want.astype(np.float64), equal_nan=True):
+            fail(f"{dt.name} NaN {op}: got {got.tolist()} expected {want.tolist()}")
+        record(f"{dt.name} NaN {op}", got)
 
 # float16 travels as it is through the ring and the tree (half the bytes of
 # float32 between hosts), each step rounding its partial sum to float16; the

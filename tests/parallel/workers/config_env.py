@@ -5,6 +5,7 @@ variable and the value, whether every rank has the bad value or only some.
     config_env.py one        only rank 1 has COMMLIB_ALLREDUCE_ALGO=bogus
     config_env.py each       rank 0 has a bad COMMLIB_SPIN_US, rank 1 a bad COMMLIB_SHM
     config_env.py uncaught   only rank 1 has a bad value and nobody catches the error
+    config_env.py horovod    every rank has HOROVOD_FUSION_THRESHOLD=abc (set by the test)
 
 After a caught error each rank fixes its environment, and init() and an
 allreduce work: a refused init leaves nothing behind and no rank out of step.
@@ -56,6 +57,11 @@ if mode == "all":
     if message != want:
         fail(f"message {message!r}, expected {want!r}")
     del os.environ["COMMLIB_FUSION_THRESHOLD"]
+elif mode == "horovod":
+    want = "COMMLIB_FUSION_THRESHOLD='abc': not an integer (read from HOROVOD_FUSION_THRESHOLD='abc')"
+    if message != want:
+        fail(f"message {message!r}, expected {want!r}")
+    del os.environ["HOROVOD_FUSION_THRESHOLD"], os.environ["COMMLIB_FUSION_THRESHOLD"]
 elif mode == "one":
     want = "COMMLIB_ALLREDUCE_ALGO='bogus': not one of auto, shm, ring, tree, mpi"
     if RANK == 1 and message != want:

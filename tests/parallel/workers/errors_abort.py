@@ -45,6 +45,27 @@ for i in range(4):  # "a2a.cached" in the response cache, then bad on one rank
     check_equal(got, np.arange(n, dtype=np.float64).reshape(n, 1), f"cached alltoall {i}")
 case("a2a.cached", "cached")
 still_works("cached")
+# A grouped in-place allreduce given one array twice (it would be reduced
+# twice) on rank BAD: refused there, and the others fail at once.
+a, b = np.ones(4), np.ones(4)
+group = [a, a] if r == BAD else [a, b]
+start = time.monotonic()
+if r == BAD:
+    expect_raises(ValueError, lambda: commlib.grouped_allreduce_(group, name="g.aliased", op=commlib.Sum),
+                  "a group with one array twice", match="tensors 0 and 1 would share memory")
+    expect_raises(ValueError, lambda: commlib.grouped_allreduce_([a, a[1:3]], name="g.alias2"),
+                  "a group with overlapping views", match="tensors 0 and 1 would share memory")
+else:
+    expect_raises(commlib.CollectiveMismatchError,
+                  lambda: commlib.grouped_allreduce_(group, name="g.aliased", op=commlib.Sum),
+                  "a good group", match=f"rank {BAD} could not submit allreduce 'g.aliased'")
+    expect_raises(commlib.CollectiveMismatchError, lambda: commlib.grouped_allreduce_(group, name="g.alias2"),
+                  "a good group again", match="share memory")
+if time.monotonic() - start > 5:
+    fail(f"aliased group: took {time.monotonic() - start:.1f} s")
+got = commlib.grouped_allreduce([a, a], name="g.twice.out", op=commlib.Sum)  # (out of place: fine)
+check_equal(got[0], np.full(4, float(n)), "a group reading one array twice")
+still_works("aliased group")
 for i in range(3):  # and the name works again
     got, _ = commlib.alltoall(np.full((n, 1), float(r)), splits=[1] * n, name="a2a.cached")
     check_equal(got, np.arange(n, dtype=np.float64).reshape(n, 1), f"cached alltoall again {i}")

@@ -3,7 +3,8 @@ part in fail on the ranks that wait, with CollectiveTimeoutError naming the
 operation, the tensor and the missing ranks, within the timeout + a few
 seconds; the job goes on working after each. Cases: a named tensor one rank
 never submits; unnamed collectives of different kinds; a cached request one
-rank skips; a receive with no send; a rank frozen (SIGSTOP) for less than
+rank skips; a receive with no send; sends with no receive (to another rank,
+small and large, and to itself: the receiver drops them); a rank frozen (SIGSTOP) for less than
 the timeout (no error) and for longer (errors, and the job still works)."""
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import time
 
 import numpy as np
+from mpi4py import MPI
 
 import commlib
 from _common import check_equal, done, expect_raises, fail, stop_process
@@ -77,7 +79,28 @@ else:
     skip()
 still_works("recv")
 
-# 5. Rank 1 frozen for less than the timeout: no error anywhere.
+# 5. Sends with no matching receive fail (eager and rendezvous, to rank 1 and
+# to itself); the receiver drops them: rank 1's later receives find nothing.
+if r == 0:
+    large = commlib.isend(np.ones(200_000), dst=1, tag=7)
+    to_self = commlib.isend(np.ones(2), dst=0, tag=8)
+    start = time.monotonic()
+    expect_raises(commlib.CollectiveTimeoutError, lambda: commlib.send(np.arange(3.0), dst=1, tag=6),
+                  "unmatched send", match="send to rank 1 (tag 6) timed out after 2 s")
+    if time.monotonic() - start > T + 5:
+        fail(f"unmatched send: the timeout took {time.monotonic() - start:.1f} s")
+    expect_raises(commlib.CollectiveTimeoutError, lambda: commlib.synchronize(large), "unmatched large send",
+                  match="send to rank 1 (tag 7) timed out")
+    expect_raises(commlib.CollectiveTimeoutError, lambda: commlib.synchronize(to_self), "unmatched send to itself",
+                  match="send to rank 0 (tag 8) timed out")
+elif r == 1:
+    time.sleep(T + 3)  # (rank 0's sends withdrawn by now)
+    for tag in (6, 7):
+        expect_timeout(lambda: commlib.recv(src=0, tag=tag), f"recv of a withdrawn send (tag {tag})", [])
+MPI.COMM_WORLD.Barrier()  # (not a commlib collective: the ranks arrive seconds apart)
+still_works("send")
+
+# 6. Rank 1 frozen for less than the timeout: no error anywhere.
 if r == 0:
     os.kill(int(pids[1]), signal.SIGSTOP)
     h = commlib.allreduce_async(np.ones(2), name="short.freeze", op=commlib.Sum)
@@ -89,7 +112,7 @@ else:
                 "short freeze")
 still_works("short freeze")
 
-# 6. Rank 1 frozen for longer: the others' request fails naming it; once it
+# 7. Rank 1 frozen for longer: the others' request fails naming it; once it
 # runs again, its own request (that nobody else submits any more) fails too.
 commlib.barrier()
 if r == 0:
