@@ -29,6 +29,7 @@ GOOD = [
     ("COMMLIB_CYCLE_TIME", "0.25"),
     ("COMMLIB_CYCLE_TIME", "5"),
     ("COMMLIB_CYCLE_TIME", "1e3"),
+    ("COMMLIB_CYCLE_TIME", "1e-400"),  # (underflows to 0)
     ("COMMLIB_SHM", "0"),
     ("COMMLIB_SHM", "1"),
     ("COMMLIB_P2P_SINGLE_COPY", "0"),
@@ -64,6 +65,7 @@ BAD = [
     ("COMMLIB_CYCLE_TIME", "1ms", "not a number"),
     ("COMMLIB_CYCLE_TIME", "-0.5", "out of range"),
     ("COMMLIB_CYCLE_TIME", "nan", "not a finite number"),
+    ("COMMLIB_CYCLE_TIME", "1e400", "not a finite number"),
     ("COMMLIB_CYCLE_TIME", "inf", "not a finite number"),
     ("COMMLIB_CYCLE_TIME", "1e300", "out of range"),
     ("COMMLIB_SHM", "2", "not 0 or 1"),
