@@ -1,6 +1,9 @@
 """commlib.torch collectives on every rank against numpy/torch expectations:
 every op and dtype, in-place/async forms, autograd, compression, argument
 errors, cross-rank mismatches, objects, join/barrier, SyncBatchNorm."""
+import pickle
+import threading
+
 import numpy as np
 import torch
 
@@ -460,6 +463,23 @@ if got["from"] != n - 1 or not torch.equal(got["t"], torch.arange(3) * (n - 1)):
 gathered = hvd.allgather_object({"r": r, "s": "x" * (r * 100)})
 if [g["r"] for g in gathered] != list(range(n)) or len(gathered[-1]["s"]) != (n - 1) * 100:
     fail("allgather_object")
+# An object that cannot be pickled fails every rank at once (its own: the
+# pickler's TypeError; the others: PicklingError naming it), unnamed too.
+lock = threading.Lock()
+if r == 0:
+    expect_raises(TypeError, lambda: hvd.broadcast_object(lock, root_rank=0), "broadcast_object of a lock",
+                  match="lock")
+else:
+    expect_raises(pickle.PicklingError, lambda: hvd.broadcast_object(None, root_rank=0),
+                  "broadcast_object of the root's lock", match="rank 0 could not pickle its object (TypeError")
+mine = lock if r == n - 1 else r
+if r == n - 1:
+    expect_raises(TypeError, lambda: hvd.allgather_object(mine), "allgather_object of a lock", match="lock")
+else:
+    expect_raises(pickle.PicklingError, lambda: hvd.allgather_object(mine), "allgather_object with a lock",
+                  match=f"rank {n - 1}: TypeError")
+if hvd.allgather_object(r) != list(range(n)):
+    fail("allgather_object after an unpicklable object")
 hvd.barrier()
 last = hvd.join()
 lasts = hvd.allgather(torch.tensor([last]))
