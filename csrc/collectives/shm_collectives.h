@@ -32,6 +32,9 @@ void broadcast_shm(ShmSegment& shm, void* buf, size_t bytes, int root);
 // root's bytes straight from its buffer (process_vm_readv). Needs regions and
 // shm.direct_read_pids(); throws Error if the kernel refuses a read.
 void broadcast_direct(ShmSegment& shm, void* buf, size_t bytes, int root);
+// 2 ranks, with one copy split between them: the receiver reads one half of
+// the root's buffer, the root writes the other into the receiver's.
+void broadcast_split(ShmSegment& shm, void* buf, size_t bytes, int root);
 
 // Rank r contributes bytes[r]; out receives them concatenated in rank order.
 void allgather_shm(ShmSegment& shm, const void* in, void* out, const std::vector<size_t>& bytes);

@@ -67,26 +67,39 @@ enum { kShmAuto = 0, kShmAlways = 1, kShmNever = 2 };
 //   14.1-18.6): there the single copy, which moves each byte once, is used
 //   (kShmAlltoallMaxBytes sent by a rank, the largest block times the ranks,
 //   which every rank can tell from the matrix; direct_allgather_bytes of
-//   result);
+//   result). A later VM (2026-12-02, 2 ranks) turned the alltoall round:
+//   the single copy beat the regions from 64 KiB sent by a rank, interleaved
+//   in one job (us, two jobs: 64 KiB 12-15 against 12-31, 256 KiB 24-25
+//   against 25-74, 1 MiB 66-70 against 77-289, 4 MiB 145-294 against
+//   436-1145; MPI 14-23, 19-25, 62-78, 173-328) and in commlib.bench (256 KiB
+//   to 16 MiB 0.71-0.94x MPI's time against 0.16-0.42x), so at 2 ranks
+//   alltoall reads directly from direct_alltoall_bytes;
 // - reducescatter through shared memory beats MPI's non-blocking one at every
 //   size (64 KiB-256 MiB: 1.0-9x the MPI_Reduce_scatter time, where the MPI
 //   path took 0.15-0.9x), so auto uses it.
 // - broadcast with one copy (broadcast_direct.cc: every rank reads the
 //   root's buffer itself) against two (through the root's region, pipelined
 //   in pieces: the root fills one while the others empty the last, cache
-//   hot): since the region's hand-offs got cheaper (waits that look before
-//   they yield), the region wins at 2 ranks at every size (2026-12-02,
-//   alternating jobs: 256 KiB 13-15 against 28-33 us, 1 MiB 30-35 against
-//   102-107, 4 MiB 103-112 against 257-295, 16 MiB 0.60-0.90 against
-//   1.0-1.35 ms, 64 MiB 3.8-4.9 against 4.9-5.1, 256 MiB 14.6-15.8 against
-//   15.9-19.1 ms); 3 ranks (on 2 cores) up to 16 MiB (4 MiB 0.27-0.35
-//   against 0.61-0.66 ms, 16 MiB 1.8-1.9 against 2.2-2.7), alike at 64 MiB
-//   (7.9-8.3 against 7.3-8.2 ms). So auto reads directly only from
-//   direct_broadcast_bytes(ranks), where the kernel lets ranks read each other;
+//   hot): the region wins at 3 ranks (on 2 cores) up to 16 MiB (4 MiB
+//   0.27-0.35 against 0.61-0.66 ms, 16 MiB 1.8-1.9 against 2.2-2.7), alike
+//   at 64 MiB (7.9-8.3 against 7.3-8.2 ms). At 2 ranks the one copy is split
+//   between the two (broadcast_split: the receiver reads half of the root's
+//   buffer while the root writes the other half into the receiver's), which
+//   beats the region from 64 KiB on and MPI from 256 KiB (2026-12-02, the
+//   three interleaved in one job, two jobs, us: 64 KiB 9-11 against 15-38
+//   and MPI 10-11, 256 KiB 17-21 against 32-133 and 26-30, 1 MiB 53-61
+//   against 114-506 and 85-114, 4 MiB 132-179 against 482-1977 and 289-293,
+//   16 MiB 0.59-0.71 against 2.0-6.8 and 1.0-1.2 ms, 64 MiB 2.9-3.5 against
+//   27-32 and 5.6-6.2 ms; the region's times swing with the VM's state, the
+//   split's much less). So auto reads directly from direct_broadcast_bytes(ranks),
+//   where the kernel lets ranks read each other;
 // COMMLIB_SHM_COLLECTIVES=always forces all four (tests use it), =never
 // disables them.
 constexpr size_t kShmAlltoallMaxBytes = size_t(16) << 20;
-constexpr size_t direct_broadcast_bytes(int ranks) { return ranks == 2 ? SIZE_MAX : size_t(64) << 20; }
+constexpr size_t direct_broadcast_bytes(int ranks) { return ranks == 2 ? size_t(64) << 10 : size_t(64) << 20; }
+constexpr size_t direct_alltoall_bytes(int ranks) {
+  return ranks == 2 ? size_t(64) << 10 : kShmAlltoallMaxBytes + 1;
+}
 constexpr size_t direct_allgather_bytes(int ranks) { return ranks == 2 ? size_t(64) << 20 : SIZE_MAX; }
 
 // What the choice depends on, for one collective.

@@ -249,9 +249,14 @@ namespace {
 void broadcast_bytes(OpContext& ctx, void* buf, size_t bytes, int root) {
   if (ctx.transport.size() == 1 || bytes == 0) return;
   if (use_shm_collective(ctx, true) && shm_regions(ctx)) {
-    const bool direct = bytes >= direct_broadcast_bytes(ctx.shm->size()) && reads_directly(ctx);
-    note_algorithm(direct ? "shm-direct" : "shm");
-    (direct ? broadcast_direct : broadcast_shm)(*ctx.shm, buf, bytes, root);
+    const int ranks = ctx.shm->size();
+    if (bytes >= direct_broadcast_bytes(ranks) && reads_directly(ctx)) {
+      note_algorithm(ranks == 2 ? "shm-split" : "shm-direct");
+      (ranks == 2 ? broadcast_split : broadcast_direct)(*ctx.shm, buf, bytes, root);
+    } else {
+      note_algorithm("shm");
+      broadcast_shm(*ctx.shm, buf, bytes, root);
+    }
   } else {
     note_algorithm("mpi");
     ctx.transport.broadcast(buf, bytes, root);
@@ -325,7 +330,8 @@ void run_alltoall(OpContext& ctx, Entry& e, const std::vector<int64_t>& matrix) 
   const size_t widest = std::max(*std::max_element(sent.begin(), sent.end()),
                                  *std::max_element(received.begin(), received.end()));
   char* out = h.alloc_result(size_t(total_rows) * rb);
-  if (use_shm_pieces(ctx, largest * size_t(size) <= kShmAlltoallMaxBytes)) {
+  const bool direct = largest * size_t(size) >= direct_alltoall_bytes(size) && reads_directly(ctx);
+  if (!direct && use_shm_pieces(ctx, largest * size_t(size) <= kShmAlltoallMaxBytes)) {
     note_algorithm("shm");
     alltoall_shm(*ctx.shm, e.input, send, out, recv, largest);
   } else if (reads_directly(ctx)) {

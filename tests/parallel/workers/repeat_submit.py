@@ -7,10 +7,11 @@ arguments changed under the same name (op, root, splits, scale factors, the
 process set). Small broadcasts of two roots in flight together (fused per
 root; a large one alone). Then, with the routes the timeline shows
 checked (argv[1]: the expected ones, "a2a=R,ag=R,bc=R"; R "shm" the
-regions, "shm-direct" single copies, "mpi"), a large alltoall with uneven
-splits and a zero block (over 16 MiB sent by a rank), large broadcasts from
-every root (5.6 MB always through the root's region; the route given for
-68 MB), the root overwriting its buffer at once, and a large uneven
+regions, "shm-direct" single copies, "shm-split" one copy split between
+two ranks, "mpi"), a large alltoall with uneven splits and a zero block
+(over 16 MiB sent by a rank), large broadcasts from every root (5.6 MB
+through the root's region, or split where the 68 MB one is; the route given
+for 68 MB), the root overwriting its buffer at once, and a large uneven
 allgather (a 70 MB result).
 Every result is checked against numpy on every rank."""
 import sys
@@ -127,11 +128,15 @@ for _ in range(2):
     check_equal(got, np.concatenate(want), "large uneven alltoall")
     check_equal(received, np.array([big(q)[r] for q in range(n)]), "large alltoall splits")
 # Large broadcasts from every root, in place and out of place (through the
-# root's region; from 64 MiB at more than 2 ranks each rank reads the root's
-# buffer itself where the kernel lets it): the root overwrites its buffer as
-# soon as the call returns, so a rank still reading it would see the new values.
+# root's region; where the kernel lets ranks read each other, at 2 ranks the
+# receiver reads half the root's buffer and the root writes the other half,
+# from 64 MiB at more ranks each rank reads the root's buffer itself): the
+# root overwrites its buffer as soon as the call returns, so a rank still
+# reading it would see the new values, and a receiver checks its buffer as
+# soon as its call returns, so a root still writing would leave it short.
 for root in range(n):
-    for elems in (80_000, 1_400_000, 17_000_000):  # (320 KB, 5.6 MB, 68 MB of float32)
+    # (320 KB, 5.6 MB, 68 MB of float32; just over 64 KiB and 4 MB, halves not a whole page)
+    for elems in (80_000, 1_400_000, 17_000_000, 16_411, 1_000_003):
         want = np.arange(elems, dtype=np.float32) * (root + 1)
         y = want.copy() if r == root else np.full(elems, -1.0, np.float32)
         commlib.broadcast_(y, root, name="bc.big_")
@@ -166,9 +171,11 @@ def broadcast_routes(low, high):
             and low < e["args"].get("bytes", 0) < high}
 
 
-seen = broadcast_routes(4 << 20, 64 << 20)  # (the root's region, faster up to 16 MiB at any rank count)
-if seen != {"shm"}:
-    fail(f"the 5.6 MB broadcasts went {sorted(seen)}, not shm")
+# (2 ranks: the copy split between the two from 64 KiB; more: the root's region up to 64 MiB)
+mid = "shm-split" if routes["bc"] == "shm-split" else "shm"
+seen = broadcast_routes(4 << 20, 64 << 20)
+if seen != {mid}:
+    fail(f"the 5.6 MB broadcasts went {sorted(seen)}, not {mid}")
 seen = broadcast_routes(64 << 20, 1 << 40)
 if seen != {routes["bc"]}:
     fail(f"the 68 MB broadcasts went {sorted(seen)}, not {routes['bc']}")
