@@ -14,9 +14,10 @@ namespace {
 MPI_Comm g_job_comm = MPI_COMM_NULL;
 
 // Floating-point Min and Max as the core's own kernels compute them (a NaN on
-// any rank wins): MPI's built-in MPI_MIN/MPI_MAX keep or drop a NaN by the
-// order in which the library combines ranks, so ranks could end up with
-// different results.
+// any rank wins, Min of zeros is -0 and Max +0: the same bits in any order):
+// MPI's built-in MPI_MIN/MPI_MAX keep or drop a NaN, and pick a zero's sign,
+// by the order in which the library combines ranks, so ranks could end up
+// with different results.
 template <int Op>
 void nan_keeping(void* in, void* inout, int* len, MPI_Datatype* type) {
   const int dtype = *type == MPI_DOUBLE ? COMMLIB_FLOAT64 : COMMLIB_FLOAT32;
