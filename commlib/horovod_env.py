@@ -6,8 +6,9 @@ reads these as the ``COMMLIB_*`` variables they correspond to (same units)
 whenever the ``COMMLIB_*`` one is not set itself, and ``commlibrun``
 forwards ``HOROVOD_*`` variables to every rank as it does ``COMMLIB_*``
 ones. A bad value fails ``init()`` under the ``COMMLIB_*`` name it was read
-as, with the Horovod variable it came from. Horovod variables without a counterpart here (controller, CPU/GPU
-operations, hierarchical switches: commlib picks those itself) are ignored.
+as, with the Horovod variable it came from. Horovod variables without a
+counterpart here (controller, CPU/GPU operations, hierarchical switches:
+commlib picks those itself) are ignored.
 """
 from __future__ import annotations
 
@@ -31,19 +32,26 @@ ALIASES = {
 NO_STALL_CHECK = "1000000000"
 
 
-def commlib_values(environ: Mapping[str, str]) -> dict:
-    """The ``COMMLIB_*`` variables that ``environ``'s Horovod variables stand
-    for, each only where the ``COMMLIB_*`` variable is unset (or empty)."""
+def _read(environ: Mapping[str, str]) -> dict:
+    """``{COMMLIB_* variable: (its value, the Horovod variable it is read
+    from)}`` for ``environ``, each only where the ``COMMLIB_*`` variable is
+    unset (or empty)."""
     out = {}
     for horovod, name in ALIASES.items():
         value = environ.get(horovod, "")
         # (HOROVOD_TIMELINE=DYNAMIC: Horovod's "started later through the API")
         if value and not environ.get(name) and not (horovod == "HOROVOD_TIMELINE" and value == "DYNAMIC"):
-            out[name] = value
+            out[name] = (value, horovod)
     if environ.get("HOROVOD_STALL_CHECK_DISABLE", "") not in ("", "0") and \
             not environ.get("COMMLIB_STALL_CHECK_TIME"):
-        out["COMMLIB_STALL_CHECK_TIME"] = NO_STALL_CHECK
+        out["COMMLIB_STALL_CHECK_TIME"] = (NO_STALL_CHECK, "HOROVOD_STALL_CHECK_DISABLE")
     return out
+
+
+def commlib_values(environ: Mapping[str, str]) -> dict:
+    """The ``COMMLIB_*`` variables that ``environ``'s Horovod variables stand
+    for, each only where the ``COMMLIB_*`` variable is unset (or empty)."""
+    return {name: value for name, (value, _) in _read(environ).items()}
 
 
 # COMMLIB_* variable: the Horovod variable whose value apply() set it to.
@@ -54,11 +62,10 @@ def apply(environ: MutableMapping[str, str] | None = None) -> None:
     """Sets ``commlib_values(environ)`` in ``environ`` (default: this
     process's environment, which the core reads at init)."""
     env = os.environ if environ is None else environ
-    values = commlib_values(env)
-    env.update(values)
+    read = _read(env)
+    env.update((name, value) for name, (value, _) in read.items())
     if environ is None:
-        by_name = {v: k for k, v in ALIASES.items()}
-        _read_from.update((name, by_name.get(name, "HOROVOD_STALL_CHECK_DISABLE")) for name in values)
+        _read_from.update((name, horovod) for name, (_, horovod) in read.items())
 
 
 def explain(message: str) -> str:

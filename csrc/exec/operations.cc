@@ -330,11 +330,12 @@ void run_alltoall(OpContext& ctx, Entry& e, const std::vector<int64_t>& matrix) 
   const size_t widest = std::max(*std::max_element(sent.begin(), sent.end()),
                                  *std::max_element(received.begin(), received.end()));
   char* out = h.alloc_result(size_t(total_rows) * rb);
-  const bool direct = largest * size_t(size) >= direct_alltoall_bytes(size) && reads_directly(ctx);
-  if (!direct && use_shm_pieces(ctx, largest * size_t(size) <= kShmAlltoallMaxBytes)) {
+  const size_t spread = largest * size_t(size);  // (what each rank can tell from the matrix)
+  const bool can_read = reads_directly(ctx);
+  if (!(can_read && spread >= direct_alltoall_bytes(size)) && use_shm_pieces(ctx, spread <= kShmAlltoallMaxBytes)) {
     note_algorithm("shm");
     alltoall_shm(*ctx.shm, e.input, send, out, recv, largest);
-  } else if (reads_directly(ctx)) {
+  } else if (can_read) {
     note_algorithm("shm-direct");
     std::vector<size_t> bytes(matrix.size());
     for (size_t i = 0; i < matrix.size(); ++i) bytes[i] = size_t(matrix[i]) * rb;
