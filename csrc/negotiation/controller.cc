@@ -154,12 +154,8 @@ void Controller::add(int rank, RequestDesc desc, int64_t now_us) {
     abort_request(rank, desc, key, members);
     return;
   }
-  auto ab = aborted_.find(key);
-  if (ab != aborted_.end()) {  // (its abort came first)
-    reject(key, ps, COMMLIB_ERR_MISMATCH, ab->second.why, {rank});
-    auto& rem = ab->second.remaining;
-    rem.erase(std::remove(rem.begin(), rem.end(), rank), rem.end());
-    if (rem.empty()) aborted_.erase(ab);
+  if (std::string why; !aborted_.empty() && meet_abort(key, rank, &why)) {  // (its abort came first)
+    reject(key, ps, COMMLIB_ERR_MISMATCH, why, {rank});
     return;
   }
   Pending& p = table_[key];
@@ -228,16 +224,35 @@ std::string Controller::check_joined(const Pending& p) const {
 
 void Controller::abort_request(int rank, const RequestDesc& d, const std::string& key,
                                const std::vector<int>& members) {
-  std::vector<int> remaining;
+  if (meet_abort(key, rank, nullptr)) return;  // (failed already: another rank's abort)
   auto it = table_.find(key);
-  for (size_t i = 0; i < members.size(); ++i) {
-    const bool submitted = it != table_.end() && it->second.have[i];
-    if (members[i] != rank && !submitted) remaining.push_back(members[i]);
-  }
   if (it != table_.end() && (it->second.queued || it->second.answered)) return;  // (complete without it: joined)
+  std::vector<int> submitted, remaining;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i] == rank) continue;
+    (it != table_.end() && it->second.have[i] ? submitted : remaining).push_back(members[i]);
+  }
   if (it != table_.end()) table_.erase(it);
-  reject(key, d.process_set, COMMLIB_ERR_MISMATCH, d.note);  // (every rank: the aborting one finishes its notice)
-  if (!remaining.empty()) aborted_[key] = Aborted{d.note, std::move(remaining)};
+  // (only those whose request is here: an answer to any other rank could
+  // meet a later request of the same name there)
+  if (!submitted.empty()) reject(key, d.process_set, COMMLIB_ERR_MISMATCH, d.note, std::move(submitted));
+  if (!remaining.empty()) aborted_[key].push_back(Aborted{d.note, std::move(remaining)});
+}
+
+bool Controller::meet_abort(const std::string& key, int rank, std::string* why) {
+  auto it = aborted_.find(key);
+  if (it == aborted_.end()) return false;
+  std::deque<Aborted>& all = it->second;
+  for (auto a = all.begin(); a != all.end(); ++a) {
+    auto at = std::find(a->remaining.begin(), a->remaining.end(), rank);
+    if (at == a->remaining.end()) continue;
+    a->remaining.erase(at);
+    if (why) *why = a->why;
+    if (a->remaining.empty()) all.erase(a);
+    if (all.empty()) aborted_.erase(it);
+    return true;
+  }
+  return false;
 }
 
 void Controller::reject(const std::string& key, int process_set, int code, const std::string& why,

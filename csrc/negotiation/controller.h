@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -78,13 +79,19 @@ class Controller {
   void reject(const std::string& key, int process_set, int code, const std::string& why,
               std::vector<int> to = {});
   // A rank could not submit key (abort): whoever submitted it fails now, and
-  // whoever submits it later fails at once.
+  // whoever submits it later fails at once. Each rank's k-th call of a name
+  // pairs with the others' k-th: an abort from a rank that an earlier abort
+  // still waits for is that call's (the same bad call on several ranks), and
+  // a second abort from one rank waits for the others' second calls.
   void abort_request(int rank, const RequestDesc& d, const std::string& key, const std::vector<int>& members);
+  // Takes rank off key's oldest abort still waiting for it: true then, with
+  // that abort's reason in *why (when given).
+  bool meet_abort(const std::string& key, int rank, std::string* why);
   struct Aborted {
     std::string why;
     std::vector<int> remaining;  // members yet to submit it (and fail)
   };
-  std::unordered_map<std::string, Aborted> aborted_;
+  std::unordered_map<std::string, std::deque<Aborted>> aborted_;  // oldest first
 
   int size_;
   int64_t fusion_threshold_;

@@ -177,6 +177,7 @@ class Engine : private CacheHost {
   std::vector<Entry*> take_entries(const Response& resp, std::deque<Entry>& joined);
   void execute_join(const Response& resp);
   void abort_others(const commlib_request& q, const std::string& why);
+  void send_aborts(std::vector<RequestDesc>& aborts);  // (the thread that owns communication)
   void execute_set_change(const Response& resp, Entry& e);
   void finish(Entry& e, int status, const std::string& message);
   // A request's end as evidence: a timeout sets timed_out_, a collective of
@@ -292,6 +293,7 @@ class Engine : private CacheHost {
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
   std::vector<Entry> queue_;
+  std::vector<RequestDesc> aborts_;  // abort_others' notices, sent as they are taken (never pending)
   std::vector<P2PRequest> p2p_queue_;
   std::vector<P2PRequest> p2p_batch_;  // cycle_p2p's, under cycle_mu_
   std::unordered_set<std::string> in_flight_;  // request keys (base/message.h)

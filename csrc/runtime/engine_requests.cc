@@ -140,17 +140,19 @@ Entry Engine::checked(const commlib_request& q, Entry (Engine::*make)(const comm
 }
 
 // The other ranks would wait for this request until the timeout: its name
-// goes to the coordinator as an abort, which fails theirs at once.
+// goes to the coordinator as an abort, which fails theirs at once. An abort
+// is a notice, not a request: nothing waits for an answer to it, so the name
+// is free again on this rank at once (the coordinator pairs this rank's next
+// request of that name with the others' next ones).
 void Engine::abort_others(const commlib_request& q, const std::string& why) {
   if (!q.name || !*q.name || q.op_type < COMMLIB_OP_ALLREDUCE || q.op_type > COMMLIB_OP_BARRIER) return;
-  Entry e;
-  e.handle = std::make_shared<HandleState>();  // (nobody waits on it)
-  e.desc.name = q.name;
-  e.desc.op_type = COMMLIB_OP_ABORT;
-  e.desc.dtype = COMMLIB_UINT8;
-  e.desc.process_set = q.process_set;
-  e.desc.note = "rank " + std::to_string(topo_.rank) + " could not submit " + op_type_name(q.op_type) + " '" +
-                q.name + "': " + why;
+  RequestDesc d;
+  d.name = q.name;
+  d.op_type = COMMLIB_OP_ABORT;
+  d.dtype = COMMLIB_UINT8;
+  d.process_set = q.process_set;
+  d.note = "rank " + std::to_string(topo_.rank) + " could not submit " + op_type_name(q.op_type) + " '" + q.name +
+           "': " + why;
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     try {
@@ -158,16 +160,34 @@ void Engine::abort_others(const commlib_request& q, const std::string& why) {
     } catch (const Error&) {
       return;  // (not a set this rank is in: nobody waits for it here)
     }
-    const std::string key = request_key(e.desc);
+    // (a request of that name in flight here: this call was refused for that
+    // alone, and the one in flight pairs with the others')
     if (stop_.load() || dead_code_ != 0 || coll_code_ != 0 || (rank0_left_ && has_rank0(sets_, q.process_set)) ||
-        !in_flight_.insert(key).second) {
+        in_flight_.count(request_key(d)) > 0) {
       return;
     }
-    queue_.push_back(std::move(e));
+    aborts_.push_back(std::move(d));
     queued_.store(true);
-    outstanding_.fetch_add(1);
   }
   wake_for(false);  // (outside queue_mu_, which it may take)
+}
+
+void Engine::send_aborts(std::vector<RequestDesc>& aborts) {
+  std::vector<Entry> notices(aborts.size());
+  std::vector<Entry*> report_them;
+  const int64_t now = now_us();
+  for (size_t i = 0; i < aborts.size(); ++i) {
+    Entry& e = notices[i];
+    e.desc = std::move(aborts[i]);
+    bool completes = false;
+    // (a name the response cache holds: its bit ends on every rank, so
+    // ranks waiting at it go to the coordinator, which fails them)
+    if (cache_.enabled() && cache_.try_arrive(e, now, &completes)) {
+      throw Error(COMMLIB_ERR_INTERNAL, "an abort of '" + e.desc.name + "' was found in the response cache");
+    }
+    report_them.push_back(&e);
+  }
+  report(report_them);
 }
 
 int64_t Engine::enqueue_group(const commlib_request& req) {

@@ -156,7 +156,7 @@ void Engine::loop() {
     }
     std::unique_lock<std::mutex> lock(queue_mu_);
     bg_sleeping_.store(true);
-    if (queue_.empty() && p2p_queue_.empty() && (!stop_.load() || lingering_))  // (rank 0 leaving: it naps too)
+    if (queue_.empty() && aborts_.empty() && p2p_queue_.empty() && (!stop_.load() || lingering_))  // (rank 0 leaving: it naps too)
       queue_cv_.wait_for(lock, std::chrono::microseconds(gpu_busy ? std::min(nap, kGpuPollNapUs) : nap));
     bg_sleeping_.store(false);
     if (nap < kMaxNapUs) nap *= 2;
@@ -196,9 +196,14 @@ bool Engine::take_requests() {
   // The queue, held_ and taken_ trade buffers rather than entries: each keeps
   // its capacity, and a batch taken while nothing is held moves no entry.
   if (queued_.load()) {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    taken_.swap(queue_);
-    queued_.store(false);
+    std::vector<RequestDesc> aborts;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      taken_.swap(queue_);
+      aborts.swap(aborts_);
+      queued_.store(false);
+    }
+    if (!aborts.empty()) send_aborts(aborts);
   }
   bool worked = !taken_.empty();
   if (held_.empty() && taken_.empty()) return worked;

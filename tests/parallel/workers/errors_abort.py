@@ -1,7 +1,10 @@
 """A request that fails its checks on one rank (alltoall splits that do not
 add up to the rows) fails on the other ranks at once, naming the rank and
 its reason, instead of leaving them waiting: named, unnamed, and a name the
-response cache holds. The job goes on working afterwards."""
+response cache holds. The job goes on working afterwards, and the name
+too: after the same bad call on every rank, after one rank's bad calls
+twice in a row (each rank's k-th call of a name pairs with the others'
+k-th), and retried at once."""
 import time
 
 import numpy as np
@@ -69,5 +72,40 @@ still_works("aliased group")
 for i in range(3):  # and the name works again
     got, _ = commlib.alltoall(np.full((n, 1), float(r)), splits=[1] * n, name="a2a.cached")
     check_equal(got, np.arange(n, dtype=np.float64).reshape(n, 1), f"cached alltoall again {i}")
+
+
+def good_alltoall(name, what):
+    got, _ = commlib.alltoall(np.full((n, 1), float(r)), splits=[1] * n, name=name)
+    check_equal(got, np.arange(n, dtype=np.float64).reshape(n, 1), what)
+
+
+def bad_alltoall(name, what):
+    x = np.zeros((2 * n, 1), np.float32)
+    expect_raises(ValueError, lambda: commlib.alltoall(x, splits=[3] + [2] * (n - 1), name=name), what,
+                  match="splits sum to")
+
+
+# The same bad call on every rank (each rank's abort reaches rank 0), twice,
+# then good calls of that name, retried at once: a named one, and one the
+# response cache holds.
+for name in ("a2a.everyone", "a2a.cached"):
+    for i in range(2):
+        bad_alltoall(name, f"{name}: bad splits on every rank ({i})")
+    for i in range(3):
+        good_alltoall(name, f"{name}: after the bad call on every rank ({i})")
+still_works("every rank bad")
+# Rank BAD's bad call twice in a row: the others' first two calls fail (they
+# pair with those), their third works with rank BAD's third.
+for name in ("a2a.twice", "a2a.cached"):
+    for i in range(2):
+        if r == BAD:
+            bad_alltoall(name, f"{name}: rank {BAD}'s bad call {i}")
+        else:
+            expect_raises(commlib.CollectiveMismatchError,
+                          lambda: commlib.alltoall(np.zeros((n, 1)), splits=[1] * n, name=name),
+                          f"{name}: a good call paired with rank {BAD}'s bad call {i}",
+                          match=f"rank {BAD} could not submit alltoall")
+    good_alltoall(name, f"{name}: the calls after two bad ones")
+still_works("bad twice")
 done()
 commlib.shutdown()
