@@ -187,6 +187,16 @@ void Controller::on_join(int rank) {
   if (!joined_[size_t(rank)]) ++joined_count_;
   joined_[size_t(rank)] = true;
   last_joined_ = rank;
+  // An abort that waits for this rank is complete without it, as a request
+  // submitted before the join is.
+  for (auto it = aborted_.begin(); it != aborted_.end();) {
+    std::deque<Aborted>& all = it->second;
+    for (auto a = all.begin(); a != all.end();) {
+      a->remaining.erase(std::remove(a->remaining.begin(), a->remaining.end(), rank), a->remaining.end());
+      a = a->remaining.empty() ? all.erase(a) : a + 1;
+    }
+    it = all.empty() ? aborted_.erase(it) : std::next(it);
+  }
   for (auto& [key, p] : table_)
     if (present(p).op_type != COMMLIB_OP_JOIN && complete_now(p)) queue(key, p);
 }
@@ -229,7 +239,7 @@ void Controller::abort_request(int rank, const RequestDesc& d, const std::string
   if (it != table_.end() && (it->second.queued || it->second.answered)) return;  // (complete without it: joined)
   std::vector<int> submitted, remaining;
   for (size_t i = 0; i < members.size(); ++i) {
-    if (members[i] == rank) continue;
+    if (members[i] == rank || joined_[size_t(members[i])]) continue;  // (a joined rank never submits it)
     (it != table_.end() && it->second.have[i] ? submitted : remaining).push_back(members[i]);
   }
   if (it != table_.end()) table_.erase(it);

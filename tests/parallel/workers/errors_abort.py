@@ -4,7 +4,7 @@ its reason, instead of leaving them waiting: named, unnamed, and a name the
 response cache holds. The job goes on working afterwards, and the name
 too: after the same bad call on every rank, after one rank's bad calls
 twice in a row (each rank's k-th call of a name pairs with the others'
-k-th), and retried at once."""
+k-th), retried at once, and after a bad call while the others had joined."""
 import time
 
 import numpy as np
@@ -107,5 +107,15 @@ for name in ("a2a.twice", "a2a.cached"):
                           match=f"rank {BAD} could not submit alltoall")
     good_alltoall(name, f"{name}: the calls after two bad ones")
 still_works("bad twice")
+# A bad call while the other ranks have joined (uneven work): nobody else
+# takes part in it, and after the join every rank's calls of that name pair.
+if r == 0:
+    bad_alltoall("a2a.joined", "a bad call while the others have joined")
+    got = commlib.allreduce(np.ones(2), name="works.joined", op=commlib.Sum)
+    check_equal(got, np.ones(2), "an allreduce while the others have joined")
+commlib.join()
+for i in range(2):
+    good_alltoall("a2a.joined", f"a2a.joined: after the join ({i})")
+still_works("join")
 done()
 commlib.shutdown()
