@@ -2,7 +2,7 @@
 // (csrc/negotiation/controller.h Controller::validate): which disagreements are errors,
 // in which order they are reported, and the exact error text.
 //
-// csrc: negotiation/controller.cc negotiation/fusion.cc base/message.cc base/common.cc
+// csrc: negotiation/controller.cc negotiation/controller_failures.cc negotiation/fusion.cc base/message.cc base/common.cc
 #include <string>
 #include <vector>
 

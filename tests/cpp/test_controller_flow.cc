@@ -3,7 +3,7 @@
 // allreduces, errors for mismatches, departed ranks and non-members, process
 // set registration and stall warnings.
 //
-// csrc: negotiation/controller.cc negotiation/fusion.cc base/message.cc base/common.cc
+// csrc: negotiation/controller.cc negotiation/controller_failures.cc negotiation/fusion.cc base/message.cc base/common.cc
 #include <string>
 #include <vector>
 

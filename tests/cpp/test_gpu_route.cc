@@ -3,7 +3,7 @@
 // dtypes and reductions to NCCL's; the device type in negotiation (encoded,
 // compared across ranks, never fused with the other kind).
 //
-// csrc: exec/gpu_route.cc base/common.cc base/message.cc negotiation/controller.cc negotiation/fusion.cc
+// csrc: exec/gpu_route.cc base/common.cc base/message.cc negotiation/controller.cc negotiation/controller_failures.cc negotiation/fusion.cc
 #include <string>
 
 #include "base/common.h"
