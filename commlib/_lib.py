@@ -48,7 +48,9 @@ def error_for(code: int, message: str | None = None) -> Exception:
         from . import failure_notes
 
         failure_notes.note_rank_lost()
-    return cls(message if message is not None else last_error())
+    exc = cls(message if message is not None else last_error())
+    exc.commlib_others_told = True  # (the core's own error: see commlib.refusals)
+    return exc
 
 
 def check(code: int) -> None:

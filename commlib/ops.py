@@ -51,6 +51,7 @@ from .process_sets import global_process_set
 from .process_sets import members as _members
 from .process_sets import process_set_id as _psid
 from .process_sets import set_rank, set_size
+from .refusals import refused
 from .submit import (NULL, again, again_at, array_fields, c_name, cached_facts, describe, quick_repeat,
                      remember_quick, repeat, request, submit, submit_fresh, submit_in_place, submit_remembered)
 
@@ -166,25 +167,30 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     every rank); the result is a new array, or with ``out`` (C-contiguous,
     writable, the input's dtype and shape) is written there and ``out`` is
     returned."""
-    if type(name) is str:  # (a repeated call: checked and built before)
-        key = _allreduce_key(name, process_set, op, average, prescale_factor, postscale_factor)
-        repeated = _allreduce_again(tensor, key, out)
-        if repeated is not None:
-            hid, out = repeated
-            return Handle(hid, None, (tensor, out), "allreduce", out)
+    mark = runtime.generated
+    try:
+        if type(name) is str:  # (a repeated call: checked and built before)
+            key = _allreduce_key(name, process_set, op, average, prescale_factor, postscale_factor)
+            repeated = _allreduce_again(tensor, key, out)
+            if repeated is not None:
+                hid, out = repeated
+                return Handle(hid, None, (tensor, out), "allreduce", out)
+            inp = as_input(tensor)
+            if out is not None:  # (repeated into the same out only: its facts end the key)
+                out = check_result_like(out, inp, "allreduce")
+                key += (describe(out),)
+            else:
+                out = np.empty_like(inp)
+            rop, psid = resolve_op(op, average), _psid(process_set)
+            r = request(_OP_ALLREDUCE, c_name("allreduce", name, psid), **array_fields(inp, out), reduce_op=rop,
+                        prescale=prescale_factor, postscale=postscale_factor, process_set=psid)
+            return Handle(submit_remembered(describe(inp), key, r), None, (inp, out), "allreduce", out)
         inp = as_input(tensor)
-        if out is not None:  # (repeated into the same out only: its facts end the key)
-            out = check_result_like(out, inp, "allreduce")
-            key += (describe(out),)
-        else:
-            out = np.empty_like(inp)
-        rop, psid = resolve_op(op, average), _psid(process_set)
-        r = request(_OP_ALLREDUCE, c_name("allreduce", name, psid), **array_fields(inp, out), reduce_op=rop,
-                    prescale=prescale_factor, postscale=postscale_factor, process_set=psid)
-        return Handle(submit_remembered(describe(inp), key, r), None, (inp, out), "allreduce", out)
-    inp = as_input(tensor)
-    out = np.empty_like(inp) if out is None else check_result_like(out, inp, "allreduce")
-    return _allreduce(inp, out, average, name, op, prescale_factor, postscale_factor, process_set)
+        out = np.empty_like(inp) if out is None else check_result_like(out, inp, "allreduce")
+        return _allreduce(inp, out, average, name, op, prescale_factor, postscale_factor, process_set)
+    except (TypeError, ValueError) as e:
+        refused(e, _OP_ALLREDUCE, "allreduce", name, process_set, mark)
+        raise
 
 
 def _allreduce_key(name: str, process_set, op, average, prescale, postscale) -> tuple:
@@ -213,20 +219,25 @@ def _allreduce_again(tensor, key: tuple, out):
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None) -> Handle:
     """In-place allreduce: the result is written into ``tensor``."""
-    given = _quick_key(name, op, average, prescale_factor, postscale_factor, process_set)
-    if given is not None:
-        hid = quick_repeat(tensor, given)
-        if hid:
-            return Handle(hid, None, tensor, "allreduce", tensor)
-    f = cached_facts(tensor, writable=True)
-    if f is None:
-        return _allreduce(check_output(tensor, "allreduce_"), tensor, average, name, op,
-                          prescale_factor, postscale_factor, process_set)
-    h = allreduce_in_place(f, tensor, name, resolve_op(op, average), prescale_factor,
-                           postscale_factor, process_set)
-    if given is not None:
-        remember_quick(f, given)
-    return h
+    mark = runtime.generated
+    try:
+        given = _quick_key(name, op, average, prescale_factor, postscale_factor, process_set)
+        if given is not None:
+            hid = quick_repeat(tensor, given)
+            if hid:
+                return Handle(hid, None, tensor, "allreduce", tensor)
+        f = cached_facts(tensor, writable=True)
+        if f is None:
+            return _allreduce(check_output(tensor, "allreduce_"), tensor, average, name, op,
+                              prescale_factor, postscale_factor, process_set)
+        h = allreduce_in_place(f, tensor, name, resolve_op(op, average), prescale_factor,
+                               postscale_factor, process_set)
+        if given is not None:
+            remember_quick(f, given)
+        return h
+    except (TypeError, ValueError) as e:
+        refused(e, _OP_ALLREDUCE, "allreduce", name, process_set, mark)
+        raise
 
 
 def _quick_key(name, op, average, prescale, postscale, process_set):
@@ -299,23 +310,33 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=None, out=None) -> np.ndarray:
     """The reduction (default Average) of ``tensor`` over all ranks (written
     into ``out`` if given, see allreduce_async)."""
-    if type(name) is str:
-        repeated = _allreduce_again(tensor, _allreduce_key(name, process_set, op, average, prescale_factor,
-                                                          postscale_factor), out)
-        if repeated is not None:  # (a repeated call waited for at once: no Handle)
-            return wait_for(repeated[0], (tensor, repeated[1]))[1]
-    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
-                                       process_set, out))
+    mark = runtime.generated
+    try:
+        if type(name) is str:
+            repeated = _allreduce_again(tensor, _allreduce_key(name, process_set, op, average, prescale_factor,
+                                                              postscale_factor), out)
+            if repeated is not None:  # (a repeated call waited for at once: no Handle)
+                return wait_for(repeated[0], (tensor, repeated[1]))[1]
+        return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
+                                           process_set, out))
+    except (TypeError, ValueError) as e:
+        refused(e, _OP_ALLREDUCE, "allreduce", name, process_set, mark)
+        raise
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=None) -> np.ndarray:
-    given = _quick_key(name, op, average, prescale_factor, postscale_factor, process_set)
-    hid = 0 if given is None else quick_repeat(tensor, given)
-    if hid:  # (a repeated call waited for at once: no Handle)
-        return wait_for(hid, tensor)
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
-                                        process_set))
+    mark = runtime.generated
+    try:
+        given = _quick_key(name, op, average, prescale_factor, postscale_factor, process_set)
+        hid = 0 if given is None else quick_repeat(tensor, given)
+        if hid:  # (a repeated call waited for at once: no Handle)
+            return wait_for(hid, tensor)
+        return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                                            process_set))
+    except (TypeError, ValueError) as e:
+        refused(e, _OP_ALLREDUCE, "allreduce", name, process_set, mark)
+        raise
 
 
 # ---------------------------------------------------------------- allgather
@@ -328,40 +349,50 @@ def allgather_async(tensor, name=None, process_set=None, out=None) -> Handle:
     ``out`` is returned; its rows must equal the sum of every rank's rows
     (else ValueError on that rank). ``tensor`` may be this rank's own part of
     ``out`` (in place: ``allgather(out[lo:hi], out=out)``)."""
-    repeated = _allgather_again(tensor, name, process_set, out) if type(name) is str else None
-    if repeated is not None:
-        hid, finish = repeated
+    mark = runtime.generated
+    try:
+        repeated = _allgather_again(tensor, name, process_set, out) if type(name) is str else None
+        if repeated is not None:
+            hid, finish = repeated
+            if out is None:
+                return Handle(hid, finish, tensor, "allgather")
+            return Handle(hid, None, (tensor, out), "allgather", value=out)
+        inp = as_input(tensor)
+        check_has_rows(inp.ndim, "allgather")
         if out is None:
-            return Handle(hid, finish, tensor, "allgather")
-        return Handle(hid, None, (tensor, out), "allgather", value=out)
-    inp = as_input(tensor)
-    check_has_rows(inp.ndim, "allgather")
-    if out is None:
-        return allgather_described(describe(inp), inp, name, process_set, array_rows)
-    psid = _psid(process_set)
-    given = type(name) is str
-    name = runtime.auto_name("allgather", name, psid)
-    what = f"allgather '{name}'"
-    out = check_output(out, f"{what} (out=)")
-    if out.dtype != inp.dtype:
-        raise TypeError(f"{what}: out has dtype {out.dtype}, the input {inp.dtype}")
-    if out.ndim != inp.ndim or out.shape[1:] != inp.shape[1:]:
-        raise ValueError(f"{what}: out has shape {out.shape}; the result has shape "
-                         f"(rows,) + {inp.shape[1:]}")
-    r = request(lib.COMMLIB_OP_ALLGATHER, name, **array_fields(inp, out), process_set=psid,
-                output_rows=out.shape[0])
-    if not given:
-        return Handle(submit(r), None, (inp, out), "allgather", value=out)
-    key = ("allgather", psid, name, describe(out))  # (out's facts: the next call's key)
-    return Handle(submit_remembered(describe(inp), key, r), None, (inp, out), "allgather", value=out)
+            return allgather_described(describe(inp), inp, name, process_set, array_rows)
+        psid = _psid(process_set)
+        given = type(name) is str
+        name = runtime.auto_name("allgather", name, psid)
+        what = f"allgather '{name}'"
+        out = check_output(out, f"{what} (out=)")
+        if out.dtype != inp.dtype:
+            raise TypeError(f"{what}: out has dtype {out.dtype}, the input {inp.dtype}")
+        if out.ndim != inp.ndim or out.shape[1:] != inp.shape[1:]:
+            raise ValueError(f"{what}: out has shape {out.shape}; the result has shape "
+                             f"(rows,) + {inp.shape[1:]}")
+        r = request(lib.COMMLIB_OP_ALLGATHER, name, **array_fields(inp, out), process_set=psid,
+                    output_rows=out.shape[0])
+        if not given:
+            return Handle(submit(r), None, (inp, out), "allgather", value=out)
+        key = ("allgather", psid, name, describe(out))  # (out's facts: the next call's key)
+        return Handle(submit_remembered(describe(inp), key, r), None, (inp, out), "allgather", value=out)
+    except (TypeError, ValueError) as e:
+        refused(e, lib.COMMLIB_OP_ALLGATHER, "allgather", name, process_set, mark)
+        raise
 
 
 def allgather(tensor, name=None, process_set=None, out=None) -> np.ndarray:
-    repeated = _allgather_again(tensor, name, process_set, out) if type(name) is str else None
-    if repeated is None:
-        return synchronize(allgather_async(tensor, name, process_set, out))
-    hid, finish = repeated  # (waited for at once: no Handle)
-    return take_for(hid, finish.make, tensor) if out is None else wait_for(hid, (tensor, out))[1]
+    mark = runtime.generated
+    try:
+        repeated = _allgather_again(tensor, name, process_set, out) if type(name) is str else None
+        if repeated is None:
+            return synchronize(allgather_async(tensor, name, process_set, out))
+        hid, finish = repeated  # (waited for at once: no Handle)
+        return take_for(hid, finish.make, tensor) if out is None else wait_for(hid, (tensor, out))[1]
+    except (TypeError, ValueError) as e:
+        refused(e, lib.COMMLIB_OP_ALLGATHER, "allgather", name, process_set, mark)
+        raise
 
 
 def _allgather_again(tensor, name: str, process_set, out):
@@ -446,18 +477,28 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:
     """Starts copying ``tensor`` of rank ``root_rank`` to every rank (of
     ``process_set``; root_rank is a job rank in it); the result is a new
     array."""
-    if type(name) is str:  # (a repeated call: checked and built before)
-        f = cached_facts(tensor, writable=False)
-        last = repeat(f, ("broadcast", name, _set_key(process_set), root_rank))
-        if last is not None:
-            out = np.empty_like(tensor)
-            return Handle(again(last, out), None, (tensor, out), "broadcast", out)
-    inp = as_input(tensor)
-    return _broadcast(inp, np.empty_like(inp), root_rank, name, process_set)
+    mark = runtime.generated
+    try:
+        if type(name) is str:  # (a repeated call: checked and built before)
+            f = cached_facts(tensor, writable=False)
+            last = repeat(f, ("broadcast", name, _set_key(process_set), root_rank))
+            if last is not None:
+                out = np.empty_like(tensor)
+                return Handle(again(last, out), None, (tensor, out), "broadcast", out)
+        inp = as_input(tensor)
+        return _broadcast(inp, np.empty_like(inp), root_rank, name, process_set)
+    except (TypeError, ValueError) as e:
+        refused(e, lib.COMMLIB_OP_BROADCAST, "broadcast", name, process_set, mark)
+        raise
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
-    return broadcast_in_place(_written_facts(tensor), tensor, root_rank, name, process_set)
+    mark = runtime.generated
+    try:
+        return broadcast_in_place(_written_facts(tensor), tensor, root_rank, name, process_set)
+    except (TypeError, ValueError) as e:
+        refused(e, lib.COMMLIB_OP_BROADCAST, "broadcast", name, process_set, mark)
+        raise
 
 
 def _written_facts(tensor):
@@ -504,12 +545,22 @@ def _broadcast(inp, out, root_rank, name, process_set) -> Handle:
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None) -> np.ndarray:
-    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+    mark = runtime.generated
+    try:
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+    except (TypeError, ValueError) as e:
+        refused(e, lib.COMMLIB_OP_BROADCAST, "broadcast", name, process_set, mark)
+        raise
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None) -> np.ndarray:
-    return broadcast_in_place(_written_facts(tensor), tensor, root_rank, name, process_set,
-                              wait=True)  # (waited for at once: no Handle)
+    mark = runtime.generated
+    try:
+        return broadcast_in_place(_written_facts(tensor), tensor, root_rank, name, process_set,
+                                  wait=True)  # (waited for at once: no Handle)
+    except (TypeError, ValueError) as e:
+        refused(e, lib.COMMLIB_OP_BROADCAST, "broadcast", name, process_set, mark)
+        raise
 
 
 # ---------------------------------------------------------------- alltoall
@@ -518,31 +569,36 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     """Starts an all-to-all: rows ``splits[i]`` of dimension 0 go to rank i
     (of ``process_set``: its i-th member) (equal parts when splits is None). The result is the received rows in rank
     order, and, when splits is given, the rows received from each rank."""
-    key = _alltoall_key(name, splits, process_set)
-    if key is not None:
-        last = repeat(cached_facts(tensor, writable=False), key)  # (a repeated call: checked and built before)
-        if last is not None:
-            return Handle(again(last), last[2], tensor, "alltoall")
-    inp = as_input(tensor)
-    check_has_rows(inp.ndim, "alltoall")
-    split_list = None
-    if splits is not None:
-        split_list = integer_splits(splits)
-    psid = _psid(process_set)
-    n = len(_members(process_set))
-    if split_list is not None and len(split_list) != n:
-        raise ValueError(f"alltoall splits must have one entry per rank ({n}), got {len(split_list)}")
-    rows = array_rows(describe(inp))
-    if split_list is None:
-        finish = TakesResult(rows)
-    else:
-        def finish(h):
-            return rows(*core_result(h)), np.asarray(core_splits(h, n), dtype=np.int64)
+    mark = runtime.generated
+    try:
+        key = _alltoall_key(name, splits, process_set)
+        if key is not None:
+            last = repeat(cached_facts(tensor, writable=False), key)  # (a repeated call: checked and built before)
+            if last is not None:
+                return Handle(again(last), last[2], tensor, "alltoall")
+        inp = as_input(tensor)
+        check_has_rows(inp.ndim, "alltoall")
+        split_list = None
+        if splits is not None:
+            split_list = integer_splits(splits)
+        psid = _psid(process_set)
+        n = len(_members(process_set))
+        if split_list is not None and len(split_list) != n:
+            raise ValueError(f"alltoall splits must have one entry per rank ({n}), got {len(split_list)}")
+        rows = array_rows(describe(inp))
+        if split_list is None:
+            finish = TakesResult(rows)
+        else:
+            def finish(h):
+                return rows(*core_result(h)), np.asarray(core_splits(h, n), dtype=np.int64)
 
-    r = request(lib.COMMLIB_OP_ALLTOALL, c_name("alltoall", name, psid), **array_fields(inp, None),
-                splits=split_list, process_set=psid)
-    hid = submit(r) if key is None else submit_remembered(describe(inp), key, r, finish)
-    return Handle(hid, finish, inp, "alltoall")
+        r = request(lib.COMMLIB_OP_ALLTOALL, c_name("alltoall", name, psid), **array_fields(inp, None),
+                    splits=split_list, process_set=psid)
+        hid = submit(r) if key is None else submit_remembered(describe(inp), key, r, finish)
+        return Handle(hid, finish, inp, "alltoall")
+    except (TypeError, ValueError) as e:
+        refused(e, lib.COMMLIB_OP_ALLTOALL, "alltoall", name, process_set, mark)
+        raise
 
 
 def alltoall_described(f, keep, splits, name, process_set, make_result) -> Handle:
@@ -610,11 +666,16 @@ def _alltoall_key(name, splits, process_set):
 
 
 def alltoall(tensor, splits=None, name=None, process_set=None):
-    key = _alltoall_key(name, splits, process_set) if splits is None else None
-    last = None if key is None else repeat(cached_facts(tensor, writable=False), key)
-    if last is not None:  # (a repeated call waited for at once: no Handle)
-        return take_for(again(last), last[2].make, tensor)
-    return synchronize(alltoall_async(tensor, splits, name, process_set))
+    mark = runtime.generated
+    try:
+        key = _alltoall_key(name, splits, process_set) if splits is None else None
+        last = None if key is None else repeat(cached_facts(tensor, writable=False), key)
+        if last is not None:  # (a repeated call waited for at once: no Handle)
+            return take_for(again(last), last[2].make, tensor)
+        return synchronize(alltoall_async(tensor, splits, name, process_set))
+    except (TypeError, ValueError) as e:
+        refused(e, lib.COMMLIB_OP_ALLTOALL, "alltoall", name, process_set, mark)
+        raise
 
 
 # ---------------------------------------------------------------- reducescatter
@@ -635,51 +696,61 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
     every rank, summing to dimension 0). ``out``: a C-contiguous writable
     array of that part's shape and the input's dtype to write the result
     into (no allocation); it is the result."""
-    key = None
-    if type(name) is str and (splits is None or type(splits) in (list, tuple)):
-        # (a repeated call: checked and built before; a given out is the same array as then)
-        f = cached_facts(tensor, writable=False)
-        fo = None if out is None else cached_facts(out, writable=True)
-        key = ("reducescatter", name, _set_key(process_set), op, prescale_factor, postscale_factor,
-               None if splits is None else tuple(splits), fo)
-        last = repeat(f, key) if out is None or fo is not None else None
-        if last is not None:
-            if out is not None:
-                return Handle(again(last), None, (tensor, out), "reducescatter", out)
-            out = np.empty(last[2], dtype=tensor.dtype)
-            return Handle(again(last, out), None, (tensor, out), "reducescatter", out)
-    inp = as_input(tensor)
-    check_has_rows(inp.ndim, "reducescatter")
-    psid = _psid(process_set)
-    if splits is None:
-        rows = reducescatter_rows(inp.shape[0], process_set)
-    else:
-        splits = [int(x) for x in splits]
-        pos, n = set_rank(process_set), set_size(process_set)
-        if len(splits) != n or min(splits, default=0) < 0 or sum(splits) != inp.shape[0]:
-            raise ValueError(f"reducescatter splits {splits}: expected {n} non-negative "
-                             f"entries summing to dimension 0 ({inp.shape[0]})")
-        rows = splits[pos]
-    shape = (rows,) + inp.shape[1:]
-    if out is None:
-        out = np.empty(shape, dtype=inp.dtype)
-    else:
-        check_out_part(out, shape, inp.dtype, "reducescatter")
-        if np.may_share_memory(out, inp):
-            raise ValueError("reducescatter: out must not overlap the input")
-        if key is not None:  # (its facts, for the next identical call's key)
-            key = key[:-1] + (describe(out),)
-    r = request(lib.COMMLIB_OP_REDUCESCATTER, c_name("reducescatter", name, psid), **array_fields(inp, out),
-                reduce_op=resolve_op(op), prescale=prescale_factor, postscale=postscale_factor,
-                splits=splits, process_set=psid)
-    hid = submit(r) if key is None else submit_remembered(describe(inp), key, r, shape)
-    return Handle(hid, None, (inp, out), "reducescatter", out)
+    mark = runtime.generated
+    try:
+        key = None
+        if type(name) is str and (splits is None or type(splits) in (list, tuple)):
+            # (a repeated call: checked and built before; a given out is the same array as then)
+            f = cached_facts(tensor, writable=False)
+            fo = None if out is None else cached_facts(out, writable=True)
+            key = ("reducescatter", name, _set_key(process_set), op, prescale_factor, postscale_factor,
+                   None if splits is None else tuple(splits), fo)
+            last = repeat(f, key) if out is None or fo is not None else None
+            if last is not None:
+                if out is not None:
+                    return Handle(again(last), None, (tensor, out), "reducescatter", out)
+                out = np.empty(last[2], dtype=tensor.dtype)
+                return Handle(again(last, out), None, (tensor, out), "reducescatter", out)
+        inp = as_input(tensor)
+        check_has_rows(inp.ndim, "reducescatter")
+        psid = _psid(process_set)
+        if splits is None:
+            rows = reducescatter_rows(inp.shape[0], process_set)
+        else:
+            splits = [int(x) for x in splits]
+            pos, n = set_rank(process_set), set_size(process_set)
+            if len(splits) != n or min(splits, default=0) < 0 or sum(splits) != inp.shape[0]:
+                raise ValueError(f"reducescatter splits {splits}: expected {n} non-negative "
+                                 f"entries summing to dimension 0 ({inp.shape[0]})")
+            rows = splits[pos]
+        shape = (rows,) + inp.shape[1:]
+        if out is None:
+            out = np.empty(shape, dtype=inp.dtype)
+        else:
+            check_out_part(out, shape, inp.dtype, "reducescatter")
+            if np.may_share_memory(out, inp):
+                raise ValueError("reducescatter: out must not overlap the input")
+            if key is not None:  # (its facts, for the next identical call's key)
+                key = key[:-1] + (describe(out),)
+        r = request(lib.COMMLIB_OP_REDUCESCATTER, c_name("reducescatter", name, psid), **array_fields(inp, out),
+                    reduce_op=resolve_op(op), prescale=prescale_factor, postscale=postscale_factor,
+                    splits=splits, process_set=psid)
+        hid = submit(r) if key is None else submit_remembered(describe(inp), key, r, shape)
+        return Handle(hid, None, (inp, out), "reducescatter", out)
+    except (TypeError, ValueError) as e:
+        refused(e, lib.COMMLIB_OP_REDUCESCATTER, "reducescatter", name, process_set, mark)
+        raise
 
 
 def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0,
                   postscale_factor=1.0, process_set=None, out=None, splits=None) -> np.ndarray:
-    return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
-                                           process_set, out, splits))
+    mark = runtime.generated
+    try:
+        return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
+                                               process_set, out, splits))
+    except (TypeError, ValueError) as e:
+        refused(e, lib.COMMLIB_OP_REDUCESCATTER, "reducescatter", name, process_set, mark)
+        raise
 
 
 def reducescatter_described(f, keep, name, op, prescale_factor, postscale_factor, process_set,

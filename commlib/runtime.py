@@ -59,12 +59,21 @@ def set_job_comm(comm) -> None:
     _job_comm = comm
 
 
+# Names generated so far (any kind or set) and the last one: a call refused
+# on this rank reads whether it generated its name yet (commlib.refusals).
+generated = 0
+last_generated = ""
+
+
 def auto_name(kind: str, name: str | None = None, psid: int = 0) -> str:
     """``name`` (checked: a non-empty string), or the next
     ``<kind>.noname.<n>`` of process set ``psid`` when it is None."""
     if name is None:
+        global generated, last_generated
         n = next(_name_counters[kind, psid])
-        return f"{kind}.noname.{n}" if not _name_epoch else f"{kind}.noname.j{_name_epoch}.{n}"
+        generated += 1
+        last_generated = f"{kind}.noname.{n}" if not _name_epoch else f"{kind}.noname.j{_name_epoch}.{n}"
+        return last_generated
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     if "\x00" in name:  # the core takes C strings: it would end the name there

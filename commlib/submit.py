@@ -323,3 +323,10 @@ def cached_facts(arr, writable: bool) -> Facts | None:
     if not flags.c_contiguous or (writable and not flags.writeable):
         return None
     return f
+
+
+def abort(op_type: int, name: str, psid: int, why: str) -> None:
+    """Tells the other members of process set ``psid`` that this rank refused
+    its collective ``name`` (commlib_abort; see commlib.refusals)."""
+    r = request(op_type, name, process_set=psid)
+    check(lib.commlib_abort(r.c, ffi.new("char[]", why.encode("utf-8", "replace"))))

@@ -125,6 +125,14 @@ int64_t commlib_p2p_blocking(const commlib_request* req, double timeout_s) {
   return rc != COMMLIB_OK ? -int64_t(rc) : pending;
 }
 
+int commlib_abort(const commlib_request* req, const char* why) {
+  return guarded([&] {
+    if (!req) throw Error(COMMLIB_ERR_VALUE, "commlib_abort: no request given");
+    Engine& engine = Engine::get();
+    if (engine.initialized()) engine.abort_others(*req, why ? why : "");
+  });
+}
+
 int commlib_handle_recv_info(int64_t handle, int* dtype, int* ndim, int64_t* shape, int max_ndim) {
   return guarded([&] {
     auto h = find_handle(handle);

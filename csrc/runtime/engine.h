@@ -84,6 +84,9 @@ class Engine : private CacheHost {
   // there): a blocking send/recv that ends within its wait needs no id.
   // caller_waits: the caller waits for it right away.
   std::shared_ptr<HandleState> queue_p2p(const commlib_request& req, bool caller_waits);
+  // A collective this rank could not submit: its name goes to the coordinator
+  // as an abort, which fails the other members' calls of it at once.
+  void abort_others(const commlib_request& q, const std::string& why);
   // Process sets (collective over every rank; see c_api.h).
   int64_t add_process_set(const int32_t* ranks, int n);
   int64_t remove_process_set(int id);
@@ -176,7 +179,6 @@ class Engine : private CacheHost {
   // submitted go to joined.
   std::vector<Entry*> take_entries(const Response& resp, std::deque<Entry>& joined);
   void execute_join(const Response& resp);
-  void abort_others(const commlib_request& q, const std::string& why);
   void send_aborts(std::vector<RequestDesc>& aborts);  // (the thread that owns communication)
   void execute_set_change(const Response& resp, Entry& e);
   void finish(Entry& e, int status, const std::string& message);

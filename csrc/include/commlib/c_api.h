@@ -206,6 +206,13 @@ int64_t commlib_submit(const commlib_request* req);
  * release), minus the error code when it failed, else the still pending
  * request's handle (> 0; synchronize it as usual). */
 int64_t commlib_p2p_blocking(const commlib_request* req, double timeout_s);
+/* A collective this rank refused before submitting it (its frontend found
+ * the arguments bad): the other members of req's process set that wait for
+ * req's name, or submit it next, fail at once with CollectiveMismatchError
+ * naming this rank and why; each rank's next call of that name pairs with
+ * the others' next one. Nothing is sent while that name is in flight on this
+ * rank, for a set this rank is not in, or before init (then 0 all the same). */
+int commlib_abort(const commlib_request* req, const char* why);
 /* A completed recv's message: dtype, ndim and up to max_ndim dimensions. */
 int commlib_handle_recv_info(int64_t handle, int* dtype, int* ndim, int64_t* shape, int max_ndim);
 

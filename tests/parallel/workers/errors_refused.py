@@ -1,0 +1,88 @@
+"""A call refused by the numpy API's own checks on one rank (a bad root, an
+``out=`` of the wrong shape, a 0-d allgather) fails on the other ranks at
+once, naming the rank and its reason, instead of leaving them waiting; and
+an unnamed refused call still uses up its generated name, so that every
+later unnamed call pairs with the others' (before, rank BAD's later
+broadcasts silently got the others' previous data). The same bad call on
+every rank leaves nothing behind."""
+import time
+
+import numpy as np
+
+import commlib
+from _common import check_equal, done, expect_raises, fail
+
+commlib.init()
+r, n = commlib.rank(), commlib.size()
+BAD = 1  # the rank whose arguments are wrong
+
+
+def refused_on_bad(call_bad, call_good, exc, match, what):
+    """call_bad() on rank BAD raises exc (its own check); call_good() on
+    the others raises CollectiveMismatchError naming BAD and match, at once."""
+    if r == BAD:
+        expect_raises(exc, call_bad, f"{what}: the rank with bad arguments", match=match)
+        return
+    start = time.monotonic()
+    e = expect_raises(commlib.CollectiveMismatchError, call_good, f"{what}: a rank with good arguments",
+                      match=f"rank {BAD} could not submit")
+    if match not in str(e):
+        fail(f"{what}: the error does not give rank {BAD}'s reason ({match!r}): {e}")
+    if time.monotonic() - start > 5:
+        fail(f"{what}: took {time.monotonic() - start:.1f} s (COMMLIB_TIMEOUT is 300 s: it should be at once)")
+
+
+def unnamed_broadcasts(what):
+    for k in range(3):
+        x = np.full(4, 10.0 * k + 1) if r == 0 else np.full(4, -1.0)
+        check_equal(commlib.broadcast(x, root_rank=0), np.full(4, 10.0 * k + 1), f"{what}: unnamed broadcast {k}")
+
+
+# 1. An unnamed broadcast with a root outside the job on rank BAD (checked in
+# Python before its name is generated), through the blocking form (which
+# calls the _async one: one abort only, or the later calls would fail).
+refused_on_bad(lambda: commlib.broadcast(np.zeros(4), root_rank=n + 5),
+               lambda: commlib.broadcast(np.zeros(4), root_rank=0), ValueError, "outside the job",
+               "unnamed broadcast, bad root")
+unnamed_broadcasts("after a bad root")
+
+# 2. A named allreduce into an out= of the wrong shape on rank BAD; the name
+# works again afterwards, on every rank.
+x = np.full(3, float(r + 1))
+refused_on_bad(lambda: commlib.allreduce(x, name="ar.out", op=commlib.Sum, out=np.empty(4)),
+               lambda: commlib.allreduce(x, name="ar.out", op=commlib.Sum), ValueError, "out has shape",
+               "named allreduce, bad out=")
+for _ in range(2):
+    check_equal(commlib.allreduce(x, name="ar.out", op=commlib.Sum), np.full(3, float(n * (n + 1) // 2)),
+                "allreduce 'ar.out' after the refusal")
+
+# 3. A 0-d tensor to an unnamed allgather_async on rank BAD (ScalarTensorError).
+refused_on_bad(lambda: commlib.allgather_async(np.float32(1.0)),
+               lambda: commlib.allgather(np.ones(1, np.float32)), commlib.ScalarTensorError, "0-d",
+               "unnamed allgather, 0-d")
+got = commlib.allgather(np.full(1, float(r)))
+check_equal(got, np.arange(n, dtype=np.float64), "unnamed allgather after the refusal")
+
+# 4. An in-place broadcast_ into a read-only array, a name the response cache
+# holds (called twice before).
+y = np.zeros(2)
+for _ in range(2):
+    commlib.broadcast_(y, root_rank=0, name="bc.cached")
+ro = np.zeros(2)
+ro.flags.writeable = False
+refused_on_bad(lambda: commlib.broadcast_(ro, root_rank=0, name="bc.cached"),
+               lambda: commlib.broadcast_(y, root_rank=0, name="bc.cached"), ValueError, "read-only",
+               "cached broadcast_, read-only")
+y[:] = r + 7
+check_equal(commlib.broadcast_(y, root_rank=0, name="bc.cached"), np.full(2, 7.0), "bc.cached afterwards")
+
+# 5. The same bad call on every rank (an unnamed reducescatter with an
+# unknown op): each rank raises its own ValueError, and nothing is left
+# behind for the next calls.
+for _ in range(2):
+    expect_raises(ValueError, lambda: commlib.reducescatter(np.ones(n), op="bogus"), "reducescatter, bad op",
+                  match="unsupported reduction op")
+check_equal(commlib.reducescatter(np.ones(2 * n), op=commlib.Sum), np.full(2, float(n)),
+            "unnamed reducescatter after bad calls on every rank")
+unnamed_broadcasts("at the end")
+done()
