@@ -16,6 +16,7 @@ from .dtypes import dtype_code
 from .handle import Handle, synchronize
 from .ops import as_input, check_output, check_result_like, resolve_op
 from .process_sets import process_set_id as _psid
+from .refusals import refused
 from .submit import c_name, request, submit
 
 
@@ -26,27 +27,37 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     (views of one new buffer), or with ``out`` (a list of arrays, each
     C-contiguous, writable and like its input) writes them there and returns
     ``out``."""
-    ins = tensors if isinstance(tensors, list) else tensor_group(tensors, "grouped_allreduce")
-    layout = _cached_layout(ins, inplace=False)  # (its arrays were checked)
-    if layout is None:
-        ins = [as_input(t) for t in ins]
-        layout = _layout_for(ins, inplace=False)
-    if out is not None:
-        out = list(out)
-        if len(out) != len(ins):
-            raise ValueError(f"grouped_allreduce: out has {len(out)} arrays for {len(ins)} tensors")
-        out = [check_result_like(o, i, f"grouped_allreduce (tensor {k})")
-               for k, (o, i) in enumerate(zip(out, ins))]
-    return _grouped(ins, False, layout, average, name, op, prescale_factor, postscale_factor,
-                    process_set, out)
+    mark = runtime.generated
+    try:
+        ins = tensors if isinstance(tensors, list) else tensor_group(tensors, "grouped_allreduce")
+        layout = _cached_layout(ins, inplace=False)  # (its arrays were checked)
+        if layout is None:
+            ins = [as_input(t) for t in ins]
+            layout = _layout_for(ins, inplace=False)
+        if out is not None:
+            out = list(out)
+            if len(out) != len(ins):
+                raise ValueError(f"grouped_allreduce: out has {len(out)} arrays for {len(ins)} tensors")
+            out = [check_result_like(o, i, f"grouped_allreduce (tensor {k})")
+                   for k, (o, i) in enumerate(zip(out, ins))]
+        return _grouped(ins, False, layout, average, name, op, prescale_factor, postscale_factor,
+                        process_set, out)
+    except (TypeError, ValueError) as e:
+        refused(e, "allreduce", name, process_set, mark)
+        raise
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None) -> Handle:
     """In-place grouped allreduce: results are written into the tensors."""
-    outs = tensors if isinstance(tensors, list) else tensor_group(tensors, "grouped_allreduce_")
-    return _grouped(outs, True, _layout_for(outs, inplace=True), average, name, op, prescale_factor,
-                    postscale_factor, process_set)
+    mark = runtime.generated
+    try:
+        outs = tensors if isinstance(tensors, list) else tensor_group(tensors, "grouped_allreduce_")
+        return _grouped(outs, True, _layout_for(outs, inplace=True), average, name, op, prescale_factor,
+                        postscale_factor, process_set)
+    except (TypeError, ValueError) as e:
+        refused(e, "allreduce", name, process_set, mark)
+        raise
 
 
 def _pointers(arrays):
@@ -198,11 +209,21 @@ def submit_group(src: GroupLayout, dst, average, name, op, prescale, postscale, 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=None, out=None) -> list[np.ndarray]:
-    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                               postscale_factor, process_set, out))
+    mark = runtime.generated
+    try:
+        return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                                   postscale_factor, process_set, out))
+    except (TypeError, ValueError) as e:
+        refused(e, "allreduce", name, process_set, mark)
+        raise
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=None) -> list[np.ndarray]:
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
+    mark = runtime.generated
+    try:
+        return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                    postscale_factor, process_set))
+    except (TypeError, ValueError) as e:
+        refused(e, "allreduce", name, process_set, mark)
+        raise

@@ -189,7 +189,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
         out = np.empty_like(inp) if out is None else check_result_like(out, inp, "allreduce")
         return _allreduce(inp, out, average, name, op, prescale_factor, postscale_factor, process_set)
     except (TypeError, ValueError) as e:
-        refused(e, _OP_ALLREDUCE, "allreduce", name, process_set, mark)
+        refused(e, "allreduce", name, process_set, mark)
         raise
 
 
@@ -236,7 +236,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
             remember_quick(f, given)
         return h
     except (TypeError, ValueError) as e:
-        refused(e, _OP_ALLREDUCE, "allreduce", name, process_set, mark)
+        refused(e, "allreduce", name, process_set, mark)
         raise
 
 
@@ -320,7 +320,7 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
         return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
                                            process_set, out))
     except (TypeError, ValueError) as e:
-        refused(e, _OP_ALLREDUCE, "allreduce", name, process_set, mark)
+        refused(e, "allreduce", name, process_set, mark)
         raise
 
 
@@ -335,7 +335,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
         return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
                                             process_set))
     except (TypeError, ValueError) as e:
-        refused(e, _OP_ALLREDUCE, "allreduce", name, process_set, mark)
+        refused(e, "allreduce", name, process_set, mark)
         raise
 
 
@@ -378,7 +378,7 @@ def allgather_async(tensor, name=None, process_set=None, out=None) -> Handle:
         key = ("allgather", psid, name, describe(out))  # (out's facts: the next call's key)
         return Handle(submit_remembered(describe(inp), key, r), None, (inp, out), "allgather", value=out)
     except (TypeError, ValueError) as e:
-        refused(e, lib.COMMLIB_OP_ALLGATHER, "allgather", name, process_set, mark)
+        refused(e, "allgather", name, process_set, mark)
         raise
 
 
@@ -391,7 +391,7 @@ def allgather(tensor, name=None, process_set=None, out=None) -> np.ndarray:
         hid, finish = repeated  # (waited for at once: no Handle)
         return take_for(hid, finish.make, tensor) if out is None else wait_for(hid, (tensor, out))[1]
     except (TypeError, ValueError) as e:
-        refused(e, lib.COMMLIB_OP_ALLGATHER, "allgather", name, process_set, mark)
+        refused(e, "allgather", name, process_set, mark)
         raise
 
 
@@ -488,7 +488,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:
         inp = as_input(tensor)
         return _broadcast(inp, np.empty_like(inp), root_rank, name, process_set)
     except (TypeError, ValueError) as e:
-        refused(e, lib.COMMLIB_OP_BROADCAST, "broadcast", name, process_set, mark)
+        refused(e, "broadcast", name, process_set, mark)
         raise
 
 
@@ -497,7 +497,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
     try:
         return broadcast_in_place(_written_facts(tensor), tensor, root_rank, name, process_set)
     except (TypeError, ValueError) as e:
-        refused(e, lib.COMMLIB_OP_BROADCAST, "broadcast", name, process_set, mark)
+        refused(e, "broadcast", name, process_set, mark)
         raise
 
 
@@ -549,7 +549,7 @@ def broadcast(tensor, root_rank, name=None, process_set=None) -> np.ndarray:
     try:
         return synchronize(broadcast_async(tensor, root_rank, name, process_set))
     except (TypeError, ValueError) as e:
-        refused(e, lib.COMMLIB_OP_BROADCAST, "broadcast", name, process_set, mark)
+        refused(e, "broadcast", name, process_set, mark)
         raise
 
 
@@ -559,7 +559,7 @@ def broadcast_(tensor, root_rank, name=None, process_set=None) -> np.ndarray:
         return broadcast_in_place(_written_facts(tensor), tensor, root_rank, name, process_set,
                                   wait=True)  # (waited for at once: no Handle)
     except (TypeError, ValueError) as e:
-        refused(e, lib.COMMLIB_OP_BROADCAST, "broadcast", name, process_set, mark)
+        refused(e, "broadcast", name, process_set, mark)
         raise
 
 
@@ -597,7 +597,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
         hid = submit(r) if key is None else submit_remembered(describe(inp), key, r, finish)
         return Handle(hid, finish, inp, "alltoall")
     except (TypeError, ValueError) as e:
-        refused(e, lib.COMMLIB_OP_ALLTOALL, "alltoall", name, process_set, mark)
+        refused(e, "alltoall", name, process_set, mark)
         raise
 
 
@@ -674,7 +674,7 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
             return take_for(again(last), last[2].make, tensor)
         return synchronize(alltoall_async(tensor, splits, name, process_set))
     except (TypeError, ValueError) as e:
-        refused(e, lib.COMMLIB_OP_ALLTOALL, "alltoall", name, process_set, mark)
+        refused(e, "alltoall", name, process_set, mark)
         raise
 
 
@@ -738,7 +738,7 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
         hid = submit(r) if key is None else submit_remembered(describe(inp), key, r, shape)
         return Handle(hid, None, (inp, out), "reducescatter", out)
     except (TypeError, ValueError) as e:
-        refused(e, lib.COMMLIB_OP_REDUCESCATTER, "reducescatter", name, process_set, mark)
+        refused(e, "reducescatter", name, process_set, mark)
         raise
 
 
@@ -749,7 +749,7 @@ def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0,
         return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
                                                process_set, out, splits))
     except (TypeError, ValueError) as e:
-        refused(e, lib.COMMLIB_OP_REDUCESCATTER, "reducescatter", name, process_set, mark)
+        refused(e, "reducescatter", name, process_set, mark)
         raise
 
 

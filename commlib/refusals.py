@@ -33,9 +33,10 @@ from .process_sets import process_set_id
 from .submit import abort
 
 
-def refused(exc: BaseException, op_type: int, kind: str, name, process_set, mark: int) -> None:
-    """Tells the other ranks that this rank refused collective ``kind`` (of
-    ``op_type``, named ``name`` or unnamed: None) on ``process_set`` with
+def refused(exc: BaseException, kind: str, name, process_set, mark: int) -> None:
+    """Tells the other ranks that this rank refused collective ``kind``
+    ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter";
+    named ``name``, or unnamed: None) on ``process_set`` with
     ``exc``, unless they know already (see the module's docstring); then
     marks ``exc`` told. The caller re-raises ``exc``."""
     if getattr(exc, "commlib_others_told", False) or not isinstance(exc, (TypeError, ValueError)):
@@ -55,6 +56,6 @@ def refused(exc: BaseException, op_type: int, kind: str, name, process_set, mark
                 name = runtime.auto_name(kind, None, psid)
         elif not isinstance(name, str) or not name or "\x00" in name:
             return  # (no name the others could have given)
-        abort(op_type, name, psid, f"{type(exc).__name__}: {exc}")
+        abort(kind, name, psid, f"{type(exc).__name__}: {exc}")
     except Exception:  # noqa: BLE001 (the refusal is raised in any case; nothing to tell then)
         return

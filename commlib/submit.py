@@ -325,8 +325,14 @@ def cached_facts(arr, writable: bool) -> Facts | None:
     return f
 
 
-def abort(op_type: int, name: str, psid: int, why: str) -> None:
+_KINDS = {"allreduce": lib.COMMLIB_OP_ALLREDUCE, "allgather": lib.COMMLIB_OP_ALLGATHER,
+          "broadcast": lib.COMMLIB_OP_BROADCAST, "alltoall": lib.COMMLIB_OP_ALLTOALL,
+          "reducescatter": lib.COMMLIB_OP_REDUCESCATTER, "barrier": lib.COMMLIB_OP_BARRIER}
+
+
+def abort(kind: str, name: str, psid: int, why: str) -> None:
     """Tells the other members of process set ``psid`` that this rank refused
-    its collective ``name`` (commlib_abort; see commlib.refusals)."""
-    r = request(op_type, name, process_set=psid)
+    its collective ``name``, a ``kind`` ("allreduce", "broadcast", ...; see
+    commlib.refusals), through commlib_abort."""
+    r = request(_KINDS[kind], name, process_set=psid)
     check(lib.commlib_abort(r.c, ffi.new("char[]", why.encode("utf-8", "replace"))))

@@ -6,10 +6,12 @@ from __future__ import annotations
 import torch
 
 import commlib as _c
+from commlib import runtime
 from commlib.grouped_ops import submit_group
 from commlib.handle import wait_for
 from commlib.ops import Adasum, Average, Max, Min, Sum, allreduce_fresh, allreduce_in_place, allreduce_waited
 from commlib.process_sets import check_process_set, global_process_set
+from commlib.refusals import refused
 from commlib.reduce_args import resolve_op
 from commlib.submit import NULL, address, remember_quick, submit_again
 
@@ -49,10 +51,15 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     The reduction is keyed by ``name`` (auto-generated when None): tensors of
     one name must have the same shape and dtype on every rank, or every rank
     raises commlib.CollectiveMismatchError."""
-    process_set = check_process_set(process_set)
-    op = resolve_op(op, average)
-    return _allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor,
-                            "allreduce_async", process_set)
+    mark = runtime.generated
+    try:
+        process_set = check_process_set(process_set)
+        op = resolve_op(op, average)
+        return _allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor,
+                                "allreduce_async", process_set)
+    except (TypeError, ValueError) as e:
+        refused(e, "allreduce", name, process_set, mark)
+        raise
 
 
 _PLAIN_OPS = frozenset((Sum, Average, Min, Max, Adasum, _c.Product))
@@ -61,23 +68,28 @@ _PLAIN_OPS = frozenset((Sum, Average, Min, Max, Adasum, _c.Product))
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """In-place ``allreduce_async``: the result is written into ``tensor``."""
-    quick = _quick(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
-    if quick is not None:
-        f, given, hid = quick
-        if hid:
-            return _c.Handle(hid, None, tensor, "allreduce", tensor)
-        if op is None or op in _PLAIN_OPS:
-            h = allreduce_in_place(f, tensor, name, Average if op is None else op,
-                                   prescale_factor, postscale_factor)
-            if type(name) is str:
-                remember_quick(f, given)
-            return h
-    elif type(name) is str and average is None and process_set is global_process_set:
-        h = cuda_nccl.allreduce_again(tensor, name, op, prescale_factor, postscale_factor)
-        if h is not None:
-            return h
-    return _allreduce_async_checked(tensor, average, name, op, prescale_factor, postscale_factor,
-                                    process_set)
+    mark = runtime.generated
+    try:
+        quick = _quick(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+        if quick is not None:
+            f, given, hid = quick
+            if hid:
+                return _c.Handle(hid, None, tensor, "allreduce", tensor)
+            if op is None or op in _PLAIN_OPS:
+                h = allreduce_in_place(f, tensor, name, Average if op is None else op,
+                                       prescale_factor, postscale_factor)
+                if type(name) is str:
+                    remember_quick(f, given)
+                return h
+        elif type(name) is str and average is None and process_set is global_process_set:
+            h = cuda_nccl.allreduce_again(tensor, name, op, prescale_factor, postscale_factor)
+            if h is not None:
+                return h
+        return _allreduce_async_checked(tensor, average, name, op, prescale_factor, postscale_factor,
+                                        process_set)
+    except (TypeError, ValueError) as e:
+        refused(e, "allreduce", name, process_set, mark)
+        raise
 
 
 def _quick(tensor, average, name, op, prescale_factor, postscale_factor, process_set):
@@ -112,11 +124,16 @@ allreduce_async_.__wrapped__ = _checked
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
     """In-place allreduce; returns ``tensor``."""
-    quick = _quick(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
-    if quick is not None and quick[2]:  # (a repeated call waited for at once: no Handle)
-        return wait_for(quick[2], tensor)
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set))
+    mark = runtime.generated
+    try:
+        quick = _quick(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+        if quick is not None and quick[2]:  # (a repeated call waited for at once: no Handle)
+            return wait_for(quick[2], tensor)
+        return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                            postscale_factor, process_set))
+    except (TypeError, ValueError) as e:
+        refused(e, "allreduce", name, process_set, mark)
+        raise
 
 
 class HorovodAllreduce(torch.autograd.Function):
@@ -160,25 +177,30 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """The reduction (default Average) of ``tensor`` over all ranks (of
     ``process_set``), as a new tensor; differentiable. ``compression`` (e.g.
     Compression.fp16) casts the tensor for the transfer and back."""
-    if (compression is Compression.none and process_set is global_process_set and average is None
-            and (op is None or (type(op) is int and op in _PLAIN_OPS))):
-        # (waited for at once: a CPU tensor described before and unchanged since, or, with a
-        # given name, any plain CPU tensor, as a metric's new tensor each step)
-        f = cached_facts(tensor)
-        code = None if f is not None or type(name) is not str else host_code(tensor)
-        if (f is not None or code is not None) and not (tensor.requires_grad and torch.is_grad_enabled()):
-            out = torch.empty_like(tensor)  # (contiguous like the tensor; cheaper than torch.empty)
-            rop, dst = Average if op is None else op, (address(out.data_ptr()) if out.numel() else NULL, out)
-            if f is not None:
-                return allreduce_waited(f, tensor, name, rop, prescale_factor, postscale_factor, dst)
-            return allreduce_fresh(code, tuple(tensor.shape) or (1,), address(tensor.data_ptr()) if out.numel()
-                                   else NULL, tensor, name, rop, prescale_factor, postscale_factor, dst)
-    process_set = check_process_set(process_set)
-    args = (average, name, op, prescale_factor, postscale_factor, process_set)
-    if compression is Compression.none:  # (nothing to cast: no compress/decompress calls)
-        return _reduced(tensor, *args)
-    compressed, cctx = compression.compress(tensor)
-    return compression.decompress(_reduced(compressed, *args), cctx)
+    mark = runtime.generated
+    try:
+        if (compression is Compression.none and process_set is global_process_set and average is None
+                and (op is None or (type(op) is int and op in _PLAIN_OPS))):
+            # (waited for at once: a CPU tensor described before and unchanged since, or, with a
+            # given name, any plain CPU tensor, as a metric's new tensor each step)
+            f = cached_facts(tensor)
+            code = None if f is not None or type(name) is not str else host_code(tensor)
+            if (f is not None or code is not None) and not (tensor.requires_grad and torch.is_grad_enabled()):
+                out = torch.empty_like(tensor)  # (contiguous like the tensor; cheaper than torch.empty)
+                rop, dst = Average if op is None else op, (address(out.data_ptr()) if out.numel() else NULL, out)
+                if f is not None:
+                    return allreduce_waited(f, tensor, name, rop, prescale_factor, postscale_factor, dst)
+                return allreduce_fresh(code, tuple(tensor.shape) or (1,), address(tensor.data_ptr()) if out.numel()
+                                       else NULL, tensor, name, rop, prescale_factor, postscale_factor, dst)
+        process_set = check_process_set(process_set)
+        args = (average, name, op, prescale_factor, postscale_factor, process_set)
+        if compression is Compression.none:  # (nothing to cast: no compress/decompress calls)
+            return _reduced(tensor, *args)
+        compressed, cctx = compression.compress(tensor)
+        return compression.decompress(_reduced(compressed, *args), cctx)
+    except (TypeError, ValueError) as e:
+        refused(e, "allreduce", name, process_set, mark)
+        raise
 
 
 def _reduced(tensor, *args) -> torch.Tensor:
@@ -215,22 +237,37 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """Starts reducing a list of tensors as one unit (fused together); the
     handle's result is a list of new tensors."""
-    return _grouped_allreduce_async(tensors, False, average, name, op, prescale_factor,
-                                    postscale_factor, process_set, "grouped_allreduce_async")
+    mark = runtime.generated
+    try:
+        return _grouped_allreduce_async(tensors, False, average, name, op, prescale_factor,
+                                        postscale_factor, process_set, "grouped_allreduce_async")
+    except (TypeError, ValueError) as e:
+        refused(e, "allreduce", name, process_set, mark)
+        raise
 
 
 @on_cuda("grouped_allreduce", inplace=True)
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """In-place ``grouped_allreduce_async``: results are written into the tensors."""
-    return _grouped_allreduce_async(tensors, True, average, name, op, prescale_factor,
-                                    postscale_factor, process_set, "grouped_allreduce_async_")
+    mark = runtime.generated
+    try:
+        return _grouped_allreduce_async(tensors, True, average, name, op, prescale_factor,
+                                        postscale_factor, process_set, "grouped_allreduce_async_")
+    except (TypeError, ValueError) as e:
+        refused(e, "allreduce", name, process_set, mark)
+        raise
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
+    mark = runtime.generated
+    try:
+        return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                    postscale_factor, process_set))
+    except (TypeError, ValueError) as e:
+        refused(e, "allreduce", name, process_set, mark)
+        raise
 
 
 class HorovodGroupedAllreduce(torch.autograd.Function):
@@ -258,15 +295,20 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduces a list of tensors as one fused unit; returns a list of new
     tensors. Differentiable for Sum, Average and Adasum."""
-    process_set = check_process_set(process_set)
-    tensors = tensor_list(tensors, "grouped_allreduce")
-    if compression is Compression.none:  # (nothing to cast: no per-tensor calls)
-        if not records_grad(*tensors):
-            return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                                       postscale_factor, process_set))
-        return list(HorovodGroupedAllreduce.apply(average, name, op, prescale_factor,
-                                                  postscale_factor, process_set, *tensors))
-    pairs = [compression.compress(t) for t in tensors]
-    outs = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
-                                         process_set, *[p[0] for p in pairs])
-    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+    mark = runtime.generated
+    try:
+        process_set = check_process_set(process_set)
+        tensors = tensor_list(tensors, "grouped_allreduce")
+        if compression is Compression.none:  # (nothing to cast: no per-tensor calls)
+            if not records_grad(*tensors):
+                return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                                           postscale_factor, process_set))
+            return list(HorovodGroupedAllreduce.apply(average, name, op, prescale_factor,
+                                                      postscale_factor, process_set, *tensors))
+        pairs = [compression.compress(t) for t in tensors]
+        outs = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
+                                             process_set, *[p[0] for p in pairs])
+        return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+    except (TypeError, ValueError) as e:
+        refused(e, "allreduce", name, process_set, mark)
+        raise

@@ -7,10 +7,12 @@ import numpy as np
 import torch
 
 import commlib as _c
+from commlib import runtime
 from commlib.checks import check_has_rows
 from commlib.ops import (Average, allgather_described, allgather_fresh, alltoall_described, alltoall_rows,
                          auto_name, broadcast_in_place)
 from commlib.process_sets import check_process_set, global_process_set, set_rank
+from commlib.refusals import refused
 from commlib.submit import NULL, address
 
 from .allreduce_ops import allreduce, grouped_allreduce_async
@@ -26,9 +28,14 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
     """Starts concatenating every rank's ``tensor`` along dimension 0 (whose
     size may differ across ranks; the other dimensions must agree), in the
     order of the ranks (of ``process_set``)."""
-    process_set = check_process_set(process_set)
-    f, tensor = input_facts(tensor, "allgather_async", rows_of="allgather")
-    return allgather_described(f, tensor, name, process_set, tensor_rows)
+    mark = runtime.generated
+    try:
+        process_set = check_process_set(process_set)
+        f, tensor = input_facts(tensor, "allgather_async", rows_of="allgather")
+        return allgather_described(f, tensor, name, process_set, tensor_rows)
+    except (TypeError, ValueError) as e:
+        refused(e, "allgather", name, process_set, mark)
+        raise
 
 
 class HorovodAllgather(torch.autograd.Function):
@@ -55,27 +62,32 @@ class HorovodAllgather(torch.autograd.Function):
 def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
     """Every rank's ``tensor`` (of ``process_set``) concatenated along
     dimension 0, in rank order; differentiable."""
-    process_set = check_process_set(process_set)
-    if not records_grad(tensor):
-        if isinstance(tensor, torch.Tensor) and tensor.is_cpu:  # (waited for at once: no Handle)
-            fresh = (type(name) is str and process_set is global_process_set and tensor.dim()
-                     and cached_facts(tensor) is None)  # (a new tensor each call, as a metric's)
-            code = host_code(tensor) if fresh else None
-            if code is not None:
-                return allgather_fresh(code, tuple(tensor.shape), address(tensor.data_ptr()) if tensor.numel()
-                                       else NULL, tensor, name, rows_as_tensor(tensor.dtype, tuple(tensor.shape[1:])))
-            f, tensor = input_facts(tensor, "allgather", rows_of="allgather")
-            return allgather_described(f, tensor, name, process_set, tensor_rows, wait=True)
-        return synchronize(allgather_async(tensor, name, process_set))  # (CUDA, or refused there)
-    check_has_rows(check_tensor(tensor, "allgather").dim(), "allgather")  # (before forward reads its rows)
-    return HorovodAllgather.apply(tensor, name, process_set)
+    mark = runtime.generated
+    try:
+        process_set = check_process_set(process_set)
+        if not records_grad(tensor):
+            if isinstance(tensor, torch.Tensor) and tensor.is_cpu:  # (waited for at once: no Handle)
+                fresh = (type(name) is str and process_set is global_process_set and tensor.dim()
+                         and cached_facts(tensor) is None)  # (a new tensor each call, as a metric's)
+                code = host_code(tensor) if fresh else None
+                if code is not None:
+                    return allgather_fresh(code, tuple(tensor.shape), address(tensor.data_ptr()) if tensor.numel()
+                                           else NULL, tensor, name, rows_as_tensor(tensor.dtype, tuple(tensor.shape[1:])))
+                f, tensor = input_facts(tensor, "allgather", rows_of="allgather")
+                return allgather_described(f, tensor, name, process_set, tensor_rows, wait=True)
+            return synchronize(allgather_async(tensor, name, process_set))  # (CUDA, or refused there)
+        check_has_rows(check_tensor(tensor, "allgather").dim(), "allgather")  # (before forward reads its rows)
+        return HorovodAllgather.apply(tensor, name, process_set)
+    except (TypeError, ValueError) as e:
+        refused(e, "allgather", name, process_set, mark)
+        raise
 
 
 @on_cuda("grouped_allgather")
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
     process_set = check_process_set(process_set)
+    base = auto_name("grouped_allgather", name, process_set)  # (first: a refused group uses up its name too)
     tensors = check_group(tensors, "grouped_allgather")
-    base = auto_name("grouped_allgather", name, process_set)
     handles = [allgather_async(t, f"{base}.{i}", process_set) for i, t in enumerate(tensors)]
     return Handle.of_group(handles, list, tensors)
 
@@ -119,7 +131,12 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     """Starts copying rank ``root_rank``'s ``tensor`` to every rank (of
     ``process_set``; root_rank is a job rank in it); the result is a new
     tensor (the input is not modified)."""
-    return _broadcast_new(tensor, root_rank, name, check_process_set(process_set), "broadcast_async")
+    mark = runtime.generated
+    try:
+        return _broadcast_new(tensor, root_rank, name, check_process_set(process_set), "broadcast_async")
+    except (TypeError, ValueError) as e:
+        refused(e, "broadcast", name, process_set, mark)
+        raise
 
 
 def _broadcast_new(tensor, root_rank, name, process_set, what: str, wait: bool = False):
@@ -134,17 +151,27 @@ def _broadcast_new(tensor, root_rank, name, process_set, what: str, wait: bool =
 @on_cuda("broadcast", inplace=True)
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> Handle:
     """In-place ``broadcast_async``: ``tensor`` receives root's value."""
-    process_set = check_process_set(process_set)
-    # (the core handle itself: synchronize returns ``tensor``)
-    return broadcast_in_place(describe(tensor, "broadcast_async_"), tensor, root_rank, name, process_set)
+    mark = runtime.generated
+    try:
+        process_set = check_process_set(process_set)
+        # (the core handle itself: synchronize returns ``tensor``)
+        return broadcast_in_place(describe(tensor, "broadcast_async_"), tensor, root_rank, name, process_set)
+    except (TypeError, ValueError) as e:
+        refused(e, "broadcast", name, process_set, mark)
+        raise
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
-    if isinstance(tensor, torch.Tensor) and tensor.is_cpu:  # (waited for at once: no Handle)
-        process_set = check_process_set(process_set)
-        return broadcast_in_place(describe(tensor, "broadcast_"), tensor, root_rank, name, process_set,
-                                  wait=True)
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    mark = runtime.generated
+    try:
+        if isinstance(tensor, torch.Tensor) and tensor.is_cpu:  # (waited for at once: no Handle)
+            process_set = check_process_set(process_set)
+            return broadcast_in_place(describe(tensor, "broadcast_"), tensor, root_rank, name, process_set,
+                                      wait=True)
+        return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    except (TypeError, ValueError) as e:
+        refused(e, "broadcast", name, process_set, mark)
+        raise
 
 
 class HorovodBroadcast(torch.autograd.Function):
@@ -170,12 +197,17 @@ class HorovodBroadcast(torch.autograd.Function):
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
     """Rank ``root_rank``'s ``tensor``, on every rank (of ``process_set``), as
     a new tensor; differentiable."""
-    process_set = check_process_set(process_set)
-    if not records_grad(tensor):
-        if isinstance(tensor, torch.Tensor) and tensor.is_cpu:  # (waited for at once: no Handle)
-            return _broadcast_new(tensor, root_rank, name, process_set, "broadcast", wait=True)
-        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
-    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+    mark = runtime.generated
+    try:
+        process_set = check_process_set(process_set)
+        if not records_grad(tensor):
+            if isinstance(tensor, torch.Tensor) and tensor.is_cpu:  # (waited for at once: no Handle)
+                return _broadcast_new(tensor, root_rank, name, process_set, "broadcast", wait=True)
+            return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+        return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+    except (TypeError, ValueError) as e:
+        refused(e, "broadcast", name, process_set, mark)
+        raise
 
 
 # ---------------------------------------------------------------- alltoall
@@ -194,11 +226,16 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     (of ``process_set``: its i-th member; an even division when splits is
     None). ``synchronize`` returns ``(output, received_splits)``, as in
     Horovod."""
-    process_set = check_process_set(process_set)
-    f, tensor = input_facts(tensor, "alltoall_async", rows_of="alltoall")
-    if splits is not None:
-        splits = split_list(splits, f.tshape[0], process_set)
-    return alltoall_described(f, tensor, splits, name, process_set, _alltoall_result)
+    mark = runtime.generated
+    try:
+        process_set = check_process_set(process_set)
+        f, tensor = input_facts(tensor, "alltoall_async", rows_of="alltoall")
+        if splits is not None:
+            splits = split_list(splits, f.tshape[0], process_set)
+        return alltoall_described(f, tensor, splits, name, process_set, _alltoall_result)
+    except (TypeError, ValueError) as e:
+        refused(e, "alltoall", name, process_set, mark)
+        raise
 
 
 def _alltoall_result(f):
@@ -232,13 +269,18 @@ class HorovodAlltoall(torch.autograd.Function):
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """All-to-all; returns the received rows (in rank order) and, when
     ``splits`` is given, also the rows received from each rank."""
-    process_set = check_process_set(process_set)
-    if not records_grad(tensor):
-        host = isinstance(tensor, torch.Tensor) and tensor.is_cpu  # (no device routing to look at)
-        if host and splits is None and type(name) is str:  # (waited for at once: no Handle, no splits)
-            f, tensor = input_facts(tensor, "alltoall", rows_of="alltoall")
-            return alltoall_rows(f, tensor, name, process_set, tensor_rows)
-        start = alltoall_async.__wrapped__ if host else alltoall_async
-        out, received = synchronize(start(tensor, splits, name, process_set))
-        return out if splits is None else (out, received)
-    return HorovodAlltoall.apply(tensor, splits, name, process_set)
+    mark = runtime.generated
+    try:
+        process_set = check_process_set(process_set)
+        if not records_grad(tensor):
+            host = isinstance(tensor, torch.Tensor) and tensor.is_cpu  # (no device routing to look at)
+            if host and splits is None and type(name) is str:  # (waited for at once: no Handle, no splits)
+                f, tensor = input_facts(tensor, "alltoall", rows_of="alltoall")
+                return alltoall_rows(f, tensor, name, process_set, tensor_rows)
+            start = alltoall_async.__wrapped__ if host else alltoall_async
+            out, received = synchronize(start(tensor, splits, name, process_set))
+            return out if splits is None else (out, received)
+        return HorovodAlltoall.apply(tensor, splits, name, process_set)
+    except (TypeError, ValueError) as e:
+        refused(e, "alltoall", name, process_set, mark)
+        raise

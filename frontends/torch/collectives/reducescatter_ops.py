@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from commlib import runtime
 from commlib.ops import Average, auto_name, reducescatter_described
 from commlib.process_sets import check_process_set, global_process_set, set_size
+from commlib.refusals import refused
 from commlib.reduce_args import reducescatter_grad_scale, resolve_op
 from commlib.submit import NULL, address
 
@@ -23,10 +25,15 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     """Starts reducing ``tensor`` over all ranks (of ``process_set``), leaving
     on each rank its part of dimension 0 (part i on the set's i-th member;
     lower positions get the extra rows)."""
-    process_set = check_process_set(process_set)
-    f, tensor = input_facts(tensor, "reducescatter_async", rows_of="reducescatter")
-    return reducescatter_described(f, tensor, name, op, prescale_factor, postscale_factor,
-                                   process_set, _new_part)
+    mark = runtime.generated
+    try:
+        process_set = check_process_set(process_set)
+        f, tensor = input_facts(tensor, "reducescatter_async", rows_of="reducescatter")
+        return reducescatter_described(f, tensor, name, op, prescale_factor, postscale_factor,
+                                       process_set, _new_part)
+    except (TypeError, ValueError) as e:
+        refused(e, "reducescatter", name, process_set, mark)
+        raise
 
 
 def _new_part(shape, f):
@@ -63,28 +70,33 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     ``process_set``); differentiable: the gradient is Horovod's, the
     allgather of the output gradient times the set's size for Sum and times
     ``prescale_factor * postscale_factor`` for every op."""
-    process_set = check_process_set(process_set)
-    if (compression is Compression.none and isinstance(tensor, torch.Tensor) and tensor.is_cpu
-            and not records_grad(tensor)):  # (waited for at once: no Handle)
-        f, tensor = input_facts(tensor, "reducescatter", rows_of="reducescatter")
-        return reducescatter_described(f, tensor, name, op, prescale_factor, postscale_factor,
-                                       process_set, _new_part, wait=True)
-    compressed, cctx = compression.compress(tensor)
-    if records_grad(compressed):
-        out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
-                                         postscale_factor)
-    else:
-        out = synchronize(reducescatter_async(compressed, name, op, process_set, prescale_factor,
-                                              postscale_factor))
-    return compression.decompress(out, cctx)
+    mark = runtime.generated
+    try:
+        process_set = check_process_set(process_set)
+        if (compression is Compression.none and isinstance(tensor, torch.Tensor) and tensor.is_cpu
+                and not records_grad(tensor)):  # (waited for at once: no Handle)
+            f, tensor = input_facts(tensor, "reducescatter", rows_of="reducescatter")
+            return reducescatter_described(f, tensor, name, op, prescale_factor, postscale_factor,
+                                           process_set, _new_part, wait=True)
+        compressed, cctx = compression.compress(tensor)
+        if records_grad(compressed):
+            out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
+                                             postscale_factor)
+        else:
+            out = synchronize(reducescatter_async(compressed, name, op, process_set, prescale_factor,
+                                                  postscale_factor))
+        return compression.decompress(out, cctx)
+    except (TypeError, ValueError) as e:
+        refused(e, "reducescatter", name, process_set, mark)
+        raise
 
 
 @on_cuda("grouped_reducescatter")
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> Handle:
     process_set = check_process_set(process_set)
+    base = auto_name("grouped_reducescatter", name, process_set)  # (first: a refused group uses up its name too)
     tensors = check_group(tensors, "grouped_reducescatter")
-    base = auto_name("grouped_reducescatter", name, process_set)
     handles = [reducescatter_async(t, f"{base}.{i}", op, process_set, prescale_factor,
                                    postscale_factor) for i, t in enumerate(tensors)]
     return Handle.of_group(handles, list, tensors)

@@ -85,4 +85,29 @@ for _ in range(2):
 check_equal(commlib.reducescatter(np.ones(2 * n), op=commlib.Sum), np.full(2, float(n)),
             "unnamed reducescatter after bad calls on every rank")
 unnamed_broadcasts("at the end")
+
+# 6. The same through commlib.torch: a 0-d unnamed allgather, a bad root to an
+# unnamed broadcast_, an unsupported dtype to a named allreduce_async_.
+import torch  # noqa: E402
+
+import commlib.torch as ct  # noqa: E402
+
+refused_on_bad(lambda: ct.allgather(torch.tensor(1.0)), lambda: ct.allgather(torch.ones(1)),
+               commlib.ScalarTensorError, "0-d", "torch: unnamed allgather, 0-d")
+check_equal(ct.allgather(torch.full((1,), float(r))).numpy(), np.arange(n, dtype=np.float32),
+            "torch: unnamed allgather afterwards")
+t = torch.zeros(3)
+refused_on_bad(lambda: ct.broadcast_(t, n + 2), lambda: ct.broadcast_(t, 0), ValueError, "root_rank",
+               "torch: unnamed broadcast_, bad root")
+for k in range(2):
+    t.fill_(float(k + 5) if r == 0 else -1.0)
+    check_equal(ct.broadcast_(t, 0).numpy(), np.full(3, float(k + 5), np.float32),
+                f"torch: unnamed broadcast_ {k} afterwards")
+g = torch.ones(4, dtype=torch.complex64) if r == BAD else torch.ones(4)
+refused_on_bad(lambda: ct.synchronize(ct.allreduce_async_(g, name="t.grad", op=ct.Sum)),
+               lambda: ct.synchronize(ct.allreduce_async_(g, name="t.grad", op=ct.Sum)), TypeError, "complex",
+               "torch: named allreduce_async_, complex")
+g = torch.ones(4)
+check_equal(ct.synchronize(ct.allreduce_async_(g, name="t.grad", op=ct.Sum)).numpy(),
+            np.full(4, float(n), np.float32), "torch: 't.grad' afterwards")
 done()
