@@ -209,21 +209,11 @@ def submit_group(src: GroupLayout, dst, average, name, op, prescale, postscale, 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=None, out=None) -> list[np.ndarray]:
-    mark = runtime.generated
-    try:
-        return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                                   postscale_factor, process_set, out))
-    except (TypeError, ValueError) as e:
-        refused(e, "allreduce", name, process_set, mark)
-        raise
+    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                               postscale_factor, process_set, out))
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=None) -> list[np.ndarray]:
-    mark = runtime.generated
-    try:
-        return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                    postscale_factor, process_set))
-    except (TypeError, ValueError) as e:
-        refused(e, "allreduce", name, process_set, mark)
-        raise
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))

@@ -545,12 +545,7 @@ def _broadcast(inp, out, root_rank, name, process_set) -> Handle:
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None) -> np.ndarray:
-    mark = runtime.generated
-    try:
-        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
-    except (TypeError, ValueError) as e:
-        refused(e, "broadcast", name, process_set, mark)
-        raise
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None) -> np.ndarray:
@@ -744,13 +739,8 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
 
 def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0,
                   postscale_factor=1.0, process_set=None, out=None, splits=None) -> np.ndarray:
-    mark = runtime.generated
-    try:
-        return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
-                                               process_set, out, splits))
-    except (TypeError, ValueError) as e:
-        refused(e, "reducescatter", name, process_set, mark)
-        raise
+    return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
+                                           process_set, out, splits))
 
 
 def reducescatter_described(f, keep, name, op, prescale_factor, postscale_factor, process_set,

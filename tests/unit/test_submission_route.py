@@ -24,9 +24,11 @@ def test_the_c_api_submits_through_one_request_struct():
     decls = _declarations()
     assert decls["commlib_submit"] == "const commlib_request* req"
     assert decls["commlib_p2p_blocking"] == "const commlib_request* req, double timeout_s"
+    # (a refused call's abort names its collective by the same struct)
+    assert decls["commlib_abort"] == "const commlib_request* req, const char* why"
     # nothing else takes a request, or a request's fields one by one
     takers = sorted(n for n, params in decls.items() if "commlib_request" in params)
-    assert takers == ["commlib_p2p_blocking", "commlib_submit"], takers
+    assert takers == ["commlib_abort", "commlib_p2p_blocking", "commlib_submit"], takers
     fieldwise = sorted(n for n, params in decls.items()
                        if "op_type" in params or ("reduce_op" in params and "prescale" in params))
     assert not fieldwise, fieldwise
@@ -37,7 +39,7 @@ def test_only_commlib_submit_fills_and_submits_requests():
                    if re.search(r"commlib_request\s*\*", text))
     assert fills == ["commlib/submit.py"], fills
     calls = sorted(str(p.relative_to(ROOT)) for p, text in PY_SOURCES.items()
-                   if re.search(r"\blib\.commlib_(submit|p2p_blocking|enqueue)\w*", text))
+                   if re.search(r"\blib\.commlib_(submit|p2p_blocking|abort|enqueue)\w*", text))
     assert calls == ["commlib/submit.py"], calls
 
 

@@ -261,13 +261,8 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
-    mark = runtime.generated
-    try:
-        return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                    postscale_factor, process_set))
-    except (TypeError, ValueError) as e:
-        refused(e, "allreduce", name, process_set, mark)
-        raise
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
 
 
 class HorovodGroupedAllreduce(torch.autograd.Function):
