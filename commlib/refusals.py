@@ -47,15 +47,12 @@ def refused(exc: BaseException, kind: str, name, process_set, mark: int) -> None
         return
     try:
         psid = process_set_id(process_set)
-        if name is None:
-            if runtime.generated != mark:  # (generated already: the last one is this call's)
-                name = runtime.last_generated
-                if not name.startswith(kind + "."):
-                    return  # (a name of another kind since: not this call's)
-            else:
-                name = runtime.auto_name(kind, None, psid)
-        elif not isinstance(name, str) or not name or "\x00" in name:
-            return  # (no name the others could have given)
+        if name is None and runtime.generated != mark:  # (generated already: the last one is this call's)
+            name = runtime.last_generated
+            if not name.startswith(kind + "."):
+                return  # (a name of another kind since: not this call's)
+        else:  # (generated now, or a given name checked: one the others cannot have given raises)
+            name = runtime.auto_name(kind, name, psid)
         abort(kind, name, psid, f"{type(exc).__name__}: {exc}")
     except Exception:  # noqa: BLE001 (the refusal is raised in any case; nothing to tell then)
         return
