@@ -215,21 +215,26 @@ def _reduced(tensor, *args) -> torch.Tensor:
 
 def _grouped_allreduce_async(tensors, inplace, average, name, op, prescale_factor,
                              postscale_factor, process_set, what) -> Handle:
-    process_set = check_process_set(process_set)
-    op = resolve_op(op, average)
-    tensors = list(tensors)
-    if not tensors:
-        raise ValueError(f"{what} needs at least one tensor")
-    layout = group_layout(tensors, what, inplace)
-    if layout is None:  # (a non-contiguous input: copied, through numpy views)
-        h = _c.grouped_allreduce_async([input_array(t, what) for t in tensors], None, name, op,
-                                       prescale_factor, postscale_factor, process_set)
-        shapes = [t.shape for t in tensors]
-        return Handle(h, lambda outs: [as_tensor(o).view(s) for o, s in zip(outs, shapes)], tensors)
-    outs, keep = (tensors, (layout.ptrs,)) if inplace else group_outputs(layout, tensors)
-    hid = submit_group(layout, keep[0], None, name, op, prescale_factor, postscale_factor,
-                       process_set)
-    return _c.Handle(hid, None, (layout, keep, tensors, outs), "grouped_allreduce", outs)
+    mark = runtime.generated
+    try:
+        process_set = check_process_set(process_set)
+        op = resolve_op(op, average)
+        tensors = list(tensors)
+        if not tensors:
+            raise ValueError(f"{what} needs at least one tensor")
+        layout = group_layout(tensors, what, inplace)
+        if layout is None:  # (a non-contiguous input: copied, through numpy views)
+            h = _c.grouped_allreduce_async([input_array(t, what) for t in tensors], None, name, op,
+                                           prescale_factor, postscale_factor, process_set)
+            shapes = [t.shape for t in tensors]
+            return Handle(h, lambda outs: [as_tensor(o).view(s) for o, s in zip(outs, shapes)], tensors)
+        outs, keep = (tensors, (layout.ptrs,)) if inplace else group_outputs(layout, tensors)
+        hid = submit_group(layout, keep[0], None, name, op, prescale_factor, postscale_factor,
+                           process_set)
+        return _c.Handle(hid, None, (layout, keep, tensors, outs), "grouped_allreduce", outs)
+    except (TypeError, ValueError) as e:
+        refused(e, "allreduce", name, process_set, mark)
+        raise
 
 
 @on_cuda("grouped_allreduce")
@@ -237,26 +242,16 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """Starts reducing a list of tensors as one unit (fused together); the
     handle's result is a list of new tensors."""
-    mark = runtime.generated
-    try:
-        return _grouped_allreduce_async(tensors, False, average, name, op, prescale_factor,
-                                        postscale_factor, process_set, "grouped_allreduce_async")
-    except (TypeError, ValueError) as e:
-        refused(e, "allreduce", name, process_set, mark)
-        raise
+    return _grouped_allreduce_async(tensors, False, average, name, op, prescale_factor,
+                                    postscale_factor, process_set, "grouped_allreduce_async")
 
 
 @on_cuda("grouped_allreduce", inplace=True)
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set) -> Handle:
     """In-place ``grouped_allreduce_async``: results are written into the tensors."""
-    mark = runtime.generated
-    try:
-        return _grouped_allreduce_async(tensors, True, average, name, op, prescale_factor,
-                                        postscale_factor, process_set, "grouped_allreduce_async_")
-    except (TypeError, ValueError) as e:
-        refused(e, "allreduce", name, process_set, mark)
-        raise
+    return _grouped_allreduce_async(tensors, True, average, name, op, prescale_factor,
+                                    postscale_factor, process_set, "grouped_allreduce_async_")
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
