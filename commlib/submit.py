@@ -327,7 +327,7 @@ def cached_facts(arr, writable: bool) -> Facts | None:
 
 _KINDS = {"allreduce": lib.COMMLIB_OP_ALLREDUCE, "allgather": lib.COMMLIB_OP_ALLGATHER,
           "broadcast": lib.COMMLIB_OP_BROADCAST, "alltoall": lib.COMMLIB_OP_ALLTOALL,
-          "reducescatter": lib.COMMLIB_OP_REDUCESCATTER, "barrier": lib.COMMLIB_OP_BARRIER}
+          "reducescatter": lib.COMMLIB_OP_REDUCESCATTER}
 
 
 def abort(kind: str, name: str, psid: int, why: str) -> None:
