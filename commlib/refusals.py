@@ -33,12 +33,17 @@ from .process_sets import process_set_id
 from .submit import abort
 
 
-def refused(exc: BaseException, kind: str, name, process_set, mark: int) -> None:
+def refused(exc: BaseException, kind: str, name, process_set, mark: int, parts=None) -> None:
     """Tells the other ranks that this rank refused collective ``kind``
     ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter";
     named ``name``, or unnamed: None) on ``process_set`` with
     ``exc``, unless they know already (see the module's docstring); then
-    marks ``exc`` told. The caller re-raises ``exc``."""
+    marks ``exc`` told. ``parts``: the call's requests when they are not one
+    request of ``kind`` named ``name``, as (kind, suffix) pairs: requests
+    named ``name + suffix`` (commlib.tensorflow's broadcast_variables: one
+    broadcast ``<name>.<i>`` per variable; a CUDA allgather first gathers
+    every rank's rows in ``<name>.rows``): each is refused. The caller
+    re-raises ``exc``."""
     if getattr(exc, "commlib_others_told", False) or not isinstance(exc, (TypeError, ValueError)):
         return
     try:
@@ -53,6 +58,8 @@ def refused(exc: BaseException, kind: str, name, process_set, mark: int) -> None
                 return  # (a name of another kind since: not this call's)
         else:  # (generated now, or a given name checked: one the others cannot have given raises)
             name = runtime.auto_name(kind, name, psid)
-        abort(kind, name, psid, f"{type(exc).__name__}: {exc}")
+        why = f"{type(exc).__name__}: {exc}"
+        for k, suffix in parts if parts is not None else [(kind, "")]:
+            abort(k, name + suffix, psid, why)
     except Exception:  # noqa: BLE001 (the refusal is raised in any case; nothing to tell then)
         return

@@ -17,8 +17,10 @@ import numpy as np
 import tensorflow as tf
 
 from commlib.dtypes import SUPPORTED as _CORE_DTYPE_NAMES
+from commlib import runtime
 from commlib.errors import CommlibError
 from commlib.ops import auto_name, check_adasum_dtype
+from commlib.refusals import refused
 
 from . import errors
 
@@ -149,24 +151,74 @@ def _raise_as_tf(exc):
     raise mapped from exc
 
 
+class _Call:
+    """What a public call's first op will be, for telling the other ranks
+    when the call is refused before it (see collective_call); the call's
+    body may change it as it learns (a sparse allreduce's first op is the
+    allgather of its values, broadcast_variables' one per variable)."""
+    __slots__ = ("op", "name", "members")
+
+    def __init__(self, op, name):
+        self.op = op  # its default op name ("CommlibBroadcast"); None: tell nothing
+        self.name = name  # its own name argument (None: generated)
+        self.members = None  # n: the op's names are "<name>.0" .. "<name>.<n-1>"
+
+
+# Maps collective_call's kinds to commlib.refusals' (the core's request kinds).
+_CORE_KINDS = {"grouped_allgather": "allgather", "broadcast_variables": "broadcast"}
+
+
 @contextlib.contextmanager
-def collective_call(kind, name=None, process_set=None):
-    """Around a public collective of ``kind`` (its first op's): if it fails
-    before any of its ops drew a generated name, and it was given no name,
-    draws one (kind None: the call draws through commlib itself); commlib's
-    errors leave as TensorFlow's."""
-    before = getattr(_draws, "n", 0)
+def collective_call(kind, name=None, process_set=None, op=None, ignore_name_scope=False):
+    """Around a public collective of ``kind`` (its first op's, whose default
+    op name is ``op``): if it fails before any of its ops started (ran
+    eagerly, or was added to the graph being traced), it draws its first
+    op's generated name when it was given no name (kind None: the call draws
+    through commlib itself), and a TypeError/ValueError of its own checks (a
+    root outside the job on one rank) is told to the other ranks, whose same
+    call then fails at once instead of at COMMLIB_TIMEOUT (commlib.refusals;
+    inside tf.function, under the name the op has in their graph); commlib's
+    errors leave as TensorFlow's. Yields the call's ``_Call``."""
+    before = (getattr(_draws, "n", 0), getattr(_draws, "ops", 0))
+    call = _Call(op, name)
     try:
-        yield
+        yield call
     except BaseException as exc:
-        if kind is not None and name is None and getattr(_draws, "n", 0) == before:
-            try:
-                draw_name(kind, process_set)
-            except Exception:  # noqa: BLE001 - a bad process set: no counter to keep in step
-                pass
+        if kind is not None and (getattr(_draws, "n", 0), getattr(_draws, "ops", 0)) == before:
+            drawn = None
+            if name is None:
+                try:
+                    drawn = draw_name(kind, process_set)
+                except Exception:  # noqa: BLE001 - a bad process set: no counter to keep in step
+                    pass
+            if call.op is not None and isinstance(exc, (TypeError, ValueError)):
+                _tell_refused(exc, _CORE_KINDS.get(kind, kind), call, drawn, process_set,
+                              ignore_name_scope)
         if isinstance(exc, CommlibError):
             _raise_as_tf(exc)
         raise
+
+
+def _tell_refused(exc, kind, call, drawn, process_set, ignore_name_scope) -> None:
+    """commlib.refusals.refused for each name the other ranks' first op of
+    ``call`` has: eagerly its name (given, or ``drawn``), in a graph the
+    name execute gives it there."""
+    try:
+        if tf.executing_eagerly():
+            base = call.name if call.name is not None else drawn
+        else:
+            graph = tf.compat.v1.get_default_graph()
+            state = _graphs.get(graph)
+            if state is None:
+                state = _graphs[graph] = _GraphState()
+            psid = 0 if process_set is None else process_set.process_set_id
+            base = _graph_name(graph, state, call.op, call.name, ignore_name_scope, psid)
+        if base is None:
+            return
+        parts = None if call.members is None else [(kind, f".{i}") for i in range(call.members)]
+        refused(exc, kind, base, process_set, runtime.generated, parts)
+    except Exception:  # noqa: BLE001 - the refusal is raised in any case
+        return
 
 
 # Wall time spent inside collectives (waiting for other ranks included), for
@@ -203,6 +255,7 @@ def execute(fn, inputs, touts, default_name: str, name=None, ignore_name_scope=F
     None: ``fn`` draws through commlib itself). commlib's errors leave as
     TensorFlow's (see errors)."""
     draw = kind if name is None else None
+    _draws.ops = getattr(_draws, "ops", 0) + 1  # (an op of the call started: see collective_call)
     if tf.executing_eagerly():
         cname = draw_name(draw, process_set) if draw else name
         try:

@@ -3,8 +3,10 @@ tf.errors class Horovod raises (FailedPreconditionError for ranks that
 disagree), eagerly and inside tf.function, on every rank; and generated names
 stay in step after them: a shape or dtype mismatch in tf.function and eagerly,
 tf.function on one rank's path only, a bad argument on one rank (eagerly and
-while tracing), each followed by unnamed collectives of every kind, eager and
-in tf.function, checked against numpy (workers/tf_errors.py). A short
+while tracing: the others fail at once, told by it; a bad root, a complex
+dtype, to broadcast, broadcast_variables and a sparse allreduce, named and
+unnamed), each followed by unnamed collectives of every kind, eager and in
+tf.function, checked against numpy (workers/tf_errors.py). A short
 COMMLIB_TIMEOUT makes names that drift apart fail fast."""
 import pytest
 

@@ -75,7 +75,10 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
     indices) instead, as in Horovod. The result has the input's shape and
     dtype (integer Average truncates toward zero)."""
     sparse = isinstance(tensor, tf.IndexedSlices)
-    with collective_call("allgather" if sparse else "allreduce", name, process_set):
+    with collective_call("allgather" if sparse else "allreduce", name, process_set,
+                         "CommlibAllgather" if sparse else "CommlibAllreduce", ignore_name_scope) as call:
+        if sparse:  # (its first op: the allgather of the values)
+            call.name = None if name is None else f"{name}.values"
         process_set = check_process_set(process_set)
         op = resolve_op(op, average)
         prescale_factor, postscale_factor = scale_factors(prescale_factor, postscale_factor)
@@ -117,8 +120,12 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
     IndexedSlices in the list are allgathered. Returns the list of results."""
     if tensors is not None:  # (None and [] come back as they are, as in Horovod)
         tensors = tensor_group(tensors, "grouped_allreduce")  # (a generator read once)
-    sparse = any(isinstance(t, tf.IndexedSlices) for t in tensors or ())
-    with collective_call("allgather" if sparse else "allreduce", name, process_set):
+    sparse = [i for i, t in enumerate(tensors or ()) if isinstance(t, tf.IndexedSlices)]
+    with collective_call("allgather" if sparse else "allreduce", name, process_set,
+                         "CommlibAllgather" if sparse else "CommlibGroupedAllreduce",
+                         ignore_name_scope) as call:
+        if sparse:  # (its first op: the allgather of the first IndexedSlices' values)
+            call.name = None if name is None else f"{name}.sparse{sparse[0]}.values"
         return _grouped_allreduce(tensors, op, average, compression, prescale_factor,
                                   postscale_factor, process_set, ignore_name_scope, name)
 

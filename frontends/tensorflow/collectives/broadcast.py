@@ -37,7 +37,7 @@ def _broadcast_op(t, root_rank, name, ignore_name_scope, ps):
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None):
     """Rank ``root_rank``'s ``tensor`` on every rank (of ``process_set``;
     root_rank is a job rank in the set)."""
-    with collective_call("broadcast", name, process_set):
+    with collective_call("broadcast", name, process_set, "CommlibBroadcast", ignore_name_scope):
         process_set = check_process_set(process_set)
         check_root(root_rank, process_set)
         t = _as_tensor(tensor)

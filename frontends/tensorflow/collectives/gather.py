@@ -85,7 +85,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     """Concatenates every rank's ``tensor`` (of ``process_set``, in the order
     of its ranks) along dimension 0 (whose size may differ across ranks; the
     other dimensions must agree)."""
-    with collective_call("allgather", name, process_set):
+    with collective_call("allgather", name, process_set, "CommlibAllgather", ignore_name_scope):
         process_set = check_process_set(process_set)
         t = _as_tensor(tensor)
         check_dtype(t.dtype, "allgather", movable=True)
@@ -94,7 +94,8 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=None):
     """Allgathers a list of tensors with one op (started together)."""
-    with collective_call("grouped_allgather", name, process_set):
+    with collective_call("grouped_allgather", name, process_set, "CommlibGroupedAllgather",
+                         ignore_name_scope):
         process_set = check_process_set(process_set)
         if tensors is not None:  # (None and [] come back as they are, as in Horovod)
             tensors = tensor_group(tensors, "grouped_allgather")
@@ -112,7 +113,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     its i-th member; equal parts when splits is None) and returns the rows
     received, in rank order; with ``splits``, returns ``(output,
     received_splits)`` as Horovod does."""
-    with collective_call("alltoall", name, process_set):
+    with collective_call("alltoall", name, process_set, "CommlibAlltoall", ignore_name_scope):
         process_set = check_process_set(process_set)
         t = _as_tensor(tensor)
         check_dtype(t.dtype, "alltoall", movable=True)

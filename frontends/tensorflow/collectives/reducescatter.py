@@ -41,7 +41,7 @@ def reducescatter(tensor, device_dense='', compression=Compression.none, op=Aver
     """Reduces ``tensor`` over all ranks (of ``process_set``) and leaves on
     each rank its part of dimension 0 (part i on the set's i-th member; lower
     positions get the extra rows)."""
-    with collective_call("reducescatter", name, process_set):
+    with collective_call("reducescatter", name, process_set, "CommlibReducescatter", ignore_name_scope):
         process_set = check_process_set(process_set)
         op = resolve_op(op)
         prescale_factor, postscale_factor = scale_factors(prescale_factor, postscale_factor)
@@ -57,7 +57,7 @@ def grouped_reducescatter(tensors, device_dense='', compression=Compression.none
                           process_set=None, prescale_factor=1.0, postscale_factor=1.0):
     """reducescatter of each tensor of a list; a 0-d tensor anywhere in the
     list raises ScalarTensorError before any of them is sent."""
-    with collective_call("reducescatter", None, process_set):
+    with collective_call("reducescatter", None, process_set, "CommlibReducescatter"):
         tensors = [_as_tensor(t) for t in tensor_group(tensors, "grouped_reducescatter")]
         for t in tensors:
             check_has_rows(t.shape.rank, "reducescatter", several=True)

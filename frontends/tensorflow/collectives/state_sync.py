@@ -38,18 +38,19 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=False, n
     Keras variables) on every rank (of ``process_set``). Eagerly it returns
     None once done; inside tf.function it returns the op that does it."""
     name = name or None
-    with collective_call("broadcast_variables", name, process_set):
-        return _broadcast_variables(variables, root_rank, process_set, name)
+    with collective_call("broadcast_variables", name, process_set, "CommlibBroadcastVariables") as call:
+        return _broadcast_variables(variables, root_rank, process_set, name, call)
 
 
-def _broadcast_variables(variables, root_rank, process_set, name):
+def _broadcast_variables(variables, root_rank, process_set, name, call):
     process_set = check_process_set(process_set)
-    check_root(root_rank, process_set)
     variables = tensor_group(variables, "broadcast_variables")  # (one variable: taken as its rows)
     for i, v in enumerate(variables):
         if not hasattr(v, "assign"):
             raise TypeError("broadcast_variables assigns root's values to variables (tf.Variable, "
                             f"Keras variables), got {type(v).__name__} at index {i}")
+    call.members = len(variables)  # (one request per variable: "<name>.<i>")
+    check_root(root_rank, process_set)
     if not variables:
         return None if tf.executing_eagerly() else tf.no_op()
     values = [tf.convert_to_tensor(v) for v in variables]

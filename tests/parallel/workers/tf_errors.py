@@ -10,12 +10,15 @@ collectives of every kind, eagerly and in a tf.function, against numpy:
 - one rank's path goes through tf.function, the others' eagerly (the ops
   have different names: CollectiveTimeoutError and DeadlineExceededError);
 - the last rank's own argument is bad (a 0-d tensor to allgather), eagerly and
-  while tracing: ScalarTensorError and InvalidArgumentError there, the others
-  time out.
+  while tracing: ScalarTensorError and InvalidArgumentError there; the others
+  fail at once (CollectiveMismatchError naming the last rank), told by it;
+- the last rank's Python checks refuse a call (a root outside the job, a
+  complex dtype) that the others make: broadcast, broadcast_variables, a
+  sparse allreduce, named and unnamed, eagerly and inside tf.function; the
+  others' same call fails at once, naming the last rank and its reason.
 """
 import numpy as np
 
-import os
 import time
 
 import commlib
@@ -99,18 +102,80 @@ cases = [
     ("dtype mismatch eagerly", MISMATCH, lambda: hvd.allreduce(dtype_by_rank(), op=hvd.Sum)),
     ("tf.function on rank 0's path only", TIMEOUT,
      lambda: gather_in_graph(tf.ones([2, 3])) if r == 0 else hvd.allgather(tf.ones([2, 4]))),
-    ("0-d tensor on the last rank, eagerly", SCALAR if last else TIMEOUT,
+    ("0-d tensor on the last rank, eagerly", SCALAR if last else MISMATCH,
      lambda: hvd.allgather(tf.ones([] if last else [2]))),
-    ("0-d tensor on the last rank, traced", SCALAR if last else TIMEOUT,
+    ("0-d tensor on the last rank, traced", SCALAR if last else MISMATCH,
      lambda: tf.function(lambda t: hvd.alltoall(t))(tf.ones([] if last else [n]))),
 ]
+
+BAD_ROOT = n + 3 if last else 0  # (the last rank's root is outside the job)
+v1, v2 = tf.Variable([float(r)] * 2), tf.Variable([[r + 0.5]])
+
+
+@tf.function
+def bcast_in_graph(t):
+    return hvd.broadcast(t, root_rank=BAD_ROOT)
+
+
+@tf.function
+def bcast_vars_in_graph():
+    hvd.broadcast_variables([v1, v2], root_rank=BAD_ROOT)
+    return tf.constant(0)
+
+
+def sparse_sum(name):
+    values = tf.ones([2, 2], tf.complex64 if last else tf.float32)
+    return hvd.allreduce(tf.IndexedSlices(values, tf.constant([0, r]), tf.constant([n, 2])),
+                         op=hvd.Sum, name=name)
+
+
+# (what, the last rank's refusal, the call)
+refusals = [
+    ("unnamed broadcast, bad root, eagerly", ValueError, lambda: hvd.broadcast(tf.ones([2]), BAD_ROOT)),
+    ("named broadcast, bad root, eagerly", ValueError,
+     lambda: hvd.broadcast(tf.ones([2]), BAD_ROOT, name="bc.root")),
+    ("broadcast, bad root, traced", ValueError, lambda: bcast_in_graph(tf.ones([2]))),
+    ("unnamed broadcast_variables, bad root, eagerly", ValueError,
+     lambda: hvd.broadcast_variables([v1, v2], BAD_ROOT)),
+    ("named broadcast_variables, bad root, eagerly", ValueError,
+     lambda: hvd.broadcast_variables([v1, v2], BAD_ROOT, name="vars")),
+    ("broadcast_variables, bad root, traced", ValueError, bcast_vars_in_graph),
+    ("unnamed sparse allreduce, complex values", TypeError, lambda: sparse_sum(None)),
+    ("named sparse allreduce, complex values", TypeError, lambda: sparse_sum("sp")),
+]
+
+
+def refused_on_last(what, exc, fn):
+    start = time.monotonic()
+    if last:
+        try:
+            fn()
+        except exc as e:
+            if isinstance(e, commlib.CommlibError):
+                fail(f"{what}: the last rank's own check should refuse it, got {type(e).__name__}: {e}")
+        else:
+            fail(f"{what}: the last rank's call was not refused")
+        return
+    e = expect(MISMATCH, fn, what)
+    if f"rank {n - 1} could not submit" not in str(e) or exc.__name__ not in str(e):
+        fail(f"{what}: the error does not name rank {n - 1} and its {exc.__name__}: {e}")
+    if time.monotonic() - start > 2:  # (COMMLIB_TIMEOUT is 3 s)
+        fail(f"{what}: took {time.monotonic() - start:.1f} s: it should fail at once")
 
 still_in_step("nothing")
 for tag, classes, fn in cases:
     e = expect(classes, fn, tag)
     print(f"rank {r}: {tag}: {type(e).__name__} ({', '.join(c.__name__ for c in classes)})",
           flush=True)
-    if classes is SCALAR:  # failed at once: the others' collective still waits for its timeout
-        time.sleep(float(os.environ["COMMLIB_TIMEOUT"]) + 1)
     still_in_step(tag)
+for what, exc, fn in refusals:
+    refused_on_last(what, exc, fn)
+    print(f"rank {r}: {what}: refused", flush=True)
+    still_in_step(what)
+check(hvd.broadcast(tf.fill([2], float(r)), 0, name="bc.root"), np.zeros(2, np.float32), "'bc.root' again")  # (names work again)
+hvd.broadcast_variables([v1, v2], 0, name="vars")
+check(v2, np.full((1, 1), 0.5, np.float32), "broadcast_variables 'vars' again")
+got = hvd.allreduce(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([r]), tf.constant([n, 2])), op=hvd.Sum,
+                    name="sp")
+check(tf.convert_to_tensor(got), np.ones([n, 2], np.float32), "sparse allreduce 'sp' again")
 done()
