@@ -151,7 +151,8 @@ def test_local_error_on_one_rank_fails_the_others_at_once(ranks, n, layout):
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("n,layout", [(2, {}), (3, {"COMMLIB_TEST_RANKS_PER_HOST": "1"})])
 def test_call_refused_in_python_on_one_rank_fails_the_others_at_once(ranks, n, layout):
-    """A bad root, out= or 0-d tensor refused by the numpy API on rank 1: the
-    others raise CollectiveMismatchError at once, and later unnamed calls
-    still pair rank by rank (see workers/errors_refused.py)."""
+    """A bad root, out= or 0-d tensor refused by the numpy API, commlib.torch
+    or its CUDA route on rank 1: the others raise CollectiveMismatchError at
+    once, and later unnamed calls still pair rank by rank (see
+    workers/errors_refused.py)."""
     ranks(n, "errors_refused.py", timeout=100, env=layout).assert_ok(n)

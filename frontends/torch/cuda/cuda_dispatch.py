@@ -16,9 +16,10 @@ import sys
 
 import torch
 
-from commlib import gpu
+from commlib import gpu, runtime
 from commlib.ops import resolve_op
 from commlib.process_sets import check_process_set
+from commlib.refusals import refused
 
 from . import cuda_nccl
 from .cuda_staging import staged_call
@@ -91,15 +92,34 @@ def _route(kind, inplace, fn, sig, args, kwargs):
     a = dict(bound.arguments)
     first = next(iter(sig.parameters))
     tensors = a[first]
-    check_device_tensors(tensors, fn.__name__, inplace)
-    if gpu.cuda_path() == "nccl":
-        handle = _nccl_call(kind, a, tensors, inplace)
-        if handle is not None:
-            return handle
-        _note_once(kind, f"{fn.__name__} on CUDA tensors of this kind is staged through host memory "
-                         "(NCCL does not run it)")
-    return staged_call(lambda staged: fn(**{**a, first: staged}), tensors, inplace,
-                       keep_on_host=1 if kind == "alltoall" else None)
+    nccl = gpu.cuda_path() == "nccl"
+    mark = runtime.generated
+    try:
+        check_device_tensors(tensors, fn.__name__, inplace)
+        if nccl:
+            handle = _nccl_call(kind, a, tensors, inplace)
+            if handle is not None:
+                return handle
+            _note_once(kind, f"{fn.__name__} on CUDA tensors of this kind is staged through host memory "
+                             "(NCCL does not run it)")
+        return staged_call(lambda staged: fn(**{**a, first: staged}), tensors, inplace,
+                           keep_on_host=1 if kind == "alltoall" else None)
+    except (TypeError, ValueError) as e:
+        _refused(e, kind, a, mark, nccl)
+        raise
+
+
+def _refused(exc, kind, a, mark, nccl) -> None:
+    """A CUDA call this rank refused (its device checks, NCCL's argument
+    checks) told to the others (commlib.refusals; the staged forms and the
+    core tell their own). Through NCCL an allgather or alltoall first
+    gathers every rank's rows (``<name>.rows``): the others wait there. The
+    grouped kinds are left to their own checks: their names depend on the
+    path (one request through the host, one per tensor through NCCL)."""
+    if kind.startswith("grouped_"):
+        return
+    parts = [("allgather", ".rows")] if nccl and kind in ("allgather", "alltoall") else None
+    refused(exc, kind, a.get("name"), a.get("process_set"), mark, parts)
 
 
 def on_cuda(kind: str, inplace: bool = False):

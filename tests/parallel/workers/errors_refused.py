@@ -110,4 +110,50 @@ refused_on_bad(lambda: ct.synchronize(ct.allreduce_async_(g, name="t.grad", op=c
 g = torch.ones(4)
 check_equal(ct.synchronize(ct.allreduce_async_(g, name="t.grad", op=ct.Sum)).numpy(),
             np.full(4, float(n), np.float32), "torch: 't.grad' afterwards")
+
+# 7. A CUDA call refused by its route's device checks on rank BAD (no GPU
+# here: rank BAD's CPU tensors are taken for device tensors, which the
+# route's check_device_tensors then refuses as "on several devices"). The
+# others make the requests a CUDA call makes first: an allreduce of the
+# call's name (a broadcast's), and through NCCL for an allgather the host allgather of every
+# rank's rows ("<name>.rows"). Unnamed, so the names must stay in step too.
+from commlib import gpu  # noqa: E402
+from commlib.runtime import auto_name  # noqa: E402
+from commlib.torch.cuda import cuda_dispatch  # noqa: E402
+
+
+class AsDevice:
+    """Within it, rank BAD's tensors take the CUDA route (through NCCL with
+    nccl=True)."""
+    def __init__(self, nccl=False):
+        self.saved = (cuda_dispatch._is_device_tensor, gpu.cuda_path)
+        self.nccl = nccl
+
+    def __enter__(self):
+        if r == BAD:
+            cuda_dispatch._is_device_tensor = lambda x: True
+            gpu.cuda_path = (lambda: "nccl") if self.nccl else self.saved[1]
+
+    def __exit__(self, *exc):
+        cuda_dispatch._is_device_tensor, gpu.cuda_path = self.saved
+
+
+for nccl in (False, True):
+    with AsDevice(nccl):
+        refused_on_bad(lambda: ct.allreduce_async_(torch.ones(2)),
+                       lambda: ct.allreduce_(torch.ones(2)), ValueError, "several devices",
+                       f"torch: unnamed CUDA allreduce_async_ (nccl={nccl}), a CPU tensor")
+    check_equal(ct.allreduce_(torch.ones(2), op=ct.Sum).numpy(), np.full(2, float(n), np.float32),
+                f"torch: unnamed allreduce_ after the CUDA refusal (nccl={nccl})")
+with AsDevice(nccl=True):
+    refused_on_bad(lambda: ct.broadcast_async_(torch.ones(2), 0), lambda: ct.broadcast_(torch.ones(2), 0),
+                   ValueError, "several devices", "torch: unnamed CUDA broadcast_async_ through NCCL, a CPU tensor")
+check_equal(ct.broadcast_(torch.full((2,), float(r + 3)), 0).numpy(), np.full(2, 3.0, np.float32),
+            "torch: unnamed broadcast_ after the CUDA refusal")
+with AsDevice(nccl=True):
+    refused_on_bad(lambda: ct.allgather_async(torch.ones(1)),  # (as cuda_nccl.allgather names it)
+                   lambda: commlib.allgather(np.ones((1, 1), np.int64), name=auto_name("allgather") + ".rows"),
+                   ValueError, "several devices", "torch: unnamed CUDA allgather through NCCL, a CPU tensor")
+check_equal(ct.allgather(torch.full((1,), float(r))).numpy(), np.arange(n, dtype=np.float32),
+            "torch: unnamed allgather after the CUDA refusal")
 done()
