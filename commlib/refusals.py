@@ -63,3 +63,30 @@ def refused(exc: BaseException, kind: str, name, process_set, mark: int, parts=N
             abort(k, name + suffix, psid, why)
     except Exception:  # noqa: BLE001 (the refusal is raised in any case; nothing to tell then)
         return
+
+
+def refused_members(exc: BaseException, kind: str, base: str, submitted: int, count, process_set) -> None:
+    """A grouped call of ``count`` requests of ``kind`` named ``<base>.<i>``
+    (commlib.torch's grouped allgather and reducescatter: one request per
+    tensor, the base name generated first) refused with ``exc`` after its
+    first ``submitted`` requests went out: tells the others of each request
+    this rank will not submit (the one that raised only when it did not tell
+    them itself), so that none of theirs waits for COMMLIB_TIMEOUT; then
+    marks ``exc`` told. ``count`` None: the group's size is unknown (nothing
+    to tell)."""
+    if not isinstance(exc, (TypeError, ValueError)):
+        return
+    first = submitted + (1 if getattr(exc, "commlib_others_told", False) else 0)
+    try:
+        exc.commlib_others_told = True
+    except AttributeError:
+        return
+    if count is None:
+        return
+    try:
+        psid = process_set_id(process_set)
+        why = f"{type(exc).__name__}: {exc}"
+        for i in range(first, count):
+            abort(kind, f"{base}.{i}", psid, why)
+    except Exception:  # noqa: BLE001 (the refusal is raised in any case)
+        return

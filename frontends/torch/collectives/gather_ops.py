@@ -12,7 +12,7 @@ from commlib.checks import check_has_rows
 from commlib.ops import (Average, allgather_described, allgather_fresh, alltoall_described, alltoall_rows,
                          auto_name, broadcast_in_place)
 from commlib.process_sets import check_process_set, global_process_set, set_rank
-from commlib.refusals import refused
+from commlib.refusals import refused, refused_members
 from commlib.submit import NULL, address
 
 from .allreduce_ops import allreduce, grouped_allreduce_async
@@ -85,11 +85,8 @@ def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor
 
 @on_cuda("grouped_allgather")
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
-    process_set = check_process_set(process_set)
-    base = auto_name("grouped_allgather", name, process_set)  # (first: a refused group uses up its name too)
-    tensors = check_group(tensors, "grouped_allgather")
-    handles = [allgather_async(t, f"{base}.{i}", process_set) for i, t in enumerate(tensors)]
-    return Handle.of_group(handles, list, tensors)
+    return submit_members("allgather", tensors, name, process_set,
+                          lambda t, n, ps: allgather_async(t, n, ps))
 
 
 class HorovodGroupedAllgather(torch.autograd.Function):
@@ -218,6 +215,28 @@ def check_group(tensors, what: str) -> list:
     for t in tensors:
         check_has_rows(check_tensor(t, what).dim(), what, several=True)
     return tensors
+
+
+def submit_members(kind: str, tensors, name, process_set, start) -> Handle:
+    """A grouped allgather or reducescatter (``kind``): one request per
+    tensor, ``start(tensor, "<base>.<i>", process_set)``, where base is the
+    call's name (generated first: a refused group uses up its name too); the
+    handle's result is the list of results. A group refused on this rank,
+    whole or at one of its tensors, is told to the other ranks for every
+    request it will not submit (commlib.refusals.refused_members)."""
+    process_set = check_process_set(process_set)
+    base = auto_name(f"grouped_{kind}", name, process_set)
+    count = len(tensors) if isinstance(tensors, (list, tuple)) else None
+    handles = []
+    try:
+        tensors = check_group(tensors, f"grouped_{kind}")
+        count = len(tensors)
+        for i, t in enumerate(tensors):
+            handles.append(start(t, f"{base}.{i}", process_set))
+    except (TypeError, ValueError) as e:
+        refused_members(e, kind, base, len(handles), count, process_set)
+        raise
+    return Handle.of_group(handles, list, tensors)
 
 
 @on_cuda("alltoall")

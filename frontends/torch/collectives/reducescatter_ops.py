@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from commlib import runtime
-from commlib.ops import Average, auto_name, reducescatter_described
+from commlib.ops import Average, reducescatter_described
 from commlib.process_sets import check_process_set, global_process_set, set_size
 from commlib.refusals import refused
 from commlib.reduce_args import reducescatter_grad_scale, resolve_op
@@ -14,7 +14,7 @@ from commlib.submit import NULL, address
 from .compression import Compression
 from ..cuda.cuda_dispatch import on_cuda
 from .handles import Handle, synchronize
-from .gather_ops import allgather, check_group, grouped_allgather_async
+from .gather_ops import allgather, grouped_allgather_async, submit_members
 from .tensor_io import input_facts, records_grad, tensor_list
 
 # ---------------------------------------------------------------- reducescatter
@@ -94,12 +94,8 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
 @on_cuda("grouped_reducescatter")
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0) -> Handle:
-    process_set = check_process_set(process_set)
-    base = auto_name("grouped_reducescatter", name, process_set)  # (first: a refused group uses up its name too)
-    tensors = check_group(tensors, "grouped_reducescatter")
-    handles = [reducescatter_async(t, f"{base}.{i}", op, process_set, prescale_factor,
-                                   postscale_factor) for i, t in enumerate(tensors)]
-    return Handle.of_group(handles, list, tensors)
+    return submit_members("reducescatter", tensors, name, process_set,
+                          lambda t, n, ps: reducescatter_async(t, n, op, ps, prescale_factor, postscale_factor))
 
 
 class HorovodGroupedReducescatter(torch.autograd.Function):

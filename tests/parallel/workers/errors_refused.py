@@ -156,4 +156,27 @@ with AsDevice(nccl=True):
                    ValueError, "several devices", "torch: unnamed CUDA allgather through NCCL, a CPU tensor")
 check_equal(ct.allgather(torch.full((1,), float(r))).numpy(), np.arange(n, dtype=np.float32),
             "torch: unnamed allgather after the CUDA refusal")
+
+# 8. commlib.torch's grouped allgather / reducescatter (one request per
+# tensor) refused on rank BAD, whole (a 0-d tensor in the list) or at its
+# first tensor (a bad op): the others fail at once, and none of their
+# requests is left waiting: the same names work right after, and unnamed
+# groups stay paired.
+pair = [torch.ones(1), torch.tensor(2.0) if r == BAD else torch.ones(1)]
+refused_on_bad(lambda: ct.grouped_allgather(pair), lambda: ct.grouped_allgather(pair), ValueError, "0-d",
+               "torch: unnamed grouped_allgather, a 0-d tensor")
+refused_on_bad(lambda: ct.grouped_allgather(pair, name="gag"), lambda: ct.grouped_allgather(pair, name="gag"),
+               ValueError, "0-d", "torch: named grouped_allgather, a 0-d tensor")
+rows = [torch.full((1, 2), float(r)), torch.full((2,), float(r))]
+for nm in (None, "gag"):
+    got = ct.grouped_allgather(rows, name=nm)
+    check_equal(got[1].numpy(), np.repeat(np.arange(n, dtype=np.float32), 2), f"torch: grouped_allgather {nm} after")
+rs = [torch.ones(n, 2), torch.ones(2 * n)]
+bad_op = "bogus" if r == BAD else ct.Sum
+refused_on_bad(lambda: ct.grouped_reducescatter(rs, name="grs", op=bad_op),
+               lambda: ct.grouped_reducescatter(rs, name="grs", op=bad_op), ValueError, "op",
+               "torch: named grouped_reducescatter, a bad op")
+for nm in ("grs", None):
+    got = ct.grouped_reducescatter(rs, name=nm, op=ct.Sum)
+    check_equal(got[1].numpy(), np.full(2, float(n), np.float32), f"torch: grouped_reducescatter {nm} after")
 done()
