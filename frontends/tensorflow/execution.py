@@ -171,27 +171,29 @@ _CORE_KINDS = {"grouped_allgather": "allgather", "broadcast_variables": "broadca
 @contextlib.contextmanager
 def collective_call(kind, name=None, process_set=None, op=None, ignore_name_scope=False):
     """Around a public collective of ``kind`` (its first op's, whose default
-    op name is ``op``): if it fails before any of its ops started (ran
-    eagerly, or was added to the graph being traced), it draws its first
-    op's generated name when it was given no name (kind None: the call draws
-    through commlib itself), and a TypeError/ValueError of its own checks (a
-    root outside the job on one rank) is told to the other ranks, whose same
-    call then fails at once instead of at COMMLIB_TIMEOUT (commlib.refusals;
-    inside tf.function, under the name the op has in their graph); commlib's
-    errors leave as TensorFlow's. Yields the call's ``_Call``."""
-    before = (getattr(_draws, "n", 0), getattr(_draws, "ops", 0))
+    op name is ``op``): if it fails before any of its ops drew a generated
+    name, it draws its first op's when it was given no name (kind None: the
+    call draws through commlib itself); if it fails before any of its ops
+    started (ran eagerly, or was added to the graph being traced), a
+    TypeError/ValueError of its own checks (a root outside the job on one
+    rank) is told to the other ranks, whose same call then fails at once
+    instead of at COMMLIB_TIMEOUT (commlib.refusals; inside tf.function,
+    under the name the op has in their graph). commlib's errors leave as
+    TensorFlow's. Yields the call's ``_Call``."""
+    drawn_before, ops_before = getattr(_draws, "n", 0), getattr(_draws, "ops", 0)
     call = _Call(op, name)
     try:
         yield call
     except BaseException as exc:
-        if kind is not None and (getattr(_draws, "n", 0), getattr(_draws, "ops", 0)) == before:
+        if kind is not None and getattr(_draws, "n", 0) == drawn_before:
             drawn = None
             if name is None:
                 try:
                     drawn = draw_name(kind, process_set)
                 except Exception:  # noqa: BLE001 - a bad process set: no counter to keep in step
                     pass
-            if call.op is not None and isinstance(exc, (TypeError, ValueError)):
+            if (call.op is not None and isinstance(exc, (TypeError, ValueError))
+                    and getattr(_draws, "ops", 0) == ops_before):
                 _tell_refused(exc, _CORE_KINDS.get(kind, kind), call, drawn, process_set,
                               ignore_name_scope)
         if isinstance(exc, CommlibError):
