@@ -94,13 +94,14 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=None):
     """Allgathers a list of tensors with one op (started together)."""
-    with collective_call("grouped_allgather", name, process_set, "CommlibGroupedAllgather",
-                         ignore_name_scope):
+    with collective_call("grouped_allgather", name, process_set, None, ignore_name_scope) as call:
         process_set = check_process_set(process_set)
         if tensors is not None:  # (None and [] come back as they are, as in Horovod)
             tensors = tensor_group(tensors, "grouped_allgather")
         if not tensors:
             return tensors
+        # (its one op's requests: "<name>.<i>", one per tensor)
+        call.op, call.members = "CommlibGroupedAllgather", len(tensors)
         ts = [_as_tensor(t) for t in tensors]
         for t in ts:
             check_dtype(t.dtype, "grouped_allgather", movable=True)

@@ -142,6 +142,11 @@ refusals = [
     ("broadcast_variables, bad root, traced", ValueError, bcast_vars_in_graph),
     ("unnamed sparse allreduce, complex values", TypeError, lambda: sparse_sum(None)),
     ("named sparse allreduce, complex values", TypeError, lambda: sparse_sum("sp")),
+    ("unnamed grouped_allgather, a string tensor", TypeError,
+     lambda: hvd.grouped_allgather([tf.ones([2]), tf.constant(["a", "b"]) if last else tf.ones([2])])),
+    ("named grouped_allgather, a string tensor", TypeError,
+     lambda: hvd.grouped_allgather([tf.ones([2]), tf.constant(["a", "b"]) if last else tf.ones([2])],
+                                   name="gag")),
 ]
 
 
@@ -175,6 +180,8 @@ for what, exc, fn in refusals:
 check(hvd.broadcast(tf.fill([2], float(r)), 0, name="bc.root"), np.zeros(2, np.float32), "'bc.root' again")  # (names work again)
 hvd.broadcast_variables([v1, v2], 0, name="vars")
 check(v2, np.full((1, 1), 0.5, np.float32), "broadcast_variables 'vars' again")
+check(hvd.grouped_allgather([tf.ones([1]), tf.fill([1], float(r))], name="gag")[1], np.arange(n, dtype=np.float32),
+      "grouped_allgather 'gag' again")
 got = hvd.allreduce(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([r]), tf.constant([n, 2])), op=hvd.Sum,
                     name="sp")
 check(tf.convert_to_tensor(got), np.ones([n, 2], np.float32), "sparse allreduce 'sp' again")
