@@ -58,11 +58,16 @@ def refused(exc: BaseException, kind: str, name, process_set, mark: int, parts=N
                 return  # (a name of another kind since: not this call's)
         else:  # (generated now, or a given name checked: one the others cannot have given raises)
             name = runtime.auto_name(kind, name, psid)
-        why = f"{type(exc).__name__}: {exc}"
-        for k, suffix in parts if parts is not None else [(kind, "")]:
-            abort(k, name + suffix, psid, why)
+        _abort_each(exc, psid, [(k, name + suffix) for k, suffix in (parts if parts is not None else [(kind, "")])])
     except Exception:  # noqa: BLE001 (the refusal is raised in any case; nothing to tell then)
         return
+
+
+def _abort_each(exc, psid: int, requests) -> None:
+    """Sends the abort of each (kind, name) of ``requests`` with ``exc`` as the reason."""
+    why = f"{type(exc).__name__}: {exc}"
+    for kind, name in requests:
+        abort(kind, name, psid, why)
 
 
 def refused_members(exc: BaseException, kind: str, base: str, submitted: int, count, process_set) -> None:
@@ -84,9 +89,6 @@ def refused_members(exc: BaseException, kind: str, base: str, submitted: int, co
     if count is None:
         return
     try:
-        psid = process_set_id(process_set)
-        why = f"{type(exc).__name__}: {exc}"
-        for i in range(first, count):
-            abort(kind, f"{base}.{i}", psid, why)
+        _abort_each(exc, process_set_id(process_set), [(kind, f"{base}.{i}") for i in range(first, count)])
     except Exception:  # noqa: BLE001 (the refusal is raised in any case)
         return

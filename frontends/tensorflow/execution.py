@@ -96,8 +96,18 @@ def _graph_label(graph) -> str:
     return re.sub(r"(_\d+)+$", "", getattr(graph, "name", "") or "graph") or "graph"
 
 
-def _graph_name(graph, state: _GraphState, default: str, name, ignore_name_scope: bool,
-                psid: int = 0) -> str:
+def _graph_state(graph) -> _GraphState:
+    state = _graphs.get(graph)
+    if state is None:
+        state = _graphs[graph] = _GraphState()
+    return state
+
+
+def _graph_name(graph, default: str, name, ignore_name_scope: bool, process_set=None) -> str:
+    """The name of the next op of ``graph`` with default name ``default``
+    (or ``name``), counted in the graph's state."""
+    state = _graph_state(graph)
+    psid = 0 if process_set is None else process_set.process_set_id
     base = _NAME_OK.sub("_", name) if name else default
     scope = "" if ignore_name_scope else graph.get_name_scope()
     full = f"{scope}/{base}" if scope else base
@@ -209,12 +219,8 @@ def _tell_refused(exc, kind, call, drawn, process_set, ignore_name_scope) -> Non
         if tf.executing_eagerly():
             base = call.name if call.name is not None else drawn
         else:
-            graph = tf.compat.v1.get_default_graph()
-            state = _graphs.get(graph)
-            if state is None:
-                state = _graphs[graph] = _GraphState()
-            psid = 0 if process_set is None else process_set.process_set_id
-            base = _graph_name(graph, state, call.op, call.name, ignore_name_scope, psid)
+            base = _graph_name(tf.compat.v1.get_default_graph(), call.op, call.name,
+                               ignore_name_scope, process_set)
         if base is None:
             return
         parts = None if call.members is None else [(kind, f".{i}") for i in range(call.members)]
@@ -267,11 +273,8 @@ def execute(fn, inputs, touts, default_name: str, name=None, ignore_name_scope=F
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, touts)]
     graph = tf.compat.v1.get_default_graph()
     _check_not_xla(graph)
-    state = _graphs.get(graph)
-    if state is None:
-        state = _graphs[graph] = _GraphState()
-    psid = 0 if process_set is None else process_set.process_set_id
-    cname = _graph_name(graph, state, default_name, name, ignore_name_scope, psid)
+    state = _graph_state(graph)
+    cname = _graph_name(graph, default_name, name, ignore_name_scope, process_set)
 
     @tf.autograph.experimental.do_not_convert
     def body(*arrays):

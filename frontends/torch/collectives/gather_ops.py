@@ -85,8 +85,7 @@ def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor
 
 @on_cuda("grouped_allgather")
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
-    return submit_members("allgather", tensors, name, process_set,
-                          lambda t, n, ps: allgather_async(t, n, ps))
+    return submit_members("allgather", tensors, name, process_set, allgather_async)
 
 
 class HorovodGroupedAllgather(torch.autograd.Function):
