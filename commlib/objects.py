@@ -14,7 +14,9 @@ classes work, as in Horovod) as uint8 arrays; sizes go first, so ranks do not
 need to know the payload length in advance. An object that cannot be pickled
 fails on every rank, not only on its own: its rank raises the pickler's error,
 the others ``pickle.PicklingError`` naming that rank and the reason (nobody
-waits for data that never comes). Like every collective, all ranks
+waits for data that never comes). A ``root_rank`` that one rank alone
+refuses fails the others' call at once too (CollectiveMismatchError, see
+``commlib.refusals``). Like every collective, all ranks
 (of ``process_set``, when one is given: then only its members call them, and
 ``root_rank`` is a job rank in the set) must call these in the same order (or
 pass the same ``name``).
@@ -29,6 +31,7 @@ import numpy as np
 from . import ops, runtime
 from .ops import auto_name, check_root
 from .process_sets import check_process_set, members
+from .refusals import refused
 
 try:  # cloudpickle output is readable by pickle.loads
     import cloudpickle as _pickler
@@ -65,9 +68,14 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set=None) -> Any:
     """Rank ``root_rank``'s ``obj`` on every rank (of ``process_set``); the
     root gets its own object back, the others an unpickled copy."""
-    process_set = check_process_set(process_set)
-    check_root(root_rank, process_set)
-    base = auto_name("broadcast_object", name, process_set)
+    mark = runtime.generated
+    try:
+        process_set = check_process_set(process_set)
+        check_root(root_rank, process_set)
+        base = auto_name("broadcast_object", name, process_set)
+    except (TypeError, ValueError) as e:  # (the others wait in "<base>.size" first)
+        refused(e, "broadcast_object", name, process_set, mark, parts=[("broadcast", ".size")])
+        raise
     is_root = runtime.rank() == root_rank
     payload, error, n = _pickled(obj) if is_root else (None, None, 0)
     size = ops.broadcast(np.array([n], dtype=np.int64), root_rank, name=f"{base}.size",

@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 from commlib import objects as _objects
-from commlib.ops import check_root
 from commlib.process_sets import check_process_set
 
 from ..mpi_ops import SUPPORTED_DTYPES, broadcast_async_, global_process_set, rank, synchronize
@@ -27,7 +26,6 @@ def broadcast_parameters(params, root_rank, prefix=None, process_set=global_proc
     (Horovod accepts it too). With ``process_set``, only its members call it
     and receive root's values."""
     process_set = check_process_set(process_set)
-    check_root(root_rank, process_set)
     if isinstance(params, dict):
         items = sorted(params.items())
     elif isinstance(params, torch.Tensor):
@@ -39,12 +37,19 @@ def broadcast_parameters(params, root_rank, prefix=None, process_set=global_proc
         except TypeError:
             raise ValueError(f"invalid params of type: {type(params)}") from None
         items = [p if isinstance(p, tuple) else (None, p) for p in items]
-    handles = []
+    # Each tensor's broadcast checks its own arguments: one a rank refuses (a
+    # root outside the job, a tensor it cannot move) is told to the others
+    # (commlib.refusals), and the rest still go, so that no rank waits for a
+    # broadcast another will never send; the first error is raised once all
+    # are done.
+    handles, first_error = [], None
     for name, p in items:
         if name is not None and prefix is not None:
             name = f"{prefix}.{name}"
-        handles.append(broadcast_async_(p, root_rank, name, process_set))
-    first_error = None
+        try:
+            handles.append(broadcast_async_(p, root_rank, name, process_set))
+        except (TypeError, ValueError) as e:
+            first_error = first_error or e
     for h in handles:
         try:
             synchronize(h)
@@ -124,8 +129,7 @@ def broadcast_state(optimizer, root_rank, prefix="broadcast_optimizer_state",
     """broadcast_optimizer_state without the initialisation: a state that is
     empty on root ends empty everywhere (elastic's sync: a restored run goes
     on exactly as an uninterrupted one)."""
-    process_set = check_process_set(process_set)
-    check_root(root_rank, process_set)
+    process_set = check_process_set(process_set)  # (root_rank: broadcast_object checks it, and tells)
     # State that is each rank's own (PowerSGD's error buffers) stays where it is.
     own_state = hasattr(optimizer, "without_own_state")
     state_dict = optimizer.state_dict() if rank() == root_rank else None

@@ -135,8 +135,6 @@ def full_state(model, optimizer, root) -> dict | None:
     group's parameters in the model's order)."""
     groups = groups_of(model)
     ps = _process_set(groups)
-    if root is not None:
-        check_root(root, ps)
     _check_optimizer(optimizer, groups)
     names = {m: k for k, m in model.named_modules()}
     plans = {id(g): _named_plan(g, names) for g in groups}
@@ -157,8 +155,10 @@ def full_state(model, optimizer, root) -> dict | None:
         full = {k: (_ops.synchronize(key_h[k]) if k in key_h else v) for k, v in st.items()}
         if full:
             states.update(params_from_full(plan, full))
-    if root is not None and _ops.rank() != root:
-        return None
+    if root is not None:  # (checked once this rank's part is gathered: the others wait for it)
+        check_root(root, ps)
+        if _ops.rank() != root:
+            return None
     shards = {id(g.shard): g for g in groups}
     order = {name: i for i, name in enumerate(_unsharded_names(model))}
     plain = dict(model.named_parameters())

@@ -158,8 +158,6 @@ def full_state_dict(model, optimizer, root=0):
         return _fsdp.full_state(model, optimizer, root)
     opt = _zero(optimizer, model)
     ps = opt.process_set
-    if root is not None:
-        check_root(root, ps)
     gathered, per_name = [], {}
     for i, (b, st) in enumerate(zip(opt.zero_buckets, opt.shard_states())):
         handles = {k: _ops.allgather_async(v.detach(), name=f"{opt.name_prefix}zero{i}.full.{k}",
@@ -170,8 +168,10 @@ def full_state_dict(model, optimizer, root=0):
         full = {k: (_ops.synchronize(handles[k]) if k in handles else v) for k, v in st.items()}
         if full:
             per_name.update(params_from_full(b.plan, full))
-    if root is not None and _ops.rank() != root:
-        return None
+    if root is not None:  # (checked once this rank's part is gathered: the others wait for it)
+        check_root(root, ps)
+        if _ops.rank() != root:
+            return None
     order = torch_order(opt, opt.parameter_names)
     state = {i: per_name[name] for i, _, name in order if name in per_name}
     groups, index = [], {id(p): i for i, p, _ in order}

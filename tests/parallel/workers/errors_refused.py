@@ -179,4 +179,41 @@ refused_on_bad(lambda: ct.grouped_reducescatter(rs, name="grs", op=bad_op),
 for nm in ("grs", None):
     got = ct.grouped_reducescatter(rs, name=nm, op=ct.Sum)
     check_equal(got[1].numpy(), np.full(2, float(n), np.float32), f"torch: grouped_reducescatter {nm} after")
+# 9. The object and state helpers with a root outside the job on rank BAD:
+# broadcast_object (the numpy API's, unnamed, and commlib.torch's, named),
+# broadcast_parameters (a state_dict: named tensors; a list: unnamed ones;
+# each tensor's broadcast is refused and told, the rest still go) and
+# broadcast_optimizer_state (its skeleton's broadcast_object). Afterwards the
+# same names work and unnamed calls stay paired.
+from commlib.objects import broadcast_object  # noqa: E402
+
+bad_root = n + 5 if r == BAD else 0
+refused_on_bad(lambda: broadcast_object("x", root_rank=bad_root), lambda: broadcast_object("x", root_rank=0),
+               ValueError, "outside the job", "unnamed broadcast_object, bad root")
+refused_on_bad(lambda: ct.broadcast_object("x", bad_root, name="bo"), lambda: ct.broadcast_object("x", 0, name="bo"),
+               ValueError, "outside the job", "torch: named broadcast_object, bad root")
+for nm in (None, "bo"):
+    if ct.broadcast_object({"from": r}, 0, name=nm) != {"from": 0}:
+        fail(f"broadcast_object {nm} after the refusals: not root's object")
+model = torch.nn.Linear(3, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+for what, params in (("a state_dict", model.state_dict()), ("a list", list(model.parameters()))):
+    refused_on_bad(lambda: ct.broadcast_parameters(params, root_rank=bad_root),
+                   lambda: ct.broadcast_parameters(params, root_rank=0), ValueError, "outside the job",
+                   f"torch: broadcast_parameters of {what}, bad root")
+refused_on_bad(lambda: ct.broadcast_optimizer_state(opt, root_rank=bad_root),
+               lambda: ct.broadcast_optimizer_state(opt, root_rank=0), ValueError, "outside the job",
+               "torch: broadcast_optimizer_state, bad root")
+with torch.no_grad():
+    for p in model.parameters():
+        p.fill_(float(r))
+ct.broadcast_parameters(model.state_dict(), root_rank=0)
+ct.broadcast_parameters(list(model.parameters()), root_rank=0)
+for p in model.parameters():
+    check_equal(p.detach().numpy(), np.zeros(p.shape, np.float32), "torch: broadcast_parameters after")
+opt.param_groups[0]["lr"] = 0.1 * (r + 1)
+ct.broadcast_optimizer_state(opt, root_rank=0)
+if opt.param_groups[0]["lr"] != 0.1:
+    fail(f"broadcast_optimizer_state after the refusal: lr {opt.param_groups[0]['lr']}")
+unnamed_broadcasts("after the state helpers")
 done()

@@ -136,6 +136,12 @@ def load(directory, stage):
     full = hvd.full_state_dict(model, opt, root=0)
     if (full is None) != (r != 0):
         fail(f"full_state_dict(root=0) on rank {r}: {type(full)}")
+    if n > 1:  # a root outside the job on rank 1 alone: raised there after its part is gathered
+        if r == 1:
+            expect_raises(ValueError, lambda: hvd.full_state_dict(model, opt, root=n + 3),
+                          "full_state_dict, a bad root on rank 1", match="outside the job")
+        elif (hvd.full_state_dict(model, opt, root=0) is None) != (r != 0):
+            fail(f"full_state_dict(root=0) on rank {r}, rank 1's root bad: wrong result")
     run(model, opt, 1, 2 * K)
     after = {k: v.clone() for k, v in whole_state(model, stage).items()}  # (collective for stage 3)
     if r == 0:
