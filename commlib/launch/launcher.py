@@ -148,6 +148,12 @@ def resolve_program(command, environ=os.environ):
     return [os.path.abspath(found)] + command[1:]
 
 
+# Open MPI options that bind ranks (or place them on given CPUs) themselves
+_OPENMPI_BINDING = tuple(dash + o for o in ("bind-to", "bind-to-core", "bind-to-socket", "cpu-set",
+                                            "cpus-per-proc", "cpus-per-rank", "rankfile")
+                         for dash in ("-", "--")) + ("-rf",)
+
+
 def _has_option(args, names):
     return any(a in names or a.startswith(tuple(n + "=" for n in names)) for a in args)
 
@@ -199,6 +205,13 @@ def build_command(flavour, np, command, *, env=None, hosts=None, hostfile=None, 
                 cmd += ["--map-by", ":OVERSUBSCRIBE"]
         else:
             cmd.append("--oversubscribe")
+        # Open MPI binds each rank to one core when there are at most 2
+        # (to a socket above): a rank's training thread, its engine's thread
+        # and its framework's threads then share that core (MPICH binds
+        # nothing; commlibrun --bind-cores pins ranks to blocks of CPUs
+        # itself). Unless the user binds in their own way.
+        if not _has_option(mpi_args, _OPENMPI_BINDING) and not any("PE=" in a.upper() for a in mpi_args):
+            cmd += ["--bind-to", "none"]
         for name in env:
             cmd += ["-x", name]
     cmd += list(mpi_args)
@@ -517,7 +530,8 @@ def make_parser():
                "the job is left on this host is killed and its /dev/shm segments are removed. "
                "A rank whose failure only followed another's (NotInitializedError, "
                "RankLostError, CollectiveTimeoutError) is named only when no other rank "
-               "failed. Open MPI gets --allow-run-as-root, oversubscription and "
+               "failed. Open MPI gets --allow-run-as-root, oversubscription, "
+               "--bind-to none (unless other binding options are given) and "
                "OMPI_MCA_op=^avx (unless set).",
     )
     p.add_argument("-np", "-n", "--num-proc", dest="np", type=int, metavar="N",

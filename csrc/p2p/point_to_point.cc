@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/mpi/kept_comms.h"
 #include "backends/mpi/mpi_transport.h"
 #include "backends/mpi/session_stamp.h"
 #include "base/common.h"
@@ -77,7 +78,7 @@ PointToPoint::PointToPoint(MPI_Comm comm, std::vector<pid_t> host_pids, size_t e
 
 PointToPoint::~PointToPoint() {
   ctl_sends_.release();  // (before the communicator goes)
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  keep_comm(comm_);  // (goodbyes may still arrive: kept_comms.h)
 }
 
 void PointToPoint::abandon() {

@@ -108,7 +108,7 @@ def test_build_mpich_hostfile(tmp_path, monkeypatch):
 def test_build_openmpi4():
     cmd = build(OMPI4, hosts="h1:2,h2:2", env={"COMMLIB_A": "1", "EXTRA": "x"}, euid=0)
     assert cmd == ["mpiexec", "-np", "4", "--host", "h1:2,h2:2", "--allow-run-as-root", "--oversubscribe",
-                   "-x", "COMMLIB_A", "-x", "EXTRA"] + WRAP + ["python", "train.py"]
+                   "--bind-to", "none", "-x", "COMMLIB_A", "-x", "EXTRA"] + WRAP + ["python", "train.py"]
 
 
 def test_build_openmpi5(tmp_path, monkeypatch):
@@ -116,7 +116,7 @@ def test_build_openmpi5(tmp_path, monkeypatch):
     (tmp_path / "hf").write_text("h1 slots=2\n")
     cmd = build(OMPI5, hostfile="hf", euid=0)
     assert cmd == ["mpiexec", "-np", "4", "--hostfile", "hf", "--allow-run-as-root",
-                   "--map-by", ":OVERSUBSCRIBE"] + WRAP + ["python", "train.py"]
+                   "--map-by", ":OVERSUBSCRIBE", "--bind-to", "none"] + WRAP + ["python", "train.py"]
 
 
 @pytest.mark.parametrize("flavour", [OMPI4, OMPI5])
@@ -137,6 +137,19 @@ def test_build_openmpi5_keeps_user_map_by(user_map_by):
     cmd = build(OMPI5, mpi_args=user_map_by)
     assert ":OVERSUBSCRIBE" not in cmd
     assert cmd[-len(WRAP) - 2 - len(user_map_by):-len(WRAP) - 2] == user_map_by
+
+
+@pytest.mark.parametrize("flavour", [OMPI4, OMPI5])
+@pytest.mark.parametrize("user_binding", [["--bind-to", "core"], ["-bind-to=socket"], ["--cpu-set", "0,1"],
+                                          ["--map-by", "slot:PE=2"], ["-rf", "ranks.txt"], ["--bind-to-core"]])
+def test_build_openmpi_binds_nothing_unless_the_user_binds(flavour, user_binding):
+    """Open MPI pins each of up to 2 ranks to one core by default (MPICH
+    binds nothing): commlibrun asks for no binding, unless the user's own
+    options bind or place ranks."""
+    assert build(flavour)[-len(WRAP) - 4:-len(WRAP) - 2] == ["--bind-to", "none"]
+    cmd = build(flavour, mpi_args=user_binding)
+    assert "none" not in cmd and cmd[-len(WRAP) - 2 - len(user_binding):-len(WRAP) - 2] == user_binding
+    assert "--bind-to" not in build(HYDRA)
 
 
 @pytest.mark.parametrize("flavour", [HYDRA, OMPI4, OMPI5])
@@ -374,7 +387,7 @@ def test_dry_run_openmpi(capsys, fake_mpiexec, monkeypatch, tmp_path, text, over
     monkeypatch.setattr(launcher.os, "geteuid", lambda: 0)
     cmd = dry_run(capsys, ["-np", "2", "--hostfile", "my hosts", "-x", "EXTRA=1", "--", "python", "t.py", "-np", "5"])
     assert cmd == [mpiexec, "-np", "2", "--hostfile", "my hosts", "--allow-run-as-root", *oversubscribe,
-                   "-x", "COMMLIB_FOO", "-x", "COMMLIB_MPIEXEC", "-x", "EXTRA", "-x", "OMPI_MCA_op",
+                   "--bind-to", "none", "-x", "COMMLIB_FOO", "-x", "COMMLIB_MPIEXEC", "-x", "EXTRA", "-x", "OMPI_MCA_op",
                    *launcher.rank_wrapper_command(), *launcher.resolve_program(["python"]),
                    "t.py", "-np", "5"]
 

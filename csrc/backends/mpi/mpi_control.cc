@@ -1,5 +1,6 @@
 #include "backends/mpi/mpi_control.h"
 
+#include "backends/mpi/kept_comms.h"
 #include "backends/mpi/mpi_transport.h"
 #include "backends/mpi/session_stamp.h"
 #include "base/common.h"
@@ -32,7 +33,7 @@ ControlChannel::~ControlChannel() {
     keep_forever(std::move(m));
   }
   incoming_.clear();
-  MPI_Comm_free(&comm_);
+  keep_comm(comm_);  // (goodbyes may still arrive: kept_comms.h)
 }
 
 void ControlChannel::abandon() {
