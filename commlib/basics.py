@@ -7,6 +7,8 @@ import warnings
 
 from . import config, failure_notes, horovod_env, runtime, stack_dumps
 from ._lib import MPI, check, ffi, lib
+from .launch import job_cleanup
+from .launch._rankwrap import STATUS_DIR_ENV
 from .process_sets import ProcessSet, add_process_set, reset_process_sets
 from .runtime import is_initialized, rank, require_init, size  # noqa: F401 - commlib.rank, ...
 
@@ -43,6 +45,7 @@ def init(comm=None, process_sets=None) -> None:
         raise type(e)(message) from None
     runtime.set_job_comm(comm if comm is not None else MPI.COMM_WORLD)
     failure_notes.install(lib.commlib_rank())
+    _report_segments()
     if lib.commlib_rank() == 0:  # (once per job: the settings are the launcher's, alike on every rank)
         for name, like in config.misspelt().items():
             warnings.warn(f"{name} is set, but commlib reads no such variable (did you mean {like}?)",
@@ -54,6 +57,18 @@ def init(comm=None, process_sets=None) -> None:
     if process_sets is not None and process_sets != "dynamic":
         for ps in process_sets:
             add_process_set(ps)
+
+
+def _report_segments() -> None:
+    """Under commlibrun: this rank's /dev/shm segments (its MPI's, now that
+    init is done) told to the launcher, which removes whatever of them a
+    failed job leaves (commlib.launch.job_cleanup)."""
+    status_dir = os.environ.get(STATUS_DIR_ENV)
+    if status_dir and os.path.isdir(status_dir):
+        try:
+            job_cleanup.report_segments(status_dir)
+        except OSError:  # (the cleanup falls back on its scans)
+            pass
 
 
 def shutdown() -> None:

@@ -8,8 +8,10 @@ session or process group it moved to and whoever became its parent. The
 core's segments have no name, except the fallback's, which carry the token
 (``/dev/shm/commlib.<token>.*``);
 MPICH's own segments (``/dev/shm/mpich_shm_*``) are learnt from the job's
-processes' open files and mappings while they run. Only those names are ever
-removed: never another job's.
+processes' open files and mappings while they run, and from what each rank
+reports itself once ``commlib.init()`` is done (``segments.<pid>`` in the
+job's status folder: a job that dies within a second of its start is not
+looked at in time). Only those names are ever removed: never another job's.
 
 Standard library only (see commlib.launch.launcher).
 """
@@ -25,6 +27,8 @@ JOB_ENV = "COMMLIB_RUN_JOB"
 SHM_DIR = "/dev/shm"
 # Seconds between two looks at the job's processes' segments.
 SCAN_SECONDS = 1.0
+# A rank's report of its segments in the job's status folder: segments.<pid>
+SEGMENTS_FILE_PREFIX = "segments."
 # Rounds of stopping newly found processes before giving up (a proxy may be
 # forking ranks while it is being stopped).
 _STOP_ROUNDS = 50
@@ -77,6 +81,36 @@ def shm_paths(pid):
                 paths.add(target)
     except OSError:
         pass
+    return paths
+
+
+def report_segments(status_dir, pid=None):
+    """Writes the /dev/shm names process ``pid`` (default: this one) uses to
+    ``segments.<pid>`` in ``status_dir``, for the launcher's cleanup."""
+    pid = os.getpid() if pid is None else pid
+    paths = shm_paths(pid)
+    if not paths:
+        return
+    final = os.path.join(status_dir, f"{SEGMENTS_FILE_PREFIX}{pid}")
+    with open(final + ".part", "w") as f:  # (renamed whole: never read half written)
+        f.write("".join(f"{p}\n" for p in sorted(paths)))
+    os.replace(final + ".part", final)
+
+
+def reported_segments(status_dir):
+    """The /dev/shm names the job's ranks reported in ``status_dir``."""
+    paths = set()
+    try:
+        names = [n for n in os.listdir(status_dir) if n.startswith(SEGMENTS_FILE_PREFIX)
+                 and n[len(SEGMENTS_FILE_PREFIX):].isdigit()]
+    except OSError:
+        return paths
+    for name in names:
+        try:
+            with open(os.path.join(status_dir, name)) as f:
+                paths |= {line.rstrip("\n") for line in f if _shm_path(line.rstrip("\n"))}
+        except OSError:
+            continue
     return paths
 
 
@@ -136,8 +170,11 @@ class JobReaper:
             _signal(pid, signal.SIGKILL)
         return stopped
 
-    def remove_segments(self):
-        """Unlink what the job left in /dev/shm (only files of this user); returns the paths removed."""
+    def remove_segments(self, status_dir=None):
+        """Unlink what the job left in /dev/shm (only files of this user),
+        with what its ranks reported in ``status_dir``; returns the paths removed."""
+        if status_dir:
+            self.segments |= reported_segments(status_dir)
         paths = self.segments | set(glob.glob(os.path.join(SHM_DIR, f"commlib.{self.token}.*")))
         removed = []
         for path in sorted(paths):

@@ -320,7 +320,7 @@ class _Job:
             # an orphaned proxy) must not outlive the job, nor its segments.
             self._signal_group(signal.SIGKILL)
             self.reaper.kill_all()
-            self.reaper.remove_segments()
+            self.reaper.remove_segments(self._status_dir)
 
     def _wait(self):
         deadline = None if self.timeout is None else time.monotonic() + self.timeout

@@ -20,7 +20,11 @@ from job_watch import job_env, marked, shm_in_use
 RANK_PROG = """
     import os, signal, sys, time
     import commlib
+    from commlib.launch.job_cleanup import shm_paths
     commlib.init()
+    if sys.argv[1] == "end_at_once":  # (rank 1 killed, rank 0 gone without MPI_Finalize)
+        print("segments", *sorted(shm_paths(os.getpid())), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL) if commlib.rank() == 1 else os._exit(3)
     print("ready", commlib.rank(), flush=True)
     if sys.argv[1] == "kill1" and commlib.rank() == 1:
         time.sleep(3)
@@ -99,6 +103,20 @@ def test_rank_sigkilled_mid_job_leaves_nothing(tmp_path):
     err = run_job(proc, watch, 2)
     assert proc.returncode == 128 + signal.SIGKILL, err
     watch.assert_nothing_left()
+
+
+@pytest.mark.timeout(150)
+def test_job_that_ends_right_after_init_leaves_no_segment(tmp_path):
+    """Ranks that end the moment init() is done (too soon for commlibrun's
+    once-a-second look at the job's segments): the segments each rank
+    reported at init are removed all the same."""
+    proc, _ = start(tmp_path, 2, "end_at_once")
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode != 0, (out, err)
+    used = {p for line in out.splitlines() if "segments" in line.split()  # ("[R]: segments PATH...")
+            for p in line.split()[line.split().index("segments") + 1:]}
+    assert any("mpich_shm" in p for p in used), (out, err)
+    assert sorted(p for p in used if os.path.exists(p)) == [], err
 
 
 @pytest.mark.timeout(150)
