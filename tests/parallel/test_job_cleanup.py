@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 from job_watch import job_env, marked, shm_in_use
 
+# The names of the MPI's own segments: MPICH's, Open MPI's
+MPI_SEGMENTS = ("/dev/shm/mpich_shm_", "/dev/shm/vader_segment.")
+
 RANK_PROG = """
     import os, signal, sys, time
     import commlib
@@ -93,7 +96,7 @@ def test_sigterm_to_commlibrun_leaves_nothing(tmp_path):
     proc, watch = start(tmp_path, 2, "sleep")
     err = run_job(proc, watch, 2, lambda: proc.send_signal(signal.SIGTERM))
     assert proc.returncode == 128 + signal.SIGTERM, err
-    assert any("mpich_shm" in s for s in watch.segments), watch.segments
+    assert any(MPI_SEGMENT in s for s in watch.segments for MPI_SEGMENT in MPI_SEGMENTS), watch.segments
     watch.assert_nothing_left()
 
 
@@ -115,7 +118,7 @@ def test_job_that_ends_right_after_init_leaves_no_segment(tmp_path):
     assert proc.returncode != 0, (out, err)
     used = {p for line in out.splitlines() if "segments" in line.split()  # ("[R]: segments PATH...")
             for p in line.split()[line.split().index("segments") + 1:]}
-    assert any("mpich_shm" in p for p in used), (out, err)
+    assert any(MPI_SEGMENT in p for p in used for MPI_SEGMENT in MPI_SEGMENTS), (out, err)
     assert sorted(p for p in used if os.path.exists(p)) == [], err
 
 
