@@ -10,11 +10,14 @@ import sys
 import numpy as np
 
 import commlib
+from commlib.launch._rankwrap import get_rank
 from _common import check_equal, fail
 from shm_kinds import segments
 
 mode = sys.argv[1]
-if mode == "named-last" and int(os.environ["PMI_RANK"]) == int(os.environ["PMI_SIZE"]) - 1:
+# (before init: the launcher's variables, MPICH's or Open MPI's)
+size = os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE")
+if mode == "named-last" and int(get_rank()) == int(size) - 1:
     os.environ["COMMLIB_TEST_SHM_NAMED"] = "1"
 commlib.init()
 r, n = commlib.rank(), commlib.size()
