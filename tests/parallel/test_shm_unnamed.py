@@ -92,7 +92,8 @@ def killed_job(tmp_path, n, when):
     assert left() == []
     prog = tmp_path / "rank_prog.py"
     prog.write_text(textwrap.dedent(RANK_PROG))
-    env = job_env(marker, COMMLIB_RUN_JOB=token, COMMLIB_TEST_SHM_PAUSE_MS=str(PAUSE_MS))
+    env = job_env(marker, COMMLIB_RUN_JOB=token, COMMLIB_TEST_SHM_PAUSE_MS=str(PAUSE_MS),
+                  OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")  # (Open MPI's mpiexec as root)
     mpiexec = find_mpiexec(env, python=sys.executable)
     proc = subprocess.Popen([mpiexec, "-n", str(n), sys.executable, str(prog)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
