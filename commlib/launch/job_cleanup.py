@@ -84,10 +84,10 @@ def shm_paths(pid):
     return paths
 
 
-def report_segments(status_dir, pid=None):
-    """Writes the /dev/shm names process ``pid`` (default: this one) uses to
-    ``segments.<pid>`` in ``status_dir``, for the launcher's cleanup."""
-    pid = os.getpid() if pid is None else pid
+def report_segments(status_dir):
+    """Writes the /dev/shm names this process uses to ``segments.<pid>`` in
+    ``status_dir``, for the launcher's cleanup."""
+    pid = os.getpid()
     paths = shm_paths(pid)
     if not paths:
         return
@@ -108,7 +108,7 @@ def reported_segments(status_dir):
     for name in names:
         try:
             with open(os.path.join(status_dir, name)) as f:
-                paths |= {line.rstrip("\n") for line in f if _shm_path(line.rstrip("\n"))}
+                paths |= {p for p in f.read().splitlines() if _shm_path(p)}
         except OSError:
             continue
     return paths

@@ -158,6 +158,15 @@ def _has_option(args, names):
     return any(a in names or a.startswith(tuple(n + "=" for n in names)) for a in args)
 
 
+def _option_values(args, names):
+    """The values given to the options ``names`` in ``args`` (``--opt V`` or ``--opt=V``)."""
+    for i, a in enumerate(args):
+        if a in names and i + 1 < len(args):
+            yield args[i + 1]
+        elif a.startswith(tuple(n + "=" for n in names)):
+            yield a.split("=", 1)[1]
+
+
 def build_command(flavour, np, command, *, env=None, hosts=None, hostfile=None, mpi_args=(),
                   euid=None, mpiexec="mpiexec", wrapper=None):
     """Build the mpiexec argument list (no shell involved).
@@ -210,7 +219,8 @@ def build_command(flavour, np, command, *, env=None, hosts=None, hostfile=None, 
         # and its framework's threads then share that core (MPICH binds
         # nothing; commlibrun --bind-cores pins ranks to blocks of CPUs
         # itself). Unless the user binds in their own way.
-        if not _has_option(mpi_args, _OPENMPI_BINDING) and not any("PE=" in a.upper() for a in mpi_args):
+        pe = any(":PE=" in v.upper() for v in _option_values(mpi_args, ("--map-by", "-map-by")))
+        if not _has_option(mpi_args, _OPENMPI_BINDING) and not pe:
             cmd += ["--bind-to", "none"]
         for name in env:
             cmd += ["-x", name]

@@ -150,6 +150,8 @@ def test_build_openmpi_binds_nothing_unless_the_user_binds(flavour, user_binding
     cmd = build(flavour, mpi_args=user_binding)
     assert "none" not in cmd and cmd[-len(WRAP) - 2 - len(user_binding):-len(WRAP) - 2] == user_binding
     assert "--bind-to" not in build(HYDRA)
+    # (a "PE=" elsewhere, as in a variable's value, binds nothing)
+    assert build(flavour, mpi_args=["-x", "MYTYPE=1"])[-len(WRAP) - 6:-len(WRAP) - 4] == ["--bind-to", "none"]
 
 
 @pytest.mark.parametrize("flavour", [HYDRA, OMPI4, OMPI5])
