@@ -17,9 +17,9 @@ import sys
 import torch
 
 from commlib import gpu, runtime
-from commlib.ops import resolve_op
+from commlib.ops import auto_name, resolve_op
 from commlib.process_sets import check_process_set
-from commlib.refusals import refused
+from commlib.refusals import refused, refused_members
 
 from . import cuda_nccl
 from .cuda_staging import staged_call
@@ -105,21 +105,73 @@ def _route(kind, inplace, fn, sig, args, kwargs):
         return staged_call(lambda staged: fn(**{**a, first: staged}), tensors, inplace,
                            keep_on_host=1 if kind == "alltoall" else None)
     except (TypeError, ValueError) as e:
-        _refused(e, kind, a, mark, nccl)
+        _refused(e, kind, a, mark, nccl, tensors)
         raise
 
 
-def _refused(exc, kind, a, mark, nccl) -> None:
+def _refused(exc, kind, a, mark, nccl, tensors) -> None:
     """A CUDA call this rank refused (its device checks, NCCL's argument
     checks) told to the others (commlib.refusals; the staged forms and the
     core tell their own). Through NCCL an allgather or alltoall first
-    gathers every rank's rows (``<name>.rows``): the others wait there. The
-    grouped kinds are left to their own checks: their names depend on the
-    path (one request through the host, one per tensor through NCCL)."""
+    gathers every rank's rows (``<name>.rows``): the others wait there.
+    The grouped kinds: ``_refused_group``."""
     if kind.startswith("grouped_"):
+        _refused_group(exc, kind, a, mark, nccl, tensors)
         return
     parts = [("allgather", ".rows")] if nccl and kind in ("allgather", "alltoall") else None
     refused(exc, kind, a.get("name"), a.get("process_set"), mark, parts)
+
+
+def _refused_group(exc, kind, a, mark, nccl, tensors) -> None:
+    """A grouped CUDA call refused before it submitted anything, told under
+    the names the others' requests have on their path (which depends on it):
+    a grouped allreduce through NCCL is one allreduce ``<base>.<i>`` per
+    tensor, staged it is one request of the call's name; a grouped
+    allgather or reducescatter is always staged, one request ``<base>.<i>``
+    per tensor (gather_ops.submit_members). ``base``: the call's name, or
+    the one its path generates first."""
+    if getattr(exc, "commlib_others_told", False) or runtime.generated != mark:
+        return  # (told, or refused after its path generated a name: that path told)
+    try:
+        ps = check_process_set(a["process_set"])
+        count = len(tensors)
+    except (TypeError, ValueError):
+        return  # (a bad process set: refused on every rank that passes it)
+    if kind == "grouped_allreduce":
+        through_nccl = nccl and _reducible_as_others(tensors, a)
+        if through_nccl is None:
+            return  # (a bad op: which path the others take is unknown, and a wrong name would stay)
+        if not through_nccl:
+            refused(exc, "allreduce", a.get("name"), ps, mark)
+            return
+        member = "allreduce"
+    else:
+        member = kind[len("grouped_"):]
+    try:
+        base = auto_name(kind, a.get("name"), ps)
+    except (TypeError, ValueError):
+        return  # (a bad name: every rank that passes it refuses it)
+    refused_members(exc, member, base, 0, count, ps)
+
+
+def _reducible_as_others(tensors, a):
+    """Whether the others' grouped allreduce runs through NCCL, judged by
+    this rank's op, scale factors and the dtypes of those of its tensors
+    that pass the checks (the others' must be alike for the call to match
+    at all); None when its op is not one."""
+    try:
+        op = resolve_op(a["op"], a["average"])
+    except (TypeError, ValueError):
+        return None
+    return _reducible([t for t in tensors if _checks_pass(t)], a, op)
+
+
+def _checks_pass(t) -> bool:
+    try:
+        check_tensor(t, "grouped_allreduce")
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def on_cuda(kind: str, inplace: bool = False):

@@ -16,6 +16,7 @@ from commlib import device_ops, gpu
 from commlib.device_ops import OPS
 from commlib.ops import Adasum, Average, Max, Min, Product, auto_name, reducescatter_rows
 from commlib.process_sets import set_rank
+from commlib.refusals import refused_members
 
 from ..collectives.handles import Handle
 from ..collectives.tensor_io import core_code
@@ -119,9 +120,17 @@ def allreduce_again(tensor, name, op, prescale, postscale):
 
 
 def grouped_allreduce(tensors, outputs, name, op, prescale, postscale, ps) -> Handle:
+    """One allreduce ``<base>.<i>`` per tensor (``base``: the call's name,
+    generated first); a member refused here is told to the others for it
+    and every later member (commlib.refusals.refused_members)."""
     base = auto_name("grouped_allreduce", name, ps)
-    members = [allreduce(t, o, f"{base}.{i}", op, prescale, postscale, ps)
-               for i, (t, o) in enumerate(zip(tensors, outputs))]
+    members = []
+    try:
+        for i, (t, o) in enumerate(zip(tensors, outputs)):
+            members.append(allreduce(t, o, f"{base}.{i}", op, prescale, postscale, ps))
+    except (TypeError, ValueError) as e:
+        refused_members(e, "allreduce", base, len(members), len(tensors), ps)
+        raise
     return Handle.of_group(members, list, members)
 
 

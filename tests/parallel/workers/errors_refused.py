@@ -157,6 +157,53 @@ with AsDevice(nccl=True):
 check_equal(ct.allgather(torch.full((1,), float(r))).numpy(), np.arange(n, dtype=np.float32),
             "torch: unnamed allgather after the CUDA refusal")
 
+# Grouped CUDA calls refused by the route on rank BAD: the others' requests
+# are those of their path: through NCCL one allreduce "<base>.<i>" per
+# tensor (base: "grouped_allreduce.noname.<k>" unnamed), staged one grouped
+# request of the call's name (an allreduce's); a grouped allgather or
+# reducescatter is always staged (one request "<base>.<i>" per tensor).
+def members_fail(start, count):
+    """Starts ``count`` member requests (``start(i)``); each fails with
+    CollectiveMismatchError (none left waiting); raises the first."""
+    handles = [start(i) for i in range(count)]
+    errors = []
+    for i, h in enumerate(handles):
+        try:
+            ct.synchronize(h)
+        except commlib.CollectiveMismatchError as e:
+            errors.append(e)
+        else:
+            fail(f"member {i} of the grouped call ran on a rank with good arguments")
+    raise errors[0]
+
+
+group = [torch.ones(2), torch.ones(3)]
+for nm in (None, "cgar"):
+    with AsDevice(nccl=False):
+        refused_on_bad(lambda: ct.grouped_allreduce_async(group, name=nm), lambda: ct.grouped_allreduce(group, name=nm),
+                       ValueError, "several devices", f"torch: CUDA grouped_allreduce {nm} staged, CPU tensors")
+    with AsDevice(nccl=True):
+        base = nm if nm is not None or r == BAD else auto_name("grouped_allreduce")
+        refused_on_bad(lambda: ct.grouped_allreduce_async_(group, name=nm),
+                       lambda: members_fail(lambda i: ct.allreduce_async_(torch.ones(2 + i), name=f"{base}.{i}"), 2),
+                       ValueError, "several devices", f"torch: CUDA grouped_allreduce_ {nm} through NCCL, CPU tensors")
+    with AsDevice():
+        refused_on_bad(lambda: ct.grouped_allgather_async(group, name=nm), lambda: ct.grouped_allgather(group, name=nm),
+                       ValueError, "several devices", f"torch: CUDA grouped_allgather {nm}, CPU tensors")
+        refused_on_bad(lambda: ct.grouped_reducescatter_async([torch.ones(n), torch.ones(2 * n)], name=nm),
+                       lambda: ct.grouped_reducescatter([torch.ones(n), torch.ones(2 * n)], name=nm),
+                       ValueError, "several devices", f"torch: CUDA grouped_reducescatter {nm}, CPU tensors")
+    got = ct.grouped_allreduce([torch.full((2,), float(r)), torch.ones(3)], name=nm, op=ct.Sum)
+    check_equal(got[0].numpy(), np.full(2, n * (n - 1) / 2, np.float32), f"torch: grouped_allreduce {nm} after")
+    got = ct.grouped_allgather([torch.full((1,), float(r)), torch.ones(2)], name=nm)
+    check_equal(got[0].numpy(), np.arange(n, dtype=np.float32), f"torch: grouped_allgather {nm} after")
+    got = ct.grouped_reducescatter([torch.ones(n), torch.ones(2 * n)], name=nm, op=ct.Sum)
+    check_equal(got[1].numpy(), np.full(2, float(n), np.float32), f"torch: grouped_reducescatter {nm} after")
+for k in range(2):  # (the NCCL path's unnamed members, and their counter, in step)
+    base = auto_name("grouped_allreduce")
+    got = [ct.allreduce(torch.full((2,), float(r + k)), name=f"{base}.{i}", op=ct.Sum) for i in range(2)]
+    check_equal(got[1].numpy(), np.full(2, n * (n - 1) / 2 + n * k, np.float32), f"unnamed NCCL-named group {k}")
+
 # 8. commlib.torch's grouped allgather / reducescatter (one request per
 # tensor) refused on rank BAD, whole (a 0-d tensor in the list) or at its
 # first tensor (a bad op): the others fail at once, and none of their

@@ -4,6 +4,7 @@ data, and bitwise identical across ranks. Values are small integers (exact in
 every dtype, and in every summation order), so floating-point results must be
 equal, not close."""
 import sys
+import time
 
 import torch
 
@@ -93,6 +94,30 @@ got = hvd.grouped_allreduce([x.to(DEVICE) for x in xs[:5]], op=hvd.Average, name
 want = hvd.grouped_allreduce(xs[:5], op=hvd.Average, name="grouped.cpu")
 for k, (g, w) in enumerate(zip(got, want)):
     check(g.cpu(), w, f"grouped.{k}")
+
+# a grouped call refused by rank 1's device check (one CPU tensor among CUDA
+# ones): the others' requests (through NCCL one allreduce per tensor, staged
+# one request) fail at once, named and unnamed, and later groups still pair
+for nm in (None, "grouped.refused"):
+    for call in (hvd.grouped_allreduce_, hvd.grouped_allgather):
+        group = [torch.ones(3, device=DEVICE), torch.ones(2, device=DEVICE if r != 1 else "cpu")]
+        start = time.monotonic()
+        try:
+            call(group, name=nm)
+        except ValueError as e:
+            if r != 1 or "several devices" not in str(e):
+                fail(f"{call.__name__} {nm}: rank {r} raised {e!r}")
+        except hvd.CollectiveMismatchError as e:
+            if r == 1 or "rank 1 could not submit" not in str(e):
+                fail(f"{call.__name__} {nm}: rank {r} raised {e!r}")
+        else:
+            fail(f"{call.__name__} {nm}: rank {r} raised nothing")
+        if time.monotonic() - start > 20:
+            fail(f"{call.__name__} {nm}: the refusal took {time.monotonic() - start:.1f} s")
+    got = hvd.grouped_allreduce([torch.full((2,), float(r), device=DEVICE)], op=hvd.Sum, name=nm)
+    check(got[0].cpu(), torch.full((2,), n * (n - 1) / 2), f"grouped_allreduce {nm} after the refusal")
+    got = hvd.grouped_allgather([torch.full((1,), float(r), device=DEVICE)], name=nm)
+    check(got[0].cpu(), torch.arange(n, dtype=torch.float32), f"grouped_allgather {nm} after the refusal")
 
 # a training loop's in-place allreduce_async_ of one name, step after step
 # (submitted again as built the first time, cuda_nccl.allreduce_again): the
