@@ -48,7 +48,8 @@ def unavailable_reason() -> str | None:
             return f"'{tool}' is not installed"
     from commlib.launch.mpi_discovery import MPICH, LauncherError, detect_flavour, find_mpiexec, mpiexec_version_text
     try:
-        if detect_flavour(mpiexec_version_text(find_mpiexec())).name != MPICH:
+        # (the launcher commlibrun picks for this interpreter's mpi4py, as the tests' jobs use)
+        if detect_flavour(mpiexec_version_text(find_mpiexec(python=sys.executable))).name != MPICH:
             return "the multi-host tests launch through MPICH's hydra (HYDRA_LAUNCHER_EXEC)"
     except LauncherError as e:
         return f"no usable mpiexec: {e}"
