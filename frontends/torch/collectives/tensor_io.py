@@ -68,8 +68,12 @@ def check_tensor(tensor, what: str, inplace: bool = False) -> torch.Tensor:
         raise TypeError(f"{what}: {tensor.layout} tensors are not supported; "
                         "use a dense tensor (tensor.to_dense())")
     if tensor.dtype not in SUPPORTED_DTYPES:
+        hint = ""
+        if tensor.dtype.itemsize == 1 and tensor.dtype.is_floating_point:  # (the float8 kinds)
+            hint = ("; to move its bytes (allgather, broadcast, alltoall, send/recv), pass "
+                    f"tensor.view(torch.uint8) and view the result back with .view({tensor.dtype})")
         raise TypeError(f"{what}: unsupported dtype {tensor.dtype}; commlib supports "
-                        f"{_SUPPORTED_NAMES}")
+                        f"{_SUPPORTED_NAMES}{hint}")
     if inplace and not tensor.is_contiguous():
         raise ValueError(f"{what} writes its result into the tensor, which must be "
                          "contiguous; call tensor.contiguous() first")
