@@ -72,8 +72,9 @@ def _abort_each(exc, psid: int, requests) -> None:
 
 def refused_members(exc: BaseException, kind: str, base: str, submitted: int, count, process_set) -> None:
     """A grouped call of ``count`` requests of ``kind`` named ``<base>.<i>``
-    (commlib.torch's grouped allgather and reducescatter: one request per
-    tensor, the base name generated first) refused with ``exc`` after its
+    (commlib.torch's grouped allgather and reducescatter, and its grouped
+    allreduce of CUDA tensors through NCCL: one request per tensor, the base
+    name generated first) refused with ``exc`` after its
     first ``submitted`` requests went out: tells the others of each request
     this rank will not submit (the one that raised only when it did not tell
     them itself), so that none of theirs waits for COMMLIB_TIMEOUT; then
