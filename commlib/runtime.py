@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import weakref
 
 from ._lib import lib
 from .errors import NotInitializedError
@@ -23,6 +24,9 @@ _name_counters: collections.defaultdict = collections.defaultdict(itertools.coun
 # differ between ranks after a join; every rank starts them again, with the
 # epoch in the names (the old names may still be in flight nowhere).
 _name_epoch = 0
+# The names of objects that make the same calls again and again (a layer's,
+# see owned_name): kept until the counters start again.
+_owned_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def is_initialized() -> bool:
@@ -81,11 +85,26 @@ def auto_name(kind: str, name: str | None = None, psid: int = 0) -> str:
     return name
 
 
+def owned_name(owner, kind: str) -> str:
+    """``owner``'s name for its calls of ``kind``: generated (as for an
+    unnamed call) the first time it asks, then the same until the counters
+    start again (init, shutdown, a join). Kept beside the owner, not on it:
+    a copy of it (deepcopy, pickle) draws its own."""
+    names = _owned_names.get(owner)
+    if names is None:
+        names = _owned_names[owner] = {}
+    name = names.get(kind)
+    if name is None:
+        name = names[kind] = auto_name(kind)
+    return name
+
+
 def reset_names() -> None:
     """Restarts every generated-name counter (at init and shutdown), so that
     a job initialised again generates the same names on every rank."""
     global _name_epoch
     _name_counters.clear()
+    _owned_names.clear()
     _name_epoch = 0
 
 
@@ -99,5 +118,6 @@ def names_after_join() -> int:
     on every rank, in a new epoch (returned; the join's own name is its)."""
     global _name_epoch
     _name_counters.clear()
+    _owned_names.clear()
     _name_epoch += 1
     return _name_epoch

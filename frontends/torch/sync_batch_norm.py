@@ -1,12 +1,16 @@
 """SyncBatchNorm: batch normalisation over the batch of all ranks together.
 
-In training, each rank computes the count, mean and sum of squared deviations
-of its own batch per channel; one allgather combines them (Chan's parallel
-formula, in float64) into the statistics of the global batch, so the output
-equals BatchNorm's on the concatenation of all ranks' batches. Backward
+In training, each rank computes the count, mean and squared deviations of its
+own batch per channel; one allreduce sums its count, sums and sums of squares
+(in float64) into the statistics of the global batch, so the output equals
+BatchNorm's on the concatenation of all ranks' batches (a rank that joined
+adds zeros: the statistics are the others'). Backward
 allreduces the two per-channel sums the input gradient needs. Gradients of
 weight and bias stay local (DistributedOptimizer averages them, as for any
-parameter). Runs on CPU tensors, unlike Horovod's (CUDA-only) version.
+parameter). Runs on CPU and CUDA tensors (Horovod's: CUDA only); on CUDA
+nothing waits on the host (statistics stay on the device, the collectives
+queue on the current stream). Each layer names its two collectives once, so
+from the second step on they skip negotiation (the response cache).
 Like Horovod's, it has no ``process_set``: statistics are over every rank of
 the job, so every rank must run it.
 """
@@ -16,7 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .mpi_ops import Sum, allgather_async, allreduce_async, size, synchronize
+from commlib.ops import owned_name
+
+from .mpi_ops import Sum, allreduce_async, size, synchronize
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -40,9 +46,6 @@ class SyncBatchNorm(_BatchNorm):
 
     def forward(self, input):
         self._check_input_dim(input)
-        if input.device.type != "cpu":
-            raise ValueError(f"SyncBatchNorm: input is on {input.device}; commlib.torch supports "
-                             "CPU tensors only")
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
@@ -56,8 +59,11 @@ class SyncBatchNorm(_BatchNorm):
         if not use_batch_stats or size() == 1:
             return F.batch_norm(input, running_mean, running_var, self.weight, self.bias,
                                 use_batch_stats, factor, self.eps)
+        # The layer's own names: its calls hit the response cache from the
+        # second step on (generated names would negotiate every time).
+        names = (owned_name(self, "SyncBatchNorm.stats"), owned_name(self, "SyncBatchNorm.grad"))
         return _SyncBatchNormFunction.apply(input, self.weight, self.bias, running_mean,
-                                            running_var, self.eps, factor)
+                                            running_var, self.eps, factor, names)
 
     @classmethod
     def convert_sync_batchnorm(cls, module):
@@ -86,50 +92,57 @@ def _compute_dtype(dtype):
 
 class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum):
-        x = input.contiguous().to(_compute_dtype(input.dtype))
+    def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, names):
+        x = input.contiguous()
+        if x.dtype != _compute_dtype(x.dtype):
+            x = x.to(_compute_dtype(x.dtype))
         c = x.shape[1]
         dims = [0] + list(range(2, x.dim()))
         shape = [1, c] + [1] * (x.dim() - 2)
         count = x.numel() // c
+        # Summed over ranks, in float64: [count, sum (c), sum of squares about 0
+        # (c)], each rank's from its own mean and squared deviations.
+        local = torch.empty(1 + 2 * c, dtype=torch.float64, device=x.device)
+        local[0] = count
         if count:
-            mean = x.mean(dims)
-            m2 = ((x - mean.view(shape)) ** 2).sum(dims)
+            var, mean = torch.var_mean(x, dims, correction=0)
+            mean = mean.to(torch.float64)
+            local[1:1 + c] = mean * count
+            local[1 + c:] = (var.to(torch.float64) + mean * mean) * count
         else:
-            mean = m2 = torch.zeros(c, dtype=x.dtype)
-        local = torch.cat([torch.tensor([float(count)], dtype=torch.float64),
-                           mean.to(torch.float64), m2.to(torch.float64)]).unsqueeze(0)
-        stats = synchronize(allgather_async(local, name=None))
-        counts, means, m2s = stats[:, 0], stats[:, 1:1 + c], stats[:, 1 + c:]
-        total = float(counts.sum())
-        if total <= 1:
+            local[1:] = 0
+        sums = synchronize(allreduce_async(local, op=Sum, name=names[0]))
+        total = sums[0]
+        # With 2 or more values here the global count is above 1; only ranks
+        # with fewer read it (the same test on every rank: no rank differs).
+        if count <= 1 and float(total) <= 1:
             raise ValueError("Expected more than 1 value per channel when training, got "
                              f"{int(total)} over all ranks")
-        g_mean = (counts.unsqueeze(1) * means).sum(0) / total
-        g_m2 = (m2s + counts.unsqueeze(1) * (means - g_mean) ** 2).sum(0)
-        var = g_m2 / total
-        invstd = torch.rsqrt(var + eps)
+        g_mean = sums[1:1 + c] / total
+        g_m2 = (sums[1 + c:] - g_mean * sums[1:1 + c]).clamp_(min=0)
+        g_var = g_m2 / total
         if running_mean is not None:
             running_mean.mul_(1 - momentum).add_(g_mean.to(running_mean.dtype), alpha=momentum)
         if running_var is not None:
             unbiased = g_m2 / (total - 1)
             running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
         mean_c = g_mean.to(x.dtype)
-        invstd_c = invstd.to(x.dtype)
-        y = (x - mean_c.view(shape)) * invstd_c.view(shape)
-        if weight is not None:
-            y = y * weight.to(x.dtype).view(shape)
-        if bias is not None:
-            y = y + bias.to(x.dtype).view(shape)
-        ctx.save_for_backward(x, weight, mean_c, invstd_c)
-        ctx.total = total
+        invstd_c = torch.rsqrt(g_var + eps).to(x.dtype)
+        # (x - mean) * invstd * weight + bias, in one pass.
+        scale = invstd_c if weight is None else invstd_c * weight.to(x.dtype)
+        shift = -mean_c * scale if bias is None else bias.to(x.dtype) - mean_c * scale
+        y = torch.addcmul(shift.view(shape), x, scale.view(shape))
+        ctx.save_for_backward(x, weight, mean_c, invstd_c, total.to(x.dtype))
+        ctx.grad_name = names[1]
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return y.to(input.dtype)
+        return y if y.dtype == input.dtype else y.to(input.dtype)
 
     @staticmethod
     def backward(ctx, grad_output):
-        x, weight, mean, invstd = ctx.saved_tensors
-        dy = grad_output.contiguous().to(x.dtype)
+        x, weight, mean, invstd, total = ctx.saved_tensors
+        dy = grad_output.contiguous()
+        if dy.dtype != x.dtype:
+            dy = dy.to(x.dtype)
         c = x.shape[1]
         dims = [0] + list(range(2, x.dim()))
         shape = [1, c] + [1] * (x.dim() - 2)
@@ -140,15 +153,17 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             # Every rank reaches this point (the graphs agree), so the
             # allreduce is matched everywhere.
-            both = synchronize(allreduce_async(torch.cat([sum_dy, sum_dy_xmu]), op=Sum))
-            mean_dy = both[:c] / ctx.total
-            mean_dy_xmu = both[c:] / ctx.total
+            both = synchronize(allreduce_async(torch.cat([sum_dy, sum_dy_xmu]), op=Sum,
+                                               name=ctx.grad_name)) / total
+            mean_dy, mean_dy_xmu = both[:c], both[c:]
             scale = invstd if weight is None else invstd * weight.to(x.dtype)
-            grad_input = ((dy - mean_dy.view(shape)
-                           - xmu * (invstd ** 2 * mean_dy_xmu).view(shape)) * scale.view(shape))
-            grad_input = grad_input.to(grad_output.dtype)
+            # (dy - mean_dy - xmu * invstd^2 * mean_dy_xmu) * scale, in two passes
+            grad_input = torch.addcmul((-mean_dy * scale).view(shape), dy, scale.view(shape))
+            grad_input.addcmul_(xmu, (-invstd * invstd * mean_dy_xmu * scale).view(shape))
+            if grad_input.dtype != grad_output.dtype:
+                grad_input = grad_input.to(grad_output.dtype)
         if weight is not None and ctx.needs_input_grad[1]:
             grad_weight = (sum_dy_xmu * invstd).to(weight.dtype)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_bias = sum_dy.to(ctx.bias_dtype)
-        return grad_input, grad_weight, grad_bias, None, None, None, None
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None

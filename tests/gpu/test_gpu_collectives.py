@@ -23,3 +23,9 @@ def test_distributed_optimizer_on_cuda_matches_one_process(ranks, gpu_env, n):
 @pytest.mark.parametrize("n", [2, 4])
 def test_join_with_cuda_distributed_optimizer(ranks, gpu_env, n):
     ranks(n, "gpu_cuda_join.py", timeout=360, env=gpu_env).assert_ok(n)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("n", [2, 4])
+def test_sync_batch_norm_on_cuda_matches_batch_norm(ranks, gpu_env, n):
+    ranks(n, "gpu_cuda_sync_batch_norm.py", timeout=360, env=gpu_env).assert_ok(n)

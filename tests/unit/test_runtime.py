@@ -39,3 +39,35 @@ def test_generated_names_are_checked():
     for bad in ("", 3):
         with pytest.raises(ValueError):
             runtime.auto_name("kind", bad)
+
+
+def test_owned_names_are_kept_until_the_counters_restart():
+    code = """
+import copy, gc
+import commlib
+from commlib import ops, runtime
+
+class Layer:
+    pass
+
+commlib.init()
+a, b = Layer(), Layer()
+assert ops.owned_name(a, "bn") == "bn.noname.0"
+assert ops.owned_name(b, "bn") == "bn.noname.1"
+assert ops.owned_name(a, "bn") == "bn.noname.0"      # kept: the same calls, the same name
+assert ops.owned_name(a, "grad") == "grad.noname.0"  # one per kind
+assert ops.auto_name("bn") == "bn.noname.2"          # kept names do not move the counter
+assert ops.owned_name(copy.deepcopy(a), "bn") == "bn.noname.3"  # a copy draws its own
+n = len(runtime._owned_names)
+del b
+gc.collect()
+assert len(runtime._owned_names) == n - 1           # kept beside the owner, not keeping it
+runtime.names_after_join()                          # a join: drawn again, in the new epoch
+assert ops.owned_name(a, "bn") == "bn.noname.j1.0"
+commlib.shutdown()
+commlib.init()                                      # a new job: drawn again from 0
+assert ops.owned_name(a, "grad") == "grad.noname.0"
+assert ops.owned_name(a, "bn") == "bn.noname.0"
+commlib.shutdown()
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=100)

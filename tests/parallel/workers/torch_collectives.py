@@ -523,6 +523,51 @@ for shape, dtype, momentum in (((4, 3, 5), torch.float64, 0.1), ((3, 2, 4, 4), t
     sbn.eval()
     ref.eval()
     close(sbn(per_rank[r]), ref(per_rank[r]), "SyncBN eval", tol)
+# A layer names its two collectives once: from its third step on (the cache
+# gives a bit at a name's second sighting), both skip negotiation (response
+# cache hits), and a step draws no generated name.
+sbn = hvd.SyncBatchNorm(4, dtype=torch.float64)
+xs = torch.randn(3 + r, 4, 5, dtype=torch.float64, requires_grad=True)
+for _ in range(2):
+    sbn(xs).sum().backward()
+before = commlib.response_cache_stats()
+counters = dict(commlib.runtime._name_counters)
+for _ in range(2):
+    sbn(xs).sum().backward()
+after = commlib.response_cache_stats()
+if after["hits"] - before["hits"] < 4 or after["misses"] != before["misses"]:
+    fail(f"SyncBatchNorm's repeated steps: cache {before} -> {after}")
+if dict(commlib.runtime._name_counters) != counters:
+    fail("SyncBatchNorm's repeated steps drew generated names")
+# A copy of a layer draws names of its own; the same batch gives the same output.
+import copy  # noqa: E402
+twin = copy.deepcopy(sbn)
+close(twin(xs), sbn(xs), "SyncBatchNorm copy", 1e-12)
+# One value per channel over all ranks: every rank raises, and stays in step.
+lone = torch.randn(1 if r == 0 else 0, 2, dtype=torch.float64)
+expect_raises(ValueError, lambda: hvd.SyncBatchNorm(2, dtype=torch.float64)(lone),
+              "SyncBatchNorm of one value", "Expected more than 1 value per channel")
+check_equal(hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name="after.lone").numpy(),
+            np.array([float(n)], np.float32), "allreduce after SyncBatchNorm's error")
+# A rank that joined adds zeros: the statistics (and input gradients) are
+# those of the other ranks' batches together.
+gen = torch.Generator().manual_seed(11)
+xs_all = [torch.randn(4 + k, 3, generator=gen, dtype=torch.float64) * 2 + 1 for k in range(n)]
+up_all = [torch.randn(4 + k, 3, generator=gen, dtype=torch.float64) for k in range(n)]
+if r == n - 1:
+    hvd.join()
+else:
+    xr = xs_all[r].clone().requires_grad_(True)
+    xf = torch.cat(xs_all[:n - 1]).requires_grad_(True)
+    y_ref = torch.nn.BatchNorm1d(3, dtype=torch.float64)(xf)
+    (y_ref * torch.cat(up_all[:n - 1])).sum().backward()
+    y = hvd.SyncBatchNorm(3, dtype=torch.float64)(xr)
+    (y * up_all[r]).sum().backward()
+    start = sum(x.shape[0] for x in xs_all[:r])
+    rows = slice(start, start + xr.shape[0])
+    close(y, y_ref[rows], "SyncBatchNorm beside a joined rank", 1e-10)
+    close(xr.grad, xf.grad[rows], "SyncBatchNorm input grad beside a joined rank", 1e-10)
+    hvd.join()
 conv = hvd.SyncBatchNorm.convert_sync_batchnorm(torch.nn.Sequential(torch.nn.BatchNorm1d(3)))
 if not isinstance(conv[0], hvd.SyncBatchNorm):
     fail("convert_sync_batchnorm")
