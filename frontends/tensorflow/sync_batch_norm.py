@@ -4,10 +4,10 @@ statistics are those of the global batch (all ranks), as Horovod's
 
     model = keras.Sequential([..., commlib.tensorflow.SyncBatchNormalization(), ...])
 
-Each training step reduces, per normalized channel, the element count and
-sum, then the sum of squared deviations from the global mean (two small
-Sum allreduces per layer; differentiable, so gradients flow to every rank's
-inputs). Masked inputs and inference use Keras' local behaviour. There is no
+Each training step sums, per normalized channel, every rank's element
+count, sum and sum of squares (from its own mean and variance, in float64:
+one small Sum allreduce per layer; differentiable, so gradients flow to
+every rank's inputs). Masked inputs and inference use Keras' local behaviour. There is no
 ``process_set``: statistics are over every rank of the job.
 """
 import keras
@@ -26,9 +26,14 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             return super()._moments(inputs, mask)
         axes = list(self._reduction_axes)
         x = tf.convert_to_tensor(inputs)
-        count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), x.dtype)
-        total = allreduce(tf.concat([tf.reduce_sum(x, axes), count[None]], 0), op=Sum)
-        mean = total[:-1] / total[-1]
-        shape = [1 if i in [a % len(x.shape) for a in axes] else -1 for i in range(len(x.shape))]
-        sq = allreduce(tf.reduce_sum(tf.square(x - tf.reshape(mean, shape)), axes), op=Sum)
-        return mean, sq / total[-1]
+        mean, var = tf.nn.moments(x, axes)
+        count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), tf.float64)
+        mean, var = tf.cast(mean, tf.float64), tf.cast(var, tf.float64)
+        # One allreduce: [sums, sums of squares about 0, count], in float64,
+        # each rank's from its own mean and variance.
+        total = allreduce(tf.concat([mean * count, (var + mean * mean) * count, count[None]], 0),
+                          op=Sum)
+        c = tf.shape(mean)[0]
+        g_mean = total[:c] / total[-1]
+        g_var = tf.maximum(total[c:2 * c] / total[-1] - g_mean * g_mean, 0.0)
+        return tf.cast(g_mean, x.dtype), tf.cast(g_var, x.dtype)
