@@ -3,7 +3,8 @@ whole batch (every rank's shard together, computed here too, on the same
 GPU): output, input gradient, running statistics, in float32 and float64;
 results stay on the device; from the third step on a training step makes
 no host synchronisation (torch's sync debug mode raises on one) and its
-collectives skip negotiation (response cache hits)."""
+collectives skip negotiation (response cache hits); a converted CUDA model
+trains."""
 import torch
 
 from gpu_common import DEVICE
@@ -57,4 +58,13 @@ for dtype, tol in ((torch.float32, 1e-4), (torch.float64, 1e-10)):
                 fail(f"SyncBatchNorm {dtype} step {step} {what}: off by {worst:.3g}")
         for m in (ref, sbn):
             m.weight.grad = m.bias.grad = None
+# A CUDA model converted: its BatchNorms become SyncBatchNorms on the device.
+net = hvd.SyncBatchNorm.convert_sync_batchnorm(torch.nn.Sequential(
+    torch.nn.Conv2d(3, C, 3), torch.nn.BatchNorm2d(C), torch.nn.ReLU()).to(DEVICE))
+if not isinstance(net[1], hvd.SyncBatchNorm) or net[1].running_mean.device != DEVICE:
+    fail(f"convert_sync_batchnorm of a CUDA model: {net[1]!r} on {net[1].running_mean.device}")
+out = net(torch.randn(2, 3, 6, 6, device=DEVICE))
+out.sum().backward()
+if out.device != DEVICE or net[0].weight.grad is None:
+    fail("a converted CUDA model's step")
 done()
