@@ -93,7 +93,7 @@ def _compute_dtype(dtype):
 class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, names):
-        x = input.contiguous()
+        x = input  # (any strides: channels_last stays channels_last, uncopied)
         if x.dtype != _compute_dtype(x.dtype):
             x = x.to(_compute_dtype(x.dtype))
         c = x.shape[1]
@@ -140,7 +140,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         x, weight, mean, invstd, total = ctx.saved_tensors
-        dy = grad_output.contiguous()
+        dy = grad_output
         if dy.dtype != x.dtype:
             dy = dy.to(x.dtype)
         c = x.shape[1]

@@ -523,6 +523,13 @@ for shape, dtype, momentum in (((4, 3, 5), torch.float64, 0.1), ((3, 2, 4, 4), t
     sbn.eval()
     ref.eval()
     close(sbn(per_rank[r]), ref(per_rank[r]), "SyncBN eval", tol)
+# channels_last stays channels_last (uncopied), with the same values.
+xc = torch.randn(2 + r, 3, 4, 5, dtype=torch.float64)
+sbn_cl = hvd.SyncBatchNorm(3, dtype=torch.float64)
+y_cl = sbn_cl(xc.to(memory_format=torch.channels_last))
+if not y_cl.is_contiguous(memory_format=torch.channels_last):
+    fail("SyncBatchNorm of a channels_last input: the output is not channels_last")
+close(y_cl, sbn_cl(xc), "SyncBatchNorm channels_last", 1e-12)
 # A layer names its two collectives once: from its third step on (the cache
 # gives a bit at a name's second sighting), both skip negotiation (response
 # cache hits), and a step draws no generated name.
