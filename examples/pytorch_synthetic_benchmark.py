@@ -9,7 +9,8 @@ default when torchvision is installed), ``resnet18``, ``transformer`` (a
 12-layer encoder of width 512 from torch.nn; the CUDA default without
 torchvision), ``mlp`` (12.5M parameters, the CPU default) and ``small-mlp``.
 ``--amp bf16|fp16`` trains under autocast (fp16 with a GradScaler), batch 32
-per rank, one torch thread per rank.
+per rank, one torch thread per rank. ``--sync-bn`` turns the BatchNorms into
+SyncBatchNorms: commlib's, and for DDP torch's (CUDA only).
 
     commlibrun -np 2 python examples/pytorch_synthetic_benchmark.py --backend commlib
     commlibrun -np 2 python examples/pytorch_synthetic_benchmark.py --backend ddp
@@ -96,7 +97,12 @@ def parse_args():
     p.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3],
                    help="commlib: the same as --mode zero<N> (0: --mode as given)")
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    p.add_argument("--sync-bn", action="store_true",
+                   help="BatchNorm over every rank's batch: commlib.torch.SyncBatchNorm, and for "
+                        "DDP torch.nn.SyncBatchNorm (which needs CUDA)")
     args = p.parse_args()
+    if args.sync_bn and args.device == "cpu" and (args.compare or args.backend == "ddp"):
+        p.error("--sync-bn with DDP needs --device cuda (torch.nn.SyncBatchNorm runs on GPUs)")
     if args.fp16_allreduce:
         args.compression = "fp16"
     if args.compression.startswith("powersgd") and args.mode != "sync":
@@ -331,6 +337,18 @@ def main():
     torch.manual_seed(0)
     pristine, data, target = synthetic_models.make(args.model, device, args.batch_size,
                                                    args.width, args.layers, args.seq_len)
+    if args.sync_bn and not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                                for m in pristine.modules()):
+        raise SystemExit(f"--sync-bn: --model {args.model} has no BatchNorm layer")
+
+    def copy_for(backend):
+        """A copy of the model for ``backend``, its BatchNorms synchronised under --sync-bn."""
+        model = copy.deepcopy(pristine)
+        if not args.sync_bn:
+            return model
+        if backend == "ddp":
+            return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        return hvd.SyncBatchNorm.convert_sync_batchnorm(model)
 
     def log(msg):
         if rank == 0:
@@ -341,13 +359,12 @@ def main():
     names = ["commlib" if args.compare and modes == ["sync"] else m for m in modes]
     if use_ddp:
         start = time.perf_counter()
-        models["ddp"], optimizers["ddp"] = setup_ddp(copy.deepcopy(pristine), args, device,
-                                                     rank, world)
+        models["ddp"], optimizers["ddp"] = setup_ddp(copy_for("ddp"), args, device, rank, world)
         setup_s["ddp"] = time.perf_counter() - start
     if use_commlib:
         for name, mode in zip(names, modes):
             start = time.perf_counter()
-            models[name], optimizers[name] = setup_commlib(copy.deepcopy(pristine), args, mode)
+            models[name], optimizers[name] = setup_commlib(copy_for("commlib"), args, mode)
             setup_s[name] = time.perf_counter() - start
     if use_commlib:
         def average(value):
@@ -368,7 +385,8 @@ def main():
     params = sum(p.numel() for p in pristine.parameters())
     log(f"Model: {args.model} ({params / 1e6:.1f}M parameters), backend: "
         f"{'commlib and ddp' if args.compare else args.backend}, device: {args.device}, "
-        f"amp: {args.amp}, compression: {args.compression}, batch size: {args.batch_size} per rank, ranks: {world}, "
+        f"amp: {args.amp}, compression: {args.compression}, sync-bn: {'on' if args.sync_bn else 'off'}, "
+        f"batch size: {args.batch_size} per rank, ranks: {world}, "
         f"threads per rank: {args.num_threads}")
     first = {}
     for name, step in steps.items():

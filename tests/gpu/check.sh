@@ -5,7 +5,8 @@
 # 4 ranks (and broadcast --aligned at 4), ResNet-50 (or the transformer,
 # without torchvision) against DDP at 2 ranks with commlib's timeline by
 # phase, the CPU scale benchmark at 4, 8 and 16 ranks, then with what is
-# left the model at 4 ranks and the transformer in bf16 at 2, and writes ONE
+# left the model at 4 ranks, the transformer in bf16 at 2 and ResNet-50 with
+# SyncBatchNorm (commlib's against torch's under DDP) at 2, and writes ONE
 # report (markdown) with every table. Every step runs under its own time
 # limit, cut to what is left of the whole
 # budget (480 s), so the check ends within 8 minutes whatever hangs.
@@ -164,6 +165,11 @@ if [ "$CPU_ONLY" = 0 ]; then  # (last: what the budget has left; a hang prints e
   step "transformer bf16: commlib against DDP, 2 ranks" 60 "${RUN[@]}" -np 2 --timeout 52 \
     "${COMPARE[@]}" \
     --model transformer --amp bf16 --num-warmup-batches 2 --num-batches-per-iter 5 --num-iters 3
+  if [ "$MODEL" = resnet50 ]; then  # (SyncBatchNorm: commlib's against torch's under DDP)
+    step "resnet50 SyncBatchNorm: commlib against DDP, 2 ranks" 50 "${RUN[@]}" -np 2 --timeout 42 \
+      "${COMPARE[@]}" \
+      --model resnet50 --sync-bn --num-warmup-batches 2 --num-batches-per-iter 3 --num-iters 3
+  fi
 fi
 
 if [ "$DRY" = 0 ]; then

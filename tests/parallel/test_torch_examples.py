@@ -47,6 +47,30 @@ def test_synthetic_benchmark_powersgd(ranks):
 
 
 @pytest.mark.timeout(150)
+def test_synthetic_benchmark_sync_bn(ranks):
+    run = ranks(2, str(EXAMPLES / "pytorch_synthetic_benchmark.py"), "--device", "cpu",
+                "--model", "resnet18", "--sync-bn", "--batch-size", "2", "--num-warmup-batches",
+                "1", "--num-iters", "1", "--num-batches-per-iter", "1", timeout=120)
+    if run.returncode != 0:
+        pytest.fail(run.describe(), pytrace=False)
+    assert "sync-bn: on" in run.stdout, run
+    assert re.search(r"Total samples/s on 2 rank\(s\): \d", run.stdout), run
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--compare"], "--sync-bn with DDP needs --device cuda"),
+    (["--model", "small-mlp"], "--sync-bn: --model small-mlp has no BatchNorm layer")])
+def test_synthetic_benchmark_sync_bn_refusals(args, message):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "pytorch_synthetic_benchmark.py"),
+                           "--device", "cpu", "--sync-bn", *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and message in proc.stderr, proc
+
+
+@pytest.mark.timeout(150)
 def test_powersgd_links_measures_and_counts_bytes(ranks, tmp_path):
     import json
 
