@@ -26,6 +26,10 @@ tensors. The autograd collectives under them: ``copy_to_parallel_region``
 ``gather_from_parallel_region`` (concatenate the last dimension; backward
 keeps this rank's slice) and ``scatter_to_parallel_region`` (this rank's
 slice; backward gathers). Every rank of the set calls them in the same order.
+Each takes a ``name`` (its backward's: ``name + ".grad"``); without one the
+collectives' names are generated. The layers name theirs once each
+(commlib.ops.owned_name), so from their third step on they skip negotiation
+(the response cache).
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from commlib.ops import owned_name
 from commlib.process_sets import check_process_set, set_rank, set_size
 
 from .mpi_ops import Sum, allgather_async, allreduce_async, synchronize
@@ -43,18 +48,18 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding"
            "gather_from_parallel_region", "scatter_to_parallel_region"]
 
 
-def _sum(x, ps):
-    return synchronize(allreduce_async(x.contiguous(), op=Sum, process_set=ps))
+def _sum(x, ps, name=None):
+    return synchronize(allreduce_async(x.contiguous(), op=Sum, name=name, process_set=ps))
 
 
-def _gather_last(x, ps):
+def _gather_last(x, ps, name=None):
     n = set_size(ps)
     front = x.movedim(-1, 0).contiguous()
-    whole = synchronize(allgather_async(front, process_set=ps))
+    whole = synchronize(allgather_async(front, name=name, process_set=ps))
     return whole.view(n * front.shape[0], *front.shape[1:]).movedim(0, -1).contiguous()
 
 
-def _my_slice_last(x, ps):
+def _my_slice_last(x, ps, name=None):
     n, i = set_size(ps), set_rank(ps)
     if x.shape[-1] % n:
         raise ValueError(f"the last dimension ({x.shape[-1]}) must divide evenly over the "
@@ -64,40 +69,40 @@ def _my_slice_last(x, ps):
 
 
 def _conjugate_pair(name: str, forward, backward):
-    """An autograd Function running ``forward(x, set)`` and, in backward,
-    ``backward(grad, set)``."""
+    """An autograd Function running ``forward(x, set, name)`` and, in
+    backward, ``backward(grad, set, name + ".grad")`` (None: generated)."""
 
-    def fwd(ctx, x, ps):
-        ctx.ps = ps
-        return forward(x, ps)
+    def fwd(ctx, x, ps, cname):
+        ctx.ps, ctx.cname = ps, cname
+        return forward(x, ps, cname)
 
     def bwd(ctx, g):
-        return backward(g, ctx.ps), None
+        return backward(g, ctx.ps, None if ctx.cname is None else ctx.cname + ".grad"), None, None
 
     return type(name, (torch.autograd.Function,),
                 {"forward": staticmethod(fwd), "backward": staticmethod(bwd)})
 
 
-_Copy = _conjugate_pair("_Copy", lambda x, ps: x.view_as(x), _sum)
-_Reduce = _conjugate_pair("_Reduce", _sum, lambda g, ps: g)
+_Copy = _conjugate_pair("_Copy", lambda x, ps, name: x.view_as(x), _sum)
+_Reduce = _conjugate_pair("_Reduce", _sum, lambda g, ps, name: g)
 _Gather = _conjugate_pair("_Gather", _gather_last, _my_slice_last)
 _Scatter = _conjugate_pair("_Scatter", _my_slice_last, _gather_last)
 
 
-def copy_to_parallel_region(x, process_set=None):
-    return _Copy.apply(x, check_process_set(process_set))
+def copy_to_parallel_region(x, process_set=None, name=None):
+    return _Copy.apply(x, check_process_set(process_set), name)
 
 
-def reduce_from_parallel_region(x, process_set=None):
-    return _Reduce.apply(x, check_process_set(process_set))
+def reduce_from_parallel_region(x, process_set=None, name=None):
+    return _Reduce.apply(x, check_process_set(process_set), name)
 
 
-def gather_from_parallel_region(x, process_set=None):
-    return _Gather.apply(x, check_process_set(process_set))
+def gather_from_parallel_region(x, process_set=None, name=None):
+    return _Gather.apply(x, check_process_set(process_set), name)
 
 
-def scatter_to_parallel_region(x, process_set=None):
-    return _Scatter.apply(x, check_process_set(process_set))
+def scatter_to_parallel_region(x, process_set=None, name=None):
+    return _Scatter.apply(x, check_process_set(process_set), name)
 
 
 def _split(total: int, ps, what: str) -> tuple[int, int]:
@@ -141,8 +146,12 @@ class ColumnParallelLinear(_ParallelLinear):
         return self
 
     def forward(self, x):
-        y = F.linear(copy_to_parallel_region(x, self.process_set), self.weight, self.bias)
-        return gather_from_parallel_region(y, self.process_set) if self.gather_output else y
+        ps = self.process_set
+        y = F.linear(copy_to_parallel_region(x, ps, owned_name(self, "ColumnParallelLinear.copy")),
+                     self.weight, self.bias)
+        if not self.gather_output:
+            return y
+        return gather_from_parallel_region(y, ps, owned_name(self, "ColumnParallelLinear.gather"))
 
 
 class RowParallelLinear(_ParallelLinear):
@@ -166,9 +175,11 @@ class RowParallelLinear(_ParallelLinear):
         return self
 
     def forward(self, x):
+        ps = self.process_set
         if not self.input_is_parallel:
-            x = scatter_to_parallel_region(x, self.process_set)
-        y = reduce_from_parallel_region(F.linear(x, self.weight), self.process_set)
+            x = scatter_to_parallel_region(x, ps, owned_name(self, "RowParallelLinear.scatter"))
+        y = reduce_from_parallel_region(F.linear(x, self.weight), ps,
+                                        owned_name(self, "RowParallelLinear.reduce"))
         return y + self.bias if self.bias is not None else y
 
 
@@ -191,4 +202,5 @@ class VocabParallelEmbedding(torch.nn.Module):
         outside = (ids < self.offset) | (ids >= self.offset + self.part)
         local = (ids - self.offset).masked_fill(outside, 0)
         out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
-        return reduce_from_parallel_region(out, self.process_set)
+        return reduce_from_parallel_region(out, self.process_set,
+                                           owned_name(self, "VocabParallelEmbedding.reduce"))

@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import commlib
 import commlib.torch as hvd
 from _common import check_equal, done, expect_raises, fail
 from commlib.torch.pipelining import PipelineStage, Schedule1F1B
@@ -91,6 +92,8 @@ def tensor_parallel():
     dense, par = Dense(), Parallel(Dense(), grid.tp_set)
     opt, ref_opt = torch.optim.SGD(par.parameters(), lr=LR), torch.optim.SGD(dense.parameters(), lr=LR)
     for step in range(STEPS):
+        if step == 3:
+            before = commlib.response_cache_stats()
         ids, y = data(step)
         opt.zero_grad()
         ref_opt.zero_grad()
@@ -99,6 +102,12 @@ def tensor_parallel():
         opt.step()
         F.mse_loss(dense(ids), y).backward()
         ref_opt.step()
+    after = commlib.response_cache_stats()
+    if grid.tp_set == hvd.global_process_set:
+        # The layers name their three collectives a step once: from the third
+        # step on they are cache hits (the cache serves the global set).
+        if after["hits"] - before["hits"] < 3 * (STEPS - 3) or after["misses"] != before["misses"]:
+            fail(f"tensor-parallel steps 3-{STEPS - 1}: cache {before} -> {after}")
     return max(rel(a, b) for a, b in slices(par, dense))
 
 
