@@ -11,8 +11,8 @@ parameter). Runs on CPU and CUDA tensors (Horovod's: CUDA only); on CUDA
 nothing waits on the host (statistics stay on the device, the collectives
 queue on the current stream). Each layer names its two collectives once, so
 from the second step on they skip negotiation (the response cache).
-Like Horovod's, it has no ``process_set``: statistics are over every rank of
-the job, so every rank must run it.
+``process_set=`` limits the statistics to a set's ranks (torch's
+``process_group``); by default they are over every rank of the job.
 """
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from commlib.ops import owned_name
 
-from .mpi_ops import Sum, allreduce_async, size, synchronize
+from commlib.process_sets import check_process_set, set_size
+
+from .mpi_ops import Sum, allreduce_async, synchronize
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -31,14 +33,17 @@ class SyncBatchNorm(_BatchNorm):
 
     Arguments are those of torch.nn.BatchNorm*d: ``num_features``, ``eps``,
     ``momentum`` (None for a cumulative average), ``affine``,
-    ``track_running_stats``. In eval mode with running statistics it is a
-    plain BatchNorm with no communication. Every rank must call forward (and
-    backward) the same number of times."""
+    ``track_running_stats``; ``process_set`` (torch's ``process_group``):
+    the ranks whose batches make the statistics (default: every rank). In
+    eval mode with running statistics it is a plain BatchNorm with no
+    communication. Every rank of the set must call forward (and backward)
+    the same number of times."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
-                 track_running_stats=True, device=None, dtype=None):
+                 track_running_stats=True, device=None, dtype=None, process_set=None):
         super().__init__(num_features, eps, momentum, affine, track_running_stats,
                          device=device, dtype=dtype)
+        self.process_set = process_set  # (checked when forward communicates)
 
     def _check_input_dim(self, input):
         if input.dim() < 2:
@@ -56,23 +61,25 @@ class SyncBatchNorm(_BatchNorm):
         track = not self.training or self.track_running_stats
         running_mean = self.running_mean if track else None
         running_var = self.running_var if track else None
-        if not use_batch_stats or size() == 1:
+        ps = check_process_set(self.process_set) if use_batch_stats else None
+        if not use_batch_stats or set_size(ps) == 1:
             return F.batch_norm(input, running_mean, running_var, self.weight, self.bias,
                                 use_batch_stats, factor, self.eps)
         # The layer's own names: its calls hit the response cache from the
         # second step on (generated names would negotiate every time).
         names = (owned_name(self, "SyncBatchNorm.stats"), owned_name(self, "SyncBatchNorm.grad"))
         return _SyncBatchNormFunction.apply(input, self.weight, self.bias, running_mean,
-                                            running_var, self.eps, factor, names)
+                                            running_var, self.eps, factor, names, ps)
 
     @classmethod
-    def convert_sync_batchnorm(cls, module):
+    def convert_sync_batchnorm(cls, module, process_set=None):
         """A copy of ``module`` with every BatchNorm*d replaced by a
-        SyncBatchNorm carrying the same parameters and running statistics."""
+        SyncBatchNorm carrying the same parameters and running statistics
+        (over ``process_set``'s ranks, as torch's ``process_group``)."""
         out = module
         if isinstance(module, _BatchNorm) and not isinstance(module, cls):
             out = cls(module.num_features, module.eps, module.momentum, module.affine,
-                      module.track_running_stats)
+                      module.track_running_stats, process_set=process_set)
             if module.affine:
                 with torch.no_grad():
                     out.weight = module.weight
@@ -82,7 +89,7 @@ class SyncBatchNorm(_BatchNorm):
             out.num_batches_tracked = module.num_batches_tracked
             out.train(module.training)
         for name, child in module.named_children():
-            out.add_module(name, cls.convert_sync_batchnorm(child))
+            out.add_module(name, cls.convert_sync_batchnorm(child, process_set))
         return out
 
 
@@ -92,7 +99,7 @@ def _compute_dtype(dtype):
 
 class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, names):
+    def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, names, ps):
         x = input  # (any strides: channels_last stays channels_last, uncopied)
         if x.dtype != _compute_dtype(x.dtype):
             x = x.to(_compute_dtype(x.dtype))
@@ -111,7 +118,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             local[1 + c:] = (var.to(torch.float64) + mean * mean) * count
         else:
             local[1:] = 0
-        sums = synchronize(allreduce_async(local, op=Sum, name=names[0]))
+        sums = synchronize(allreduce_async(local, op=Sum, name=names[0], process_set=ps))
         total = sums[0]
         # With 2 or more values here the global count is above 1; only ranks
         # with fewer read it (the same test on every rank: no rank differs).
@@ -133,7 +140,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         shift = -mean_c * scale if bias is None else bias.to(x.dtype) - mean_c * scale
         y = torch.addcmul(shift.view(shape), x, scale.view(shape))
         ctx.save_for_backward(x, weight, mean_c, invstd_c, total.to(x.dtype))
-        ctx.grad_name = names[1]
+        ctx.grad_name, ctx.ps = names[1], ps
         ctx.bias_dtype = None if bias is None else bias.dtype
         return y if y.dtype == input.dtype else y.to(input.dtype)
 
@@ -154,7 +161,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             # Every rank reaches this point (the graphs agree), so the
             # allreduce is matched everywhere.
             both = synchronize(allreduce_async(torch.cat([sum_dy, sum_dy_xmu]), op=Sum,
-                                               name=ctx.grad_name)) / total
+                                               name=ctx.grad_name, process_set=ctx.ps)) / total
             mean_dy, mean_dy_xmu = both[:c], both[c:]
             scale = invstd if weight is None else invstd * weight.to(x.dtype)
             # (dy - mean_dy - xmu * invstd^2 * mean_dy_xmu) * scale, in two passes
@@ -166,4 +173,4 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             grad_weight = (sum_dy_xmu * invstd).to(weight.dtype)
         if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
             grad_bias = sum_dy.to(ctx.bias_dtype)
-        return grad_input, grad_weight, grad_bias, None, None, None, None, None
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None

@@ -575,6 +575,28 @@ else:
     close(y, y_ref[rows], "SyncBatchNorm beside a joined rank", 1e-10)
     close(xr.grad, xf.grad[rows], "SyncBatchNorm input grad beside a joined rank", 1e-10)
     hvd.join()
+# process_set=: statistics over the set's ranks (0 and the last; at 2 ranks
+# the global set, given); the rank between them, at 3 ranks, takes no part.
+pair = hvd.add_process_set([0, n - 1]) if n > 2 else hvd.global_process_set
+if r in (0, n - 1):
+    gen = torch.Generator().manual_seed(13)
+    xs_pair = {k: torch.randn(3 + k, 2, 4, generator=gen, dtype=torch.float64) * 2 - 1 for k in (0, n - 1)}
+    ups_pair = {k: torch.randn(3 + k, 2, 4, generator=gen, dtype=torch.float64) for k in (0, n - 1)}
+    xr = xs_pair[r].clone().requires_grad_(True)
+    xf = torch.cat([xs_pair[0], xs_pair[n - 1]]).requires_grad_(True)
+    y_ref = torch.nn.BatchNorm1d(2, dtype=torch.float64)(xf)
+    (y_ref * torch.cat([ups_pair[0], ups_pair[n - 1]])).sum().backward()
+    net = hvd.SyncBatchNorm.convert_sync_batchnorm(
+        torch.nn.Sequential(torch.nn.BatchNorm1d(2, dtype=torch.float64)), process_set=pair)
+    y = net(xr)
+    (y * ups_pair[r]).sum().backward()
+    rows = slice(0, 3) if r == 0 else slice(3, 3 + xr.shape[0])
+    close(y, y_ref[rows], "SyncBatchNorm over a process set", 1e-10)
+    close(xr.grad, xf.grad[rows], "SyncBatchNorm input grad over a process set", 1e-10)
+if n > 2:
+    hvd.remove_process_set(pair)
+    expect_raises(ValueError, lambda: hvd.SyncBatchNorm(2, process_set=pair)(torch.randn(4, 2)),
+                  "SyncBatchNorm over a removed set", "not registered")
 conv = hvd.SyncBatchNorm.convert_sync_batchnorm(torch.nn.Sequential(torch.nn.BatchNorm1d(3)))
 if not isinstance(conv[0], hvd.SyncBatchNorm):
     fail("convert_sync_batchnorm")
