@@ -10,7 +10,8 @@ weight and bias stay local (DistributedOptimizer averages them, as for any
 parameter). Runs on CPU and CUDA tensors (Horovod's: CUDA only); on CUDA
 nothing waits on the host (statistics stay on the device, the collectives
 queue on the current stream). Each layer names its two collectives once, so
-from the second step on they skip negotiation (the response cache).
+from its third step on they skip negotiation (the response cache, which
+serves the global set).
 ``process_set=`` limits the statistics to a set's ranks (torch's
 ``process_group``); by default they are over every rank of the job.
 """
@@ -21,7 +22,6 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from commlib.ops import owned_name
-
 from commlib.process_sets import check_process_set, set_size
 
 from .mpi_ops import Sum, allreduce_async, synchronize
@@ -65,8 +65,8 @@ class SyncBatchNorm(_BatchNorm):
         if not use_batch_stats or set_size(ps) == 1:
             return F.batch_norm(input, running_mean, running_var, self.weight, self.bias,
                                 use_batch_stats, factor, self.eps)
-        # The layer's own names: its calls hit the response cache from the
-        # second step on (generated names would negotiate every time).
+        # The layer's own names: its calls hit the response cache from its
+        # third step on (generated names would negotiate every time).
         names = (owned_name(self, "SyncBatchNorm.stats"), owned_name(self, "SyncBatchNorm.grad"))
         return _SyncBatchNormFunction.apply(input, self.weight, self.bias, running_mean,
                                             running_var, self.eps, factor, names, ps)
