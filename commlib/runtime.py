@@ -90,7 +90,11 @@ def owned_name(owner, kind: str) -> str:
     unnamed call) the first time it asks, then the same until the counters
     start again (init, shutdown, a join). Kept beside the owner, not on it:
     a copy of it (deepcopy, pickle) draws its own."""
-    names = _owned_names.get(owner)
+    try:
+        names = _owned_names.get(owner)
+    except TypeError:  # (not weakly referenceable: an int, a str, a tuple...)
+        raise TypeError(f"owned_name: the owner must be an object that can be weakly "
+                        f"referenced (a layer, a module), got {type(owner).__name__}") from None
     if names is None:
         names = _owned_names[owner] = {}
     name = names.get(kind)

@@ -58,6 +58,14 @@ assert ops.owned_name(a, "bn") == "bn.noname.0"      # kept: the same calls, the
 assert ops.owned_name(a, "grad") == "grad.noname.0"  # one per kind
 assert ops.auto_name("bn") == "bn.noname.2"          # kept names do not move the counter
 assert ops.owned_name(copy.deepcopy(a), "bn") == "bn.noname.3"  # a copy draws its own
+for bad in (3, "layer", (1, 2)):
+    try:
+        ops.owned_name(bad, "bn")
+    except TypeError as e:
+        assert "can be weakly referenced" in str(e), e
+    else:
+        raise AssertionError(f"owned_name({bad!r}) did not raise")
+assert ops.auto_name("bn") == "bn.noname.4"          # a refused owner draws nothing
 n = len(runtime._owned_names)
 del b
 gc.collect()
