@@ -93,14 +93,15 @@ def auto_name(kind: str, name=None, process_set=None) -> str:
     return runtime.auto_name(kind, name, _psid(process_set) if name is None else 0)
 
 
-def owned_name(owner, kind: str) -> str:
-    """A name for the calls one object repeats (a layer's, each step):
-    generated as an unnamed call's the first time ``owner`` asks, then kept
-    until init, shutdown or a join start the counters again, so that its
-    repeats hit the response cache, which generated names never do. Ranks
-    whose owners first ask in the same order agree on it. Only for calls
-    that never overlap: one name cannot be in flight twice."""
-    return runtime.owned_name(owner, kind)
+def owned_name(owner, kind: str, process_set=None) -> str:
+    """A name for the calls one object repeats on ``process_set`` (a
+    layer's, each step): generated as an unnamed call's on that set (its
+    counter) the first time ``owner`` asks, then kept until init, shutdown
+    or a join start the counters again, so that its repeats hit the
+    response cache, which generated names never do. The set's ranks whose
+    owners first ask in the same order agree on it. Only for calls that
+    never overlap: one name cannot be in flight twice."""
+    return runtime.owned_name(owner, kind, _psid(process_set))
 
 
 def op_name(op: int) -> str:

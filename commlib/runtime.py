@@ -85,11 +85,12 @@ def auto_name(kind: str, name: str | None = None, psid: int = 0) -> str:
     return name
 
 
-def owned_name(owner, kind: str) -> str:
-    """``owner``'s name for its calls of ``kind``: generated (as for an
-    unnamed call) the first time it asks, then the same until the counters
-    start again (init, shutdown, a join). Kept beside the owner, not on it:
-    a copy of it (deepcopy, pickle) draws its own."""
+def owned_name(owner, kind: str, psid: int = 0) -> str:
+    """``owner``'s name for its calls of ``kind`` on process set ``psid``:
+    generated (as for an unnamed call, from that set's counter) the first
+    time it asks, then the same until the counters start again (init,
+    shutdown, a join). Kept beside the owner, not on it: a copy of it
+    (deepcopy, pickle) draws its own."""
     try:
         names = _owned_names.get(owner)
     except TypeError:  # (not weakly referenceable: an int, a str, a tuple...)
@@ -97,9 +98,9 @@ def owned_name(owner, kind: str) -> str:
                         f"referenced (a layer, a module), got {type(owner).__name__}") from None
     if names is None:
         names = _owned_names[owner] = {}
-    name = names.get(kind)
+    name = names.get((kind, psid))
     if name is None:
-        name = names[kind] = auto_name(kind)
+        name = names[kind, psid] = auto_name(kind, None, psid)
     return name
 
 

@@ -67,7 +67,8 @@ class SyncBatchNorm(_BatchNorm):
                                 use_batch_stats, factor, self.eps)
         # The layer's own names: its calls hit the response cache from its
         # third step on (generated names would negotiate every time).
-        names = (owned_name(self, "SyncBatchNorm.stats"), owned_name(self, "SyncBatchNorm.grad"))
+        names = (owned_name(self, "SyncBatchNorm.stats", ps),
+                 owned_name(self, "SyncBatchNorm.grad", ps))
         return _SyncBatchNormFunction.apply(input, self.weight, self.bias, running_mean,
                                             running_var, self.eps, factor, names, ps)
 

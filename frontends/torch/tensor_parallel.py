@@ -147,11 +147,11 @@ class ColumnParallelLinear(_ParallelLinear):
 
     def forward(self, x):
         ps = self.process_set
-        y = F.linear(copy_to_parallel_region(x, ps, owned_name(self, "ColumnParallelLinear.copy")),
+        y = F.linear(copy_to_parallel_region(x, ps, owned_name(self, "ColumnParallelLinear.copy", ps)),
                      self.weight, self.bias)
         if not self.gather_output:
             return y
-        return gather_from_parallel_region(y, ps, owned_name(self, "ColumnParallelLinear.gather"))
+        return gather_from_parallel_region(y, ps, owned_name(self, "ColumnParallelLinear.gather", ps))
 
 
 class RowParallelLinear(_ParallelLinear):
@@ -177,9 +177,9 @@ class RowParallelLinear(_ParallelLinear):
     def forward(self, x):
         ps = self.process_set
         if not self.input_is_parallel:
-            x = scatter_to_parallel_region(x, ps, owned_name(self, "RowParallelLinear.scatter"))
+            x = scatter_to_parallel_region(x, ps, owned_name(self, "RowParallelLinear.scatter", ps))
         y = reduce_from_parallel_region(F.linear(x, self.weight), ps,
-                                        owned_name(self, "RowParallelLinear.reduce"))
+                                        owned_name(self, "RowParallelLinear.reduce", ps))
         return y + self.bias if self.bias is not None else y
 
 
@@ -202,5 +202,5 @@ class VocabParallelEmbedding(torch.nn.Module):
         outside = (ids < self.offset) | (ids >= self.offset + self.part)
         local = (ids - self.offset).masked_fill(outside, 0)
         out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
-        return reduce_from_parallel_region(out, self.process_set,
-                                           owned_name(self, "VocabParallelEmbedding.reduce"))
+        ps = self.process_set
+        return reduce_from_parallel_region(out, ps, owned_name(self, "VocabParallelEmbedding.reduce", ps))

@@ -66,6 +66,8 @@ for bad in (3, "layer", (1, 2)):
     else:
         raise AssertionError(f"owned_name({bad!r}) did not raise")
 assert ops.auto_name("bn") == "bn.noname.4"          # a refused owner draws nothing
+assert runtime.owned_name(a, "bn", 5) == "bn.noname.0" and ops.auto_name("bn") == "bn.noname.5"
+# (on another set: that set's own counter, and a name of its own)
 n = len(runtime._owned_names)
 del b
 gc.collect()

@@ -593,6 +593,13 @@ if r in (0, n - 1):
     rows = slice(0, 3) if r == 0 else slice(3, 3 + xr.shape[0])
     close(y, y_ref[rows], "SyncBatchNorm over a process set", 1e-10)
     close(xr.grad, xf.grad[rows], "SyncBatchNorm input grad over a process set", 1e-10)
+# A layer of the whole job after one of a set that not every rank is in: the
+# set's names come from the set's own counters, so all ranks agree on this one.
+xs_after = torch.randn(2 + r, 2, dtype=torch.float64)
+y_after = hvd.SyncBatchNorm(2, dtype=torch.float64)(xs_after)
+everyone = hvd.allgather(xs_after, name="sbn.after.pair")
+close(y_after, torch.nn.functional.batch_norm(everyone, None, None, training=True)[
+    sum(2 + k for k in range(r)):sum(2 + k for k in range(r + 1))], "SyncBatchNorm after a set's", 1e-10)
 if n > 2:
     hvd.remove_process_set(pair)
     expect_raises(ValueError, lambda: hvd.SyncBatchNorm(2, process_set=pair)(torch.randn(4, 2)),
