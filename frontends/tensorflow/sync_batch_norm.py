@@ -7,8 +7,9 @@ statistics are those of the global batch (all ranks), as Horovod's
 Each training step sums, per normalized channel, every rank's element
 count, sum and sum of squares (from its own mean and variance, in float64:
 one small Sum allreduce per layer; differentiable, so gradients flow to
-every rank's inputs). Masked inputs and inference use Keras' local behaviour. There is no
-``process_set``: statistics are over every rank of the job.
+every rank's inputs). Masked inputs and inference use Keras' local
+behaviour. There is no ``process_set``: statistics are over every rank of
+the job.
 """
 import keras
 import tensorflow as tf

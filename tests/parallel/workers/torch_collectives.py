@@ -1,6 +1,7 @@
 """commlib.torch collectives on every rank against numpy/torch expectations:
 every op and dtype, in-place/async forms, autograd, compression, argument
 errors, cross-rank mismatches, objects, join/barrier, SyncBatchNorm."""
+import copy
 import pickle
 import threading
 
@@ -547,7 +548,6 @@ if after["hits"] - before["hits"] < 4 or after["misses"] != before["misses"]:
 if dict(commlib.runtime._name_counters) != counters:
     fail("SyncBatchNorm's repeated steps drew generated names")
 # A copy of a layer draws names of its own; the same batch gives the same output.
-import copy  # noqa: E402
 twin = copy.deepcopy(sbn)
 close(twin(xs), sbn(xs), "SyncBatchNorm copy", 1e-12)
 # One value per channel over all ranks: every rank raises, and stays in step.
@@ -598,8 +598,9 @@ if r in (0, n - 1):
 xs_after = torch.randn(2 + r, 2, dtype=torch.float64)
 y_after = hvd.SyncBatchNorm(2, dtype=torch.float64)(xs_after)
 everyone = hvd.allgather(xs_after, name="sbn.after.pair")
-close(y_after, torch.nn.functional.batch_norm(everyone, None, None, training=True)[
-    sum(2 + k for k in range(r)):sum(2 + k for k in range(r + 1))], "SyncBatchNorm after a set's", 1e-10)
+start = sum(2 + k for k in range(r))  # (this rank's first row of everyone)
+close(y_after, torch.nn.functional.batch_norm(everyone, None, None, training=True)[start:start + 2 + r],
+      "SyncBatchNorm after a set's", 1e-10)
 if n > 2:
     hvd.remove_process_set(pair)
     expect_raises(ValueError, lambda: hvd.SyncBatchNorm(2, process_set=pair)(torch.randn(4, 2)),
