@@ -61,12 +61,16 @@ def test_synthetic_benchmark_sync_bn(ranks):
     (["--compare"], "--sync-bn with DDP needs --device cuda"),
     (["--model", "small-mlp"], "--sync-bn: --model small-mlp has no BatchNorm layer")])
 def test_synthetic_benchmark_sync_bn_refusals(args, message):
+    import os
     import subprocess
     import sys
 
+    # (the checkout on the path, as the ranks fixture's jobs have it: a refusal
+    # after `import commlib.torch` must not depend on an installed commlib)
+    path = os.pathsep.join(filter(None, [str(EXAMPLES.parent), os.environ.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, str(EXAMPLES / "pytorch_synthetic_benchmark.py"),
                            "--device", "cpu", "--sync-bn", *args],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=path))
     assert proc.returncode != 0 and message in proc.stderr, proc
 
 
