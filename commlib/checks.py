@@ -61,6 +61,8 @@ def scale_factor(value, which: str) -> float:
             return float(value)
         except (TypeError, ValueError):
             pass
+        except OverflowError as e:  # (an int beyond a double: a ValueError, which the other ranks are told of)
+            raise ValueError(f"{which} is out of a float's range ({e})") from None
     raise TypeError(f"{which} must be a real number, got {type(value).__name__}")
 
 
@@ -82,10 +84,17 @@ def tensor_group(tensors, what: str) -> list:
 
 
 def integer_splits(splits) -> list[int]:
-    """alltoall's splits (a 1-D sequence or array of integers) as ints;
-    ValueError for anything else, floats included (4.5 rows is not a count,
-    and 4.0 is refused alike rather than truncated)."""
+    """alltoall's and reducescatter's splits (a 1-D sequence or array of
+    integers, each within int64) as ints; ValueError for anything else,
+    floats included (4.5 rows is not a count, and 4.0 is refused alike
+    rather than truncated)."""
     s = np.asarray(splits)
     if s.ndim != 1 or not np.issubdtype(s.dtype, np.integer):
         raise ValueError(SPLITS_NOT_INTEGERS)
-    return [int(x) for x in s]
+    out = [int(x) for x in s]
+    if any(x < -_INT64_LIMIT or x >= _INT64_LIMIT for x in out):  # (uint64 ones; the core takes int64)
+        raise ValueError(f"splits {out}: an entry is beyond the range of a row count (int64)")
+    return out
+
+
+_INT64_LIMIT = 2 ** 63

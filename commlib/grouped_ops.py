@@ -170,7 +170,10 @@ def _layout_for(arrays, inplace: bool) -> GroupLayout:
     then cached."""
     key = (inplace, *map(id, arrays))
     layout = _layout_cache.get(key)
-    if layout is None or not layout.still_valid(arrays):
+    # (a cached layout's arrays may have been made read-only since: refused
+    # below, as on the first call)
+    if (layout is None or not layout.still_valid(arrays)
+            or (inplace and not all(a.flags.writeable for a in arrays))):
         if inplace:
             for a in arrays:
                 check_output(a, "grouped_allreduce_")

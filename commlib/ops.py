@@ -464,8 +464,13 @@ def array_rows(f):
 
 
 def _set_key(process_set):
-    """process_set as part of a repeated call's key (the global set: 0)."""
-    return 0 if process_set is None or process_set is global_process_set else process_set
+    """process_set as part of a repeated call's key (the global set: 0): the
+    set with its current id, so that a call after the set was removed, or
+    removed and added again (a new id), is checked and built afresh rather
+    than submitted again with the id it had."""
+    if process_set is None or process_set is global_process_set:
+        return 0
+    return process_set, getattr(process_set, "process_set_id", None)
 
 
 # ---------------------------------------------------------------- broadcast
@@ -723,7 +728,7 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0,
         if splits is None:
             rows = reducescatter_rows(inp.shape[0], process_set)
         else:
-            splits = [int(x) for x in splits]
+            splits = integer_splits(splits)
             pos, n = set_rank(process_set), set_size(process_set)
             if len(splits) != n or min(splits, default=0) < 0 or sum(splits) != inp.shape[0]:
                 raise ValueError(f"reducescatter splits {splits}: expected {n} non-negative "

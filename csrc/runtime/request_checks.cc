@@ -10,6 +10,16 @@
 namespace commlib {
 namespace {
 
+// sum += x for sizes checked one by one against a total: false (sum left as
+// it was) once the sizes pass `total` (x and sum non-negative), so a sum
+// never wraps around (2**63 - 1 twice, plus 2, would add up to 0).
+bool add_within(int64_t& sum, int64_t x, int64_t total) {
+  if (x > total - sum) return false;
+  sum += x;
+  return true;
+}
+
+
 constexpr int kMaxDims = 64;
 
 // A reducescatter's input in pieces: CPU only, no `input`, piece sizes that
@@ -25,7 +35,10 @@ void validate_pieces(const commlib_request& q, int64_t n) {
   int64_t sum = 0;
   for (int i = 0; i < q.npieces; ++i) {
     if (q.piece_elements[i] < 0) throw Error(COMMLIB_ERR_VALUE, "reducescatter pieces must have non-negative sizes");
-    sum += q.piece_elements[i];
+    if (!add_within(sum, q.piece_elements[i], n)) {
+      throw Error(COMMLIB_ERR_VALUE, "reducescatter pieces hold more than the tensor's " + std::to_string(n) +
+                                         " elements");
+    }
   }
   if (sum != n) {
     throw Error(COMMLIB_ERR_VALUE, "reducescatter pieces hold " + std::to_string(sum) +
@@ -106,7 +119,10 @@ std::vector<int64_t> reducescatter_splits(const commlib_request& q, int size) {
   int64_t sum = 0;
   for (int64_t x : s) {
     if (x < 0) throw Error(COMMLIB_ERR_VALUE, what + ": splits must be non-negative");
-    sum += x;
+    if (!add_within(sum, x, q.shape[0])) {
+      throw Error(COMMLIB_ERR_VALUE, what + ": splits sum to more than dimension 0 of the tensor (" +
+                                         std::to_string(q.shape[0]) + ")");
+    }
   }
   if (sum != q.shape[0]) {
     throw Error(COMMLIB_ERR_VALUE, what + ": splits sum to " + std::to_string(sum) + " but dimension 0 of the "
@@ -134,7 +150,10 @@ std::vector<int64_t> alltoall_splits(const commlib_request& q, int size) {
   int64_t sum = 0;
   for (int64_t x : s) {
     if (x < 0) throw Error(COMMLIB_ERR_VALUE, "alltoall splits must be non-negative");
-    sum += x;
+    if (!add_within(sum, x, dim0)) {
+      throw Error(COMMLIB_ERR_VALUE, "alltoall splits sum to more than dimension 0 of the tensor (" +
+                                         std::to_string(dim0) + ")");
+    }
   }
   if (sum != dim0) {
     throw Error(COMMLIB_ERR_VALUE, "alltoall splits sum to " + std::to_string(sum) +

@@ -132,6 +132,12 @@ expect_refused(lambda: commlib.alltoall_async(x, splits=[1] * (n + 1)), ValueErr
 expect_refused(lambda: commlib.alltoall_async(x, splits=[-1] + [1] * (n - 2) + [3]), ValueError,
                "negative split")
 expect_refused(lambda: commlib.alltoall_async(x, splits=[n] * n), ValueError, "splits not summing to dim0")
+# splits whose int64 sum wraps around to dimension 0 (at 3 ranks 2 * (2**63 - 1) + 2 = 2**64; at 2 a
+# negative sum): once a std::bad_alloc that killed a rank
+empty = np.zeros((0, 2))
+expect_refused(lambda: commlib.alltoall_async(empty, splits=[2 ** 63 - 1] * 2 + [2] + [0] * (n - 3)
+                                              if n >= 3 else [2 ** 63 - 1] * 2), ValueError,
+               "splits whose sum wraps around")
 
 # ------------------------------------------------------------------ reducescatter
 for dt in DTYPES:
@@ -188,6 +194,10 @@ expect_refused(lambda: commlib.reducescatter_async(x, splits=[1] * (n + 1)), Val
 expect_refused(lambda: commlib.reducescatter_async(x, splits=[-1] + [1] * (n - 2) + [2]), ValueError,
                "rs negative split")
 expect_refused(lambda: commlib.reducescatter_async(x, splits=[n] * n), ValueError, "rs splits not summing to dim0")
+expect_refused(lambda: commlib.reducescatter_async(x, splits=[1.5] * n), ValueError, "rs float splits (not truncated)")
+expect_refused(lambda: commlib.reducescatter_async(empty, splits=[2 ** 63 - 1] * 2 + [2] + [0] * (n - 3)
+                                                   if n >= 3 else [2 ** 63 - 1] * 2), ValueError,
+               "rs splits whose sum wraps around")
 theirs = [n if q == r else 0 for q in range(n)]
 try:
     commlib.reducescatter(x, op=commlib.Sum, splits=theirs, name="rs.splits-differ")

@@ -166,6 +166,13 @@ for bad, exc, why in [(np.empty((3, 4), np.float64), TypeError, "dtype"),
                 f"grouped_allreduce out= {why}")
 soft_raises(ValueError, lambda: commlib.grouped_allreduce([a, a], out=[np.empty_like(a)]),
             "grouped_allreduce out= one array short")
+# an in-place group whose layout is cached, one of its arrays made read-only since (once written into)
+g1, g2 = np.ones(4), np.ones(3)
+commlib.grouped_allreduce_([g1, g2], op=commlib.Sum, name="group.ro")
+g1.flags.writeable = False
+soft_raises(ValueError, lambda: commlib.grouped_allreduce_([g1, g2], op=commlib.Sum, name="group.ro"),
+            "grouped_allreduce_ into an array made read-only after a first call")
+check_result(g1, np.full(4, float(n)), "the read-only array left as it was")
 
 # 4. Repeated bursts reuse the fusion buffer with different layouts.
 for rep in range(5):

@@ -86,6 +86,21 @@ check_equal(commlib.reducescatter(np.ones(2 * n), op=commlib.Sum), np.full(2, fl
             "unnamed reducescatter after bad calls on every rank")
 unnamed_broadcasts("at the end")
 
+# 5b. Arguments beyond what the core's C types hold, on rank BAD: an alltoall
+# split of 2**63 (uint64: once an OverflowError in building the request,
+# which was not told to the others: they waited for COMMLIB_TIMEOUT) and a
+# prescale_factor beyond a double's range (the same).
+x = np.zeros((n, 2))
+big = np.array([2 ** 63] + [0] * (n - 1), np.uint64)
+refused_on_bad(lambda: commlib.alltoall(x, splits=big), lambda: commlib.alltoall(x, splits=[1] * n),
+               ValueError, "beyond the range", "unnamed alltoall, a split of 2**63")
+refused_on_bad(lambda: commlib.allreduce(np.ones(2), prescale_factor=10 ** 400),
+               lambda: commlib.allreduce(np.ones(2)), ValueError, "out of a float's range",
+               "unnamed allreduce, prescale_factor 10**400")
+check_equal(commlib.alltoall(np.full((n, 1), float(r))), np.arange(n, dtype=np.float64).reshape(n, 1),
+            "unnamed alltoall afterwards")
+unnamed_broadcasts("after the out-of-range arguments")
+
 # 6. The same through commlib.torch: a 0-d unnamed allgather, a bad root to an
 # unnamed broadcast_, an unsupported dtype to a named allreduce_async_.
 import torch  # noqa: E402

@@ -237,6 +237,24 @@ for round_ in range(2):
     if single.process_set_id is not None or commlib.remove_process_set(single):
         fail(f"a removed set keeps no id and is not removed twice (round {round_})")
 
+# ------------------------------------------------------------ one set object removed and added again
+# Named calls that repeat on the set must go to its new id (they were once
+# submitted again with the old one: "process set 1 does not exist").
+sub = commlib.ProcessSet(list(range(n - 1)))
+x, b = np.full(3, float(r + 1)), np.zeros(2)
+for round_ in range(2):
+    commlib.add_process_set(sub)
+    if r < n - 1:
+        for k in range(2):  # (the second call repeats the first's request)
+            check_equal(commlib.allreduce(x, op=commlib.Sum, name="readded", process_set=sub),
+                        np.full(3, (n - 1) * n / 2), f"named allreduce on a set added again ({round_}, {k})")
+            b[:] = r + 5 + round_
+            check_equal(commlib.broadcast_(b, 0, name="readded.bc", process_set=sub), np.full(2, 5.0 + round_),
+                        f"named broadcast_ on a set added again ({round_}, {k})")
+    commlib.barrier()
+    if commlib.remove_process_set(sub) is not True:
+        fail(f"removing the set added again (round {round_})")
+
 # ------------------------------------------------------------ removal while pending
 # Rank 0 has a collective pending on the set that its other member has not
 # submitted yet: the removal fails on every rank alike (none hangs), and the
