@@ -91,6 +91,9 @@ def check_zero_stage(stage, bucket_elements) -> int:
     """ValueError unless ``stage`` is 1 or 2 and ``bucket_elements`` a
     positive int (None: the default); returns the bucket size."""
     if isinstance(stage, bool) or not isinstance(stage, Integral) or stage not in (1, 2):
+        if stage == 0 and not isinstance(stage, bool) and isinstance(stage, Integral):
+            raise ValueError(f"bucket_elements ({bucket_elements!r}) is ZeRO's bucket size: it "
+                             "takes zero_stage=1 or 2, not 0")
         raise ValueError(f"zero_stage must be 0, 1 or 2, got {stage!r}")
     if bucket_elements is None:
         bucket_elements = DEFAULT_BUCKET_ELEMENTS

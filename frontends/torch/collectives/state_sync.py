@@ -119,7 +119,9 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="broadcast_optimizer_
     parameters that require a gradient have a zero ``grad`` where they had
     none; unlike Horovod's, that step leaves the parameters unchanged (weight
     decay would move them). State that is each rank's own stays: PowerSGD's
-    error buffers. With ``process_set``, only its members call it."""
+    error buffers. With ``process_set``, only its members call it. (LBFGS,
+    whose step needs a closure, is not initialised: a fresh one's empty
+    state is what every rank gets; Horovod refuses LBFGS.)"""
     init_state(optimizer)
     broadcast_state(optimizer, root_rank, prefix, process_set)
 
@@ -162,21 +164,27 @@ def init_state(optimizer) -> None:
     optimizer (sharded state, collective step) and objects that are not torch
     optimizers are left alone."""
     if (not isinstance(optimizer, torch.optim.Optimizer) or optimizer.state
-            or getattr(optimizer, "zero_stage", 0)):
-        return
+            or getattr(optimizer, "zero_stage", 0) or isinstance(optimizer, torch.optim.LBFGS)):
+        return  # (LBFGS: a step needs a closure)
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     if not params:
         return
     saved = [(p, p.detach().clone(), p.grad) for p in params]
+    # (SparseAdam takes sparse gradients only)
+    zeros = _sparse_zeros if isinstance(optimizer, torch.optim.SparseAdam) else torch.zeros_like
     for p in params:
-        p.grad = torch.zeros_like(p)
+        p.grad = zeros(p)
     try:
         _local_step(optimizer)()
     finally:
         with torch.no_grad():
             for p, data, grad in saved:
                 p.copy_(data)
-                p.grad = torch.zeros_like(p) if grad is None else grad
+                p.grad = zeros(p) if grad is None else grad
+
+
+def _sparse_zeros(p):
+    return torch.zeros_like(p).to_sparse()
 
 
 def _local_step(optimizer):

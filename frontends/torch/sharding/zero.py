@@ -57,6 +57,7 @@ part. ``commlib.torch.save_sharded``/``load_sharded`` reshard across sizes.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 
@@ -68,6 +69,7 @@ from commlib.sharding import check_zero_stage, plan_buckets
 
 from .. import mpi_ops as _ops
 from ..collectives.compression import Compression
+from ..collectives.control import refuse_join
 from ..collectives.tensor_io import as_array
 from ..optim.optimizer import share_state
 from .zero_buckets import FlatBucket
@@ -84,6 +86,9 @@ class ZeroMixin:
     # ------------------------------------------------------------ set-up
 
     def _zero_init(self, base, stage: int, bucket_elements: int):
+        refuse_join(self, f"join() does not work with DistributedOptimizer(zero_stage={stage}): every "
+                          "rank's shard takes part in every step, so no rank can leave early; give every "
+                          "rank the same number of batches (drop_last, or commlib.torch.elastic's sampler)")
         self.zero_stage = stage
         self._bucket_elements = bucket_elements
         self._buckets_started = 0  # buckets whose reduce-scatter has started this step
@@ -106,7 +111,7 @@ class ZeroMixin:
             inner_groups.append(dict(hyper, params=[b.shard for b in self._buckets
                                                     if b.plan.group == i]))
         try:
-            self._inner = base(inner_groups, **self.defaults)
+            self._inner = base(inner_groups, **_init_keywords(base, self.defaults))
         except TypeError as e:
             raise TypeError(f"zero_stage needs {base.__name__}(params, **defaults) to build the "
                             f"shard optimizer: {e}") from e
@@ -418,13 +423,40 @@ def check_arguments(stage, bucket_elements, compression, groups) -> int:
     return bucket_elements
 
 
+def _init_keywords(base, defaults: dict) -> dict:
+    """The optimizer's defaults that ``base.__init__`` takes by name: a
+    class may keep defaults its constructor does not take (torch's AdamW:
+    ``decoupled_weight_decay``, which its Adam base takes and AdamW sets)."""
+    try:
+        params = inspect.signature(base.__init__).parameters
+    except (TypeError, ValueError):
+        return defaults
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return defaults
+    return {k: v for k, v in defaults.items() if k in params}
+
+
+def _has_stepped(optimizer) -> bool:
+    """Whether ``optimizer`` holds state from a step: any state, but the
+    initial state some optimizers make in their constructor (Adagrad's
+    accumulators at ``step`` 0)."""
+    for st in optimizer.state.values():
+        if not st:
+            continue
+        step = st.get("step") if isinstance(st, dict) else None
+        if step is None or float(step) != 0:
+            return True
+    return False
+
+
 def make_zero(cls, base, optimizer, stage: int, bucket_elements: int, dist_args: tuple):
     """The ZeRO DistributedOptimizer: ``cls`` is the generated class
     (ZeroMixin first, the wrapped optimizer's class ``base`` last)."""
-    if optimizer.state:
+    if _has_stepped(optimizer):
         raise ValueError("zero_stage > 0 must wrap an optimizer that has not stepped yet (its "
                          "state would not be sharded); load state afterwards with "
                          "load_state_dict or commlib.torch.load_sharded")
+    optimizer.state.clear()  # (a constructor's initial state: the shard optimizer makes its own)
     # (zero_stage and the bucket size are part of the signature _dist_init checks)
     dist = share_state(cls, optimizer, dist_args, zero_stage=stage, _bucket_elements=bucket_elements)
     dist._zero_init(base, stage, bucket_elements)

@@ -31,9 +31,20 @@ def check_state_like_root(opt, what):
         if sorted(st) != sorted(sd["state"][pid]):
             fail(f"{what}: state keys of {pid}: {sorted(sd['state'][pid])} != {sorted(st)}")
         for k, v in st.items():
-            if not torch.equal(torch.as_tensor(sd["state"][pid][k]), torch.as_tensor(v)):
+            if not same_value(sd["state"][pid][k], v):
                 fail(f"{what}: state {pid}.{k} differs from root's")
     return sd
+
+
+def same_value(a, b) -> bool:
+    """Bitwise equal tensors (numbers as tensors), lists and tuples of them
+    item by item (LBFGS's history), anything else by ==."""
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return (type(a) is type(b) and len(a) == len(b)
+                and all(same_value(x, y) for x, y in zip(a, b)))
+    if a is None or b is None:
+        return a is b
+    return torch.equal(torch.as_tensor(a), torch.as_tensor(b))
 
 
 # ------------------------------------------------------------ Horovod's test_broadcast_state_no_grad
@@ -113,4 +124,37 @@ for kind, make in MAKERS.items():
                 if not torch.equal(hvd.broadcast(v, root_rank=root, name=f"{what}.{k}"), v):
                     fail(f"{what}: replicas differ in {k} after training")
             check_state_like_root(opt, f"{what}, trained")
+
+# SparseAdam (sparse gradients only: its zero-gradient step takes sparse zeros, and
+# they stay behind for the next backward), fresh and wrapped.
+emb = nn.Embedding(10, 3, sparse=True)
+opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(emb.parameters()), named_parameters=emb.named_parameters())
+hvd.broadcast_parameters(emb.state_dict(), root_rank=root)
+hvd.broadcast_optimizer_state(opt, root_rank=root)
+check_state_like_root(opt, "SparseAdam, fresh")
+for step in range(2):
+    opt.zero_grad()
+    emb(torch.tensor([1, 2, r % 10])).sum().backward()
+    opt.step()
+if not torch.equal(hvd.broadcast(emb.weight.detach(), root_rank=root, name="sparseadam.w"), emb.weight.detach()):
+    fail("SparseAdam: replicas differ after training")
+# LBFGS (a step needs a closure: no zero-gradient step), fresh, then stepped apart on each rank.
+lin = nn.Linear(3, 1)
+opt = torch.optim.LBFGS(lin.parameters(), lr=0.1)
+hvd.broadcast_optimizer_state(opt, root_rank=root)
+if opt.state:
+    fail("LBFGS, fresh: broadcast_optimizer_state made state")
+x, y = torch.randn(8, 3) * (r + 1), torch.randn(8, 1)
+
+
+def closure():
+    opt.zero_grad()
+    loss = F.mse_loss(lin(x), y)
+    loss.backward()
+    return loss
+
+
+opt.step(closure)
+hvd.broadcast_optimizer_state(opt, root_rank=root)
+check_state_like_root(opt, "LBFGS, stepped apart")
 done()

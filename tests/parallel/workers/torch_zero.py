@@ -3,12 +3,13 @@ groups, an LR scheduler, uneven shards over several buckets) against the
 unsharded DistributedOptimizer and one process on the combined batch;
 gradient accumulation, clipping, a parameter unused on one rank, state_dict
 round trips, process sets, memory_report, errors."""
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import commlib.torch as hvd
-from _common import done, expect_raises, fail
+from _common import check_equal, done, expect_raises, fail
 
 torch.set_num_threads(1)
 hvd.init()
@@ -224,6 +225,8 @@ def check_errors():
     expect_raises(ValueError, lambda: make(zero_stage=3), "zero_stage=3", match="zero_stage")
     expect_raises(ValueError, lambda: make(zero_stage=True), "zero_stage=True")
     expect_raises(ValueError, lambda: make(zero_stage=1, bucket_elements=0), "bucket 0")
+    expect_raises(ValueError, lambda: make(zero_stage=0, bucket_elements=200), "buckets without ZeRO",
+                  match="takes zero_stage=1 or 2")
     expect_raises(ValueError, lambda: make(zero_stage=1, compression=hvd.Compression.fp16),
                   "compression", match="compression")
     expect_raises(ValueError, lambda: make(zero_stage=2, groups=2), "groups", match="groups")
@@ -269,7 +272,47 @@ def check_errors():
                   "ZeRO on one rank only", match="ZeRO options")
 
 
+def check_other_optimizers():
+    """AdamW (its defaults hold a keyword its constructor does not take) and
+    Adagrad (its constructor makes state at step 0) under ZeRO train as the
+    unsharded DistributedOptimizer does (both were refused when built)."""
+    makers = {"AdamW": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+              "Adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.1, initial_accumulator_value=0.1)}
+    for what, make in makers.items():
+        for stage in (1, 2):
+            models = []
+            for zero in (stage, 0):
+                model = Net()
+                opt = hvd.DistributedOptimizer(make(model.parameters()), named_parameters=model.named_parameters(),
+                                               zero_stage=zero, bucket_elements=200 if zero else None)
+                for step in range(4):
+                    x, y = batch(step, n * B)
+                    opt.zero_grad()
+                    F.cross_entropy(model(x[r * B:(r + 1) * B]), y[r * B:(r + 1) * B]).backward()
+                    opt.step()
+                models.append(model)
+            err = rel_err(*models)
+            if err > 1e-5:
+                fail(f"{what} stage {stage}: relative error {err:.3g} against unsharded > 1e-5")
+            same_on_all_ranks(models[0], f"{what}.{stage}")
+
+
+def check_join_refused():
+    """join() while a ZeRO optimizer lives is refused on the rank that calls
+    it, before anything is sent (a joined rank's shard would be missing from
+    the other ranks' next step: they failed with a confusing allgather
+    error, or waited)."""
+    model = Net()
+    opt = hvd.DistributedOptimizer(adam(model), named_parameters=model.named_parameters(), zero_stage=1)
+    expect_raises(ValueError, hvd.join, "join with a ZeRO optimizer alive", match="zero_stage=1")
+    check_equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after.join.refused").numpy(),
+                np.full(2, float(n), np.float32), "an allreduce after the refused join")
+    del opt, model
+
+
 check_training()
+check_other_optimizers()
+check_join_refused()
 check_state_dicts()
 check_process_set()
 check_memory()
